@@ -1,0 +1,1 @@
+"""One module per `cinq` subcommand (see cinq/cli.py)."""

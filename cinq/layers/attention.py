@@ -1,0 +1,40 @@
+"""Attention layer: stores the step's K/V in the paged cache and calls the active backend.
+
+Without metadata (training, perplexity, calibration) it is plain causal attention over a [batch, seq] block.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cinq.kernels.backends import AttentionBackend, get_backend
+from cinq.kernels.metadata import AttentionMetadata
+
+
+class Attention(nn.Module):
+    """Multi-head attention core (no projections): GQA, paged KV cache, pluggable backend."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                 backend: str = "sdpa") -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        self.backend: AttentionBackend = get_backend(backend)
+        # [2, num_blocks, block_size, num_kv_heads, head_dim]; bound by the model runner when it allocates the cache.
+        self.kv_cache: torch.Tensor | None = None
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                meta: AttentionMetadata | None) -> torch.Tensor:
+        """q: [..., Hq, D]; k, v: [..., Hkv, D]. Flat [T, H, D] with metadata, [B, S, H, D] without."""
+        if meta is None:
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                               is_causal=True, scale=self.scale, enable_gqa=True)
+            return o.transpose(1, 2)
+        if self.kv_cache is None:
+            raise RuntimeError("attention: KV cache not allocated (the model runner binds it before the first step)")
+        self.backend.write_kv(k, v, self.kv_cache, meta.slot_mapping)
+        return self.backend.forward(q, k, v, self.kv_cache, meta, self.scale)

@@ -1,0 +1,25 @@
+"""RMSNorm with the optional fused residual add used between decoder blocks."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """y = w * x / rms(x), the mean square taken in float32 as in HF Llama."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """With ``residual``: returns (norm(x + residual), x + residual) so blocks chain without extra adds."""
+        if residual is not None:
+            x = x + residual
+            residual = x
+        y = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype) * self.weight
+        return y if residual is None else (y, residual)

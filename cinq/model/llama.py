@@ -1,0 +1,163 @@
+"""One decoder for Llama, Mistral, Qwen2 and Qwen3; module names mirror HF so checkpoints load by name.
+
+Two ways to call it:
+
+* serving: ``model(input_ids [T], positions [T], meta)`` on a flat varlen batch with the paged KV cache;
+* training / scoring: ``model(input_ids [B, S])`` — plain causal attention, no cache.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from cinq.kernels.metadata import AttentionMetadata
+from cinq.layers.activation import gated_act
+from cinq.layers.attention import Attention
+from cinq.layers.linear import DenseLinear, make_linear
+from cinq.layers.norm import RMSNorm
+from cinq.layers.rotary import RotaryEmbedding
+from cinq.model.config import ModelConfig
+
+
+class LlamaAttention(nn.Module):
+    """Self-attention block: q/k/v projections (+ bias for Qwen2, + q/k RMSNorm for Qwen3), rope, attention."""
+
+    def __init__(self, config: ModelConfig, quant: Any, prefix: str, backend: str) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        hidden, bias = config.hidden_size, config.attention_bias
+        self.q_proj = make_linear(hidden, config.q_size, bias, quant, f"{prefix}.q_proj")
+        self.k_proj = make_linear(hidden, config.kv_size, bias, quant, f"{prefix}.k_proj")
+        self.v_proj = make_linear(hidden, config.kv_size, bias, quant, f"{prefix}.v_proj")
+        self.o_proj = make_linear(config.q_size, hidden, False, quant, f"{prefix}.o_proj")
+        if config.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+        self.rotary_emb = RotaryEmbedding(self.head_dim, config.max_position_embeddings, config.rope_theta,
+                                          config.rope_scaling)
+        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5, backend)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata | None) -> torch.Tensor:
+        lead = x.shape[:-1]
+        q = self.q_proj(x).view(*lead, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(*lead, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(*lead, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary_emb(positions, q, k)
+        o = self.attn(q, k, v, meta)
+        return self.o_proj(o.reshape(*lead, self.num_heads * self.head_dim))
+
+
+class LlamaMLP(nn.Module):
+    """Gated MLP: down(act(gate(x)) * up(x))."""
+
+    def __init__(self, config: ModelConfig, quant: Any, prefix: str) -> None:
+        super().__init__()
+        h, i, b = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = make_linear(h, i, b, quant, f"{prefix}.gate_proj")
+        self.up_proj = make_linear(h, i, b, quant, f"{prefix}.up_proj")
+        self.down_proj = make_linear(i, h, b, quant, f"{prefix}.down_proj")
+        self.act = config.hidden_act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(gated_act(self.act, self.gate_proj(x), self.up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm decoder block; the residual is carried alongside so norms fuse the add."""
+
+    def __init__(self, config: ModelConfig, quant: Any, prefix: str, backend: str) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config, quant, f"{prefix}.self_attn", backend)
+        self.mlp = LlamaMLP(config, quant, f"{prefix}.mlp")
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
+                meta: AttentionMetadata | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, meta)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+    """Embedding, decoder stack and final norm."""
+
+    def __init__(self, config: ModelConfig, quant: Any, backend: str) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, quant, f"model.layers.{i}", backend) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata | None,
+                output_hidden_states: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        hidden = self.embed_tokens(input_ids)
+        residual = None
+        states: list[torch.Tensor] = []
+        for layer in self.layers:
+            if output_hidden_states:
+                states.append(hidden if residual is None else hidden + residual)
+            hidden, residual = layer(positions, hidden, residual, meta)
+        hidden, _ = self.norm(hidden, residual)
+        if output_hidden_states:
+            states.append(hidden)
+        return hidden, states
+
+
+class LlamaForCausalLM(nn.Module):
+    """Decoder + LM head. ``forward`` returns final hidden states; ``compute_logits`` projects the rows you need."""
+
+    def __init__(self, config: ModelConfig, quant: Any = None, attention_backend: str = "sdpa") -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config, quant, attention_backend)
+        # The LM head stays dense: GPTQ/AWQ checkpoints do not quantize it.
+        self.lm_head = DenseLinear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Share the embedding matrix with the LM head when the config says so (re-run after ``to_empty``)."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
+                meta: AttentionMetadata | None = None) -> torch.Tensor:
+        """Final hidden states, shaped like ``input_ids`` plus a hidden dimension."""
+        if positions is None:
+            positions = torch.arange(input_ids.shape[-1], device=input_ids.device).expand_as(input_ids)
+        hidden, _ = self.model(input_ids, positions, meta)
+        return hidden
+
+    def forward_with_hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None
+                                   ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Training-mode forward that also returns every layer's input and the final normed state (as HF)."""
+        if positions is None:
+            positions = torch.arange(input_ids.shape[-1], device=input_ids.device).expand_as(input_ids)
+        return self.model(input_ids, positions, None, output_hidden_states=True)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits in float32 (sampling and logprobs want the precision)."""
+        return self.lm_head(hidden).float()
+
+    def set_attention_backend(self, name: str) -> None:
+        """Switch every layer to the backend registered as ``name``."""
+        from cinq.kernels.backends import get_backend
+        for layer in self.model.layers:
+            layer.self_attn.attn.backend = get_backend(name)
+
+    def attention_layers(self) -> list[Attention]:
+        return [layer.self_attn.attn for layer in self.model.layers]
