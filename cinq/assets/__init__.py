@@ -1,0 +1,44 @@
+"""Embedded default models. ``default_model_path()`` is what `cinq generate/chat/serve` use with no model given:
+the shipped cinq-tiny when present, else a small random-weight Llama that cinq builds once into its cache."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ASSETS_DIR = Path(__file__).resolve().parent
+
+
+def cache_dir() -> Path:
+    """Where cinq writes models it builds itself ($CINQ_CACHE_DIR, default ~/.cache/cinq)."""
+    return Path(os.environ.get("CINQ_CACHE_DIR", Path.home() / ".cache" / "cinq"))
+
+
+def default_model_path() -> Path:
+    """The embedded cinq-tiny, or (until it ships) the random tiny Llama built on first use."""
+    tiny = ASSETS_DIR / "cinq-tiny"
+    if (tiny / "config.json").is_file():
+        return tiny
+    return ensure_random_tiny_model(cache_dir() / "tiny-random")
+
+
+def ensure_random_tiny_model(path: Path) -> Path:
+    """Build (once) a ~1M-parameter random Llama with a byte-level tokenizer at ``path``."""
+    if (path / "config.json").is_file() and (path / "tokenizer.json").is_file():
+        return path
+    from cinq.model.byte_tokenizer import build_byte_tokenizer, save_byte_tokenizer
+    from cinq.model.config import ModelConfig
+    from cinq.model.saver import init_random_model, save_model
+
+    tmp = path.with_name(path.name + ".partial")
+    save_byte_tokenizer(tmp)
+    tok = build_byte_tokenizer()
+    config = ModelConfig.from_dict({
+        "architectures": ["LlamaForCausalLM"], "vocab_size": tok.get_vocab_size(), "hidden_size": 128,
+        "intermediate_size": 344, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 2048, "tie_word_embeddings": True,
+        "bos_token_id": tok.token_to_id("<|bos|>"), "eos_token_id": tok.token_to_id("<|end|>"),
+    })
+    save_model(init_random_model(config, seed=0), tmp)
+    tmp.replace(path) if not path.exists() else None
+    return path

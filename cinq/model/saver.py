@@ -1,0 +1,86 @@
+"""Write a cinq model as a Hugging Face folder (config.json + model.safetensors) that cinq and ``transformers``
+both load; and build randomly initialised models of a given shape (tests, benchmarks, `cinq init-model`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from cinq.model.config import ModelConfig
+from cinq.model.llama import LlamaForCausalLM
+
+_MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
+                "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+
+
+def hf_config_dict(config: ModelConfig, dtype: torch.dtype | None = None) -> dict[str, Any]:
+    """The config.json content describing ``config`` in Hugging Face's vocabulary."""
+    out: dict[str, Any] = {
+        "architectures": [config.architecture],
+        "model_type": _MODEL_TYPES[config.architecture],
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_hidden_layers": config.num_hidden_layers,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim,
+        "max_position_embeddings": config.max_position_embeddings,
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_theta": config.rope_theta,
+        "rope_scaling": config.rope_scaling,
+        "tie_word_embeddings": config.tie_word_embeddings,
+        "attention_bias": config.attention_bias,
+        "mlp_bias": config.mlp_bias,
+        "hidden_act": config.hidden_act,
+        "bos_token_id": config.bos_token_id,
+        "eos_token_id": config.eos_token_ids[0] if len(config.eos_token_ids) == 1 else (config.eos_token_ids or None),
+    }
+    if dtype is not None:
+        out["torch_dtype"] = str(dtype).removeprefix("torch.")
+    if config.quantization_config:
+        out["quantization_config"] = config.quantization_config
+    return out
+
+
+def save_model(model: LlamaForCausalLM, path: str | Path, dtype: torch.dtype | None = None,
+               extra_config: dict[str, Any] | None = None) -> Path:
+    """Save weights (safetensors, tied LM head stored once) and config.json into ``path``."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, torch.Tensor] = {}
+    for name, t in model.state_dict().items():
+        if name == "lm_head.weight" and model.config.tie_word_embeddings:
+            continue
+        t = t.detach().to("cpu")
+        if dtype is not None and t.is_floating_point():
+            t = t.to(dtype)
+        tensors[name] = t.contiguous()
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    cfg = hf_config_dict(model.config, dtype or next(model.parameters()).dtype)
+    cfg.update(extra_config or {})
+    (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    if model.config.eos_token_ids:
+        gen = {"bos_token_id": model.config.bos_token_id, "eos_token_id": model.config.eos_token_ids}
+        (path / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+    return path
+
+
+def init_random_model(config: ModelConfig, seed: int = 0, std: float = 0.02,
+                      dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
+    """A model with N(0, std) weights (norm weights 1, biases 0), reproducible from ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif name.endswith(".bias"):
+                p.zero_()
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * std)
+    return model.to(dtype)

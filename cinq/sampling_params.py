@@ -1,0 +1,120 @@
+"""SamplingParams with vLLM / OpenAI semantics. Out-of-range values raise ``InvalidParameterError`` naming the
+field and its range at construction, before any work is done."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from cinq.errors import InvalidParameterError
+
+MAX_LOGPROBS = 20
+_GREEDY_EPS = 1e-5
+
+
+class OutputKind(enum.Enum):
+    """What each RequestOutput carries: everything so far, only what is new, or only the final result."""
+
+    CUMULATIVE = "cumulative"
+    DELTA = "delta"
+    FINAL_ONLY = "final_only"
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """How to sample one request's continuation (defaults match vLLM)."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: disabled
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    max_tokens: int | None = 16  # None: up to the model context
+    min_tokens: int = 0
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    logprobs: int | None = None  # top-k logprobs per generated token (the sampled token is always included)
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+    output_kind: OutputKind = OutputKind.CUMULATIVE
+    # Filled by the engine from the model's generation config; not user-facing.
+    eos_token_ids: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        self.validate()
+
+    def validate(self) -> None:
+        """Check every field's type and range; raise InvalidParameterError naming the first bad one."""
+        _int(self.n, "n", 1, 128)
+        _num(self.temperature, "temperature", 0.0, 100.0)
+        _num(self.top_p, "top_p", 0.0, 1.0, lo_open=True)
+        _int(self.top_k, "top_k", -1, 1 << 30)
+        _num(self.min_p, "min_p", 0.0, 1.0)
+        _num(self.presence_penalty, "presence_penalty", -2.0, 2.0)
+        _num(self.frequency_penalty, "frequency_penalty", -2.0, 2.0)
+        _num(self.repetition_penalty, "repetition_penalty", 0.0, 100.0, lo_open=True)
+        if self.seed is not None:
+            _int(self.seed, "seed", -(1 << 63), (1 << 63) - 1)
+        if self.max_tokens is not None:
+            _int(self.max_tokens, "max_tokens", 0, 1 << 24)
+        _int(self.min_tokens, "min_tokens", 0, 1 << 24)
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise InvalidParameterError(
+                f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})", "min_tokens")
+        if self.logprobs is not None:
+            _int(self.logprobs, "logprobs", 0, MAX_LOGPROBS)
+        if self.prompt_logprobs is not None:
+            _int(self.prompt_logprobs, "prompt_logprobs", 0, MAX_LOGPROBS)
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                raise InvalidParameterError(f"stop strings must be non-empty strings, got {s!r}", "stop")
+        if len(self.stop) > 16:
+            raise InvalidParameterError(f"stop may hold at most 16 strings, got {len(self.stop)}", "stop")
+        for t in self.stop_token_ids:
+            if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+                raise InvalidParameterError(f"stop_token_ids must be non-negative integers, got {t!r}",
+                                            "stop_token_ids")
+        if not isinstance(self.output_kind, OutputKind):
+            raise InvalidParameterError(f"output_kind must be an OutputKind, got {self.output_kind!r}", "output_kind")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < _GREEDY_EPS
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
+    def clone(self, **changes: object) -> SamplingParams:
+        """A copy with some fields changed (validated again)."""
+        values = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        values["stop"] = list(self.stop)
+        values["stop_token_ids"] = list(self.stop_token_ids)
+        values["eos_token_ids"] = list(self.eos_token_ids)
+        values.update(changes)
+        return SamplingParams(**values)  # type: ignore[arg-type]
+
+
+def _num(value: object, name: str, lo: float, hi: float, lo_open: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise InvalidParameterError(f"{name} must be a number, got {value!r}", name)
+    if value > hi or value < lo or (lo_open and value == lo):
+        left = "(" if lo_open else "["
+        raise InvalidParameterError(f"{name} must be in {left}{lo}, {hi}], got {value}", name)
+
+
+def _int(value: object, name: str, lo: int, hi: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidParameterError(f"{name} must be an integer, got {value!r}", name)
+    if not lo <= value <= hi:
+        raise InvalidParameterError(f"{name} must be in [{lo}, {hi}], got {value}", name)
