@@ -4,8 +4,14 @@ Every backend takes the same inputs and returns the same outputs:
 
 * ``write_kv(key, value, kv_cache, slot_mapping)`` stores the step's new K/V ([T, Hkv, D]) into the paged cache
   ``kv_cache`` ([2, num_blocks, block_size, Hkv, D]) at the flat slots of ``slot_mapping``.
-* ``forward(query, key, value, kv_cache, meta, scale)`` returns [T, Hq, D]: each new token attends causally to
-  its whole context read through the block tables (the new tokens' K/V are already in the cache).
+* ``forward(query, key, value, kv_cache, meta, scale, out=None)`` returns [T, Hq, D]: each new token attends
+  causally to its whole context read through the block tables (the new tokens' K/V are already in the cache).
+  With ``out`` given, the result is written there (and returned).
+
+Backends: ``"sdpa"`` (CPU default, PyTorch's fused kernel), ``"flash-torch"`` (FlashAttention-2 written in
+PyTorch, the executable explanation), ``"triton"`` (CUDA default; registered when the triton package is
+installed, imported on first use), ``"reference"`` (naive, float64: the ground truth). The math lives in
+``sdpa.py``, ``flash.py``, ``triton/`` and ``reference.py``; this module is the registry and thin adapters.
 """
 
 from __future__ import annotations
@@ -13,10 +19,18 @@ from __future__ import annotations
 from typing import Callable, Protocol
 
 import torch
-import torch.nn.functional as F
 
 from cinq.errors import InvalidParameterError
+from cinq.kernels.flash import flash_attention_paged
 from cinq.kernels.metadata import AttentionMetadata
+from cinq.kernels.paged import (  # noqa: F401  (re-exported: part of this module's public surface)
+    causal_mask,
+    check_inputs,
+    gather_context,
+    write_kv_index_copy,
+)
+from cinq.kernels.reference import paged_attention_reference
+from cinq.kernels.sdpa import sdpa_paged_attention
 
 
 class AttentionBackend(Protocol):
@@ -28,58 +42,11 @@ class AttentionBackend(Protocol):
                  slot_mapping: torch.Tensor) -> None: ...
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata, scale: float) -> torch.Tensor: ...
-
-
-def write_kv_index_copy(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                        slot_mapping: torch.Tensor) -> None:
-    """Scatter new K/V rows into the flat view of the paged cache (torch-native; any device)."""
-    _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
-    flat = kv_cache.view(2, num_blocks * block_size, num_kv_heads, head_dim)
-    flat[0].index_copy_(0, slot_mapping, key.to(kv_cache.dtype))
-    flat[1].index_copy_(0, slot_mapping, value.to(kv_cache.dtype))
-
-
-def gather_context(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V of one sequence's first ``seq_len`` tokens, [seq_len, Hkv, D] each, read through its block table."""
-    block_size = kv_cache.shape[2]
-    nblocks = -(-seq_len // block_size)
-    kv = kv_cache[:, block_table[:nblocks].long()]  # [2, nblocks, block_size, Hkv, D]
-    kv = kv.flatten(1, 2)[:, :seq_len]
-    return kv[0], kv[1]
-
-
-def check_inputs(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> None:
-    """Raise a clear error for shapes or dtypes no backend can take."""
-    if query.dim() != 3:
-        raise InvalidParameterError(f"attention: query must be [tokens, heads, head_dim], got shape {tuple(query.shape)}")
-    if kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
-        raise InvalidParameterError(
-            f"attention: kv_cache must be [2, num_blocks, block_size, kv_heads, head_dim], got {tuple(kv_cache.shape)}")
-    if query.shape[-1] != kv_cache.shape[-1]:
-        raise InvalidParameterError(
-            f"attention: head_dim of query ({query.shape[-1]}) and kv_cache ({kv_cache.shape[-1]}) differ")
-    if query.shape[1] % kv_cache.shape[3]:
-        raise InvalidParameterError(
-            f"attention: query heads ({query.shape[1]}) must be a multiple of kv heads ({kv_cache.shape[3]})")
-    if query.shape[0] != meta.num_tokens:
-        raise InvalidParameterError(
-            f"attention: query has {query.shape[0]} tokens but the metadata describes {meta.num_tokens}")
-    if not query.is_floating_point():
-        raise InvalidParameterError(f"attention: query dtype must be floating point, got {query.dtype}")
-
-
-def causal_mask(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
-    """Boolean mask [q_len, kv_len]: query i (at position kv_len - q_len + i) sees keys 0..that position."""
-    return torch.ones(q_len, kv_len, dtype=torch.bool, device=device).tril(diagonal=kv_len - q_len)
+                meta: AttentionMetadata, scale: float, out: torch.Tensor | None = None) -> torch.Tensor: ...
 
 
 class SdpaBackend:
-    """CPU default: ``scaled_dot_product_attention`` (it dispatches to PyTorch's flash CPU kernel).
-
-    Decodes are batched into one call over contexts padded to the longest; prefills run one call per sequence
-    (their cost is compute, so the per-sequence loop is not the bottleneck).
-    """
+    """CPU default: ``scaled_dot_product_attention`` (it dispatches to PyTorch's flash CPU kernel)."""
 
     name = "sdpa"
 
@@ -88,45 +55,24 @@ class SdpaBackend:
         write_kv_index_copy(key, value, kv_cache, slot_mapping)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        check_inputs(query, kv_cache, meta)
-        out = torch.empty_like(query)
-        nd = meta.num_decodes
-        if nd:
-            out[:nd] = self._decode(query[:nd], kv_cache, meta, scale)
-        starts = meta.query_start_loc.tolist() if meta.num_seqs > nd else []
-        for i in range(nd, meta.num_seqs):
-            s, e = starts[i], starts[i + 1]
-            q_len, seq_len = e - s, meta.seq_lens_cpu[i]
-            q = query[s:e].transpose(0, 1)  # [Hq, q, D]
-            if q_len == seq_len:  # nothing cached before: the new K/V are the whole context
-                k, v = key[s:e], value[s:e]
-                o = F.scaled_dot_product_attention(q, k.transpose(0, 1), v.transpose(0, 1), is_causal=True,
-                                                   scale=scale, enable_gqa=True)
-            else:
-                k, v = gather_context(kv_cache, meta.block_tables[i], seq_len)
-                mask = causal_mask(q_len, seq_len, query.device)
-                o = F.scaled_dot_product_attention(q, k.transpose(0, 1).to(q.dtype), v.transpose(0, 1).to(q.dtype),
-                                                   attn_mask=mask, scale=scale, enable_gqa=True)
-            out[s:e] = o.transpose(0, 1)
-        return out
+                meta: AttentionMetadata, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+        check_inputs(query, kv_cache, meta, key, value, out)
+        return sdpa_paged_attention(query, key, value, kv_cache, meta, scale, out)
 
-    @staticmethod
-    def _decode(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
-                scale: float) -> torch.Tensor:
-        nd = query.shape[0]
-        block_size = kv_cache.shape[2]
-        max_len = max(meta.seq_lens_cpu[:nd])
-        nblocks = -(-max_len // block_size)
-        tables = meta.block_tables[:nd, :nblocks].long()
-        kv = kv_cache[:, tables].flatten(2, 3)  # [2, nd, L, Hkv, D]
-        k = kv[0].transpose(1, 2).to(query.dtype)  # [nd, Hkv, L, D]
-        v = kv[1].transpose(1, 2).to(query.dtype)
-        pos = torch.arange(k.shape[2], device=query.device)
-        mask = (pos[None, :] < meta.seq_lens[:nd, None]).view(nd, 1, 1, -1)
-        q = query.unsqueeze(2)  # [nd, Hq, 1, D]
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
-        return o.squeeze(2)
+
+class FlashTorchBackend:
+    """FlashAttention-2 in PyTorch over the paged cache: tiles, online softmax, O(N) memory. Clear, not fast."""
+
+    name = "flash-torch"
+
+    def write_kv(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None:
+        write_kv_index_copy(key, value, kv_cache, slot_mapping)
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                meta: AttentionMetadata, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+        check_inputs(query, kv_cache, meta, key, value, out)
+        return flash_attention_paged(query, kv_cache, meta, scale, out=out)[0]
 
 
 class ReferenceBackend:
@@ -139,28 +85,60 @@ class ReferenceBackend:
         write_kv_index_copy(key, value, kv_cache, slot_mapping)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        check_inputs(query, kv_cache, meta)
-        out = torch.empty_like(query)
-        starts = meta.query_start_loc.tolist()
-        group = query.shape[1] // kv_cache.shape[3]
-        for i in range(meta.num_seqs):
-            s, e = starts[i], starts[i + 1]
-            k, v = gather_context(kv_cache, meta.block_tables[i], meta.seq_lens_cpu[i])
-            k = k.double().repeat_interleave(group, dim=1)  # [L, Hq, D]
-            v = v.double().repeat_interleave(group, dim=1)
-            q = query[s:e].double()
-            scores = torch.einsum("qhd,khd->hqk", q, k) * scale
-            mask = causal_mask(e - s, k.shape[0], query.device)
-            scores = scores.masked_fill(~mask, float("-inf"))
-            out[s:e] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).to(query.dtype)
+                meta: AttentionMetadata, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+        check_inputs(query, kv_cache, meta, key, value, out)
+        ref, _ = paged_attention_reference(query, kv_cache, meta, scale)
+        if out is None:
+            return ref.to(query.dtype)
+        out.copy_(ref)
         return out
+
+
+class TritonBackend:
+    """CUDA default: Triton flash prefill (varlen, paged, GQA), split-K paged decode and KV write kernels.
+
+    Importing the kernels (and triton) happens here, on first construction, never at ``cinq`` import.
+    """
+
+    name = "triton"
+
+    def __init__(self) -> None:
+        try:
+            from cinq.kernels.triton import decode, kv_write, prefill
+        except ImportError as e:
+            raise InvalidParameterError(
+                f"attention_backend 'triton' needs the triton package ({e}); use 'sdpa' instead",
+                param="attention_backend") from e
+        self._decode, self._prefill, self._kv_write = decode, prefill, kv_write
+
+    def write_kv(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None:
+        self._kv_write.write_kv(key, value, kv_cache, slot_mapping)
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                meta: AttentionMetadata, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+        check_inputs(query, kv_cache, meta, key, value, out)
+        out = torch.empty_like(query) if out is None else out
+        if meta.num_decodes:
+            self._decode.paged_decode(query, kv_cache, meta, scale, out)
+        if meta.num_seqs > meta.num_decodes:
+            self._prefill.flash_prefill_paged(query, kv_cache, meta, scale, out, first_seq=meta.num_decodes)
+        return out
+
+
+def _triton_installed() -> bool:
+    from cinq.kernels.triton import triton_available
+
+    return triton_available()
 
 
 _REGISTRY: dict[str, Callable[[], AttentionBackend]] = {
     "sdpa": SdpaBackend,
+    "flash-torch": FlashTorchBackend,
     "reference": ReferenceBackend,
 }
+if _triton_installed():
+    _REGISTRY["triton"] = TritonBackend
 
 
 def register_backend(name: str, factory: Callable[[], AttentionBackend]) -> None:
@@ -169,6 +147,7 @@ def register_backend(name: str, factory: Callable[[], AttentionBackend]) -> None
 
 
 def available_backends() -> list[str]:
+    """Names ``get_backend`` accepts (``"triton"`` only where the triton package is installed)."""
     return sorted(_REGISTRY)
 
 

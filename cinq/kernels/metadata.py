@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from cinq.errors import InvalidParameterError
+
 
 @dataclass(slots=True)
 class AttentionMetadata:
@@ -35,3 +37,42 @@ class AttentionMetadata:
     @property
     def num_tokens(self) -> int:
         return int(self.slot_mapping.shape[0])
+
+    @classmethod
+    def from_lens(cls, query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]], block_size: int,
+                  device: torch.device | str = "cpu") -> AttentionMetadata:
+        """Build the metadata of one step from host lists (tests, benchmarks, simple callers).
+
+        Sequences must already be ordered decodes first; ``num_decodes`` counts the leading ``query_len == 1``.
+        """
+        if not (len(query_lens) == len(seq_lens) == len(block_tables)):
+            raise InvalidParameterError(
+                f"metadata: query_lens ({len(query_lens)}), seq_lens ({len(seq_lens)}) and block_tables "
+                f"({len(block_tables)}) must have one entry per sequence", param="query_lens")
+        slots: list[int] = []
+        for q_len, s_len, table in zip(query_lens, seq_lens, block_tables):
+            if not 0 < q_len <= s_len or -(-s_len // block_size) > len(table):
+                raise InvalidParameterError(
+                    f"metadata: need 0 < query_len ({q_len}) <= seq_len ({s_len}) <= {len(table)} blocks x "
+                    f"{block_size}", param="seq_lens")
+            slots += [table[p // block_size] * block_size + p % block_size for p in range(s_len - q_len, s_len)]
+        width = max((len(t) for t in block_tables), default=0)
+        padded = [list(t) + [0] * (width - len(t)) for t in block_tables]
+        starts = [0]
+        for q_len in query_lens:
+            starts.append(starts[-1] + q_len)
+        num_decodes = 0
+        while num_decodes < len(query_lens) and query_lens[num_decodes] == 1:
+            num_decodes += 1
+        return cls(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+            block_tables=torch.tensor(padded, dtype=torch.int32, device=device).view(len(block_tables), width),
+            query_lens_cpu=list(query_lens),
+            seq_lens_cpu=list(seq_lens),
+            num_decodes=num_decodes,
+            max_query_len=max(query_lens, default=0),
+            max_seq_len=max(seq_lens, default=0),
+            block_size=block_size,
+        )

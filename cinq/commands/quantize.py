@@ -1,0 +1,92 @@
+"""`cinq quantize MODEL --method M --bits B --group-size G --calib FILE --out DIR`: make a quantized model
+folder (GPTQ / AWQ / cinq-W8A8 files) on the CPU, one decoder block at a time, then print the quality report
+(perplexity and arithmetic accuracy, float vs quantized)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("quantize", help="quantize a model (RTN, GPTQ, AWQ, SmoothQuant) on the CPU",
+                              description=__doc__)
+    p.add_argument("model", nargs="?", default=None, help="dense model folder (default: the embedded model)")
+    p.add_argument("--method", choices=["rtn", "gptq", "awq", "smoothquant"], default="gptq")
+    p.add_argument("--bits", type=int, choices=[4, 8], default=None, help="4 or 8 (SmoothQuant: 8)")
+    p.add_argument("--group-size", type=int, default=128, help="input channels per group; -1 = per channel")
+    p.add_argument("--format", choices=["gptq", "gptq_v2", "awq", "w8a8"], default=None,
+                   help="file format (default: gptq for rtn/gptq, awq for awq, w8a8 for smoothquant)")
+    p.add_argument("--asym", action="store_true", help="asymmetric grid (zero points); AWQ default")
+    p.add_argument("--sym", action="store_true", help="symmetric grid (GPTQ/RTN default)")
+    p.add_argument("--desc-act", action="store_true", help="GPTQ act-order")
+    p.add_argument("--static-groups", action="store_true", help="GPTQ: groups fixed before act-order")
+    p.add_argument("--damp-percent", type=float, default=0.01)
+    p.add_argument("--no-true-sequential", action="store_true")
+    p.add_argument("--alpha", type=float, default=0.5, help="SmoothQuant migration strength")
+    p.add_argument("--act-scheme", choices=["dynamic", "static"], default="dynamic", help="W8A8 activation scales")
+    p.add_argument("--calib", default=None, help="local text file for calibration (required except for rtn)")
+    p.add_argument("--calib-samples", type=int, default=128, help="calibration windows")
+    p.add_argument("--calib-seq-len", type=int, default=256, help="tokens per calibration window")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--ppl", default=None, help="held-out text for the report's perplexity "
+                   "(default: the last 10%% of --calib, which calibration then does not use)")
+    p.add_argument("--n-problems", type=int, default=50, help="arithmetic problems in the report (0: none)")
+    p.add_argument("--no-eval", action="store_true", help="skip the quality report")
+    p.add_argument("--eval-dtype", default="bfloat16")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from cinq.errors import InvalidParameterError
+    from cinq.quant.calibration import calibration_windows
+    from cinq.quant.config import QuantConfig
+
+    if args.model is None:
+        from cinq.assets import default_model_path
+        args.model = str(default_model_path())
+    if args.method != "rtn" and args.calib is None:
+        raise InvalidParameterError(f"--calib FILE is required for {args.method}: calibration text must come from "
+                                    f"a local file (cinq never downloads one)", "calib")
+    sym = not args.asym if (args.asym or args.sym) else args.method != "awq"
+    bits = args.bits or (8 if args.method == "smoothquant" else 4)
+    cfg = QuantConfig(method=args.method, bits=bits, group_size=args.group_size, sym=sym, format=args.format,
+                      desc_act=args.desc_act, static_groups=args.static_groups, damp_percent=args.damp_percent,
+                      true_sequential=not args.no_true_sequential, smooth_alpha=args.alpha,
+                      act_scheme=args.act_scheme)
+    calib_ids, heldout_text = None, None
+    text = None
+    if args.calib is not None:
+        path = Path(args.calib)
+        if not path.is_file():
+            raise InvalidParameterError(f"--calib: {path} is not a readable file", "calib")
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if args.ppl is None and not args.no_eval:
+            cut = int(len(text) * 0.9)
+            text, heldout_text = text[:cut], text[cut:]
+    if text is not None and args.method != "rtn":
+        from cinq.model.tokenizer import Tokenizer
+        tok = Tokenizer.from_pretrained(args.model)
+        calib_ids = calibration_windows(tok.encode(text, add_special_tokens=False), args.calib_samples,
+                                        args.calib_seq_len, args.seed)
+
+    from cinq.quant.pipeline import quantize_model
+    res = quantize_model(args.model, args.out, cfg, calib_ids, progress=not args.no_progress)
+    print(f"wrote {res.out_dir} ({cfg.method}, {cfg.format}, {cfg.bits}-bit, group {cfg.group_size}): "
+          f"{res.weight_bytes / 2**20:.1f} MiB of tensors, {res.seconds:.1f} s, peak RSS {res.peak_rss_mib:.0f} MiB, "
+          f"{res.calib_tokens} calibration tokens")
+    if args.no_eval:
+        return 0
+    from cinq.eval.report import quality_report
+    ppl_text, source = "", ""
+    if args.ppl is not None:
+        ppl_text, source = Path(args.ppl).read_text(encoding="utf-8", errors="replace"), str(args.ppl)
+    elif heldout_text:
+        ppl_text, source = heldout_text, f"the last 10% of {args.calib} (held out of calibration)"
+    report = quality_report({"float": args.model, cfg.method: args.out}, ppl_text, source,
+                            n_problems=args.n_problems, dtype=args.eval_dtype)
+    print(report.to_markdown())
+    return 0

@@ -1,0 +1,206 @@
+"""LLMEngine: add requests, step, abort. One step = schedule -> run the model -> update requests -> outputs."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from cinq.config import EngineConfig
+from cinq.engine.kv_cache import KVCacheManager
+from cinq.engine.output_processor import OutputProcessor
+from cinq.engine.request import Request, RequestStatus
+from cinq.engine.runner import ModelRunner, RunnerOutput
+from cinq.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from cinq.errors import InvalidParameterError, PromptTooLongError
+from cinq.kernels.backends import default_backend_name
+from cinq.model.loader import load_model, parse_dtype
+from cinq.model.tokenizer import Tokenizer
+from cinq.outputs import EngineStats, RequestOutput
+from cinq.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+def available_memory_bytes(device: torch.device) -> int:
+    """Free memory on the device (CUDA) or available system memory (CPU, from /proc/meminfo)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 4 << 30
+
+
+class LLMEngine:
+    """The synchronous engine: owns the model runner, the scheduler (with the KV cache manager) and the output
+    processor. Not thread-safe; ``AsyncLLM`` drives it from one background loop."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        torch.manual_seed(config.seed)
+        self.device = torch.device(config.device)
+        self.dtype = parse_dtype(config.dtype)
+        backend = config.attention_backend or default_backend_name(self.device)
+        t0 = time.perf_counter()
+        self.model = load_model(config.model, self.dtype, self.device, backend)
+        mcfg = self.model.config
+        self.tokenizer = Tokenizer.from_pretrained(config.tokenizer or config.model, mcfg.eos_token_ids)
+        self.max_model_len = self._resolve_max_model_len()
+        self.num_blocks = self._resolve_num_blocks()
+        self.runner = ModelRunner(self.model, self.num_blocks, config.block_size, self.device, self.dtype)
+        kv = KVCacheManager(self.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs, self.max_model_len), kv)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self.stats = EngineStats(num_kv_blocks=self.num_blocks)
+        self.eos_token_ids = list(dict.fromkeys(self.tokenizer.eos_token_ids + mcfg.eos_token_ids))
+        kv_gib = self.num_blocks * ModelRunner.kv_bytes_per_block(self.model, config.block_size, self.dtype) / 2**30
+        log.info("loaded %s (%s, %s, attention=%s) in %.1fs; KV cache: %d blocks x %d tokens = %d tokens (%.3f GiB); "
+                 "max_model_len %d", config.model, mcfg.architecture, self.dtype, backend, time.perf_counter() - t0,
+                 self.num_blocks, config.block_size, self.num_blocks * config.block_size, kv_gib, self.max_model_len)
+
+    @property
+    def kv(self) -> KVCacheManager:
+        return self.scheduler.kv
+
+    def _resolve_max_model_len(self) -> int:
+        mcfg, asked = self.model.config, self.config.max_model_len
+        limit = mcfg.max_position_embeddings
+        if mcfg.sliding_window and mcfg.sliding_window < limit:
+            # No sliding-window attention here: within the window, full attention is exact.
+            log.warning("sliding_window %d < max_position_embeddings %d: capping max_model_len at the window",
+                        mcfg.sliding_window, limit)
+            limit = mcfg.sliding_window
+        if asked is None:
+            return limit
+        if asked > limit:
+            raise InvalidParameterError(
+                f"max_model_len ({asked}) exceeds what the model supports ({limit})", "max_model_len")
+        return asked
+
+    def _resolve_num_blocks(self) -> int:
+        cfg = self.config
+        if cfg.num_kv_blocks is not None:
+            return cfg.num_kv_blocks
+        per_block = ModelRunner.kv_bytes_per_block(self.model, cfg.block_size, self.dtype)
+        budget = (cfg.kv_cache_memory * 2**30 if cfg.kv_cache_memory is not None
+                  else available_memory_bytes(self.device) * cfg.kv_cache_memory_fraction)
+        blocks = int(budget // per_block)
+        # More than every running sequence at full length can hold only buys a longer prefix-cache memory.
+        useful = cfg.max_num_seqs * -(-self.max_model_len // cfg.block_size) + 1
+        blocks = min(blocks, useful)
+        if blocks < 1:
+            raise InvalidParameterError(
+                f"kv_cache_memory: {budget / 2**30:.3f} GiB holds no KV block ({per_block} bytes each)",
+                "kv_cache_memory")
+        return blocks
+
+    # ---- requests ---------------------------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
+                    arrival_time: float | None = None, prompt_text: str | None = None) -> None:
+        """Queue a request (text or token ids). Validates everything first: a bad request changes nothing."""
+        params = params or SamplingParams()
+        if request_id in self.output_processor.parents:
+            raise InvalidParameterError(f"request_id {request_id!r} is already in use", "request_id")
+        if isinstance(prompt, str):
+            prompt_text = prompt
+            prompt_ids = self.tokenizer.encode(prompt)
+        else:
+            prompt_ids = list(prompt)
+        self._validate_prompt(prompt_ids)
+        max_tokens = self._resolve_max_tokens(len(prompt_ids), params)
+        params = params.clone(eos_token_ids=self.eos_token_ids) if not params.eos_token_ids else params
+        arrival = arrival_time or time.time()
+        child_ids = [request_id] if params.n == 1 else [f"{i}_{request_id}" for i in range(params.n)]
+        self.output_processor.add_request(request_id, prompt_text, prompt_ids, params, child_ids, arrival)
+        for i, cid in enumerate(child_ids):
+            child_params = params
+            if params.n > 1 and params.seed is not None:
+                child_params = params.clone(seed=params.seed + i)
+            self.scheduler.add_request(Request(cid, prompt_ids, child_params, max_tokens, arrival))
+
+    def _validate_prompt(self, prompt_ids: list[int]) -> None:
+        if not prompt_ids:
+            raise InvalidParameterError("prompt must not be empty", "prompt")
+        vocab = self.model.config.vocab_size
+        bad = next((t for t in prompt_ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab),
+                   None)
+        if bad is not None:
+            raise InvalidParameterError(f"prompt token id {bad!r} is out of range [0, {vocab})", "prompt")
+
+    def _resolve_max_tokens(self, prompt_len: int, params: SamplingParams) -> int:
+        limit = self.max_model_len
+        if prompt_len >= limit and not (params.max_tokens == 0 and prompt_len == limit):
+            raise PromptTooLongError(
+                f"This model's maximum context length is {limit} tokens, but the prompt has {prompt_len} tokens",
+                "prompt")
+        max_tokens = params.max_tokens if params.max_tokens is not None else limit - prompt_len
+        if prompt_len + max_tokens > limit:
+            raise PromptTooLongError(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{prompt_len + max_tokens} tokens ({prompt_len} in the prompt, {max_tokens} for the completion). "
+                f"Please reduce the prompt or max_tokens.", "max_tokens")
+        need = -(-(prompt_len + max(max_tokens, 1)) // self.config.block_size)
+        if need > self.num_blocks:
+            raise PromptTooLongError(
+                f"request needs {need} KV blocks ({prompt_len} prompt + {max_tokens} completion tokens) but the "
+                f"whole KV cache has {self.num_blocks} blocks of {self.config.block_size} tokens", "max_tokens")
+        return max_tokens
+
+    def abort_request(self, request_ids: str | list[str]) -> None:
+        """Stop requests now and free their KV blocks; no further output is produced for them."""
+        for rid in [request_ids] if isinstance(request_ids, str) else request_ids:
+            children = self.output_processor.child_ids(rid)
+            self.scheduler.finish_requests(children, RequestStatus.FINISHED_ABORTED)
+            self.output_processor.abort(rid)
+            self.stats.finished_by_reason["abort"] = self.stats.finished_by_reason.get("abort", 0) + 1
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # ---- the loop ---------------------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduler step and return the outputs it produced."""
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            self.runner.execute(sched)  # still drops finished requests' runner state
+            return []
+        run = self.runner.execute(sched)
+        updated, finished = self.scheduler.update(sched, run.sampled)
+        outputs, stopped = self.output_processor.process(updated, finished, run,
+                                                         [s.request_id for s in sched.seqs])
+        if stopped:
+            self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
+        self._count(sched, run, outputs)
+        return outputs
+
+    def _count(self, sched: SchedulerOutput, run: RunnerOutput, outputs: list[RequestOutput]) -> None:
+        st = self.stats
+        st.num_steps += 1
+        st.prompt_tokens += sched.num_prompt_tokens
+        st.generation_tokens += sum(len(t) for t in run.sampled.values())
+        for out in outputs:
+            if out.finished:
+                for c in out.outputs:
+                    if c.finish_reason:
+                        st.finished_by_reason[c.finish_reason] = st.finished_by_reason.get(c.finish_reason, 0) + 1
+
+    def get_stats(self) -> EngineStats:
+        """A snapshot of live state and counters."""
+        st = self.stats
+        kv = self.kv
+        st.num_running = len(self.scheduler.running)
+        st.num_waiting = len(self.scheduler.waiting)
+        st.kv_cache_usage = kv.usage()
+        st.prefix_cache_queries = kv.stats.queries
+        st.prefix_cache_hits = kv.stats.hits
+        st.num_preemptions = self.scheduler.num_preemptions
+        return EngineStats(**{name: getattr(st, name) for name in st.__dataclass_fields__})

@@ -1,0 +1,111 @@
+"""LLM: the offline API — ``LLM(model, **engine_args).generate(prompts, SamplingParams(...))`` and ``chat``."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from cinq.config import EngineConfig
+from cinq.engine.engine import LLMEngine
+from cinq.errors import InvalidParameterError
+from cinq.outputs import RequestOutput
+from cinq.sampling_params import OutputKind, SamplingParams
+
+Prompt = str | list[int] | dict[str, Any]
+
+
+class LLM:
+    """Batch generation over a local Hugging Face model folder (default: the embedded cinq-tiny)."""
+
+    def __init__(self, model: str | Path | None = None, **engine_args: Any) -> None:
+        if model is None:
+            from cinq.assets import default_model_path
+            model = default_model_path()
+        self.engine = LLMEngine(EngineConfig.from_kwargs(str(model), **engine_args))
+        self._ids = itertools.count()
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def model(self):
+        return self.engine.model
+
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """Generate for every prompt (strings, token-id lists, or {"prompt"/"prompt_token_ids": ...} dicts);
+        returns final outputs in prompt order."""
+        prompts = _normalize_prompts(prompts)
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params or SamplingParams()] * len(prompts)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompts):
+                raise InvalidParameterError(
+                    f"sampling_params: got {len(params_list)} for {len(prompts)} prompts", "sampling_params")
+        ids = []
+        try:
+            for prompt, params in zip(prompts, params_list):
+                rid = f"llm-{next(self._ids)}"
+                text, tokens = _split_prompt(prompt)
+                self.engine.add_request(rid, tokens if tokens is not None else text,
+                                        params.clone(output_kind=OutputKind.FINAL_ONLY), prompt_text=text)
+                ids.append(rid)
+        except ValueError:
+            self.engine.abort_request(ids)  # all or nothing
+            raise
+        return self._run(ids, use_tqdm)
+
+    def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+             sampling_params: SamplingParams | None = None, add_generation_prompt: bool = True,
+             use_tqdm: bool = False) -> list[RequestOutput]:
+        """Render each conversation with the model's chat template and generate the assistant's reply."""
+        conversations = messages if messages and isinstance(messages[0], list) else [messages]
+        tok = self.tokenizer
+        prompts = [{"prompt_token_ids": tok.encode(tok.apply_chat_template(conv, add_generation_prompt),
+                                                   add_special_tokens=False)} for conv in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        results: dict[str, RequestOutput] = {}
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+            bar = tqdm(total=len(ids), desc="requests", unit="req")
+        while len(results) < len(ids) and self.engine.has_unfinished_requests():
+            for out in self.engine.step():
+                if out.finished:
+                    results[out.request_id] = out
+                    if bar is not None:
+                        bar.update(1)
+        if bar is not None:
+            bar.close()
+        return [results[i] for i in ids]
+
+
+def _normalize_prompts(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and all(isinstance(t, int) and not isinstance(t, bool) for t in prompts):
+        return [prompts]  # one prompt given as token ids
+    return prompts
+
+
+def _split_prompt(prompt: Prompt) -> tuple[str | None, list[int] | None]:
+    if isinstance(prompt, str):
+        return prompt, None
+    if isinstance(prompt, dict):
+        if "prompt_token_ids" in prompt:
+            return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+        if "prompt" in prompt:
+            return prompt["prompt"], None
+        raise InvalidParameterError("prompt dicts need 'prompt' or 'prompt_token_ids'", "prompt")
+    if isinstance(prompt, (list, tuple)):
+        return None, list(prompt)
+    raise InvalidParameterError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}",
+                                "prompt")

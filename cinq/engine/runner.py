@@ -1,0 +1,217 @@
+"""ModelRunner: owns the model and the KV tensors; turns a SchedulerOutput into one flat varlen forward pass
+and sampled tokens.
+
+Inputs are built with tensor ops over the whole batch (no per-token Python loops): positions from the
+per-sequence start and cumulative lengths, slot mapping by gathering the block tables.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from cinq.engine.scheduler import NewRequestData, ScheduledSeq, SchedulerOutput
+from cinq.kernels.metadata import AttentionMetadata
+from cinq.layers.sampler import Sampler, SamplingMetadata
+from cinq.model.llama import LlamaForCausalLM
+from cinq.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class TokenLogprobs:
+    """Raw logprobs at one position: the chosen token's, its rank, and the top-k (ids, values)."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    top_ids: list[int]
+    top_logprobs: list[float]
+
+
+@dataclass(slots=True)
+class RunnerOutput:
+    sampled: dict[str, list[int]] = field(default_factory=dict)
+    logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+    # prompt logprobs computed this step: request -> [(prompt position, TokenLogprobs)], position >= 1
+    prompt_logprobs: dict[str, list[tuple[int, TokenLogprobs]]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _RequestState:
+    params: SamplingParams
+    prompt_token_ids: list[int]
+    num_output: int = 0
+    generator: torch.Generator | None = None
+    output_counts: torch.Tensor | None = None  # [V] int32, for penalties
+    seen_mask: torch.Tensor | None = None  # [V] bool, prompt + output tokens
+
+
+class ModelRunner:
+    """Runs the model over scheduled sequences and samples."""
+
+    def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, device: torch.device,
+                 kv_dtype: torch.dtype) -> None:
+        self.model = model
+        self.device = device
+        self.block_size = block_size
+        self.vocab_size = model.config.vocab_size
+        self.sampler = Sampler()
+        cfg = model.config
+        self.kv_caches = [
+            torch.zeros(2, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim, dtype=kv_dtype,
+                        device=device)
+            for _ in range(cfg.num_hidden_layers)
+        ]
+        for attn, cache in zip(model.attention_layers(), self.kv_caches):
+            attn.kv_cache = cache
+        self.states: dict[str, _RequestState] = {}
+
+    @staticmethod
+    def kv_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
+        cfg = model.config
+        elem = torch.empty((), dtype=dtype).element_size()
+        return 2 * cfg.num_hidden_layers * block_size * cfg.num_key_value_heads * cfg.head_dim * elem
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> RunnerOutput:
+        for rid in sched.finished_request_ids:
+            self.states.pop(rid, None)
+        for new in sched.new_requests:
+            self.states[new.request_id] = self._new_state(new)
+        out = RunnerOutput()
+        if not sched.seqs:
+            return out
+        # Decodes first: the attention backends batch them.
+        seqs = sorted(sched.seqs, key=lambda s: len(s.token_ids) != 1)
+        meta, input_ids, positions = self._prepare(seqs)
+        hidden = self.model(input_ids, positions, meta)
+        starts = meta.query_start_loc.tolist()
+        sample_rows = [i for i, s in enumerate(seqs) if s.sample]
+        if sample_rows:
+            last = torch.tensor([starts[i + 1] - 1 for i in sample_rows], device=self.device)
+            logits = self.model.compute_logits(hidden[last])
+            self._sample(logits, [seqs[i] for i in sample_rows], out)
+        for i, seq in enumerate(seqs):
+            if self.states[seq.request_id].params.prompt_logprobs is not None:
+                self._prompt_logprobs(hidden[starts[i]:starts[i + 1]], seq, out)
+        return out
+
+    def _new_state(self, new: NewRequestData) -> _RequestState:
+        params = new.sampling_params
+        state = _RequestState(params, new.prompt_token_ids)
+        if params.seed is not None and not params.greedy:
+            state.generator = torch.Generator(device=self.device)
+            state.generator.manual_seed(params.seed)
+        if params.has_penalties:
+            state.output_counts = torch.zeros(self.vocab_size, dtype=torch.int32, device=self.device)
+            state.seen_mask = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.device)
+            prompt = torch.tensor(new.prompt_token_ids, device=self.device)
+            state.seen_mask[prompt[prompt < self.vocab_size]] = True
+        return state
+
+    def _prepare(self, seqs: list[ScheduledSeq]) -> tuple[AttentionMetadata, torch.Tensor, torch.Tensor]:
+        dev = self.device
+        q_lens = [len(s.token_ids) for s in seqs]
+        start_pos = [s.start_pos for s in seqs]
+        seq_lens = [a + b for a, b in zip(start_pos, q_lens)]
+        input_ids = torch.tensor(list(itertools.chain.from_iterable(s.token_ids for s in seqs)), dtype=torch.long)
+        q_lens_t = torch.tensor(q_lens, dtype=torch.int32)
+        cu = torch.zeros(len(seqs) + 1, dtype=torch.int32)
+        torch.cumsum(q_lens_t, 0, out=cu[1:])
+        seq_idx = torch.repeat_interleave(torch.arange(len(seqs)), q_lens_t)
+        positions = torch.arange(len(input_ids)) - cu[:-1].long()[seq_idx] + torch.tensor(start_pos)[seq_idx]
+        max_blocks = max(len(s.block_ids) for s in seqs)
+        tables = torch.zeros(len(seqs), max_blocks, dtype=torch.int32)
+        for i, s in enumerate(seqs):
+            tables[i, :len(s.block_ids)] = torch.tensor(s.block_ids, dtype=torch.int32)
+        slots = tables[seq_idx, positions // self.block_size].long() * self.block_size + positions % self.block_size
+        num_decodes = next((i for i, n in enumerate(q_lens) if n != 1), len(q_lens))
+        meta = AttentionMetadata(
+            slot_mapping=slots.to(dev), query_start_loc=cu.to(dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev), block_tables=tables.to(dev),
+            query_lens_cpu=q_lens, seq_lens_cpu=seq_lens, num_decodes=num_decodes,
+            max_query_len=max(q_lens), max_seq_len=max(seq_lens), block_size=self.block_size)
+        return meta, input_ids.to(dev), positions.to(dev)
+
+    def _sample(self, logits: torch.Tensor, seqs: list[ScheduledSeq], out: RunnerOutput) -> None:
+        states = [self.states[s.request_id] for s in seqs]
+        meta = self._sampling_metadata(states)
+        result = self.sampler(logits, meta)
+        tokens = result.token_ids.tolist()
+        want_lp = [i for i, st in enumerate(states) if st.params.logprobs is not None]
+        if want_lp:
+            lp = result.sampled_logprob.tolist()
+            rank = result.sampled_rank.tolist()
+            top_ids = result.logprob_token_ids.tolist() if result.logprob_token_ids is not None else None
+            top_vals = result.logprobs.tolist() if result.logprobs is not None else None
+        for i, (seq, st) in enumerate(zip(seqs, states)):
+            tok = tokens[i]
+            out.sampled[seq.request_id] = [tok]
+            st.num_output += 1
+            if st.output_counts is not None:
+                st.output_counts[tok] += 1
+                st.seen_mask[tok] = True
+        for i in want_lp:
+            k = states[i].params.logprobs
+            out.logprobs[seqs[i].request_id] = [TokenLogprobs(
+                tokens[i], lp[i], rank[i], top_ids[i][:k] if top_ids else [], top_vals[i][:k] if top_vals else [])]
+
+    def _sampling_metadata(self, states: list[_RequestState]) -> SamplingMetadata:
+        dev = self.device
+        params = [st.params for st in states]
+        greedy = [p.greedy for p in params]
+        meta = SamplingMetadata(
+            temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev),
+            greedy=torch.tensor(greedy, device=dev), all_greedy=all(greedy))
+        if not meta.all_greedy:
+            if any(p.top_k > 0 for p in params):
+                meta.top_k = torch.tensor([p.top_k if p.top_k > 0 else self.vocab_size for p in params], device=dev)
+            if any(p.top_p < 1.0 for p in params):
+                meta.top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev)
+            if any(p.min_p > 0.0 for p in params):
+                meta.min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32, device=dev)
+            meta.generators = {i: st.generator for i, st in enumerate(states) if st.generator is not None}
+        pen = [i for i, st in enumerate(states) if st.output_counts is not None]
+        if pen:
+            meta.penalty_rows = torch.tensor(pen, device=dev)
+            meta.output_counts = torch.stack([states[i].output_counts for i in pen])
+            meta.seen_mask = torch.stack([states[i].seen_mask for i in pen])
+            for name in ("presence_penalty", "frequency_penalty", "repetition_penalty"):
+                setattr(meta, name, torch.tensor([getattr(params[i], name) for i in pen], dtype=torch.float32,
+                                                 device=dev))
+        for i, st in enumerate(states):
+            p = st.params
+            if st.num_output < p.min_tokens:
+                banned = [t for t in itertools.chain(p.stop_token_ids, [] if p.ignore_eos else p.eos_token_ids)
+                          if t < self.vocab_size]
+                if banned:
+                    meta.banned.append((i, banned))
+        lp = [p.logprobs for p in params if p.logprobs is not None]
+        meta.max_num_logprobs = max(lp) if lp else None
+        return meta
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, seq: ScheduledSeq, out: RunnerOutput) -> None:
+        st = self.states[seq.request_id]
+        prompt = st.prompt_token_ids
+        # Row j predicts the token at position start_pos + j + 1; only prompt targets are reported.
+        n = min(len(seq.token_ids), len(prompt) - 1 - seq.start_pos)
+        if n <= 0:
+            return
+        logprobs = self.model.compute_logits(hidden[:n]).log_softmax(-1)
+        targets = torch.tensor(prompt[seq.start_pos + 1:seq.start_pos + 1 + n], device=self.device)
+        chosen = logprobs.gather(1, targets[:, None]).squeeze(1)
+        ranks = ((logprobs > chosen[:, None]).sum(-1) + 1).tolist()
+        k = st.params.prompt_logprobs
+        top_vals, top_ids = logprobs.topk(k, dim=-1) if k else (None, None)
+        chosen_l, targets_l = chosen.tolist(), targets.tolist()
+        top_ids_l = top_ids.tolist() if k else [[]] * n
+        top_vals_l = top_vals.tolist() if k else [[]] * n
+        entries = out.prompt_logprobs.setdefault(seq.request_id, [])
+        for j in range(n):
+            entries.append((seq.start_pos + j + 1,
+                            TokenLogprobs(targets_l[j], chosen_l[j], ranks[j], top_ids_l[j], top_vals_l[j])))

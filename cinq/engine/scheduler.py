@@ -1,0 +1,217 @@
+"""Token-budget scheduler with continuous batching, chunked prefill and preemption by recompute.
+
+Each step spends one budget of ``max_num_batched_tokens``: first on running requests that decode (one token each),
+then on running requests still in (chunked) prefill, then on waiting requests, whose prompts may be split across
+steps. When the KV pool runs dry, the newest running request not yet scheduled this step is preempted: its blocks
+are freed and it goes back to the front of the queue to be recomputed later (prefix caching usually makes that
+cheap). A step may therefore mix prefill chunks and decodes, and a long prompt never blocks decodes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from cinq.engine.kv_cache import KVCacheManager
+from cinq.engine.request import Request, RequestStatus
+from cinq.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class ScheduledSeq:
+    """One request's share of a step: compute ``token_ids`` at positions ``start_pos ...``."""
+
+    request_id: str
+    token_ids: list[int]
+    start_pos: int
+    block_ids: list[int]
+    sample: bool  # the chunk reaches the last known token: sample the next one
+
+
+@dataclass(slots=True)
+class NewRequestData:
+    """What the runner needs to know about a request the first time it is scheduled."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    seqs: list[ScheduledSeq] = field(default_factory=list)
+    new_requests: list[NewRequestData] = field(default_factory=list)
+    finished_request_ids: list[str] = field(default_factory=list)  # runner state to drop
+    num_batched_tokens: int = 0
+    num_prompt_tokens: int = 0  # of the batched tokens, those at prompt positions (first computation or not)
+    preempted_request_ids: list[str] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.seqs
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    max_model_len: int
+
+
+class Scheduler:
+    """Owns the waiting queue, the running list and the KV cache manager."""
+
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+        self.config = config
+        self.kv = kv
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
+        self._seen: set[str] = set()  # requests the runner already knows
+        self._finished_ids: list[str] = []
+
+    def add_request(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish_requests(self, request_ids: list[str], status: RequestStatus) -> list[Request]:
+        """Finish (abort, or stop on a stop string) requests wherever they are; frees their blocks."""
+        done = []
+        for rid in request_ids:
+            req = self.requests.get(rid)
+            if req is None or req.is_finished:
+                continue
+            if req.status == RequestStatus.RUNNING:
+                self.running.remove(req)
+            else:
+                self.waiting.remove(req)
+            self._finish(req, status)
+            done.append(req)
+        return done
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput(finished_request_ids=self._finished_ids)
+        self._finished_ids = []
+        budget = self.config.max_num_batched_tokens
+        scheduled: set[str] = set()
+        # Running requests: decodes first, then unfinished prefills, each in arrival order.
+        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
+        prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
+        for req in decodes + prefills:
+            if budget <= 0:
+                break
+            if req.status != RequestStatus.RUNNING:  # preempted earlier in this loop
+                continue
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            while not self.kv.allocate_slots(req, n):
+                victim = self._pick_victim(scheduled, req)
+                self._preempt(victim)
+                out.preempted_request_ids.append(victim.request_id)
+                if victim is req:
+                    break
+            if req.status != RequestStatus.RUNNING:
+                continue
+            self._add_seq(out, req, n)
+            scheduled.add(req.request_id)
+            budget -= n
+        # Waiting requests, unless this step had to preempt (then the pool is short already).
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs \
+                and not out.preempted_request_ids:
+            req = self.waiting[0]
+            hits, num_hit = ([], 0)
+            if req.sampling_params.prompt_logprobs is None:  # prompt logprobs need every prompt position computed
+                hits, num_hit = self.kv.get_computed_blocks(req)
+            n = min(req.num_tokens - num_hit, budget)
+            if not self.kv.allocate_slots(req, n, hits, num_hit):
+                break
+            self.kv.record_lookup(req.num_tokens, num_hit)
+            self.waiting.popleft()
+            req.num_computed_tokens = num_hit
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = num_hit
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            self._add_seq(out, req, n)
+            budget -= n
+        out.num_batched_tokens = self.config.max_num_batched_tokens - budget
+        return out
+
+    def update(self, out: SchedulerOutput, sampled: dict[str, list[int]]) -> tuple[list[Request], list[Request]]:
+        """Advance computed counts, append sampled tokens and apply token-level stops.
+
+        Returns (requests that got new tokens, requests that finished this step).
+        """
+        updated, finished = [], []
+        for seq in out.seqs:
+            req = self.requests[seq.request_id]
+            req.num_computed_tokens += len(seq.token_ids)
+            tokens = sampled.get(seq.request_id)
+            if not tokens:
+                continue
+            if req.max_tokens == 0:  # prompt-only request (e.g. echo + prompt logprobs): nothing to append
+                self.running.remove(req)
+                self._finish(req, RequestStatus.FINISHED_LENGTH)
+                finished.append(req)
+                updated.append(req)
+                continue
+            for tok in tokens:
+                req.append_output_token(tok)
+                status = self._check_stop(req, tok)
+                if status is not None:
+                    self.running.remove(req)
+                    self._finish(req, status)
+                    finished.append(req)
+                    break
+            updated.append(req)
+        return updated, finished
+
+    def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
+        params = req.sampling_params
+        if req.num_output_tokens >= params.min_tokens:
+            if not params.ignore_eos and token in params.eos_token_ids:
+                req.stop_reason = None
+                return RequestStatus.FINISHED_STOPPED
+            if token in params.stop_token_ids:
+                req.stop_reason = token
+                return RequestStatus.FINISHED_STOPPED
+        if req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.config.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def _add_seq(self, out: SchedulerOutput, req: Request, n: int) -> None:
+        start = req.num_computed_tokens
+        out.num_prompt_tokens += max(0, min(start + n, req.num_prompt_tokens) - start)
+        if req.request_id not in self._seen:
+            self._seen.add(req.request_id)
+            out.new_requests.append(NewRequestData(req.request_id, req.prompt_token_ids, req.sampling_params))
+        out.seqs.append(ScheduledSeq(req.request_id, req.all_token_ids[start:start + n], start,
+                                     self.kv.block_ids(req.request_id), start + n == req.num_tokens))
+
+    def _pick_victim(self, scheduled: set[str], current: Request) -> Request:
+        # Newest first; a request already given work this step is never preempted (its blocks may have been
+        # registered in the prefix cache for K/V this step will write).
+        for cand in reversed(self.running):
+            if cand.request_id not in scheduled:
+                return cand
+        return current
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self.kv.free(req.request_id)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def _finish(self, req: Request, status: RequestStatus) -> None:
+        req.status = status
+        self.kv.free(req.request_id)
+        del self.requests[req.request_id]
+        if req.request_id in self._seen:
+            self._seen.discard(req.request_id)
+            self._finished_ids.append(req.request_id)

@@ -1,0 +1,2 @@
+"""Evaluation primitives: reasoning tasks (``tasks``) and perplexity (``perplexity``), shared by the
+quantization, distillation and speculative-decoding reports."""

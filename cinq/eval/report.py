@@ -1,0 +1,245 @@
+"""The quantization quality report: perplexity AND reasoning accuracy, per model folder, in one table with
+deltas against the first (float) model, plus a plot.
+
+Perplexity alone hides what low-bit weights lose on multi-step reasoning (arXiv 2505.11574), so every row also
+carries exact-match accuracy on held-out arithmetic word problems with worked steps (cinq.eval.tasks),
+answered by greedy generation. Each folder is loaded the way the engine loads it (the quantization method
+comes from its config.json), so the numbers are those of the served model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+# generate(folder, prompts, max_new_tokens, dtype) -> (completions, generated tokens per second)
+GenerateFn = Callable[[Path, list[str], int, str], tuple[list[str], float]]
+
+
+@dataclass(slots=True)
+class ModelQuality:
+    """One row of the report."""
+
+    label: str
+    path: str
+    method: str  # "float" for unquantized models
+    bits: int | None
+    weight_bytes: int  # all tensors of the checkpoint
+    perplexity: float | None
+    accuracy: float | None
+    n_problems: int
+    gen_tokens_per_s: float | None = None
+
+
+@dataclass(slots=True)
+class QualityReport:
+    """Rows plus the rendering: markdown table with deltas vs the first row, JSON, plot."""
+
+    rows: list[ModelQuality]
+    ppl_source: str = ""
+    task: str = "arithmetic"
+
+    def to_markdown(self) -> str:
+        base = self.rows[0] if self.rows else None
+        head = ("| model | method | bits | weight MiB | size vs base | perplexity | Δppl | "
+                f"{self.task} acc | Δacc | gen tok/s |")
+        lines = [head, "|" + "---|" * 10]
+        for r in self.rows:
+            size = f"{r.weight_bytes / base.weight_bytes:.2f}x" if base and base.weight_bytes else "-"
+            dppl = _delta(r.perplexity, base.perplexity if base else None, pct=True)
+            dacc = _delta(None if r.accuracy is None else 100 * r.accuracy,
+                          None if base is None or base.accuracy is None else 100 * base.accuracy, unit=" pt")
+            lines.append(
+                f"| {r.label} | {r.method} | {r.bits or '-'} | {r.weight_bytes / 2**20:.2f} | {size} | "
+                f"{_fmt(r.perplexity, '.3f')} | {dppl} | "
+                f"{'-' if r.accuracy is None else f'{100 * r.accuracy:.1f}%'} | {dacc} | "
+                f"{_fmt(r.gen_tokens_per_s, '.1f')} |")
+        note = f"\nperplexity on {self.ppl_source}; accuracy: exact match over {self.rows[0].n_problems} " \
+               f"held-out {self.task} problems (greedy)." if self.rows else ""
+        return "\n".join(lines) + note + "\n"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ppl_source": self.ppl_source, "task": self.task, "rows": [asdict(r) for r in self.rows]}
+
+    def save(self, folder: str | Path, name: str = "quality") -> list[Path]:
+        """Write <name>.md, <name>.json and (with matplotlib) <name>.png into ``folder``."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        md, js = folder / f"{name}.md", folder / f"{name}.json"
+        md.write_text(self.to_markdown())
+        js.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        out = [md, js]
+        png = self.plot(folder / f"{name}.png")
+        if png is not None:
+            out.append(png)
+        return out
+
+    def plot(self, path: str | Path) -> Path | None:
+        """Bar charts of perplexity, accuracy and size per model; None when matplotlib is missing."""
+        try:
+            import matplotlib
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            log.warning("matplotlib is not installed: no plot")
+            return None
+        labels = [r.label for r in self.rows]
+        fig, axes = plt.subplots(1, 3, figsize=(4 + 1.6 * len(labels), 3.6))
+        series = [("perplexity (lower is better)", [r.perplexity or 0.0 for r in self.rows]),
+                  (f"{self.task} accuracy % (higher is better)", [100 * (r.accuracy or 0.0) for r in self.rows]),
+                  ("weights MiB", [r.weight_bytes / 2**20 for r in self.rows])]
+        for ax, (title, values) in zip(axes, series):
+            ax.bar(range(len(labels)), values, color=["#777"] + ["#3a7"] * (len(labels) - 1))
+            ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
+            ax.set_title(title, fontsize=9)
+        fig.tight_layout()
+        path = Path(path)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return path
+
+
+def _fmt(v: float | None, spec: str) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+def _delta(v: float | None, base: float | None, pct: bool = False, unit: str = "") -> str:
+    if v is None or base is None:
+        return "-"
+    if pct:
+        return f"{100 * (v - base) / base:+.1f}%" if base else "-"
+    return f"{v - base:+.1f}{unit}"
+
+
+def describe_folder(path: Path) -> tuple[str, int | None, int]:
+    """(method, bits, tensor bytes) of a model folder."""
+    from safetensors import safe_open
+
+    from cinq.model.loader import checkpoint_files
+    cfg = json.loads((path / "config.json").read_text())
+    qc = cfg.get("quantization_config")
+    if qc:
+        from cinq.quant.config import QuantConfig
+        q = QuantConfig.from_hf(qc)
+        method, bits = (f"{q.method} ({q.format})", q.bits)
+    else:
+        method, bits = "float", None
+    total = 0
+    for file in checkpoint_files(path):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                sl = f.get_slice(name)
+                numel = math.prod(sl.get_shape())
+                total += numel * _dtype_bytes(sl.get_dtype())
+    return method, bits, total
+
+
+def _dtype_bytes(name: str) -> int:
+    return {"F64": 8, "I64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16": 2, "I16": 2, "I8": 1, "U8": 1,
+            "BOOL": 1}.get(name, 4)
+
+
+def engine_generate(path: Path, prompts: list[str], max_new_tokens: int, dtype: str) -> tuple[list[str], float]:
+    """Greedy completions through the serving engine (paged KV cache, batching)."""
+    from cinq import LLM, SamplingParams
+    llm = LLM(str(path), dtype=dtype)
+    params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, stop=["\nQuestion:"])
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    seconds = time.perf_counter() - start
+    texts = [o.outputs[0].text for o in outs]
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    return texts, tokens / max(seconds, 1e-9)
+
+
+def simple_generate(path: Path, prompts: list[str], max_new_tokens: int, dtype: str) -> tuple[list[str], float]:
+    """Greedy completions without the engine: batched full recomputation per token (right padding is harmless
+    under causal attention). Quadratic in length: for small models and tests."""
+    from cinq.eval.tasks import extract_answer
+    from cinq.model.loader import load_model
+    from cinq.model.tokenizer import Tokenizer
+    model = load_model(path, dtype=dtype)
+    tok = Tokenizer.from_pretrained(path)
+    eos = set(tok.eos_token_ids)
+    seqs = [tok.encode(p) for p in prompts]
+    starts = [len(s) for s in seqs]
+    done = [False] * len(seqs)
+    start, generated = time.perf_counter(), 0
+    with torch.inference_mode():
+        for _ in range(max_new_tokens):
+            live = [i for i, d in enumerate(done) if not d]
+            if not live:
+                break
+            width = max(len(seqs[i]) for i in live)
+            ids = torch.zeros(len(live), width, dtype=torch.long)
+            for row, i in enumerate(live):
+                ids[row, :len(seqs[i])] = torch.tensor(seqs[i])
+            hidden = model(ids)
+            last = torch.tensor([len(seqs[i]) - 1 for i in live])
+            nxt = model.compute_logits(hidden[torch.arange(len(live)), last]).argmax(-1).tolist()
+            for i, t in zip(live, nxt):
+                seqs[i].append(t)
+                generated += 1
+                text = tok.decode(seqs[i][starts[i]:])
+                if t in eos or "\nQuestion:" in text or (extract_answer(text) is not None and text.endswith("\n")):
+                    done[i] = True
+    seconds = time.perf_counter() - start
+    texts = [tok.decode(s[st:]).split("\nQuestion:")[0] for s, st in zip(seqs, starts)]
+    return texts, generated / max(seconds, 1e-9)
+
+
+def default_generate() -> GenerateFn:
+    """The engine when it is importable, else the simple recompute loop."""
+    try:
+        from cinq import LLM, SamplingParams  # noqa: F401
+        return engine_generate
+    except ImportError:
+        return simple_generate
+
+
+def evaluate_model(path: str | Path, ppl_tokens_text: str, problems: Sequence[Any], label: str | None = None,
+                   dtype: str = "bfloat16", context_len: int = 256, max_new_tokens: int = 96,
+                   generate: GenerateFn | None = None) -> ModelQuality:
+    """Perplexity of ``ppl_tokens_text`` and accuracy on ``problems`` for one model folder."""
+    from cinq.eval.perplexity import perplexity_of_text
+    from cinq.eval.tasks import accuracy
+    from cinq.model.loader import load_model
+    from cinq.model.tokenizer import Tokenizer
+    path = Path(path)
+    method, bits, nbytes = describe_folder(path)
+    ppl = None
+    if ppl_tokens_text:
+        model = load_model(path, dtype=dtype)
+        ppl = perplexity_of_text(model, Tokenizer.from_pretrained(path), ppl_tokens_text, context_len=context_len)
+        del model
+    acc, tps = None, None
+    if problems:
+        completions, tps = (generate or default_generate())(path, [p.prompt() for p in problems], max_new_tokens,
+                                                            dtype)
+        acc = accuracy(problems, completions)
+    return ModelQuality(label or path.name, str(path), method, bits, nbytes, ppl, acc, len(problems), tps)
+
+
+def quality_report(models: Sequence[str | Path] | Mapping[str, str | Path], ppl_text: str = "",
+                   ppl_source: str = "", n_problems: int = 100, seed: int = 0, split: str = "test",
+                   dtype: str = "bfloat16", context_len: int = 256, max_new_tokens: int = 96,
+                   generate: GenerateFn | None = None) -> QualityReport:
+    """Evaluate every folder (the first is the baseline of the deltas) on the same text and problems."""
+    from cinq.eval.tasks import arithmetic_problems
+    items = list(models.items()) if isinstance(models, Mapping) else [(Path(p).name, p) for p in models]
+    problems = arithmetic_problems(n_problems, seed=seed, split=split) if n_problems > 0 else []
+    rows = []
+    for label, path in items:
+        log.info("evaluating %s (%s)", label, path)
+        rows.append(evaluate_model(path, ppl_text, problems, label, dtype, context_len, max_new_tokens, generate))
+    return QualityReport(rows, ppl_source)

@@ -1,0 +1,71 @@
+"""Naive attention, the ground truth of every kernel test: the full score matrix is materialised, in float64.
+
+Positions follow the serving convention: a sequence's ``Lq`` queries are the *last* ``Lq`` of its ``Lk`` keys,
+so query ``i`` sits at position ``Lk - Lq + i`` and (causally) sees keys ``0 .. Lk - Lq + i``. With ``Lq == Lk``
+this is ordinary causal self-attention; with ``Lq == 1`` it is a decode step; in between, a prefill chunk
+after a cached prefix.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cinq.errors import InvalidParameterError
+from cinq.kernels.metadata import AttentionMetadata
+from cinq.kernels.paged import causal_mask, gather_context
+
+
+def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                        causal: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of one sequence. q: [Lq, Hq, D]; k, v: [Lk, Hkv, D] with Hq a multiple of Hkv (GQA).
+
+    Returns ``(out [Lq, Hq, D], lse [Hq, Lq])`` in float64; ``lse`` is the log-sum-exp of each query's scaled
+    scores, the quantity FlashAttention keeps to merge partial results.
+    """
+    lq, lk = q.shape[0], k.shape[0]
+    if causal and lq > lk:
+        raise InvalidParameterError(f"attention: causal needs query length ({lq}) <= key length ({lk})", param="q")
+    if q.shape[1] % k.shape[1]:
+        raise InvalidParameterError(
+            f"attention: query heads ({q.shape[1]}) must be a multiple of kv heads ({k.shape[1]})", param="q")
+    group = q.shape[1] // k.shape[1]
+    kd = k.double().repeat_interleave(group, dim=1)  # [Lk, Hq, D]
+    vd = v.double().repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q.double(), kd).mul_(scale)  # [Hq, Lq, Lk]: the N x N matrix
+    if causal:
+        scores.masked_fill_(~causal_mask(lq, lk, q.device), float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = scores.sub_(lse[..., None]).exp_()  # in place: the benchmark's peak is one score matrix
+    return torch.einsum("hqk,khd->qhd", probs, vd), lse
+
+
+def varlen_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                               cu_seqlens_k: torch.Tensor, scale: float,
+                               causal: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed variable-length batch: sequence b owns rows ``cu_seqlens[b]:cu_seqlens[b+1]`` of q and of k/v.
+
+    Returns ``(out [Tq, Hq, D], lse [Hq, Tq])`` in float64.
+    """
+    out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
+    lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float64, device=q.device)
+    sq, sk = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for b in range(len(sq) - 1):
+        o, l = attention_reference(q[sq[b]:sq[b + 1]], k[sk[b]:sk[b + 1]], v[sk[b]:sk[b + 1]], scale, causal)
+        out[sq[b]:sq[b + 1]], lse[:, sq[b]:sq[b + 1]] = o, l
+    return out, lse
+
+
+def paged_attention_reference(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
+                              scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The serving step: each sequence's new queries attend causally to its context read through its block table.
+
+    query: [T, Hq, D]; kv_cache: [2, num_blocks, block_size, Hkv, D]. Returns float64 ``(out, lse)``.
+    """
+    out = torch.empty(query.shape, dtype=torch.float64, device=query.device)
+    lse = torch.empty(query.shape[1], query.shape[0], dtype=torch.float64, device=query.device)
+    starts = meta.query_start_loc.tolist()
+    for i in range(meta.num_seqs):
+        s, e = starts[i], starts[i + 1]
+        k, v = gather_context(kv_cache, meta.block_tables[i], meta.seq_lens_cpu[i])
+        out[s:e], lse[:, s:e] = attention_reference(query[s:e], k, v, scale, causal=True)
+    return out, lse

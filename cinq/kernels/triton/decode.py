@@ -1,0 +1,169 @@
+"""Triton paged decode attention: one new query per sequence, K/V read through its block table, split-K.
+
+Decode is bandwidth bound: every cached key and value is read once per step and used for a handful of flops.
+So one program serves all ``group`` query heads that share a kv head (GQA rows stacked as the M dimension of
+the dot, padded to 16), and long contexts are cut into ``num_splits`` key ranges processed by separate programs
+to keep the GPU busy when the batch is small (FlashDecoding). Each split keeps the usual online-softmax
+state and writes its normalised partial output with its log-sum-exp; a second small kernel merges the splits:
+``out = sum_s exp(lse_s - max) * out_s / sum_s exp(lse_s - max)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from cinq.errors import InvalidParameterError
+from cinq.kernels.metadata import AttentionMetadata
+from cinq.kernels.triton import check_device, interpreter_enabled, next_pow2
+
+INTERPRETED = interpreter_enabled()
+LOG2E = 1.0 / math.log(2.0)
+MIN_SPLIT_TOKENS = 256  # below this a split's fixed cost outweighs the parallelism it adds
+
+
+@triton.jit
+def _decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, part_o_ptr, part_lse_ptr, seq_lens_ptr, block_tables_ptr,
+                   qk_scale, split_len,
+                   stride_qt, stride_qh, stride_ot, stride_oh,
+                   stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_bt,
+                   stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
+                   GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, SPLIT: tl.constexpr, FP32_DOT: tl.constexpr):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + b)
+    lo = split * split_len
+    hi = tl.minimum(seq_len, lo + split_len)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    g_mask = offs_g < GROUP
+    d_mask = offs_d < HEAD_DIM
+    heads = kvh * GROUP + offs_g
+    q = tl.load(q_ptr + b.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
+    k_base = k_ptr + kvh * stride_kh
+    v_base = v_ptr + kvh * stride_vh
+
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for n0 in range(lo, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < hi
+        blk = tl.load(bt_row + offs_n // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
+        k_rows = blk * stride_kb + (offs_n % PAGE_SIZE) * stride_kt
+        v_rows = blk * stride_vb + (offs_n % PAGE_SIZE) * stride_vt
+        kt = tl.load(k_base + k_rows[None, :] + offs_d[:, None], mask=n_mask[None, :] & d_mask[:, None], other=0.0)
+        if FP32_DOT:
+            s = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
+        else:
+            s = tl.dot(q, kt.to(q.dtype))
+        # the single query is the last position: it sees every key of the context, only the range end masks
+        s = tl.where(n_mask[None, :], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + v_rows[:, None] + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+        if FP32_DOT:
+            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+        m_i = m_new
+
+    nonempty = l_i > 0  # a split past the end of a short sequence saw no key
+    out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
+    gd_mask = g_mask[:, None] & d_mask[None, :]
+    if SPLIT:
+        tl.store(part_o_ptr + b.to(tl.int64) * stride_pb + heads[:, None] * stride_ph + split * stride_ps
+                 + offs_d[None, :], out, mask=gd_mask)
+        lse = tl.where(nonempty, m_i + tl.math.log2(tl.where(nonempty, l_i, 1.0)), float("-inf"))  # base 2
+        tl.store(part_lse_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh + split, lse, mask=g_mask)
+    else:
+        tl.store(o_ptr + b.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=gd_mask)
+
+
+@triton.jit
+def _merge_kernel(o_ptr, part_o_ptr, part_lse_ptr, stride_ot, stride_oh, stride_pb, stride_ph, stride_ps,
+                  stride_lb, stride_lh, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  BLOCK_D: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_mask = offs_s < NUM_SPLITS
+    lse = tl.load(part_lse_ptr + b * stride_lb + h * stride_lh + offs_s, mask=s_mask, other=float("-inf"))
+    w = tl.math.exp2(lse - tl.max(lse, 0))  # split 0 always holds keys, so the max is finite
+    parts = tl.load(part_o_ptr + b * stride_pb + h * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
+                    mask=s_mask[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0)
+    out = tl.sum(parts * w[:, None], 0) / tl.sum(w, 0)
+    tl.store(o_ptr + b * stride_ot + h * stride_oh + offs_d, out.to(o_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
+
+
+def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
+    """Enough splits to give every SM about two programs, none shorter than MIN_SPLIT_TOKENS keys."""
+    if INTERPRETED or device.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    want = triton.cdiv(2 * sms, max(1, batch * num_kv_heads))
+    return max(1, min(want, triton.cdiv(max_seq_len, MIN_SPLIT_TOKENS), 64))
+
+
+def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+                 out: torch.Tensor, num_decodes: int | None = None, num_splits: int | None = None) -> torch.Tensor:
+    """Decode attention of the first ``num_decodes`` sequences (default ``meta.num_decodes``), one query each.
+
+    query, out: [>= num_decodes, Hq, D] (rows 0..num_decodes-1 are used); kv_cache [2, blocks, block_size, Hkv, D].
+    """
+    check_device(query, INTERPRETED)
+    nd = meta.num_decodes if num_decodes is None else num_decodes
+    if nd == 0:
+        return out
+    for name, dt in (("query", query.dtype), ("kv_cache", kv_cache.dtype)):
+        if dt not in (torch.float16, torch.bfloat16, torch.float32):
+            raise InvalidParameterError(
+                f"attention backend 'triton': {name} dtype must be float16, bfloat16 or float32, got {dt}",
+                param=name)
+    _, _, page_size, hkv, head_dim = kv_cache.shape
+    hq = query.shape[1]
+    group = hq // hkv
+    k, v = kv_cache[0], kv_cache[1]
+    max_len = max(meta.seq_lens_cpu[:nd])
+    block_n = 16 if INTERPRETED else 64
+    if num_splits is None:
+        num_splits = choose_num_splits(nd, hkv, max_len, query.device)
+    if num_splits < 1:
+        raise InvalidParameterError(f"paged_decode: num_splits must be >= 1, got {num_splits}", param="num_splits")
+    split_len = triton.cdiv(triton.cdiv(max_len, num_splits), block_n) * block_n
+    num_splits = triton.cdiv(max_len, split_len)  # rounding the split length up may leave fewer splits
+    block_d = max(16, next_pow2(head_dim))
+    split = num_splits > 1
+    if split:
+        part_o = torch.empty(nd, hq, num_splits, head_dim, dtype=torch.float32, device=query.device)
+        part_lse = torch.empty(nd, hq, num_splits, dtype=torch.float32, device=query.device)
+    else:
+        part_o = part_lse = out  # unused
+    _decode_kernel[(nd, hkv, num_splits)](
+        query, k, v, out, part_o, part_lse, meta.seq_lens, meta.block_tables, scale * LOG2E, split_len,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), meta.block_tables.stride(0),
+        part_o.stride(0) if split else 0, part_o.stride(1) if split else 0, part_o.stride(2) if split else 0,
+        part_lse.stride(0) if split else 0, part_lse.stride(1) if split else 0,
+        GROUP=group, BLOCK_G=max(16, next_pow2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=block_n,
+        PAGE_SIZE=page_size, SPLIT=split,
+        FP32_DOT=INTERPRETED or query.dtype == torch.float32 or kv_cache.dtype == torch.float32,
+        num_warps=4, num_stages=1 if INTERPRETED else 2)
+    if split:
+        _merge_kernel[(nd, hq)](
+            out, part_o, part_lse, out.stride(0), out.stride(1), part_o.stride(0), part_o.stride(1),
+            part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
+            NUM_SPLITS=num_splits, BLOCK_S=next_pow2(num_splits), HEAD_DIM=head_dim, BLOCK_D=block_d)
+    return out

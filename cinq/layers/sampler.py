@@ -1,0 +1,118 @@
+"""Sampler with vLLM semantics, batched over the step's rows.
+
+Order: logprobs are taken from the raw model distribution (as vLLM v1 returns them); then min_tokens bans,
+penalties (repetition on prompt+output tokens, presence/frequency on output tokens), temperature, min-p, top-k and
+top-p; then one draw per row. Draws use the exponential-race trick (argmax p / q with q ~ Exp(1)), where a seeded
+row takes its q from its own generator only, so its tokens do not depend on its batch mates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+
+@dataclass(slots=True)
+class SamplingMetadata:
+    """Per-row sampling settings for one step (rows = requests that sample this step)."""
+
+    temperature: torch.Tensor  # [B] float32; rows with greedy=True ignore it
+    greedy: torch.Tensor  # [B] bool
+    all_greedy: bool
+    top_k: torch.Tensor | None = None  # [B] int64, vocab size where disabled
+    top_p: torch.Tensor | None = None  # [B] float32, 1.0 where disabled
+    min_p: torch.Tensor | None = None  # [B] float32, 0.0 where disabled
+    generators: dict[int, torch.Generator] = field(default_factory=dict)  # row -> its seeded generator
+    # Penalties, for the rows listed in penalty_rows only.
+    penalty_rows: torch.Tensor | None = None  # [P] int64
+    output_counts: torch.Tensor | None = None  # [P, V] int32: occurrences in the output so far
+    seen_mask: torch.Tensor | None = None  # [P, V] bool: in prompt or output (repetition penalty)
+    presence_penalty: torch.Tensor | None = None  # [P]
+    frequency_penalty: torch.Tensor | None = None  # [P]
+    repetition_penalty: torch.Tensor | None = None  # [P]
+    banned: list[tuple[int, list[int]]] = field(default_factory=list)  # (row, token ids) banned by min_tokens
+    max_num_logprobs: int | None = None  # None: no row asked for logprobs
+
+
+@dataclass(slots=True)
+class SamplerOutput:
+    token_ids: torch.Tensor  # [B] int64
+    logprob_token_ids: torch.Tensor | None = None  # [B, k] top-k token ids
+    logprobs: torch.Tensor | None = None  # [B, k]
+    sampled_logprob: torch.Tensor | None = None  # [B]
+    sampled_rank: torch.Tensor | None = None  # [B] 1-based rank of the sampled token
+
+
+class Sampler(nn.Module):
+    def forward(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
+        logits = logits.float()
+        out = SamplerOutput(token_ids=torch.empty(0, dtype=torch.long))
+        raw_logprobs = logits.log_softmax(-1) if meta.max_num_logprobs is not None else None
+        if meta.banned:
+            logits = logits.clone()
+            for row, ids in meta.banned:
+                logits[row, ids] = float("-inf")
+        if meta.penalty_rows is not None:
+            logits = apply_penalties(logits, meta)
+        greedy_tokens = logits.argmax(-1)
+        if meta.all_greedy:
+            out.token_ids = greedy_tokens
+        else:
+            out.token_ids = torch.where(meta.greedy, greedy_tokens, self._sample(logits, meta))
+        if raw_logprobs is not None:
+            k = meta.max_num_logprobs
+            out.sampled_logprob = raw_logprobs.gather(1, out.token_ids[:, None]).squeeze(1)
+            out.sampled_rank = (raw_logprobs > out.sampled_logprob[:, None]).sum(-1) + 1
+            if k:
+                out.logprobs, out.logprob_token_ids = raw_logprobs.topk(k, dim=-1)
+        return out
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        temp = torch.where(meta.greedy, torch.ones_like(meta.temperature), meta.temperature)
+        logits = logits / temp[:, None]
+        if meta.min_p is not None:
+            probs = logits.softmax(-1)
+            threshold = probs.amax(-1, keepdim=True) * meta.min_p[:, None]
+            logits = logits.masked_fill(probs < threshold, float("-inf"))
+        if meta.top_k is not None or meta.top_p is not None:
+            logits = apply_top_k_top_p(logits, meta.top_k, meta.top_p)
+        probs = logits.softmax(-1)
+        q = torch.empty_like(probs).exponential_()
+        for row, gen in meta.generators.items():
+            q[row].exponential_(generator=gen)
+        return probs.div(q).argmax(-1)
+
+
+def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    """Repetition penalty (divide positive / multiply negative logits of seen tokens), then frequency
+    (minus f * count) and presence (minus p if the token occurred) penalties on output tokens."""
+    rows = meta.penalty_rows
+    sub = logits[rows]
+    rep = meta.repetition_penalty[:, None]
+    penalised = torch.where(sub > 0, sub / rep, sub * rep)
+    sub = torch.where(meta.seen_mask, penalised, sub)
+    counts = meta.output_counts.to(sub.dtype)
+    sub = sub - meta.frequency_penalty[:, None] * counts
+    sub = sub - meta.presence_penalty[:, None] * (counts > 0).to(sub.dtype)
+    logits = logits.clone()
+    logits[rows] = sub
+    return logits
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+    """Keep the k most likely tokens and the smallest set whose probability reaches p (at least one token)."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    vocab = logits.shape[-1]
+    if top_k is not None:
+        ranks = torch.arange(vocab, device=logits.device)[None, :]
+        sorted_logits = sorted_logits.masked_fill(ranks >= top_k[:, None], float("-inf"))
+    if top_p is not None:
+        probs = sorted_logits.softmax(-1)
+        mass_before = probs.cumsum(-1) - probs
+        drop = mass_before >= top_p[:, None]
+        drop[:, 0] = False
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)

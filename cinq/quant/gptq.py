@@ -1,0 +1,158 @@
+"""GPTQ (Frantar et al., 2022): quantize a linear's input channels one at a time, pushing each rounding error
+onto the channels not yet quantized, weighted by the inverse Hessian of the layer's squared output error.
+
+For a layer y = W x with calibration inputs X, the error ||(W - Q) X||^2 has Hessian H = 2 X X^T over
+input channels. With U the upper Cholesky factor of H^-1, quantizing column i and updating the remaining
+columns by -err_i * U[i, i:] / U[i, i] is the optimal (OBS) compensation. Updates are applied lazily: inside
+a block of ``block_size`` columns immediately, to the columns after the block once per block.
+
+Options as in AutoGPTQ: ``damp_percent`` (of mean(diag H), added to the diagonal; multiplied by 10 and retried
+when the Cholesky factorisation fails), ``desc_act`` (act-order: columns in decreasing diag(H)), and
+``static_groups`` (group grids fixed from the unpermuted weight before act-order reorders the columns).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+
+from cinq.quant.qweight import QuantizedWeight, check_grid, grid_params
+
+log = logging.getLogger(__name__)
+
+MAX_DAMP_RETRIES = 6
+
+
+class HessianAccumulator:
+    """Running H = 2/n sum_t x_t x_t^T over the rows of every input seen (float64 sum would be safer for
+    millions of tokens; float32 with per-batch normalisation is what GPTQ implementations use)."""
+
+    def __init__(self, in_features: int) -> None:
+        self.h = torch.zeros(in_features, in_features)
+        self.count = 0
+
+    def add(self, x: torch.Tensor) -> None:
+        x = x.reshape(-1, x.shape[-1]).float()
+        m = x.shape[0]
+        if m == 0:
+            return
+        total = self.count + m
+        self.h.mul_(self.count / total)
+        x = x * math.sqrt(2.0 / total)
+        self.h.addmm_(x.t(), x)
+        self.count = total
+
+
+def _cholesky_inverse_upper(h: torch.Tensor, damp_percent: float) -> torch.Tensor:
+    """Upper Cholesky factor of (H + damp I)^-1, with damping increased until the factorisations succeed."""
+    mean_diag = float(torch.mean(torch.diag(h)))
+    damp = damp_percent * (mean_diag if mean_diag > 0 else 1.0)
+    eye = torch.eye(h.shape[0], dtype=h.dtype)
+    for attempt in range(MAX_DAMP_RETRIES):
+        try:
+            lower = torch.linalg.cholesky(h + damp * eye)
+            hinv = torch.cholesky_inverse(lower)
+            return torch.linalg.cholesky(hinv, upper=True)
+        except torch.linalg.LinAlgError:
+            log.info("GPTQ: Cholesky failed with damp %.3g (attempt %d); increasing dampening", damp, attempt + 1)
+            damp *= 10.0
+    raise RuntimeError(f"GPTQ: Hessian is not positive definite even with dampening {damp:.3g}")
+
+
+def gptq_quantize(w: torch.Tensor, h: torch.Tensor, bits: int = 4, group_size: int = 128, sym: bool = True,
+                  desc_act: bool = False, static_groups: bool = False, damp_percent: float = 0.01,
+                  block_size: int = 128, min_zero: int = 0) -> tuple[QuantizedWeight, float]:
+    """Quantize w [N, K] given the input Hessian h [K, K]. Returns the weight and the summed OBS loss."""
+    check_grid(bits, group_size)
+    w = w.float().clone()
+    h = h.float().clone()
+    n, k = w.shape
+    g = k if group_size <= 0 else group_size
+    dead = torch.diag(h) == 0  # channels never active: any value is exact, pin them to 0
+    h[dead, dead] = 1.0
+    w[:, dead] = 0.0
+
+    static = None
+    if static_groups and group_size > 0:
+        static = [grid_params(w[:, j:j + g], bits, sym, min_zero) for j in range(0, k, g)]
+    perm = torch.argsort(torch.diag(h), descending=True) if desc_act else torch.arange(k)
+    w = w[:, perm]
+    h = h[perm][:, perm]
+    u = _cholesky_inverse_upper(h, damp_percent)
+
+    q_perm = torch.empty(n, k, dtype=torch.int32)
+    group_of_pos = torch.empty(k, dtype=torch.long)  # group id of each permuted position
+    scales: list[torch.Tensor] = []
+    zeros: list[torch.Tensor] = []
+    scale = zero = None
+    loss = 0.0
+    for b0 in range(0, k, block_size):
+        b1 = min(b0 + block_size, k)
+        wb = w[:, b0:b1].clone()
+        errs = torch.zeros_like(wb)
+        ub = u[b0:b1, b0:b1]
+        for i in range(b1 - b0):
+            pos = b0 + i
+            if static is not None:
+                gid = int(perm[pos]) // g
+                scale, zero = static[gid]
+            else:
+                if pos % g == 0:
+                    # The group's current values: in-block columns carry this block's updates already.
+                    cols = torch.cat([wb[:, i:], w[:, b1:]], dim=1)[:, :g]
+                    scale, zero = grid_params(cols, bits, sym, min_zero)
+                    scales.append(scale)
+                    zeros.append(zero)
+                gid = pos // g
+            col = wb[:, i]
+            q = torch.clamp(torch.round(col / scale) + zero, 0, (1 << bits) - 1)
+            deq = scale * (q - zero)
+            q_perm[:, pos] = q.to(torch.int32)
+            group_of_pos[pos] = gid
+            d = ub[i, i]
+            err = (col - deq) / d
+            loss += float(((col - deq) ** 2).sum() / (d * d)) / 2
+            wb[:, i:] -= err.unsqueeze(1) * ub[i, i:].unsqueeze(0)
+            errs[:, i] = err
+        w[:, b1:] -= errs @ u[b0:b1, b1:]
+
+    inv = torch.argsort(perm)
+    qweight = q_perm[:, inv].to(torch.uint8)
+    g_idx = group_of_pos[inv]
+    if static is not None:
+        scales_t = torch.stack([s for s, _ in static])
+        zeros_t = torch.stack([z for _, z in static])
+    else:
+        scales_t = torch.stack(scales)
+        zeros_t = torch.stack(zeros)
+    return QuantizedWeight(qweight, scales_t, zeros_t.to(torch.int32), g_idx.to(torch.int32), bits, group_size), loss
+
+
+def gptq_block(block: torch.nn.Module, state, bits: int, group_size: int, sym: bool, desc_act: bool,
+               static_groups: bool, damp_percent: float, block_size: int, true_sequential: bool, batch: int = 8,
+               min_zero: int = 0) -> tuple[dict[str, QuantizedWeight], dict[str, float]]:
+    """GPTQ every linear of a decoder ``block`` on the calibration ``state`` (a calibration.BlockState).
+
+    True-sequential: q/k/v, then o, then gate/up, then down, each group's Hessian taken from a forward through
+    the already-quantized linears before it (forwards stop right after the inputs are seen). The block's
+    weights are left dequantized, ready to produce the next block's inputs."""
+    from cinq.quant.calibration import BLOCK_LINEARS, block_linears, capture_inputs, run_block, set_weight
+
+    lin = block_linears(block)
+    shared = {name: names[0] for names in BLOCK_LINEARS for name in names}
+    stages = BLOCK_LINEARS if true_sequential else (tuple(n for names in BLOCK_LINEARS for n in names),)
+    weights: dict[str, QuantizedWeight] = {}
+    losses: dict[str, float] = {}
+    for names in stages:
+        hooked = list(dict.fromkeys(shared[n] for n in names))
+        accs = {key: HessianAccumulator(lin[key].in_features) for key in hooked}
+        with capture_inputs(block, hooked, lambda name, x: accs[name].add(x), stop_after=hooked[-1]):
+            run_block(block, state, batch, keep_output=False)
+        for n in names:
+            qw, loss = gptq_quantize(lin[n].weight.detach(), accs[shared[n]].h, bits, group_size, sym, desc_act,
+                                     static_groups, damp_percent, block_size, min_zero)
+            set_weight(lin[n], qw.dequantize())
+            weights[n], losses[n] = qw, loss
+    return weights, losses

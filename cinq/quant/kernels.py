@@ -1,0 +1,215 @@
+"""Matmul kernels for quantized weights: pick one per layer at load time, then run it every step.
+
+Weight-only (GPTQ / AWQ / RTN files, all unpacked first to a ``QuantizedWeight``):
+
+* ``int4_cpu``: ``aten._weight_int4pack_mm_for_cpu`` (bf16 activations; 20-60x slower with fp32 ones). Its
+  dequantization is ``(q - 8) * scale + zero`` per (group, channel), so a GPTQ/AWQ zero point z maps to
+  ``zero = (8 - z) * scale``. Act-order weights are permuted along K so groups become contiguous, and the
+  activations are gathered with the same permutation at run time.
+* ``int8_cpu``: ``aten._weight_int8pack_mm`` (per-channel scales only): codes shifted to int8 (q - 128); a
+  non-128 zero point adds ``sum(x) * scale * (128 - z)`` per channel.
+* ``triton``: the CUDA dequant-GEMM of cinq/kernels/triton/int4_gemm.py (any group layout, g_idx included).
+* ``dequant``: everything else (shapes the fast kernels refuse, e.g. N not a multiple of 16): codes kept as
+  uint8, dequantized then multiplied on each call. Same math; said once in the log per reason.
+
+W8A8 (SmoothQuant): ``torch._int_mm`` on int8 activations (per-token dynamic or per-tensor static scales).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from cinq.quant.qweight import QuantizedWeight
+
+log = logging.getLogger(__name__)
+_SAID: set[str] = set()
+
+INT4_CPU_GROUPS = (256, 128, 64, 32)  # group sizes _weight_int4pack_mm_for_cpu accepts
+
+
+def say_once(message: str) -> None:
+    """Log a fallback reason once per process."""
+    if message not in _SAID:
+        _SAID.add(message)
+        log.warning(message)
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A layer's kernel choice and the tensors it runs on (registered as buffers by the linear module)."""
+
+    kind: str
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    arg: int = 0  # the kernel's integer argument: group size (int4_cpu, dequant_grouped) or bits (triton)
+
+
+def _contiguous_group_perm(qw: QuantizedWeight) -> tuple[torch.Tensor | None, int] | None:
+    """(permutation of K making every group a contiguous run of equal size, that size), or None.
+    The permutation is None when the groups are already in order."""
+    k = qw.in_features
+    g_idx = qw.g_idx.long()
+    counts = torch.bincount(g_idx, minlength=qw.num_groups)
+    size = int(counts[0]) if counts.numel() else 0
+    if size == 0 or bool((counts != size).any()) or size * qw.num_groups != k:
+        return None
+    if bool((g_idx[1:] >= g_idx[:-1]).all()):
+        return None, size
+    return torch.argsort(g_idx, stable=True), size
+
+
+def _int4_cpu_group(k: int, size: int) -> int | None:
+    """A group size the CPU kernel takes that tiles both ``size`` and K (scales are then repeated)."""
+    return next((g for g in INT4_CPU_GROUPS if size % g == 0 and k % g == 0), None)
+
+
+def prepare_weight_only(qw: QuantizedWeight, device: torch.device, dtype: torch.dtype, name: str = "") -> Prepared:
+    """Choose and build the kernel for ``qw`` on ``device`` computing in ``dtype``."""
+    n, k = qw.out_features, qw.in_features
+    if device.type == "cuda":
+        try:
+            from cinq.kernels.triton.int4_gemm import prepare_triton
+            return Prepared("triton", prepare_triton(qw, device, dtype), qw.bits)
+        except ImportError as e:
+            say_once(f"quantized linear: Triton unavailable ({e}); dequantize-then-matmul on CUDA")
+            return _prepare_dequant(qw, device, dtype)
+    layout = _contiguous_group_perm(qw)
+    if qw.bits == 4:
+        reason = None
+        if n % 16:
+            reason = f"out_features {n} not a multiple of 16"
+        elif layout is None:
+            reason = "groups of unequal size"
+        elif _int4_cpu_group(k, layout[1]) is None:
+            reason = f"group size {layout[1]} / in_features {k} not tiled by {INT4_CPU_GROUPS}"
+        if reason is None:
+            return _prepare_int4_cpu(qw, layout[0], _int4_cpu_group(k, layout[1]), layout[1], dtype)
+        say_once(f"int4 CPU kernel cannot take {name or 'a layer'} ({reason}): dequantize-then-matmul fallback")
+    elif qw.bits == 8:
+        reason = None
+        if qw.num_groups != 1:
+            reason = "grouped int8 (the kernel takes one scale per channel)"
+        elif k % 16:
+            reason = f"in_features {k} not a multiple of 16"
+        if reason is None:
+            return _prepare_int8_cpu(qw, dtype)
+        say_once(f"int8 CPU kernel cannot take {name or 'a layer'} ({reason}): dequantize-then-matmul fallback")
+    return _prepare_dequant(qw, device, dtype)
+
+
+def _prepare_int4_cpu(qw: QuantizedWeight, perm: torch.Tensor | None, kgroup: int, size: int,
+                      dtype: torch.dtype) -> Prepared:
+    q = qw.qweight.to(torch.int32)
+    g_of_col = qw.g_idx.long()
+    if perm is not None:
+        q = q[:, perm]
+        g_of_col = g_of_col[perm]
+    # After the permutation group j covers columns [j*size, (j+1)*size); the kernel sees K/kgroup groups.
+    groups = g_of_col[::kgroup]  # source group of each kernel group
+    scale = qw.scales.float()[groups]  # [K/kgroup, N]
+    zero = (8.0 - qw.zeros.float()[groups]) * scale
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.contiguous(), 2)
+    tensors = {"packed": packed, "scales_zeros": torch.stack([scale, zero], dim=-1).to(dtype).contiguous()}
+    if perm is not None:
+        tensors["perm"] = perm
+    return Prepared("int4_cpu", tensors, kgroup)
+
+
+def _prepare_int8_cpu(qw: QuantizedWeight, dtype: torch.dtype) -> Prepared:
+    q = (qw.qweight.to(torch.int16) - 128).to(torch.int8).contiguous()
+    scale = qw.scales.float()[0]
+    tensors = {"weight": q, "scale": scale.to(dtype)}
+    zero = qw.zeros[0].float()
+    if bool((zero != 128).any()):
+        tensors["zero_fix"] = (scale * (128.0 - zero)).to(dtype)
+    return Prepared("int8_cpu", tensors)
+
+
+def _prepare_dequant(qw: QuantizedWeight, device: torch.device, dtype: torch.dtype) -> Prepared:
+    g = qw.g_idx.long()
+    tensors = {"codes": qw.qweight.to(torch.uint8).contiguous(),
+               "scale_k": qw.scales.float()[g].t().to(dtype).contiguous(),  # [N, K]
+               "zero_k": qw.zeros.float()[g].t().to(dtype).contiguous()}
+    # Expanding per column costs 2x the codes' bytes in dtype; keep it only when groups are not sequential.
+    if qw.has_sequential_groups():
+        tensors = {"codes": tensors["codes"], "scales": qw.scales.to(dtype).contiguous(),
+                   "zeros": qw.zeros.to(dtype).contiguous()}
+        size = qw.group_size if qw.group_size > 0 else qw.in_features
+        return Prepared("dequant_grouped", {k: v.to(device) for k, v in tensors.items()}, size)
+    return Prepared("dequant", {k: v.to(device) for k, v in tensors.items()})
+
+
+def dequantized_weight(kind: str, t: dict[str, torch.Tensor], group_size: int, dtype: torch.dtype) -> torch.Tensor:
+    """W [N, K] of a dequant-kind layer."""
+    codes = t["codes"].to(dtype)
+    if kind == "dequant":
+        return (codes - t["zero_k"]) * t["scale_k"]
+    n, k = codes.shape
+    full = k // group_size * group_size
+    w = torch.empty_like(codes)
+    head = codes[:, :full].view(n, -1, group_size)
+    w[:, :full] = ((head - t["zeros"][: full // group_size].t().unsqueeze(-1))
+                   * t["scales"][: full // group_size].t().unsqueeze(-1)).reshape(n, full)
+    if full < k:  # a last, shorter group (GPTQ allows K not a multiple of G)
+        w[:, full:] = (codes[:, full:] - t["zeros"][-1].unsqueeze(-1)) * t["scales"][-1].unsqueeze(-1)
+    return w
+
+
+def weight_only_mm(p_kind: str, t: dict[str, torch.Tensor], arg: int, x: torch.Tensor) -> torch.Tensor:
+    """y = x W^T for a prepared weight-only layer; x [..., K] -> [..., N] in x's dtype."""
+    lead, k = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(-1, k)
+    if p_kind == "int4_cpu":
+        if "perm" in t:
+            x2 = x2.index_select(1, t["perm"])
+        sz = t["scales_zeros"]
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.to(sz.dtype).contiguous(), t["packed"], arg, sz)
+    elif p_kind == "int8_cpu":
+        s = t["scale"]
+        xs = x2.to(s.dtype).contiguous()
+        y = torch._weight_int8pack_mm(xs, t["weight"], s)
+        if "zero_fix" in t:
+            y = y + xs.sum(dim=1, keepdim=True) * t["zero_fix"]
+    elif p_kind == "triton":
+        from cinq.kernels.triton.int4_gemm import triton_weight_only_mm
+        y = triton_weight_only_mm(x2, t, arg)
+    else:
+        w = dequantized_weight(p_kind, t, arg, x2.dtype)
+        y = F.linear(x2, w)
+    return y.to(x.dtype).reshape(*lead, -1)
+
+
+# ---------------------------------------------------------------------------------------------------- W8A8
+
+
+def quantize_activations(x: torch.Tensor, input_scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 codes of x [M, K] and their scales [M, 1] (per token) or [1, 1] (static per tensor)."""
+    xf = x.float()
+    if input_scale is None:
+        scale = (xf.abs().amax(dim=1, keepdim=True) / 127.0).clamp(min=1e-8)
+    else:
+        scale = input_scale.float().reshape(1, 1)
+    return torch.round(xf / scale).clamp(-127, 127).to(torch.int8), scale
+
+
+def int8_gemm(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
+    """int32 a [M, K] @ b_t [K, N] for int8 operands (exact), with a float path where _int_mm refuses."""
+    m, k = a.shape
+    n = b_t.shape[1]
+    if a.device.type == "cpu" or (m > 16 and k % 8 == 0 and n % 8 == 0):
+        return torch._int_mm(a, b_t)
+    # Small CUDA batches: float64-free exact path (|sum| < 2^24 for K <= 1024; larger K rounds like fp32).
+    return (a.float() @ b_t.float()).round().to(torch.int32)
+
+
+def w8a8_mm(x: torch.Tensor, w_t: torch.Tensor, w_scale: torch.Tensor, input_scale: torch.Tensor | None
+            ) -> torch.Tensor:
+    """y = dequant(int8(x) @ W_int8^T) for x [..., K]; w_t is the int8 weight transposed [K, N]."""
+    lead, k = x.shape[:-1], x.shape[-1]
+    xq, xs = quantize_activations(x.reshape(-1, k), input_scale)
+    acc = int8_gemm(xq, w_t)
+    y = acc.float() * xs * w_scale.float().unsqueeze(0)
+    return y.to(x.dtype).reshape(*lead, -1)

@@ -1,0 +1,157 @@
+"""`cinq quantize`: dense model folder -> quantized model folder, one decoder block at a time.
+
+Each block is read from the source safetensors, calibrated on the activations the previous blocks produced,
+quantized by the chosen method, packed in the chosen format and handed to the shard writer; then it is dropped.
+GPTQ feeds the next block from the quantized block (its errors are compensated downstream), AWQ and SmoothQuant
+from the float one (their scales are exact float transformations; their search targets are float outputs).
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from cinq.errors import InvalidParameterError
+from cinq.quant.calibration import (BLOCK_LINEARS, BlockState, CheckpointReader, block_linears, capture_inputs,
+                                    run_block)
+from cinq.quant.config import QuantConfig
+from cinq.quant.formats import awq_pack, gptq_pack
+from cinq.quant.qweight import QuantizedWeight
+from cinq.quant.writer import ShardWriter, write_configs
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class QuantizeResult:
+    """What `cinq quantize` did: where, how long, how much memory, how big."""
+
+    out_dir: Path
+    method: str
+    format: str
+    seconds: float
+    peak_rss_mib: float
+    weight_bytes: int
+    calib_tokens: int
+    losses: dict[str, float] = field(default_factory=dict)
+
+
+def _check_shapes(reader: CheckpointReader, cfg: QuantConfig) -> None:
+    """Refuse up front what the format cannot store, naming the layer and the limit."""
+    c = reader.config
+    shapes = {"self_attn.q_proj": (c.hidden_size, c.q_size), "self_attn.k_proj": (c.hidden_size, c.kv_size),
+              "self_attn.v_proj": (c.hidden_size, c.kv_size), "self_attn.o_proj": (c.q_size, c.hidden_size),
+              "mlp.gate_proj": (c.hidden_size, c.intermediate_size), "mlp.up_proj": (c.hidden_size, c.intermediate_size),
+              "mlp.down_proj": (c.intermediate_size, c.hidden_size)}
+    if cfg.format == "w8a8":
+        return
+    per = 32 // cfg.bits
+    for name, (k, n) in shapes.items():
+        if n % per or (cfg.format in ("gptq", "gptq_v2") and k % per):
+            raise InvalidParameterError(f"{name}: in/out features ({k}, {n}) must be multiples of {per} to pack "
+                                        f"{cfg.bits}-bit weights into int32", "bits")
+        if cfg.format == "awq" and cfg.group_size > 0 and k % cfg.group_size:
+            raise InvalidParameterError(f"{name}: in_features {k} is not a multiple of group_size {cfg.group_size} "
+                                        f"(AWQ files need whole groups; use --format gptq)", "group_size")
+
+
+def _pack(cfg: QuantConfig, qw: QuantizedWeight) -> dict[str, torch.Tensor]:
+    if cfg.format == "awq":
+        return awq_pack(qw)
+    return gptq_pack(qw, 2 if cfg.format == "gptq_v2" else 1)
+
+
+def quantize_model(src: str | Path, dst: str | Path, cfg: QuantConfig, calib: torch.Tensor | None = None,
+                   batch: int = 8, progress: bool = True, awq_search_windows: int = 16,
+                   max_shard_bytes: int = 2 << 30) -> QuantizeResult:
+    """Quantize the dense model folder ``src`` into ``dst`` with ``cfg``; ``calib`` is [n, S] token windows
+    (required by every method but RTN)."""
+    start = time.perf_counter()
+    src, dst = Path(src), Path(dst)
+    if dst.resolve() == src.resolve():
+        raise InvalidParameterError("--out must differ from the source model folder", "out")
+    reader = CheckpointReader(src)
+    _check_shapes(reader, cfg)
+    if cfg.method != "rtn" and calib is None:
+        raise InvalidParameterError(f"{cfg.method} needs calibration text (--calib FILE)", "calib")
+    dense_dtype = reader.dtype()
+    writer = ShardWriter(dst, max_shard_bytes)
+    state = BlockState.from_tokens(reader, calib) if calib is not None and cfg.method != "rtn" else None
+    losses: dict[str, float] = {}
+    layers = range(reader.config.num_hidden_layers)
+    bar = _progress(layers, f"{cfg.method} {cfg.bits}-bit", progress)
+    for i in bar:
+        prefix = f"model.layers.{i}"
+        block = reader.block(i)
+        packed, state, block_losses = _quantize_block(block, state, cfg, batch, awq_search_windows)
+        for local, tensors in packed.items():
+            for key, t in tensors.items():
+                writer.add(f"{prefix}.{local}.{key}", t)
+        linear_names = set(block_linears(block))
+        for name, p in block.named_parameters():
+            owner = name.rsplit(".", 1)[0]
+            if owner in linear_names:
+                if name.endswith(".bias"):
+                    bias_dtype = torch.float16 if cfg.format != "w8a8" else dense_dtype
+                    writer.add(f"{prefix}.{name}", p.detach().to(bias_dtype))
+                continue
+            writer.add(f"{prefix}.{name}", p.detach().to(dense_dtype))  # norms (AWQ/SQ fold scales into them)
+        losses.update({f"{prefix}.{k}": v for k, v in block_losses.items()})
+        del block
+    for name in reader.names():
+        if not name.startswith("model.layers."):
+            writer.add(name, reader.tensor(name))
+    writer.finish()
+    write_configs(src, dst, reader.raw_config, cfg, dense_dtype)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return QuantizeResult(dst, cfg.method, cfg.format or "", time.perf_counter() - start, peak, writer.total_bytes,
+                          0 if calib is None or cfg.method == "rtn" else int(calib.numel()), losses)
+
+
+def _quantize_block(block: torch.nn.Module, state: BlockState | None, cfg: QuantConfig, batch: int,
+                    awq_search_windows: int) -> tuple[dict[str, dict[str, torch.Tensor]], BlockState | None,
+                                                      dict[str, float]]:
+    """One block: (packed tensors by linear name, next calibration state, per-linear losses)."""
+    lin = block_linears(block)
+    firsts = [names[0] for names in BLOCK_LINEARS]
+    if cfg.method == "rtn":
+        from cinq.quant.rtn import rtn_quantize
+        out = {n: _pack(cfg, rtn_quantize(m.weight.detach(), cfg.bits, cfg.group_size, cfg.sym, cfg.min_zero))
+               for n, m in lin.items()}
+        return out, None, {}
+    assert state is not None
+    if cfg.method == "gptq":
+        from cinq.quant.gptq import gptq_block
+        weights, losses = gptq_block(block, state, cfg.bits, cfg.group_size, cfg.sym, cfg.desc_act,
+                                     cfg.static_groups, cfg.damp_percent, cfg.block_size, cfg.true_sequential,
+                                     batch, cfg.min_zero)
+        return {n: _pack(cfg, qw) for n, qw in weights.items()}, run_block(block, state, batch), losses
+    if cfg.method == "awq":
+        from cinq.quant.awq import AWQStats, awq_block
+        stats = AWQStats(awq_search_windows)
+        with capture_inputs(block, firsts, stats):
+            nxt = run_block(block, state, batch)
+        weights = awq_block(block, stats, state.positions, cfg.bits, cfg.group_size, cfg.sym, cfg.awq_grid,
+                            cfg.awq_clip, cfg.min_zero)
+        return {n: _pack(cfg, qw) for n, qw in weights.items()}, nxt, {}
+    from cinq.quant.smoothquant import AbsMaxStats, smooth_block, w8a8_block
+    stats = AbsMaxStats()
+    with capture_inputs(block, firsts, stats):
+        nxt = run_block(block, state, batch)
+    after = smooth_block(block, stats, cfg.smooth_alpha)
+    return w8a8_block(block, after, cfg.act_scheme == "static"), nxt, {}
+
+
+def _progress(it, desc: str, enabled: bool):
+    if not enabled:
+        return it
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return it
+    return tqdm(it, desc=desc, unit="block")

@@ -1,0 +1,100 @@
+"""`cinq train`: a language model trained from scratch with cross-entropy on the tokenized corpus."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from cinq.train.data import BatchSampler, TokenSplit
+from cinq.train.export import export_model
+from cinq.train.presets import model_config, new_model
+from cinq.train.tokenizer_train import load_tokenizer, special_ids
+from cinq.train.trainer import Trainer, TrainSettings
+
+log = logging.getLogger(__name__)
+
+
+def causal_lm_loss(model: Any, batch: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of ``batch`` [B, S+1]."""
+    logits = model.compute_logits(model(batch[:, :-1]))
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+
+
+def validation_eval(model: Any, data_dir: str | Path, batch_size: int, seq_len: int, batches: int = 4,
+                    seed: int = 1234) -> Any:
+    """A function returning the mean CE of a fixed set of validation windows (the same at every call)."""
+    val = TokenSplit.load(data_dir, "validation")
+    sampler = BatchSampler(val.tokens, batch_size, seq_len, seed)
+    fixed = [sampler.batch(i) for i in range(batches)]
+
+    def evaluate() -> dict[str, float]:
+        losses = [float(causal_lm_loss(model, b)) for b in fixed]
+        return {"val_loss": sum(losses) / len(losses)}
+    return evaluate
+
+
+@dataclass(slots=True)
+class PretrainJob:
+    """Everything `cinq train` needs; ``token_budget`` sets the number of steps."""
+
+    data_dir: str
+    out_dir: str
+    config: str = "cinq-tiny"
+    tokenizer_dir: str | None = None  # default: <data_dir>/tokenizer
+    token_budget: int = 10_000_000
+    batch_size: int = 8
+    seq_len: int = 512
+    lr: float = 2e-3
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    seed: int = 0
+    eval_every: int = 200
+    ckpt_every_s: float = 300.0
+    max_run_s: float | None = None
+    progress: bool = True
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return Path(self.tokenizer_dir) if self.tokenizer_dir else Path(self.data_dir) / "tokenizer"
+
+
+def pretrain(job: PretrainJob) -> dict[str, Any]:
+    """Train (resuming if a checkpoint exists) and, once finished, export ``<out_dir>/model``."""
+    torch.manual_seed(job.seed)
+    tok = load_tokenizer(job.tokenizer_path)
+    ids = special_ids(tok)
+    config = model_config(job.config, tok.get_vocab_size(), ids["bos"], ids["eos"])
+    model = new_model(config, job.seed)
+    n_params = sum(p.numel() for p in model.parameters())
+    train = TokenSplit.load(job.data_dir, "train")
+    sampler = BatchSampler(train.tokens, job.batch_size, job.seq_len, job.seed)
+    steps = max(1, job.token_budget // (job.batch_size * job.seq_len))
+    settings = TrainSettings(
+        out_dir=job.out_dir, total_steps=steps, batch_size=job.batch_size, seq_len=job.seq_len, lr=job.lr,
+        warmup_steps=min(job.warmup_steps, steps), weight_decay=job.weight_decay, seed=job.seed,
+        eval_every=job.eval_every, ckpt_every_s=job.ckpt_every_s, max_run_s=job.max_run_s, progress=job.progress,
+        extra={"config": job.config, "parameters": n_params, "data_dir": job.data_dir})
+    log.info("training %s (%.2fM parameters) for %d steps = %d tokens", job.config, n_params / 1e6, steps,
+             steps * settings.tokens_per_step)
+    trainer = Trainer(model, lambda batch, step: (causal_lm_loss(model, batch), {}), sampler.batch, settings,
+                      eval_fn=validation_eval(model, job.data_dir, job.batch_size, job.seq_len))
+    summary = trainer.run()
+    summary.update({"parameters": n_params, "config": job.config, "batch_size": job.batch_size,
+                    "seq_len": job.seq_len, "lr": job.lr, "seed": job.seed})
+    if summary["finished"]:
+        out = export_model(model, job.tokenizer_path, Path(job.out_dir) / "model")
+        summary["model_dir"] = str(out)
+        try:
+            from cinq.train.plots import plot_loss_curves
+            plot_loss_curves({job.config: trainer.history}, Path(job.out_dir) / "loss_curve.png",
+                             evals={job.config: trainer.evals})
+        except ImportError:  # matplotlib is optional
+            log.warning("matplotlib not installed: no loss curve plot")
+    (Path(job.out_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary

@@ -1,0 +1,72 @@
+import re
+
+import pytest
+
+from cinq.errors import InvalidParameterError
+from cinq.eval.tasks import ArithmeticProblem, accuracy, arithmetic_problems, extract_answer
+
+_STEP = re.compile(r"^(\d+) ([-+*/]) (\d+) = (\d+)$")
+
+
+def test_same_seed_same_problems_and_seeds_differ():
+    a = arithmetic_problems(50, seed=3, split="test")
+    assert a == arithmetic_problems(50, seed=3, split="test")
+    assert a != arithmetic_problems(50, seed=4, split="test")
+    assert len({p.question for p in a}) == 50
+
+
+def test_splits_never_overlap():
+    sets = {s: {p.question for p in arithmetic_problems(400, seed=0, split=s)} for s in ("train", "validation", "test")}
+    assert not sets["train"] & sets["validation"]
+    assert not sets["train"] & sets["test"]
+    assert not sets["validation"] & sets["test"]
+    # Another seed's train split still avoids this seed's test split.
+    other_train = {p.question for p in arithmetic_problems(400, seed=1, split="train")}
+    assert not other_train & sets["test"]
+
+
+def test_worked_steps_are_correct_and_chain_to_the_answer():
+    ops = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "/": lambda a, b: a // b}
+    for p in arithmetic_problems(200, seed=7, split="train"):
+        assert 2 <= len(p.steps) <= 4
+        start = int(re.search(r"has (\d+) ", p.question).group(1))
+        value = start
+        for step in p.steps:
+            a, op, b, c = _STEP.match(step).groups()
+            assert int(a) == value
+            if op == "/":
+                assert int(a) % int(b) == 0
+            assert ops[op](int(a), int(b)) == int(c) >= 1
+            value = int(c)
+        assert value == p.answer
+        assert p.target().endswith(f"\nAnswer: {p.answer}")
+        assert extract_answer(p.target()) == p.answer
+        assert p.text() == p.prompt() + p.target() + "\n"
+        assert p.question in p.prompt() and "Answer:" not in p.prompt()
+
+
+def test_extract_answer():
+    assert extract_answer("3 + 4 = 7\nAnswer: 7") == 7
+    assert extract_answer("Answer:12\nQuestion: ...\nAnswer: 5") == 12  # the first answer line counts
+    assert extract_answer("Answer: -3") == -3
+    assert extract_answer("3 + 4 = 7") is None
+    assert extract_answer("Answer: seven") is None
+
+
+def test_accuracy_counts_exact_matches():
+    p = [ArithmeticProblem("q1", ("1 + 1 = 2",), 2), ArithmeticProblem("q2", ("2 + 2 = 4",), 4),
+         ArithmeticProblem("q3", ("3 + 3 = 6",), 6), ArithmeticProblem("q4", ("4 + 4 = 8",), 8)]
+    comps = ["Answer: 2", "Answer: 5", "no answer", "x\nAnswer: 8\nAnswer: 1"]
+    assert accuracy(p, comps) == pytest.approx(0.5)
+    with pytest.raises(InvalidParameterError, match="completions"):
+        accuracy(p, comps[:3])
+    with pytest.raises(InvalidParameterError, match="problems"):
+        accuracy([], [])
+
+
+def test_bad_arguments_raise():
+    with pytest.raises(InvalidParameterError, match="split"):
+        arithmetic_problems(3, seed=0, split="dev")
+    with pytest.raises(InvalidParameterError, match="n must"):
+        arithmetic_problems(-1, seed=0, split="test")
+    assert arithmetic_problems(0, seed=0, split="test") == []
