@@ -12,6 +12,7 @@ from cinq.model.tokenizer import Tokenizer
 from cinq.sampling_params import SamplingParams
 
 _CONTEXT_TOKENS = 5
+_MAX_CHAR_TOKENS = 4  # a UTF-8 character has at most 4 bytes, so at most 4 byte-level tokens
 
 
 class IncrementalDetokenizer:
@@ -34,9 +35,11 @@ class IncrementalDetokenizer:
             self.tokens.append(tok)
             prefix = self.tokenizer.decode(self.tokens[self.prefix_offset:self.read_offset], self.skip_special_tokens)
             full = self.tokenizer.decode(self.tokens[self.prefix_offset:], self.skip_special_tokens)
-            if len(full) <= len(prefix) or full.endswith("\ufffd"):
-                continue  # mid-character, or a token with no text (skipped special)
-            delta = full[len(prefix):]
+            if full.endswith("\ufffd") and len(self.tokens) - self.read_offset < _MAX_CHAR_TOKENS:
+                continue  # mid-character: wait for the rest of its bytes
+            # A token with no text (a skipped special, an id the tokenizer lacks) still moves the window on,
+            # so the decoded window never grows without bound.
+            delta = full[len(prefix):] if len(full) > len(prefix) else ""
             self.output_text += delta
             self.prefix_offset, self.read_offset = self.read_offset, len(self.tokens)
             if self.stop:
