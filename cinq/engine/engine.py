@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from cinq.config import EngineConfig
+from cinq.engine.host_memory import keep_freed_memory
 from cinq.engine.kv_cache import KVCacheManager
 from cinq.engine.output_processor import OutputProcessor
 from cinq.engine.request import Request, RequestStatus
@@ -47,6 +48,8 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.seed)
         self.device = torch.device(config.device)
+        if self.device.type == "cpu":
+            keep_freed_memory()
         self.dtype = parse_dtype(config.dtype)
         backend = config.attention_backend or default_backend_name(self.device)
         t0 = time.perf_counter()

@@ -31,7 +31,8 @@ def context_slots(block_table: torch.Tensor, seq_len: int, block_size: int) -> t
     return (block_table[:nblocks].long()[:, None] * block_size + offsets).flatten()[:seq_len]
 
 
-def gather_context(kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+def gather_context(kv_cache: torch.Tensor, block_table: torch.Tensor,
+                   seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V of one sequence's first ``seq_len`` tokens, [seq_len, Hkv, D] each, read through its block table."""
     block_size = kv_cache.shape[2]
     nblocks = -(-seq_len // block_size)
@@ -83,7 +84,8 @@ def check_inputs(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMet
     if meta.query_start_loc.shape[0] != meta.num_seqs + 1 or len(meta.query_lens_cpu) != meta.num_seqs:
         raise InvalidParameterError(
             f"attention: metadata describes {meta.num_seqs} sequences but query_start_loc has "
-            f"{meta.query_start_loc.shape[0]} entries (need num_seqs + 1) and query_lens_cpu {len(meta.query_lens_cpu)}",
+            f"{meta.query_start_loc.shape[0]} entries (need num_seqs + 1) and query_lens_cpu "
+            f"{len(meta.query_lens_cpu)}",
             param="query_start_loc")
     if meta.block_tables.dim() != 2 or meta.block_tables.shape[0] < meta.num_seqs:
         raise InvalidParameterError(

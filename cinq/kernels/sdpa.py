@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from cinq.kernels.cpu_decode import paged_decode_native
 from cinq.kernels.metadata import AttentionMetadata
 from cinq.kernels.paged import causal_mask, gather_context
 
@@ -52,7 +53,11 @@ def sdpa_paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
 
 def sdpa_decode(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
                 scale: float) -> torch.Tensor:
-    """Decodes of the first ``query.shape[0]`` sequences in one SDPA call: [nd, Hq, D]."""
+    """Decodes of the first ``query.shape[0]`` sequences: [nd, Hq, D]. On the CPU the native kernel reads the
+    pages directly (no gathered copy of the contexts); elsewhere, or if it cannot be built, one SDPA call."""
+    native = paged_decode_native(query, kv_cache, meta.block_tables, meta.seq_lens, scale)
+    if native is not None:
+        return native
     nd, hq, d = query.shape
     _, num_blocks, block_size, hkv, _ = kv_cache.shape
     nblocks = -(-max(meta.seq_lens_cpu[:nd]) // block_size)

@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import torch
-
 from cinq.kernels.reference import paged_attention_reference
 from cinq.kernels.sdpa import sdpa_decode, sdpa_paged_attention
 

@@ -132,6 +132,9 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMet
             raise InvalidParameterError(
                 f"attention backend 'triton': {name} dtype must be float16, bfloat16 or float32, got {dt}",
                 param=name)
+    if out.stride(-1) != 1:
+        raise InvalidParameterError("attention backend 'triton': out needs a contiguous last dim", param="out")
+    query = query if query.stride(-1) == 1 else query.contiguous()
     _, _, page_size, hkv, head_dim = kv_cache.shape
     hq = query.shape[1]
     group = hq // hkv

@@ -124,15 +124,15 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, kv_info_ptr, 
         tl.store(lse_ptr + h * stride_lse_h + q_rows, (m_i + tl.math.log2(l_i)) / 1.4426950408889634, mask=m_mask)
 
 
-def _tiles(head_dim: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages). Untuned starting points (no GPU was available to tune on)."""
-    if INTERPRETED:
-        return 16, 16, 1, 1  # numpy cost grows with the number of loop steps, not the tile size
-    if dtype == torch.float32:
-        return 64, 32, 4, 2  # fp32 tiles take twice the shared memory
-    if next_pow2(head_dim) <= 64:
-        return 128, 64, 4, 3
-    return 128, 64, 8, 3
+# Compiled: autotuned once per (head dim, group, paged, causal, dot precision) over these starting points;
+# configs that do not fit the card's shared memory are dropped by the autotuner. Interpreted: small fixed tiles
+# (numpy cost grows with the number of loop steps, not with the tile size).
+_GPU_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st)
+                for bm, bn, w, st in [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (128, 32, 4, 4),
+                                      (64, 64, 4, 4), (64, 32, 4, 2)]]
+_prefill_tuned = None if INTERPRETED else triton.autotune(
+    _GPU_CONFIGS, key=["HEAD_DIM", "GROUP", "PAGED", "CAUSAL", "FP32_DOT"])(_prefill_kernel)
+INTERPRETER_TILES = (16, 16)
 
 
 def _check(q: torch.Tensor, kv_dtype: torch.dtype, out: torch.Tensor) -> None:
@@ -142,9 +142,8 @@ def _check(q: torch.Tensor, kv_dtype: torch.dtype, out: torch.Tensor) -> None:
             raise InvalidParameterError(
                 f"attention backend 'triton': {name} dtype must be float16, bfloat16 or float32, got {dt}",
                 param=name)
-    if q.stride(-1) != 1 or out.stride(-1) != 1:
-        raise InvalidParameterError("attention backend 'triton': query and out need a contiguous last dim",
-                                    param="query")
+    if out.stride(-1) != 1:
+        raise InvalidParameterError("attention backend 'triton': out needs a contiguous last dim", param="out")
 
 
 def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
@@ -152,16 +151,18 @@ def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
             max_q_len: int, scale: float, causal: bool, paged: bool, page_size: int,
             kv_strides: tuple[int, int, int, int, int, int]) -> None:
     head_dim, hq, hkv = q.shape[-1], q.shape[1], k.shape[-2]
-    block_m, block_n, warps, stages = _tiles(head_dim, q.dtype)
-    fp32_dot = INTERPRETED or q.dtype == torch.float32 or k.dtype == torch.float32
-    grid = (triton.cdiv(max_q_len, block_m), num_seqs, hq)
-    _prefill_kernel[grid](
-        q, k, v, out, lse if lse is not None else out, cu_q, kv_info, block_tables, seq_offset, scale * LOG2E,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0,
-        *kv_strides, block_tables.stride(0),
-        GROUP=hq // hkv, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, next_pow2(head_dim)),
-        PAGE_SIZE=page_size, PAGED=paged, CAUSAL=causal, FP32_DOT=fp32_dot, STORE_LSE=lse is not None,
-        num_warps=warps, num_stages=stages)
+    args = (q, k, v, out, lse if lse is not None else out, cu_q, kv_info, block_tables, seq_offset, scale * LOG2E,
+            q.stride(0), q.stride(1), out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0,
+            *kv_strides, block_tables.stride(0))
+    consts = dict(GROUP=hq // hkv, HEAD_DIM=head_dim, BLOCK_D=max(16, next_pow2(head_dim)), PAGE_SIZE=page_size,
+                  PAGED=paged, CAUSAL=causal, STORE_LSE=lse is not None,
+                  FP32_DOT=INTERPRETED or q.dtype == torch.float32 or k.dtype == torch.float32)
+    if INTERPRETED:
+        block_m, block_n = INTERPRETER_TILES
+        _prefill_kernel[(triton.cdiv(max_q_len, block_m), num_seqs, hq)](
+            *args, BLOCK_M=block_m, BLOCK_N=block_n, **consts, num_warps=1, num_stages=1)
+    else:
+        _prefill_tuned[lambda meta: (triton.cdiv(max_q_len, meta["BLOCK_M"]), num_seqs, hq)](*args, **consts)
 
 
 def flash_prefill_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -175,6 +176,7 @@ def flash_prefill_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_s
     """
     out = torch.empty_like(q) if out is None else out
     _check(q, k.dtype, out)
+    q = q if q.stride(-1) == 1 else q.contiguous()
     if q.shape[1] % k.shape[1] or k.shape != v.shape or q.shape[-1] != k.shape[-1]:
         raise InvalidParameterError(
             f"flash_prefill_varlen: need q [T, Hq, D], k = v [T, Hkv, D] with Hq % Hkv == 0; got "
@@ -194,6 +196,7 @@ def flash_prefill_paged(query: torch.Tensor, kv_cache: torch.Tensor, meta: Atten
                         out: torch.Tensor, first_seq: int = 0) -> torch.Tensor:
     """Sequences ``first_seq..`` of the step: causal attention of their new tokens over the paged context."""
     _check(query, kv_cache.dtype, out)
+    query = query if query.stride(-1) == 1 else query.contiguous()
     num_seqs = meta.num_seqs - first_seq
     if num_seqs <= 0:
         return out

@@ -1,0 +1,145 @@
+// Paged decode attention for the CPU: one query token per sequence reads its K/V straight from the pages.
+//
+// Why a native kernel: in PyTorch, decode attention over a paged cache needs a gather of every context into a
+// contiguous copy (one extra write and read of the whole KV cache per layer per step) followed by a matmul
+// with a single query row per head, which BLAS does poorly. This kernel reads each cached K and V row once.
+//
+// Each K/V row is loaded (and converted to float32) once for all the query heads that read it. Two passes over
+// the context: scores (and their max), then exp / sum and the weighted sum of V; scores live in a small
+// per-thread buffer. Accumulation is in float32.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+inline float to_float(float x) { return x; }
+inline float to_float(c10::BFloat16 x) {
+  uint32_t bits = static_cast<uint32_t>(x.x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+inline float to_float(c10::Half x) { return static_cast<float>(x); }
+
+template <typename T>
+inline void load_row(const T* src, float* dst, int64_t d) {
+  for (int64_t i = 0; i < d; ++i) dst[i] = to_float(src[i]);
+}
+
+template <typename T>
+void decode_kernel(const float* q, const T* cache, const int32_t* tables, const int32_t* seq_lens, float* out,
+                   int64_t nd, int64_t hq, int64_t hkv, int64_t d, int64_t block_size, int64_t max_blocks,
+                   int64_t value_offset, float scale) {
+  const int64_t group = hq / hkv;
+  const int64_t row = hkv * d;  // one token's K (or V) for all kv heads: contiguous in the page
+  const int64_t block_stride = block_size * row;
+  // Work item = (sequence, chunk of kv heads). Whole sequences when there are enough of them (a token's K/V row
+  // for all heads is contiguous); heads split so that batch-1 decode still uses every thread.
+  const int64_t threads = at::get_num_threads();
+  const int64_t chunks = nd >= threads ? 1 : std::min<int64_t>(hkv, (threads + nd - 1) / nd);
+  const int64_t per_chunk = (hkv + chunks - 1) / chunks;
+  at::parallel_for(0, nd * chunks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores, buf(row), acc;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t s = item / chunks, h0 = (item % chunks) * per_chunk;
+      const int64_t h1 = std::min(hkv, h0 + per_chunk), nh = h1 - h0;
+      if (nh <= 0) continue;
+      const int64_t len = seq_lens[s], nq = nh * group;
+      const int32_t* table = tables + s * max_blocks;
+      const float* qs = q + (s * hq + h0 * group) * d;  // query heads of kv heads h0..h1, in order
+      scores.resize(nq * len);
+      std::vector<float> mx(nq, -std::numeric_limits<float>::infinity());
+      for (int64_t t = 0; t < len; ++t) {
+        const T* kp = cache + table[t / block_size] * block_stride + (t % block_size) * row + h0 * d;
+        load_row(kp, buf.data(), nh * d);
+        for (int64_t j = 0; j < nq; ++j) {
+          const float* qj = qs + j * d;
+          const float* kj = buf.data() + (j / group) * d;
+          float dot = 0.f;
+          for (int64_t i = 0; i < d; ++i) dot += qj[i] * kj[i];
+          dot *= scale;
+          scores[j * len + t] = dot;
+          mx[j] = dot > mx[j] ? dot : mx[j];
+        }
+      }
+      std::vector<float> inv(nq);
+      for (int64_t j = 0; j < nq; ++j) {
+        float* sj = scores.data() + j * len;
+        float total = 0.f;
+        for (int64_t t = 0; t < len; ++t) {
+          sj[t] = std::exp(sj[t] - mx[j]);
+          total += sj[t];
+        }
+        inv[j] = 1.f / total;
+      }
+      acc.assign(nq * d, 0.f);
+      for (int64_t t = 0; t < len; ++t) {
+        const T* vp = cache + value_offset + table[t / block_size] * block_stride + (t % block_size) * row + h0 * d;
+        load_row(vp, buf.data(), nh * d);
+        for (int64_t j = 0; j < nq; ++j) {
+          const float w = scores[j * len + t];
+          const float* vj = buf.data() + (j / group) * d;
+          float* aj = acc.data() + j * d;
+          for (int64_t i = 0; i < d; ++i) aj[i] += w * vj[i];
+        }
+      }
+      float* o = out + (s * hq + h0 * group) * d;
+      for (int64_t j = 0; j < nq; ++j)
+        for (int64_t i = 0; i < d; ++i) o[j * d + i] = acc[j * d + i] * inv[j];
+    }
+  });
+}
+
+}  // namespace
+
+// query [nd, hq, d] float32; kv_cache [2, num_blocks, block_size, hkv, d] (float32 / bf16 / fp16, contiguous);
+// block_tables [>= nd, max_blocks] int32; seq_lens [>= nd] int32 (>= 1). Returns [nd, hq, d] float32.
+torch::Tensor paged_decode(torch::Tensor query, torch::Tensor kv_cache, torch::Tensor block_tables,
+                           torch::Tensor seq_lens, double scale) {
+  TORCH_CHECK(query.dim() == 3 && query.scalar_type() == torch::kFloat32 && query.is_contiguous(),
+              "paged_decode: query must be contiguous float32 [nd, hq, d]");
+  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous(),
+              "paged_decode: kv_cache must be contiguous [2, num_blocks, block_size, hkv, d]");
+  TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 && block_tables.is_contiguous(),
+              "paged_decode: block_tables must be contiguous int32");
+  TORCH_CHECK(seq_lens.scalar_type() == torch::kInt32 && seq_lens.is_contiguous(),
+              "paged_decode: seq_lens must be contiguous int32");
+  const int64_t nd = query.size(0), hq = query.size(1), d = query.size(2);
+  const int64_t block_size = kv_cache.size(2), hkv = kv_cache.size(3);
+  TORCH_CHECK(kv_cache.size(4) == d && hq % hkv == 0, "paged_decode: head shapes do not match");
+  auto out = torch::empty_like(query);
+  const int64_t value_offset = kv_cache[0].numel();
+  const int64_t max_blocks = block_tables.size(1);
+  const float sc = static_cast<float>(scale);
+  switch (kv_cache.scalar_type()) {
+    case torch::kFloat32:
+      decode_kernel(query.data_ptr<float>(), kv_cache.data_ptr<float>(), block_tables.data_ptr<int32_t>(),
+                    seq_lens.data_ptr<int32_t>(), out.data_ptr<float>(), nd, hq, hkv, d, block_size, max_blocks,
+                    value_offset, sc);
+      break;
+    case torch::kBFloat16:
+      decode_kernel(query.data_ptr<float>(), kv_cache.data_ptr<c10::BFloat16>(), block_tables.data_ptr<int32_t>(),
+                    seq_lens.data_ptr<int32_t>(), out.data_ptr<float>(), nd, hq, hkv, d, block_size, max_blocks,
+                    value_offset, sc);
+      break;
+    case torch::kHalf:
+      decode_kernel(query.data_ptr<float>(), kv_cache.data_ptr<c10::Half>(), block_tables.data_ptr<int32_t>(),
+                    seq_lens.data_ptr<int32_t>(), out.data_ptr<float>(), nd, hq, hkv, d, block_size, max_blocks,
+                    value_offset, sc);
+      break;
+    default:
+      TORCH_CHECK(false, "paged_decode: unsupported kv_cache dtype");
+  }
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode", &paged_decode, "paged decode attention (CPU)");
+}
