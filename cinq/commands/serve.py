@@ -1,0 +1,75 @@
+"""`cinq serve [MODEL] --host 127.0.0.1 --port 8000`: the OpenAI-compatible HTTP server (FastAPI + uvicorn)
+with streaming, Prometheus metrics at /metrics and a chat playground at /."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    from cinq.commands.engine_args import add_engine_args
+    p = sub.add_parser("serve", help="OpenAI-compatible server with a web playground",
+                       description="Serve a model over the OpenAI API (/v1/completions, /v1/chat/completions, "
+                                   "/v1/models), with /metrics for Prometheus and a chat playground at /.")
+    add_engine_args(p)
+    s = p.add_argument_group("server")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
+    s.add_argument("--port", type=int, default=8000, help="port (default %(default)s; 0 picks a free one)")
+    s.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1/* (default: $CINQ_API_KEY, else no auth)")
+    s.add_argument("--served-model-name", nargs="+", default=None,
+                   help="model name(s) clients send in 'model' (default: the model path)")
+    s.add_argument("--max-waiting-requests", type=int, default=1024,
+                   help="waiting sequences beyond which requests get 503 + Retry-After (default %(default)s)")
+    s.add_argument("--uvicorn-log-level", default="warning",
+                   choices=["critical", "error", "warning", "info", "debug", "trace"])
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import socket
+
+    import uvicorn
+
+    from cinq.commands.engine_args import engine_config_from_args
+    from cinq.engine.async_engine import AsyncLLM
+    from cinq.engine.engine import LLMEngine
+    from cinq.errors import InvalidParameterError
+    from cinq.server.app import build_app
+
+    if not 0 <= args.port <= 65535:
+        raise InvalidParameterError(f"--port must be in [0, 65535], got {args.port}", "port")
+    # Bind first: a taken port fails in a second, not after loading the model; --port 0 reports the real port.
+    family, kind, proto, _, addr = socket.getaddrinfo(args.host, args.port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError as e:
+        raise InvalidParameterError(f"--host/--port: cannot bind {args.host}:{args.port}: {e.strerror}",
+                                    "port") from None
+    sock.listen(2048)
+    host, port = sock.getsockname()[:2]
+    config = engine_config_from_args(args)
+    engine = LLMEngine(config)
+    llm = AsyncLLM(engine, args.max_waiting_requests)
+    names = args.served_model_name or [args.model or "default"]
+    api_key = args.api_key if args.api_key is not None else os.environ.get("CINQ_API_KEY") or None
+    app = build_app(llm, names, config.model, api_key)
+    url_host = f"[{host}]" if ":" in host else host
+    mcfg = engine.model.config
+    print(f"cinq serve: model {config.model} ({mcfg.architecture}, {str(engine.dtype).removeprefix('torch.')}, "
+          f"{config.device}) served as {names[0]!r}; max_model_len {engine.max_model_len}", flush=True)
+    print(f"cinq serve: KV cache {engine.num_blocks} blocks x {config.block_size} tokens "
+          f"= {engine.num_blocks * config.block_size} tokens; max {config.max_num_seqs} running, "
+          f"{args.max_waiting_requests} waiting; auth {'on' if api_key else 'off'}", flush=True)
+    print(f"cinq serve: listening on http://{url_host}:{port}  (OpenAI API at /v1, playground at /, "
+          f"metrics at /metrics)", flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=args.uvicorn_log_level, timeout_graceful_shutdown=5))
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its graceful shutdown: that is a clean exit
+        pass
+    print("cinq serve: stopped", flush=True)
+    return 0

@@ -1,0 +1,370 @@
+"""AsyncLLM: the engine behind the server.
+
+``LLMEngine`` is synchronous and not thread-safe, and ``step()`` is blocking CPU/GPU work, so it cannot run on
+the server's event loop. AsyncLLM gives it one dedicated thread: the event loop only appends add/abort commands
+to a queue; the engine thread drains that queue between steps (the only place that touches the engine), sleeps
+on an event when there is nothing to do, and hands each step's outputs back to the event loop, where they land
+in one asyncio queue per request.
+
+Guarantees the server relies on:
+- a validation error from ``LLMEngine.add_request`` reaches the caller of ``generate`` as the same exception
+  (a ``cinq.errors.CinqError``), before any output;
+- an abort (``abort`` or a consumer that stops iterating / is cancelled) reaches the engine before its next step,
+  so the request's KV blocks are freed within one step;
+- an unexpected exception in a step is logged and fails only the requests in flight at that moment
+  (``RequestFailedError``); the loop keeps going and serves later requests;
+- the number of waiting requests is bounded: past ``max_waiting_requests`` new requests are refused with
+  ``EngineOverloadedError`` instead of queueing without limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
+
+from cinq.config import EngineConfig
+from cinq.engine.engine import LLMEngine
+from cinq.errors import CinqError, InvalidParameterError
+from cinq.outputs import CompletionOutput, EngineStats, RequestOutput
+from cinq.sampling_params import OutputKind, SamplingParams
+
+log = logging.getLogger(__name__)
+
+_IDLE_WAIT_S = 0.5  # the idle thread still wakes now and then to publish fresh stats
+
+
+class EngineOverloadedError(RuntimeError):
+    """Too many requests are already waiting; the caller should retry after ``retry_after`` seconds."""
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class RequestFailedError(RuntimeError):
+    """The engine hit an internal error while this request was in flight; the request was dropped."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop is not running (shut down, or never started)."""
+
+
+@dataclass(slots=True)
+class _Add:
+    request_id: str
+    prompt: str | list[int]
+    params: SamplingParams
+    arrival_time: float
+    prompt_text: str | None
+    future: asyncio.Future
+
+
+@dataclass(slots=True)
+class _Abort:
+    request_id: str
+
+
+class AsyncLLM:
+    """Async front of one ``LLMEngine``: ``generate()`` yields a request's outputs as the engine produces them."""
+
+    def __init__(self, engine: LLMEngine, max_waiting_requests: int | None = None) -> None:
+        if max_waiting_requests is not None and max_waiting_requests < 1:
+            raise InvalidParameterError(
+                f"max_waiting_requests must be >= 1 or None, got {max_waiting_requests}", "max_waiting_requests")
+        self.engine = engine
+        self.max_waiting_requests = max_waiting_requests
+        # Hooks called on the event loop with every finished RequestOutput (metrics).
+        self.finished_callbacks: list[Callable[[RequestOutput], None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # guards _commands, _pending_adds, _num_waiting
+        self._wake = threading.Event()
+        self._commands: deque[_Add | _Abort] = deque()
+        self._pending_adds = 0  # sequences queued as commands, not yet in the engine
+        self._num_waiting = 0  # sequences in the engine's waiting queue (as of the last drain or step)
+        self._queues: dict[str, asyncio.Queue] = {}  # event-loop side only
+        self._live: set[str] = set()  # engine-thread side only: requests the engine holds
+        self._stopping = False
+        self._stats = engine.get_stats()
+        self._stats_time = time.time()
+        self.num_step_failures = 0
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, max_waiting_requests: int | None = None) -> AsyncLLM:
+        return cls(LLMEngine(config), max_waiting_requests)
+
+    # ---- life cycle ---------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the engine thread; call from inside the event loop that will consume the outputs."""
+        if self._thread is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="cinq-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the engine thread (after its current step) and fail every request still waiting for output."""
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        for rid in list(self._queues):
+            self._queues.pop(rid).put_nowait(EngineDeadError("the engine was shut down"))
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stopping
+
+    # ---- the event-loop side ------------------------------------------------------------------------------------
+    async def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                          prompt_text: str | None = None, arrival_time: float | None = None) -> RequestStream:
+        """Queue a request and wait until the engine accepted it; raises its validation error (a
+        ``CinqError``) or ``EngineOverloadedError`` instead. Iterate the returned stream for the outputs."""
+        queue = await self._add(request_id, prompt, params, prompt_text, arrival_time or time.time())
+        return RequestStream(request_id, queue, self, params.output_kind is OutputKind.DELTA)
+
+    async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str,
+                       prompt_text: str | None = None, arrival_time: float | None = None
+                       ) -> AsyncGenerator[RequestOutput, None]:
+        """Add a request and yield its outputs until it finishes. Leaving the loop early (break, cancellation,
+        ``aclose()``) aborts the request."""
+        stream = await self.add_request(request_id, prompt, params, prompt_text, arrival_time)
+        try:
+            async for out in stream:
+                yield out
+        finally:
+            stream.abort()
+
+    async def _add(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                   prompt_text: str | None, arrival_time: float) -> asyncio.Queue:
+        if not self.is_running:
+            raise EngineDeadError("the engine loop is not running")
+        if request_id in self._queues:
+            raise InvalidParameterError(f"request_id {request_id!r} is already in use", "request_id")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+        queue: asyncio.Queue = asyncio.Queue()
+        with self._lock:
+            limit = self.max_waiting_requests
+            if limit is not None and self._pending_adds + self._num_waiting >= limit:
+                raise EngineOverloadedError(
+                    f"the server is overloaded: {self._pending_adds + self._num_waiting} sequences are already "
+                    f"waiting (limit {limit}); retry later", retry_after=1)
+            self._pending_adds += params.n
+            self._queues[request_id] = queue
+            self._commands.append(_Add(request_id, prompt, params, arrival_time, prompt_text, future))
+        self._wake.set()
+        try:
+            await future
+        except asyncio.CancelledError:
+            self.abort(request_id)  # the add is queued before the abort, so the engine drops it again
+            raise
+        except BaseException:
+            self._queues.pop(request_id, None)
+            raise
+        return queue
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request (no-op when it already finished); its blocks are freed before the next step."""
+        if self._queues.pop(request_id, None) is None:
+            return
+        with self._lock:
+            self._commands.append(_Abort(request_id))
+        self._wake.set()
+
+    @property
+    def num_waiting(self) -> int:
+        """Sequences not yet running: queued for the engine thread plus in the engine's waiting queue (the number
+        ``max_waiting_requests`` bounds)."""
+        with self._lock:
+            return self._pending_adds + self._num_waiting
+
+    def get_stats(self) -> EngineStats:
+        """The engine's stats as of its last step (or idle tick): safe to read from any thread."""
+        return self._stats
+
+    @property
+    def stats_time(self) -> float:
+        return self._stats_time
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            queue = self._queues.get(out.request_id)
+            if queue is None:
+                continue  # aborted on this side after the engine produced it
+            queue.put_nowait(out)
+            if out.finished:
+                del self._queues[out.request_id]
+                for callback in self.finished_callbacks:
+                    try:
+                        callback(out)
+                    except Exception:  # a metrics bug must not lose the output
+                        log.exception("finished-request callback failed")
+
+    def _fail(self, request_ids: list[str], error: BaseException) -> None:
+        for rid in request_ids:
+            queue = self._queues.pop(rid, None)
+            if queue is not None:
+                queue.put_nowait(error)
+
+    def _to_loop(self, fn: Callable, *args: object) -> None:
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)  # type: ignore[union-attr]
+        except RuntimeError:  # the event loop is closed: nobody is left to receive it
+            pass
+
+    # ---- the engine thread --------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stopping:
+            try:
+                self._iteration()
+            except Exception as e:  # nothing may end the loop: fail what was in flight and go on
+                self.num_step_failures += 1
+                log.exception("engine step failed; failing the %d request(s) in flight", len(self._live))
+                self._fail_live(e)
+                self._publish_stats()
+
+    def _iteration(self) -> None:
+        engine = self.engine
+        self._drain()
+        if not engine.has_unfinished_requests():
+            self._publish_stats()
+            self._wake.wait(_IDLE_WAIT_S)
+            self._wake.clear()
+            return
+        outputs = engine.step()
+        for out in outputs:
+            if out.finished:
+                self._live.discard(out.request_id)
+        if outputs:
+            self._to_loop(self._deliver, outputs)
+        self._publish_stats()
+
+    def _drain(self) -> None:
+        with self._lock:
+            commands = list(self._commands)
+            self._commands.clear()
+            for cmd in commands:
+                if isinstance(cmd, _Add):
+                    self._pending_adds -= cmd.params.n
+                    self._apply_add(cmd)
+                else:
+                    self._apply_abort(cmd.request_id)
+            if commands:
+                self._num_waiting = len(self.engine.scheduler.waiting)
+
+    def _apply_add(self, cmd: _Add) -> None:
+        error: BaseException | None = None
+        try:
+            self.engine.add_request(cmd.request_id, cmd.prompt, cmd.params, cmd.arrival_time, cmd.prompt_text)
+            self._live.add(cmd.request_id)
+        except CinqError as e:
+            error = e
+        except Exception as e:  # an engine bug on this input: report it for this request only
+            log.exception("add_request failed for %s", cmd.request_id)
+            error = RequestFailedError(f"the engine could not add the request: {e}")
+            self._safe_abort(cmd.request_id)
+        self._to_loop(_resolve, cmd.future, error)
+
+    def _apply_abort(self, request_id: str) -> None:
+        if request_id in self._live:
+            self._live.discard(request_id)
+            self._safe_abort(request_id)
+
+    def _safe_abort(self, request_id: str) -> None:
+        try:
+            self.engine.abort_request(request_id)
+        except Exception:
+            log.exception("abort_request failed for %s", request_id)
+
+    def _fail_live(self, error: Exception) -> None:
+        failed = sorted(self._live)
+        for rid in failed:
+            self._safe_abort(rid)
+        self._live.clear()
+        self._to_loop(self._fail, failed, RequestFailedError(f"internal engine error: {type(error).__name__}: "
+                                                             f"{error}"))
+
+    def _publish_stats(self) -> None:
+        try:
+            stats = self.engine.get_stats()
+        except Exception:
+            log.exception("get_stats failed")
+            return
+        stats = dataclasses.replace(stats, finished_by_reason=dict(stats.finished_by_reason))
+        with self._lock:
+            self._num_waiting = stats.num_waiting
+        self._stats, self._stats_time = stats, time.time()
+
+
+class RequestStream:
+    """The outputs of one request, in order; ends after the finished output. A consumer that stops early must
+    call ``abort()`` (``AsyncLLM.generate`` does) so the engine frees the request's blocks."""
+
+    __slots__ = ("request_id", "delta", "finished", "_queue", "_llm")
+
+    def __init__(self, request_id: str, queue: asyncio.Queue, llm: AsyncLLM, delta: bool = False) -> None:
+        self.request_id = request_id
+        self.delta = delta  # outputs are deltas (OutputKind.DELTA), merged by concatenation
+        self.finished = False
+        self._queue = queue
+        self._llm = llm
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        # A consumer that fell behind gets what piled up as one output (fewer, larger chunks under load).
+        while not isinstance(item, BaseException) and not self._queue.empty():
+            nxt = self._queue.get_nowait()
+            item = nxt if isinstance(nxt, BaseException) else _merge(item, nxt, self.delta)
+        if isinstance(item, BaseException):
+            self.finished = True
+            raise item
+        self.finished = item.finished
+        return item
+
+    def abort(self) -> None:
+        """Abort the request unless it already finished (idempotent)."""
+        if not self.finished:
+            self.finished = True
+            self._llm.abort(self.request_id)
+
+
+def _merge(old: RequestOutput, new: RequestOutput, delta: bool) -> RequestOutput:
+    """Fold two successive outputs of one request into one. Delta outputs (``new`` carries only what changed)
+    are concatenated per completion index; cumulative and final outputs simply supersede."""
+    if not delta:
+        return new
+    by_index = {c.index: c for c in old.outputs}
+    for c in new.outputs:
+        prev = by_index.get(c.index)
+        if prev is None:
+            by_index[c.index] = c
+            continue
+        logprobs = None if prev.logprobs is None and c.logprobs is None else (prev.logprobs or []) + (c.logprobs or [])
+        by_index[c.index] = CompletionOutput(c.index, prev.text + c.text, prev.token_ids + c.token_ids,
+                                             c.cumulative_logprob, logprobs, c.finish_reason, c.stop_reason)
+    return dataclasses.replace(new, outputs=[by_index[i] for i in sorted(by_index)],
+                               prompt_logprobs=old.prompt_logprobs if old.prompt_logprobs is not None
+                               else new.prompt_logprobs)
+
+
+def _resolve(future: asyncio.Future, error: BaseException | None) -> None:
+    if future.done():  # the adder was cancelled
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)

@@ -1,0 +1,158 @@
+"""The FastAPI application: OpenAI-compatible routes over one AsyncLLM, plus health, metrics, tokenizer routes,
+live engine stats and the playground page.
+
+Request bodies are parsed by hand (not by FastAPI's signature magic) so that every malformed body — bad JSON,
+wrong types, out-of-range values — becomes a 400 with an OpenAI-shaped error naming the field.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import TypeVar
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from pydantic import BaseModel
+
+from cinq.engine.async_engine import AsyncLLM
+from cinq.server.chat import create_chat_completion, render_chat_prompt
+from cinq.server.completions import create_completion
+from cinq.server.context import ServerContext
+from cinq.server.errors import APIError, install_error_handlers, to_api_error
+from cinq.server.metrics import CONTENT_TYPE, ServerMetrics
+from cinq.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from cinq.server.streams import ClientDisconnected
+
+log = logging.getLogger(__name__)
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+MAX_BODY_BYTES = 64 << 20
+M = TypeVar("M", bound=BaseModel)
+
+
+def build_app(llm: AsyncLLM, model_names: list[str], model_path: str, api_key: str | None = None) -> FastAPI:
+    """The server for ``llm``; the engine loop starts and stops with the app's lifespan."""
+    metrics = ServerMetrics(model_names[0], llm.get_stats)
+    llm.finished_callbacks.append(metrics.observe_finished)
+    ctx = ServerContext(llm, list(model_names), model_path, metrics, api_key or None)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        llm.start()
+        try:
+            yield
+        finally:
+            llm.shutdown()
+
+    app = FastAPI(title="cinq", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.ctx = ctx
+    install_error_handlers(app)
+
+    def authorized(request: Request) -> None:
+        """Bearer auth on /v1/*, compared in constant time."""
+        if ctx.api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), ctx.api_key.encode()):
+            raise APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'", None,
+                           "invalid_api_key")
+
+    guarded = [Depends(authorized)]
+
+    @app.post("/v1/completions", dependencies=guarded)
+    async def completions(raw: Request) -> Response:
+        return await _serve(raw, CompletionRequest, lambda req: create_completion(ctx, req, raw))
+
+    @app.post("/v1/chat/completions", dependencies=guarded)
+    async def chat_completions(raw: Request) -> Response:
+        return await _serve(raw, ChatCompletionRequest, lambda req: create_chat_completion(ctx, req, raw))
+
+    @app.get("/v1/models", dependencies=guarded)
+    async def models() -> dict:
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": ctx.created, "owned_by": "cinq", "root": ctx.model_path,
+             "parent": None, "max_model_len": ctx.max_model_len, "permission": []} for name in ctx.model_names]}
+
+    @app.post("/tokenize")
+    async def tokenize(raw: Request) -> Response:
+        async def run(req: TokenizeRequest) -> dict:
+            ctx.check_model(req.model)
+            if (req.prompt is None) == (req.messages is None):
+                raise APIError(400, "send exactly one of prompt or messages", "prompt", "invalid_value")
+            if req.messages is not None:
+                msgs = [m.to_template(i) for i, m in enumerate(req.messages)]
+                ids = (await render_chat_prompt(ctx, msgs, req.add_generation_prompt, None)).token_ids
+            else:
+                ids = await ctx.encode(req.prompt, req.add_special_tokens)  # type: ignore[arg-type]
+            return {"count": len(ids), "max_model_len": ctx.max_model_len, "tokens": ids}
+        return await _serve(raw, TokenizeRequest, run)
+
+    @app.post("/detokenize")
+    async def detokenize(raw: Request) -> Response:
+        async def run(req: DetokenizeRequest) -> dict:
+            ctx.check_model(req.model)
+            ctx.check_token_ids(req.tokens, "tokens")
+            return {"prompt": ctx.tokenizer.decode(req.tokens)}
+        return await _serve(raw, DetokenizeRequest, run)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not llm.is_running:
+            return APIError(503, "the engine loop is not running", None, "engine_unavailable").response()
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/stats")
+    async def stats() -> dict:
+        """Live engine state for the playground (JSON; /metrics has the same for Prometheus)."""
+        s = llm.get_stats()
+        return {"model": ctx.model_name, "time": llm.stats_time, "num_requests_running": s.num_running,
+                "num_requests_waiting": s.num_waiting, "kv_cache_usage": s.kv_cache_usage,
+                "num_kv_blocks": s.num_kv_blocks, "max_model_len": ctx.max_model_len,
+                "prompt_tokens": s.prompt_tokens, "generation_tokens": s.generation_tokens,
+                "num_steps": s.num_steps, "num_preemptions": s.num_preemptions,
+                "prefix_cache_hit_rate": s.prefix_cache_hit_rate, "finished_by_reason": s.finished_by_reason,
+                "step_failures": llm.num_step_failures}
+
+    @app.get("/", response_class=HTMLResponse)
+    async def playground() -> HTMLResponse:
+        return HTMLResponse((STATIC_DIR / "index.html").read_text(encoding="utf-8"))
+
+    return app
+
+
+async def _serve(raw: Request, model: type[M], handler) -> Response:
+    """Parse the body into ``model``, run ``handler`` and turn every failure into an OpenAI error response."""
+    try:
+        req = model.model_validate(await _json_body(raw))
+        result = await handler(req)
+        return result if isinstance(result, Response) else JSONResponse(result)
+    except ClientDisconnected:
+        return Response(status_code=499)  # nobody is listening; nginx's code for it
+    except Exception as e:
+        return to_api_error(e).response()
+
+
+async def _json_body(raw: Request) -> object:
+    length = raw.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise APIError(413, f"request body is {length} bytes; the limit is {MAX_BODY_BYTES}", None, "too_large")
+    body = await raw.body()
+    if len(body) > MAX_BODY_BYTES:
+        raise APIError(413, f"request body is {len(body)} bytes; the limit is {MAX_BODY_BYTES}", None, "too_large")
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError) as e:
+        raise APIError(400, f"Invalid JSON body: {e}", None, "invalid_json") from None
+    if not isinstance(data, dict):
+        raise APIError(400, f"the request body must be a JSON object, got {type(data).__name__}", None,
+                       "invalid_json")
+    return data

@@ -1,0 +1,87 @@
+"""What every route needs: the AsyncLLM, the served model's names, and the steps common to completions and chat
+(model-name check, tokenization off the event loop, adding a batch of prompts all-or-nothing)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from cinq.engine.async_engine import AsyncLLM, RequestStream
+from cinq.model.tokenizer import Tokenizer
+from cinq.sampling_params import SamplingParams
+from cinq.server.errors import APIError
+from cinq.server.metrics import ServerMetrics
+
+_INLINE_TOKENIZE_CHARS = 4096  # longer texts are tokenized in a worker thread, not on the event loop
+
+
+@dataclass(slots=True)
+class Prompt:
+    """One prompt as the engine gets it, with the text it came from (None when given as token ids)."""
+
+    token_ids: list[int]
+    text: str | None
+
+
+@dataclass(slots=True)
+class ServerContext:
+    llm: AsyncLLM
+    model_names: list[str]  # the first is the name the server reports
+    model_path: str
+    metrics: ServerMetrics
+    api_key: str | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def model_name(self) -> str:
+        return self.model_names[0]
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.llm.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.llm.engine.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.llm.engine.model.config.vocab_size
+
+    def check_model(self, name: str | None) -> None:
+        """A request may omit ``model``; naming another model is a 404, as with OpenAI."""
+        if name is not None and name not in self.model_names:
+            raise APIError(404, f"The model `{name}` does not exist. This server serves {self.model_name!r}.",
+                           "model", "model_not_found")
+
+    async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if len(text) <= _INLINE_TOKENIZE_CHARS:
+            return self.tokenizer.encode(text, add_special_tokens)
+        return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens)
+
+    def check_token_ids(self, ids: list[int], param: str) -> None:
+        vocab = self.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise APIError(400, f"{param}: token id {bad} is out of range [0, {vocab})", param, "invalid_value")
+
+    async def add_all(self, request_id: str, prompts: list[Prompt], params: SamplingParams
+                      ) -> list[RequestStream]:
+        """Add one engine request per prompt; if any is refused, abort the ones already added and raise."""
+        streams: list[RequestStream] = []
+        arrival = time.time()
+        try:
+            for i, p in enumerate(prompts):
+                rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
+                streams.append(await self.llm.add_request(rid, p.token_ids, params, p.text, arrival))
+        except BaseException:
+            for s in streams:
+                s.abort()
+            raise
+        return streams
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"

@@ -1,0 +1,67 @@
+"""Logprobs in the two OpenAI shapes: the legacy completions one (parallel lists ``tokens`` / ``token_logprobs``
+/ ``top_logprobs`` / ``text_offset``, which lm-evaluation-harness reads) and the chat one (``content`` entries
+with ``top_logprobs`` lists)."""
+
+from __future__ import annotations
+
+from cinq.model.tokenizer import Tokenizer
+from cinq.outputs import PositionLogprobs
+
+_FLOOR = -9999.0  # -inf is not valid JSON; clients get a very small finite number instead
+
+
+def _lp(value: float) -> float:
+    return max(value, _FLOOR) if value == value else _FLOOR
+
+
+def _token_text(tokenizer: Tokenizer, token_id: int, entry: PositionLogprobs | None) -> str:
+    if entry is not None and token_id in entry and entry[token_id].decoded_token is not None:
+        return entry[token_id].decoded_token  # type: ignore[return-value]
+    return tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+class CompletionLogprobs:
+    """Accumulates the completions-API logprobs object; ``text_offset`` continues across appends (streaming)."""
+
+    def __init__(self, tokenizer: Tokenizer, text_offset: int = 0) -> None:
+        self.tokenizer = tokenizer
+        self.offset = text_offset
+
+    def build(self, token_ids: list[int], positions: list[PositionLogprobs | None], num_top: int | None) -> dict:
+        """``positions[i]`` is the logprobs dict of ``token_ids[i]`` (None for the first prompt token)."""
+        out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for token_id, entry in zip(token_ids, positions):
+            text = _token_text(self.tokenizer, token_id, entry)
+            out["tokens"].append(text)
+            out["text_offset"].append(self.offset)
+            self.offset += len(text)
+            if entry is None:
+                out["token_logprobs"].append(None)
+                out["top_logprobs"].append(None)
+                continue
+            out["token_logprobs"].append(_lp(entry[token_id].logprob) if token_id in entry else None)
+            top: dict[str, float] = {}
+            for tid, lp in sorted(entry.items(), key=lambda kv: kv[1].rank or 0):
+                # The top-k by rank, plus the chosen token even when it ranks lower (as vLLM does).
+                if num_top is not None and (lp.rank or 0) > num_top and tid != token_id:
+                    continue
+                top.setdefault(lp.decoded_token if lp.decoded_token is not None else
+                               _token_text(self.tokenizer, tid, None), _lp(lp.logprob))
+            out["top_logprobs"].append(top)
+        return out
+
+
+def chat_logprobs(tokenizer: Tokenizer, token_ids: list[int], positions: list[PositionLogprobs],
+                  num_top: int) -> dict:
+    """The chat ``logprobs`` object: one ``content`` entry per generated token, each with its top alternatives."""
+    content = []
+    for token_id, entry in zip(token_ids, positions):
+        text = _token_text(tokenizer, token_id, entry)
+        lp = entry[token_id].logprob if token_id in entry else _FLOOR
+        top = []
+        for tid, alt in sorted(entry.items(), key=lambda kv: kv[1].rank or 0):
+            if alt.rank is not None and alt.rank <= num_top:
+                alt_text = alt.decoded_token if alt.decoded_token is not None else _token_text(tokenizer, tid, None)
+                top.append({"token": alt_text, "logprob": _lp(alt.logprob), "bytes": list(alt_text.encode())})
+        content.append({"token": text, "logprob": _lp(lp), "bytes": list(text.encode()), "top_logprobs": top})
+    return {"content": content}

@@ -1,0 +1,101 @@
+"""Prometheus metrics under vLLM's names with a ``cinq:`` prefix, so vLLM's Grafana dashboards work after a
+find-and-replace of the prefix.
+
+Engine state and counters are read from the engine's stats snapshot at scrape time (no double bookkeeping);
+latency histograms are observed once per finished request from its ``RequestMetrics``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from cinq.outputs import EngineStats, RequestOutput
+
+PREFIX = "cinq:"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Bucket edges in seconds: from sub-millisecond steps on a GPU to minutes-long CPU requests.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+                5.0, 10.0, 20.0)
+REQUEST_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0,
+                   120.0, 240.0, 480.0, 960.0, 1920.0)
+FINISH_REASONS = ("stop", "length", "abort")
+
+
+class _EngineCollector(Collector):
+    """Gauges and counters straight from the engine's latest stats snapshot."""
+
+    def __init__(self, stats: Callable[[], EngineStats], model_name: str) -> None:
+        self.stats, self.model_name = stats, model_name
+
+    def collect(self) -> Iterator[Metric]:
+        s, labels = self.stats(), ["model_name"]
+        values = [self.model_name]
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(PREFIX + name, doc, labels=labels)
+            g.add_metric(values, value)
+            return g
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            c = CounterMetricFamily(PREFIX + name, doc, labels=labels)
+            c.add_metric(values, value)
+            return c
+
+        yield gauge("num_requests_running", "Sequences in the running batch.", s.num_running)
+        yield gauge("num_requests_waiting", "Sequences waiting to be scheduled.", s.num_waiting)
+        yield gauge("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).", s.kv_cache_usage)
+        yield counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", s.prefix_cache_queries)
+        yield counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.", s.prefix_cache_hits)
+        yield counter("num_preemptions", "Preemptions (a running sequence's blocks taken back).", s.num_preemptions)
+        yield counter("prompt_tokens", "Prompt tokens computed (prefix-cache hits excluded).", s.prompt_tokens)
+        yield counter("generation_tokens", "Tokens generated.", s.generation_tokens)
+        success = CounterMetricFamily(PREFIX + "request_success", "Finished requests by finish reason.",
+                                      labels=labels + ["finished_reason"])
+        for reason in sorted(set(FINISH_REASONS) | set(s.finished_by_reason)):
+            success.add_metric(values + [reason], s.finished_by_reason.get(reason, 0))
+        yield success
+
+
+class ServerMetrics:
+    """One registry per server (so several servers can live in one process, as in the tests)."""
+
+    def __init__(self, model_name: str, stats: Callable[[], EngineStats]) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_EngineCollector(stats, model_name))
+        self.model_name = model_name
+
+        def hist(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(PREFIX + name, doc, ["model_name"], buckets=buckets,
+                             registry=self.registry).labels(model_name)
+
+        self.ttft = hist("time_to_first_token_seconds", "Arrival to first generated token.", TTFT_BUCKETS)
+        self.tpot = hist("time_per_output_token_seconds",
+                         "Mean time between a request's output tokens after the first.", TPOT_BUCKETS)
+        self.e2e = hist("e2e_request_latency_seconds", "Arrival to finish.", REQUEST_BUCKETS)
+        self.queue = hist("request_queue_time_seconds", "Arrival to first scheduling.", REQUEST_BUCKETS)
+
+    def observe_finished(self, out: RequestOutput) -> None:
+        """Record the latencies of a finished request (hooked to AsyncLLM.finished_callbacks)."""
+        m = out.metrics
+        if m is None:
+            return
+        if m.first_scheduled_time is not None:
+            self.queue.observe(max(m.first_scheduled_time - m.arrival_time, 0.0))
+        if m.first_token_time is not None:
+            self.ttft.observe(max(m.first_token_time - m.arrival_time, 0.0))
+        if m.finished_time is not None:
+            self.e2e.observe(max(m.finished_time - m.arrival_time, 0.0))
+        # Per sequence: n completions decode side by side, so their tokens share the same wall time.
+        per_seq = m.num_generation_tokens / max(len(out.outputs), 1)
+        if m.first_token_time is not None and m.last_token_time is not None and per_seq > 1:
+            self.tpot.observe(max(m.last_token_time - m.first_token_time, 0.0) / (per_seq - 1))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,60 @@
+"""`cinq serve` as a user runs it: a subprocess that prints model, dtype, KV blocks and URL, serves, and stops
+cleanly on Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+
+
+def test_cinq_serve_starts_prints_and_serves(tiny_llama):
+    cmd = [sys.executable, "-m", "cinq.cli", "serve", str(tiny_llama), "--port", "0", "--dtype", "float32",
+           "--num-kv-blocks", "48", "--served-model-name", "my-model"]
+    env = {**os.environ, "CINQ_API_KEY": "k3y"}  # the key from the environment, as in a deployment
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 120
+        url = None
+        while url is None:
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, "".join(lines)
+            assert time.monotonic() < deadline, "".join(lines)
+            lines.append(line)
+            m = re.search(r"listening on (http://\S+)", line)
+            url = m.group(1) if m else None
+        banner = "".join(lines)
+        assert str(tiny_llama) in banner and "float32" in banner and "48 blocks" in banner and "auth on" in banner
+        auth = {"Authorization": "Bearer k3y"}
+        models = httpx.get(url + "/v1/models", headers=auth, timeout=10).json()
+        assert [m["id"] for m in models["data"]] == ["my-model"]
+        out = httpx.post(url + "/v1/completions", headers=auth, timeout=30,
+                         json={"model": "my-model", "prompt": "hi", "max_tokens": 3, "ignore_eos": True}).json()
+        assert out["usage"]["completion_tokens"] == 3
+        assert httpx.get(url + "/v1/models", timeout=10).status_code == 401
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            rc = proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert rc == 0
+
+
+def test_cinq_serve_reports_a_taken_port(tiny_llama):
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        r = subprocess.run([sys.executable, "-m", "cinq.cli", "serve", str(tiny_llama), "--port", str(port),
+                            "--num-kv-blocks", "16"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "cannot bind" in r.stderr and str(port) in r.stderr
