@@ -22,10 +22,11 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+import cinq  # noqa: E402,F401  (before torch: sets OMP_WAIT_POLICY, see cinq/__init__.py)
+import torch  # noqa: E402
 
 from cinq.config import EngineConfig  # noqa: E402
 from cinq.engine.engine import LLMEngine  # noqa: E402

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+import cinq  # noqa: F401  (first: sets OMP_WAIT_POLICY before torch loads OpenMP)
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
