@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from cinq.kernels.cpu_decode import paged_decode_native
+from cinq.kernels.cpu_native import paged_decode_native
 from cinq.kernels.metadata import AttentionMetadata
 from cinq.kernels.paged import causal_mask, gather_context
 

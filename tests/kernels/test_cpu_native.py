@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cinq.kernels import sdpa
-from cinq.kernels.cpu_decode import native_decode_module, paged_decode_native
+from cinq.kernels.cpu_native import native_module, paged_decode_native
 from cinq.kernels.metadata import AttentionMetadata
 from cinq.kernels.reference import paged_attention_reference
 
@@ -38,7 +38,7 @@ def decode_step(nd: int, hq: int, hkv: int, d: int, dtype: torch.dtype, seed: in
 
 
 def test_native_kernel_builds_on_this_platform():
-    assert native_decode_module() is not None
+    assert native_module("paged_decode") is not None
 
 
 @pytest.mark.parametrize("hq,hkv,d", [(4, 4, 64), (8, 2, 80), (16, 2, 128)])
@@ -53,3 +53,27 @@ def test_native_and_fallback_match_reference(hq, hkv, d, dtype, tol, monkeypatch
     monkeypatch.setattr(sdpa, "paged_decode_native", lambda *a: None)
     cache_finite = torch.nan_to_num(cache)  # the padded-gather fallback reads padding (masked, but must be finite)
     assert rel(sdpa.sdpa_decode(q, cache_finite, meta, d ** -0.5)) <= tol
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("n,k,bias", [(64, 96, False), (200, 40, True), (2048, 768, False)])
+def test_small_m_linear_matches_float_linear(rows, n, k, bias):
+    from cinq.kernels.cpu_native import small_m_linear_native
+    g = torch.Generator().manual_seed(rows * n + k)
+    x = torch.randn(rows, k, generator=g).bfloat16()
+    w = torch.randn(n, k, generator=g).bfloat16()
+    b = torch.randn(n, generator=g) if bias else None
+    with torch.no_grad():
+        got = small_m_linear_native(x, w, b)
+    ref = torch.nn.functional.linear(x.float(), w.float(), b)
+    assert got is not None and got.dtype == torch.bfloat16 and got.shape == (rows, n)
+    assert ((got.float() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+def test_small_m_linear_declines_what_it_does_not_cover():
+    from cinq.kernels.cpu_native import small_m_linear_native
+    w = torch.randn(8, 16).bfloat16()
+    with torch.no_grad():
+        assert small_m_linear_native(torch.randn(5, 16).bfloat16(), w, None) is None  # too many rows
+        assert small_m_linear_native(torch.randn(1, 16), w.float(), None) is None  # not bf16
+    assert small_m_linear_native(torch.randn(1, 16).bfloat16(), w, None) is None  # autograd on

@@ -1,0 +1,80 @@
+"""Native CPU kernels (``cinq/kernels/cpu/*.cpp``): built on first use with the system C++ compiler through
+``torch.utils.cpp_extension``, cached per machine in the cinq cache, and optional — when one cannot be built the
+caller runs its PyTorch path (said once in the log). ``CINQ_NATIVE_KERNELS=0`` disables them all.
+
+* ``paged_decode.cpp``: decode attention read straight from the KV pages (no gathered copy of the contexts).
+* ``small_m_gemm.cpp``: bf16 linear for 1-4 activation rows at memory bandwidth (decode at small batch).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+_SOURCES = Path(__file__).with_name("cpu")
+_lock = threading.Lock()
+_modules: dict[str, Any] = {}
+SMALL_M_MAX_ROWS = 4
+
+
+def native_module(name: str) -> Any | None:
+    """The compiled extension for ``cpu/<name>.cpp``, building it on first call; None when disabled or
+    unbuildable (e.g. no compiler)."""
+    if name in _modules:
+        return _modules[name]
+    with _lock:
+        if name in _modules:
+            return _modules[name]
+        module = None
+        if os.environ.get("CINQ_NATIVE_KERNELS", "1") != "0":
+            try:
+                from torch.utils.cpp_extension import load
+
+                from cinq.assets import cache_dir
+                build = cache_dir() / "torch_extensions" / f"torch-{torch.__version__}" / name
+                build.mkdir(parents=True, exist_ok=True)
+                module = load(name=f"cinq_{name}", sources=[str(_SOURCES / f"{name}.cpp")],
+                              build_directory=str(build), extra_cflags=["-O3", "-march=native", "-ffast-math"],
+                              verbose=False)
+            except Exception as e:  # noqa: BLE001 - any build failure means: use the PyTorch path
+                first = str(e).splitlines()[0] if str(e) else type(e).__name__
+                log.warning("native CPU kernel %s unavailable (%s); using the PyTorch path", name, first)
+        _modules[name] = module
+    return module
+
+
+def paged_decode_native(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                        seq_lens: torch.Tensor, scale: float) -> torch.Tensor | None:
+    """Decode attention [nd, Hq, D] (query dtype) straight from the pages, or None if the kernel is unavailable."""
+    if query.device.type != "cpu" or not kv_cache.is_contiguous():
+        return None
+    mod = native_module("paged_decode")
+    if mod is None:
+        return None
+    nd = query.shape[0]
+    out = mod.paged_decode(query.float().contiguous(), kv_cache, block_tables[:nd].to(torch.int32).contiguous(),
+                           seq_lens[:nd].to(torch.int32).contiguous(), float(scale))
+    return out.to(query.dtype)
+
+
+def small_m_linear_native(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """``F.linear`` for bf16 inputs with at most SMALL_M_MAX_ROWS rows on the CPU without autograd, or None when
+    the shape, dtype or mode does not qualify (or the kernel is unavailable)."""
+    if (x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16 or x.device.type != "cpu"
+            or torch.is_grad_enabled() or not weight.is_contiguous()):
+        return None
+    rows = x.numel() // x.shape[-1] if x.numel() else 0
+    if not 1 <= rows <= SMALL_M_MAX_ROWS:
+        return None
+    mod = native_module("small_m_gemm")
+    if mod is None:
+        return None
+    b = bias.float().contiguous() if bias is not None else torch.empty(0)
+    out = mod.small_m_linear(x.reshape(rows, x.shape[-1]).contiguous(), weight, b)
+    return out.view(*x.shape[:-1], weight.shape[0])
