@@ -17,6 +17,7 @@ from cinq.engine.runner import ModelRunner, RunnerOutput
 from cinq.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from cinq.errors import InvalidParameterError, PromptTooLongError
 from cinq.kernels.backends import default_backend_name
+from cinq.kernels.cpu_native import warm_native_kernels
 from cinq.model.loader import load_model, parse_dtype
 from cinq.model.tokenizer import Tokenizer
 from cinq.outputs import EngineStats, RequestOutput
@@ -50,6 +51,7 @@ class LLMEngine:
         self.device = torch.device(config.device)
         if self.device.type == "cpu":
             keep_freed_memory()
+            warm_native_kernels()  # build them now (once per machine) rather than stall the first request
         self.dtype = parse_dtype(config.dtype)
         backend = config.attention_backend or default_backend_name(self.device)
         t0 = time.perf_counter()

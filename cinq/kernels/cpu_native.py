@@ -49,6 +49,12 @@ def native_module(name: str) -> Any | None:
     return module
 
 
+def warm_native_kernels() -> None:
+    """Build (or load from the cache) every native kernel now; the first build takes about a minute."""
+    for source in sorted(_SOURCES.glob("*.cpp")):
+        native_module(source.stem)
+
+
 def paged_decode_native(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                         seq_lens: torch.Tensor, scale: float) -> torch.Tensor | None:
     """Decode attention [nd, Hq, D] (query dtype) straight from the pages, or None if the kernel is unavailable."""
