@@ -1,5 +1,9 @@
 """Embedded default models. ``default_model_path()`` is what `cinq generate/chat/serve` use with no model given:
-the shipped cinq-tiny when present, else a small random-weight Llama that cinq builds once into its cache."""
+the shipped cinq-tiny when present, else a small random-weight Llama that cinq builds once into its cache.
+
+Shipped here (each folder a Hugging Face model with its tokenizer and a model card, README.md):
+``cinq-tiny`` (the teacher, ~11M parameters) and ``cinq-tiny-student`` (~1.8M, distilled from it);
+``tokenizer/`` is the shared 8k byte-level BPE on its own."""
 
 from __future__ import annotations
 
@@ -20,6 +24,12 @@ def default_model_path() -> Path:
     if (tiny / "config.json").is_file():
         return tiny
     return ensure_random_tiny_model(cache_dir() / "tiny-random")
+
+
+def shipped_model_path(name: str) -> Path | None:
+    """The folder of an embedded model ("cinq-tiny", "cinq-tiny-student"), or None when it is not shipped."""
+    folder = ASSETS_DIR / name
+    return folder if (folder / "config.json").is_file() else None
 
 
 def ensure_random_tiny_model(path: Path) -> Path:

@@ -34,6 +34,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--n-problems", type=int, default=50, help="arithmetic problems in the report (0: none)")
     p.add_argument("--no-eval", action="store_true", help="skip the quality report")
     p.add_argument("--eval-dtype", default="bfloat16")
+    p.add_argument("--calib-dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                   help="dtype of the calibration forwards (statistics and quantization are float32)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads (default: torch's; on a CPU shared with other jobs, 1 avoids OpenMP stalls)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(run=run)
 
@@ -45,6 +49,12 @@ def run(args: argparse.Namespace) -> int:
     from cinq.quant.calibration import calibration_windows
     from cinq.quant.config import QuantConfig
 
+    import torch
+
+    if args.threads is not None:
+        if args.threads < 1:
+            raise InvalidParameterError(f"--threads must be >= 1, got {args.threads}", "threads")
+        torch.set_num_threads(args.threads)
     if args.model is None:
         from cinq.assets import default_model_path
         args.model = str(default_model_path())
@@ -74,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
                                         args.calib_seq_len, args.seed)
 
     from cinq.quant.pipeline import quantize_model
-    res = quantize_model(args.model, args.out, cfg, calib_ids, progress=not args.no_progress)
+    res = quantize_model(args.model, args.out, cfg, calib_ids, progress=not args.no_progress,
+                         calib_dtype=getattr(torch, args.calib_dtype))
     print(f"wrote {res.out_dir} ({cfg.method}, {cfg.format}, {cfg.bits}-bit, group {cfg.group_size}): "
           f"{res.weight_bytes / 2**20:.1f} MiB of tensors, {res.seconds:.1f} s, peak RSS {res.peak_rss_mib:.0f} MiB, "
           f"{res.calib_tokens} calibration tokens")

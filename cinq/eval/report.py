@@ -39,6 +39,8 @@ class ModelQuality:
     accuracy: float | None
     n_problems: int
     gen_tokens_per_s: float | None = None
+    kl_vs_base: float | None = None  # mean KL(base || model) per token on the perplexity text, nats
+    top1_vs_base: float | None = None  # fraction of those tokens where both models' argmax agree
 
 
 @dataclass(slots=True)
@@ -51,9 +53,9 @@ class QualityReport:
 
     def to_markdown(self) -> str:
         base = self.rows[0] if self.rows else None
-        head = ("| model | method | bits | weight MiB | size vs base | perplexity | Δppl | "
-                f"{self.task} acc | Δacc | gen tok/s |")
-        lines = [head, "|" + "---|" * 10]
+        head = ("| model | method | bits | weight MiB | size vs base | perplexity | Δppl | KL vs base | "
+                f"top-1 = base | {self.task} acc | Δacc | gen tok/s |")
+        lines = [head, "|" + "---|" * 12]
         for r in self.rows:
             size = f"{r.weight_bytes / base.weight_bytes:.2f}x" if base and base.weight_bytes else "-"
             dppl = _delta(r.perplexity, base.perplexity if base else None, pct=True)
@@ -61,11 +63,13 @@ class QualityReport:
                           None if base is None or base.accuracy is None else 100 * base.accuracy, unit=" pt")
             lines.append(
                 f"| {r.label} | {r.method} | {r.bits or '-'} | {r.weight_bytes / 2**20:.2f} | {size} | "
-                f"{_fmt(r.perplexity, '.3f')} | {dppl} | "
+                f"{_fmt(r.perplexity, '.3f')} | {dppl} | {_fmt(r.kl_vs_base, '.5f')} | "
+                f"{'-' if r.top1_vs_base is None else f'{100 * r.top1_vs_base:.1f}%'} | "
                 f"{'-' if r.accuracy is None else f'{100 * r.accuracy:.1f}%'} | {dacc} | "
                 f"{_fmt(r.gen_tokens_per_s, '.1f')} |")
-        note = f"\nperplexity on {self.ppl_source}; accuracy: exact match over {self.rows[0].n_problems} " \
-               f"held-out {self.task} problems (greedy)." if self.rows else ""
+        note = f"\nperplexity on {self.ppl_source}; KL vs base / top-1: next-token distributions against the " \
+               f"first row's on the first tokens of that text; accuracy: exact match over " \
+               f"{self.rows[0].n_problems} held-out {self.task} problems (greedy)." if self.rows else ""
         return "\n".join(lines) + note + "\n"
 
     def to_json(self) -> dict[str, Any]:
@@ -85,7 +89,7 @@ class QualityReport:
         return out
 
     def plot(self, path: str | Path) -> Path | None:
-        """Bar charts of perplexity, accuracy and size per model; None when matplotlib is missing."""
+        """Bar charts of Δperplexity, KL to the base, accuracy and size per model; None without matplotlib."""
         try:
             import matplotlib
             matplotlib.use("Agg")
@@ -94,14 +98,18 @@ class QualityReport:
             log.warning("matplotlib is not installed: no plot")
             return None
         labels = [r.label for r in self.rows]
-        fig, axes = plt.subplots(1, 3, figsize=(4 + 1.6 * len(labels), 3.6))
-        series = [("perplexity (lower is better)", [r.perplexity or 0.0 for r in self.rows]),
-                  (f"{self.task} accuracy % (higher is better)", [100 * (r.accuracy or 0.0) for r in self.rows]),
+        base = self.rows[0]
+        series = [("Δ perplexity % vs base", [100 * ((r.perplexity or 0) / base.perplexity - 1)
+                                              if base.perplexity else 0.0 for r in self.rows]),
+                  ("KL(base || model) per token", [r.kl_vs_base or 0.0 for r in self.rows]),
+                  (f"{self.task} accuracy %", [100 * (r.accuracy or 0.0) for r in self.rows]),
                   ("weights MiB", [r.weight_bytes / 2**20 for r in self.rows])]
+        fig, axes = plt.subplots(1, len(series), figsize=(4 + 2.0 * len(labels), 3.6))
         for ax, (title, values) in zip(axes, series):
             ax.bar(range(len(labels)), values, color=["#777"] + ["#3a7"] * (len(labels) - 1))
             ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
             ax.set_title(title, fontsize=9)
+            ax.axhline(0, color="black", linewidth=0.6)
         fig.tight_layout()
         path = Path(path)
         fig.savefig(path, dpi=110)
@@ -200,34 +208,55 @@ def simple_generate(path: Path, prompts: list[str], max_new_tokens: int, dtype: 
 
 def default_generate() -> GenerateFn:
     """The engine when it is importable, else the simple recompute loop."""
-    try:
-        from cinq import LLM, SamplingParams  # noqa: F401
-        return engine_generate
-    except ImportError:
-        return simple_generate
+    import importlib.util
+    return engine_generate if importlib.util.find_spec("cinq.engine.llm") is not None else simple_generate
+
+
+def compare_to_base(base: Any, model: Any, token_ids: Sequence[int], context_len: int = 256,
+                    max_tokens: int = 8192) -> tuple[float, float]:
+    """(mean KL(base || model) per token, top-1 agreement) over the first ``max_tokens`` tokens, in windows of
+    ``context_len``: how far a quantized model's next-token distributions moved, which perplexity averages
+    away."""
+    import torch.nn.functional as F
+    ids = torch.as_tensor(list(token_ids)[:max_tokens], dtype=torch.long)
+    kl_sum, agree, count = 0.0, 0, 0
+    with torch.inference_mode():
+        for lo in range(0, ids.numel() - 1, context_len):
+            window = ids[lo:lo + context_len].unsqueeze(0)
+            a = base.compute_logits(base(window)).float().log_softmax(-1)
+            b = model.compute_logits(model(window)).float().log_softmax(-1)
+            kl_sum += float(F.kl_div(b, a, log_target=True, reduction="sum"))
+            agree += int((a.argmax(-1) == b.argmax(-1)).sum())
+            count += window.shape[1]
+    return kl_sum / max(count, 1), agree / max(count, 1)
 
 
 def evaluate_model(path: str | Path, ppl_tokens_text: str, problems: Sequence[Any], label: str | None = None,
                    dtype: str = "bfloat16", context_len: int = 256, max_new_tokens: int = 96,
-                   generate: GenerateFn | None = None) -> ModelQuality:
-    """Perplexity of ``ppl_tokens_text`` and accuracy on ``problems`` for one model folder."""
+                   generate: GenerateFn | None = None, base: Any = None) -> ModelQuality:
+    """Perplexity of ``ppl_tokens_text`` and accuracy on ``problems`` for one model folder; with ``base`` (a
+    loaded model), also its KL and top-1 agreement against it."""
     from cinq.eval.perplexity import perplexity_of_text
     from cinq.eval.tasks import accuracy
     from cinq.model.loader import load_model
     from cinq.model.tokenizer import Tokenizer
     path = Path(path)
     method, bits, nbytes = describe_folder(path)
-    ppl = None
+    ppl = kl = top1 = None
     if ppl_tokens_text:
+        from cinq.eval.perplexity import encode_text
         model = load_model(path, dtype=dtype)
-        ppl = perplexity_of_text(model, Tokenizer.from_pretrained(path), ppl_tokens_text, context_len=context_len)
+        tok = Tokenizer.from_pretrained(path)
+        ppl = perplexity_of_text(model, tok, ppl_tokens_text, context_len=context_len)
+        if base is not None:
+            kl, top1 = compare_to_base(base, model, encode_text(tok, ppl_tokens_text), context_len)
         del model
     acc, tps = None, None
     if problems:
         completions, tps = (generate or default_generate())(path, [p.prompt() for p in problems], max_new_tokens,
                                                             dtype)
         acc = accuracy(problems, completions)
-    return ModelQuality(label or path.name, str(path), method, bits, nbytes, ppl, acc, len(problems), tps)
+    return ModelQuality(label or path.name, str(path), method, bits, nbytes, ppl, acc, len(problems), tps, kl, top1)
 
 
 def quality_report(models: Sequence[str | Path] | Mapping[str, str | Path], ppl_text: str = "",
@@ -238,8 +267,13 @@ def quality_report(models: Sequence[str | Path] | Mapping[str, str | Path], ppl_
     from cinq.eval.tasks import arithmetic_problems
     items = list(models.items()) if isinstance(models, Mapping) else [(Path(p).name, p) for p in models]
     problems = arithmetic_problems(n_problems, seed=seed, split=split) if n_problems > 0 else []
+    from cinq.model.loader import load_model
     rows = []
-    for label, path in items:
+    base = load_model(items[0][1], dtype=dtype) if ppl_text and len(items) > 1 else None
+    for i, (label, path) in enumerate(items):
         log.info("evaluating %s (%s)", label, path)
-        rows.append(evaluate_model(path, ppl_text, problems, label, dtype, context_len, max_new_tokens, generate))
+        rows.append(evaluate_model(path, ppl_text, problems, label, dtype, context_len, max_new_tokens, generate,
+                                   base if i else None))
+    if base is not None:
+        rows[0].kl_vs_base, rows[0].top1_vs_base = 0.0, 1.0
     return QualityReport(rows, ppl_source)

@@ -3,6 +3,11 @@ kind chosen from the checkpoint's ``quantization_config``) is invisible to the m
 
 Contract for every linear kind: its parameters/buffers carry the checkpoint's tensor names and shapes, so the
 loader fills them by name; an optional ``process_weights_after_loading()`` then repacks them for the kernel.
+
+Kinds: ``DenseLinear``; ``GPTQLinear`` (GPTQ v1/v2 files, 4/8-bit weight-only: RTN and GPTQ write these),
+``AWQLinear`` (AWQ GEMM files) and ``W8A8Linear`` (SmoothQuant). The quantized ones unpack their checkpoint
+tensors once, hand them to the kernel chosen for the device and shape (cinq/quant/kernels.py), and keep only
+the kernel's tensors.
 """
 
 from __future__ import annotations
@@ -14,6 +19,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from cinq.errors import ModelLoadError
+from cinq.kernels.cpu_native import small_m_linear_native
+from cinq.quant.formats import awq_shapes, awq_unpack, gptq_pack, gptq_shapes, gptq_unpack
+from cinq.quant.kernels import Prepared, prepare_weight_only, w8a8_mm, weight_only_mm
 
 
 class LinearFactory(Protocol):
@@ -23,7 +31,8 @@ class LinearFactory(Protocol):
 
 
 class DenseLinear(nn.Module):
-    """y = x W^T + b with W [out_features, in_features] in the model dtype."""
+    """y = x W^T + b with W [out_features, in_features] in the model dtype. Decode-sized bf16 inputs on the CPU
+    (at most SMALL_M_MAX_ROWS rows, no autograd) go through the native skinny kernel when it is available."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
@@ -33,6 +42,10 @@ class DenseLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.bfloat16 and x.device.type == "cpu" and not torch.is_grad_enabled():
+            y = small_m_linear_native(x, self.weight, self.bias)
+            if y is not None:
+                return y
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
@@ -61,7 +74,6 @@ class _QuantizedLinear(nn.Module):
         self.compute_dtype = torch.get_default_dtype()
         self.kind = "unloaded"
         self.group = 0
-        self._kernel_names: tuple[str, ...] = ()
         if bias:
             self.register_buffer("bias", torch.empty(out_features))
         else:
@@ -71,18 +83,19 @@ class _QuantizedLinear(nn.Module):
         for name in drop:
             delattr(self, name)
         for name, t in prepared.tensors.items():
-            self.register_buffer(f"k_{name}", t, persistent=False)
-        self._kernel_names = tuple(prepared.tensors)
+            self.register_buffer(name, t, persistent=False)
         self.kind = prepared.kind
         self.group = prepared.arg
 
     def _kernel_tensors(self) -> dict[str, torch.Tensor]:
+        """The kernel's tensors by name: the module's buffer dict itself (no copy on the hot path)."""
         if self.kind == "unloaded":
             raise RuntimeError(f"{self.prefix or type(self).__name__}: process_weights_after_loading() has not run")
-        return {name: getattr(self, f"k_{name}") for name in self._kernel_names}
+        return self._buffers
 
     def _add_bias(self, y: torch.Tensor) -> torch.Tensor:
-        return y if self.bias is None else y + self.bias.to(y.dtype)
+        b = self.bias
+        return y if b is None else y + (b if b.dtype == y.dtype else b.to(y.dtype))
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
@@ -103,7 +116,6 @@ class GPTQLinear(_QuantizedLinear):
     def __init__(self, in_features: int, out_features: int, bias: bool, bits: int, group_size: int,
                  version: int = 1, prefix: str = "") -> None:
         super().__init__(in_features, out_features, bias, prefix)
-        from cinq.quant.formats import gptq_shapes
         self.bits, self.group_size, self.version = bits, group_size, version
         _packed_dims(prefix, "in_features", in_features, bits)
         _packed_dims(prefix, "out_features", out_features, bits)
@@ -113,20 +125,36 @@ class GPTQLinear(_QuantizedLinear):
         self.register_buffer("scales", torch.empty(shapes["scales"], dtype=torch.float16))
         self.register_buffer("g_idx", torch.empty(shapes["g_idx"], dtype=torch.int32))
 
+    @classmethod
+    def from_quantized(cls, qw: Any, bias: torch.Tensor | None = None, dtype: torch.dtype = torch.bfloat16,
+                       version: int = 1, prefix: str = "") -> GPTQLinear:
+        """A ready-to-run layer from an in-memory ``QuantizedWeight`` (packed and repacked as if loaded)."""
+        old = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            layer = cls(qw.in_features, qw.out_features, bias is not None, qw.bits, qw.group_size, version, prefix)
+        finally:
+            torch.set_default_dtype(old)
+        tensors = gptq_pack(qw, version)
+        if bias is not None:
+            tensors["bias"] = bias
+        with torch.no_grad():
+            for name, t in tensors.items():
+                getattr(layer, name).copy_(t)
+        layer.process_weights_after_loading()
+        return layer
+
     def quantized_weight(self) -> Any:
         """The checkpoint tensors unpacked (before ``process_weights_after_loading``)."""
-        from cinq.quant.formats import gptq_unpack
         t = {"qweight": self.qweight, "qzeros": self.qzeros, "scales": self.scales, "g_idx": self.g_idx}
         return gptq_unpack(t, self.bits, self.group_size, self.version, name=self.prefix)
 
     def process_weights_after_loading(self) -> None:
-        from cinq.quant.kernels import prepare_weight_only
         qw = self.quantized_weight()
         prepared = prepare_weight_only(qw, self.qweight.device, self.compute_dtype, self.prefix)
         self._install(prepared, ("qweight", "qzeros", "scales", "g_idx"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from cinq.quant.kernels import weight_only_mm
         return self._add_bias(weight_only_mm(self.kind, self._kernel_tensors(), self.group, x))
 
 
@@ -135,7 +163,6 @@ class AWQLinear(_QuantizedLinear):
 
     def __init__(self, in_features: int, out_features: int, bias: bool, group_size: int, prefix: str = "") -> None:
         super().__init__(in_features, out_features, bias, prefix)
-        from cinq.quant.formats import awq_shapes
         self.bits, self.group_size = 4, group_size
         _packed_dims(prefix, "out_features", out_features, 4)
         g = in_features if group_size <= 0 else group_size
@@ -147,18 +174,15 @@ class AWQLinear(_QuantizedLinear):
         self.register_buffer("scales", torch.empty(shapes["scales"], dtype=torch.float16))
 
     def quantized_weight(self) -> Any:
-        from cinq.quant.formats import awq_unpack
         t = {"qweight": self.qweight, "qzeros": self.qzeros, "scales": self.scales}
         return awq_unpack(t, self.group_size, name=self.prefix)
 
     def process_weights_after_loading(self) -> None:
-        from cinq.quant.kernels import prepare_weight_only
         qw = self.quantized_weight()
         prepared = prepare_weight_only(qw, self.qweight.device, self.compute_dtype, self.prefix)
         self._install(prepared, ("qweight", "qzeros", "scales"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from cinq.quant.kernels import weight_only_mm
         return self._add_bias(weight_only_mm(self.kind, self._kernel_tensors(), self.group, x))
 
 
@@ -177,7 +201,6 @@ class W8A8Linear(_QuantizedLinear):
             self.input_scale = None
 
     def process_weights_after_loading(self) -> None:
-        from cinq.quant.kernels import Prepared
         if self.static and not (float(self.input_scale) > 0):
             raise ModelLoadError(f"{self.prefix}.input_scale must be positive, got {float(self.input_scale)}")
         tensors = {"w_t": self.weight.t().contiguous(), "w_scale": self.weight_scale.float()}
@@ -189,6 +212,5 @@ class W8A8Linear(_QuantizedLinear):
             self.input_scale = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from cinq.quant.kernels import w8a8_mm
         t = self._kernel_tensors()
         return self._add_bias(w8a8_mm(x, t["w_t"], t["w_scale"], t.get("input_scale")))

@@ -132,10 +132,11 @@ class BlockState:
     positions: torch.Tensor
 
     @classmethod
-    def from_tokens(cls, reader: CheckpointReader, tokens: torch.Tensor) -> BlockState:
-        embed = reader.tensor("model.embed_tokens.weight").float()
+    def from_tokens(cls, reader: CheckpointReader, tokens: torch.Tensor,
+                    dtype: torch.dtype = torch.float32) -> BlockState:
+        embed = reader.tensor("model.embed_tokens.weight")
         positions = torch.arange(tokens.shape[1]).expand_as(tokens)
-        return cls(embed[tokens], None, positions)
+        return cls(embed[tokens].to(dtype), None, positions)
 
 
 class StopForward(Exception):

@@ -93,7 +93,7 @@ def gptq_pack(qw: QuantizedWeight, version: int = 1) -> dict[str, torch.Tensor]:
     return {"qweight": pack_along(qw.qweight.t(), qw.bits, dim=0),
             "qzeros": pack_along(zeros, qw.bits, dim=1),
             "scales": qw.scales.to(torch.float16).contiguous(),
-            "g_idx": qw.g_idx.to(torch.int32).contiguous()}
+            "g_idx": qw.g_idx.to(torch.int32).clone()}
 
 
 def gptq_unpack(tensors: dict[str, torch.Tensor], bits: int, group_size: int, version: int = 1,

@@ -63,63 +63,68 @@ def _cholesky_inverse_upper(h: torch.Tensor, damp_percent: float) -> torch.Tenso
 
 def gptq_quantize(w: torch.Tensor, h: torch.Tensor, bits: int = 4, group_size: int = 128, sym: bool = True,
                   desc_act: bool = False, static_groups: bool = False, damp_percent: float = 0.01,
-                  block_size: int = 128, min_zero: int = 0) -> tuple[QuantizedWeight, float]:
-    """Quantize w [N, K] given the input Hessian h [K, K]. Returns the weight and the summed OBS loss."""
+                  block_size: int = 128, min_zero: int = 0) -> tuple[QuantizedWeight, torch.Tensor]:
+    """Quantize w [N, K] given the input Hessian h [K, K]. Returns the weight and each output row's OBS loss
+    [N]. Rows are independent given h, so linears sharing an input can be quantized as one stacked matrix."""
     check_grid(bits, group_size)
-    w = w.float().clone()
     h = h.float().clone()
     n, k = w.shape
     g = k if group_size <= 0 else group_size
+    maxq = (1 << bits) - 1
+    wt = w.float().t().contiguous()  # [K, N]: input channel i is row i, contiguous for the column loop
     dead = torch.diag(h) == 0  # channels never active: any value is exact, pin them to 0
     h[dead, dead] = 1.0
-    w[:, dead] = 0.0
+    wt[dead] = 0.0
 
     static = None
     if static_groups and group_size > 0:
-        static = [grid_params(w[:, j:j + g], bits, sym, min_zero) for j in range(0, k, g)]
+        static = [grid_params(wt[j:j + g].t(), bits, sym, min_zero) for j in range(0, k, g)]
     perm = torch.argsort(torch.diag(h), descending=True) if desc_act else torch.arange(k)
-    w = w[:, perm]
+    wt = wt[perm]
     h = h[perm][:, perm]
     u = _cholesky_inverse_upper(h, damp_percent)
 
-    q_perm = torch.empty(n, k, dtype=torch.int32)
+    q_perm = torch.empty(k, n, dtype=torch.uint8)
     group_of_pos = torch.empty(k, dtype=torch.long)  # group id of each permuted position
     scales: list[torch.Tensor] = []
     zeros: list[torch.Tensor] = []
     scale = zero = None
-    loss = 0.0
+    loss = torch.zeros(n)
+    perm_list = perm.tolist()
     for b0 in range(0, k, block_size):
         b1 = min(b0 + block_size, k)
-        wb = w[:, b0:b1].clone()
+        wb = wt[b0:b1].clone()
         errs = torch.zeros_like(wb)
         ub = u[b0:b1, b0:b1]
         for i in range(b1 - b0):
             pos = b0 + i
             if static is not None:
-                gid = int(perm[pos]) // g
+                gid = perm_list[pos] // g
                 scale, zero = static[gid]
+                zero_f = zero.float()
             else:
                 if pos % g == 0:
-                    # The group's current values: in-block columns carry this block's updates already.
-                    cols = torch.cat([wb[:, i:], w[:, b1:]], dim=1)[:, :g]
-                    scale, zero = grid_params(cols, bits, sym, min_zero)
+                    # The group's current values: in-block rows carry this block's updates already.
+                    rows = torch.cat([wb[i:], wt[b1:]])[:g]
+                    scale, zero = grid_params(rows.t(), bits, sym, min_zero)
+                    zero_f = zero.float()
                     scales.append(scale)
                     zeros.append(zero)
                 gid = pos // g
-            col = wb[:, i]
-            q = torch.clamp(torch.round(col / scale) + zero, 0, (1 << bits) - 1)
-            deq = scale * (q - zero)
-            q_perm[:, pos] = q.to(torch.int32)
+            col = wb[i]
+            q = torch.clamp(torch.round(col / scale) + zero_f, 0, maxq)
+            diff = col - scale * (q - zero_f)
+            q_perm[pos] = q.to(torch.uint8)
             group_of_pos[pos] = gid
             d = ub[i, i]
-            err = (col - deq) / d
-            loss += float(((col - deq) ** 2).sum() / (d * d)) / 2
-            wb[:, i:] -= err.unsqueeze(1) * ub[i, i:].unsqueeze(0)
-            errs[:, i] = err
-        w[:, b1:] -= errs @ u[b0:b1, b1:]
+            loss += diff * diff / (2 * d * d)
+            err = diff / d
+            wb[i:].addr_(ub[i, i:], err, alpha=-1.0)
+            errs[i] = err
+        wt[b1:].addmm_(u[b0:b1, b1:].t(), errs, alpha=-1.0)
 
     inv = torch.argsort(perm)
-    qweight = q_perm[:, inv].to(torch.uint8)
+    qweight = q_perm[inv].t().contiguous()
     g_idx = group_of_pos[inv]
     if static is not None:
         scales_t = torch.stack([s for s, _ in static])
@@ -132,27 +137,37 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, bits: int = 4, group_size: i
 
 def gptq_block(block: torch.nn.Module, state, bits: int, group_size: int, sym: bool, desc_act: bool,
                static_groups: bool, damp_percent: float, block_size: int, true_sequential: bool, batch: int = 8,
-               min_zero: int = 0) -> tuple[dict[str, QuantizedWeight], dict[str, float]]:
+               min_zero: int = 0, masters: dict[str, torch.Tensor] | None = None
+               ) -> tuple[dict[str, QuantizedWeight], dict[str, float]]:
     """GPTQ every linear of a decoder ``block`` on the calibration ``state`` (a calibration.BlockState).
 
     True-sequential: q/k/v, then o, then gate/up, then down, each group's Hessian taken from a forward through
-    the already-quantized linears before it (forwards stop right after the inputs are seen). The block's
-    weights are left dequantized, ready to produce the next block's inputs."""
+    the already-quantized linears before it (forwards stop right after the inputs are seen). Linears that read
+    the same input share its Hessian and are quantized as one stacked matrix. ``masters`` holds float32
+    weights by local name when the block itself runs in a lower calibration dtype. The block's weights are left
+    dequantized, ready to produce the next block's inputs."""
     from cinq.quant.calibration import BLOCK_LINEARS, block_linears, capture_inputs, run_block, set_weight
 
     lin = block_linears(block)
-    shared = {name: names[0] for names in BLOCK_LINEARS for name in names}
     stages = BLOCK_LINEARS if true_sequential else (tuple(n for names in BLOCK_LINEARS for n in names),)
+    shared_groups = [names for names in BLOCK_LINEARS]
     weights: dict[str, QuantizedWeight] = {}
     losses: dict[str, float] = {}
-    for names in stages:
-        hooked = list(dict.fromkeys(shared[n] for n in names))
+    for stage in stages:
+        groups = [names for names in shared_groups if names[0] in stage]
+        hooked = [names[0] for names in groups]
         accs = {key: HessianAccumulator(lin[key].in_features) for key in hooked}
         with capture_inputs(block, hooked, lambda name, x: accs[name].add(x), stop_after=hooked[-1]):
             run_block(block, state, batch, keep_output=False)
-        for n in names:
-            qw, loss = gptq_quantize(lin[n].weight.detach(), accs[shared[n]].h, bits, group_size, sym, desc_act,
-                                     static_groups, damp_percent, block_size, min_zero)
-            set_weight(lin[n], qw.dequantize())
-            weights[n], losses[n] = qw, loss
+        for names in groups:
+            ws = [(masters[n] if masters is not None else lin[n].weight.detach()).float() for n in names]
+            qw, row_loss = gptq_quantize(torch.cat(ws), accs[names[0]].h, bits, group_size, sym, desc_act,
+                                         static_groups, damp_percent, block_size, min_zero)
+            lo = 0
+            for n, w in zip(names, ws):
+                part = qw.rows(lo, lo + w.shape[0])
+                losses[n] = float(row_loss[lo:lo + w.shape[0]].sum())
+                lo += w.shape[0]
+                set_weight(lin[n], part.dequantize())
+                weights[n] = part
     return weights, losses

@@ -2,6 +2,8 @@
 
 Weight-only (GPTQ / AWQ / RTN files, all unpacked first to a ``QuantizedWeight``):
 
+* ``int4_native``: cinq's AVX512-BF16 kernel (cinq/quant/cpu/int4_linear.cpp, built on first use) for groups of a
+  multiple of 128 channels: at batch 1 it streams the 4-bit weights at about memory speed.
 * ``int4_cpu``: ``aten._weight_int4pack_mm_for_cpu`` (bf16 activations; 20-60x slower with fp32 ones). Its
   dequantization is ``(q - 8) * scale + zero`` per (group, channel), so a GPTQ/AWQ zero point z maps to
   ``zero = (8 - z) * scale``. Act-order weights are permuted along K so groups become contiguous, and the
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from cinq.quant.native import int4_linear, int4_module, pack_int4
 from cinq.quant.qweight import QuantizedWeight
 
 log = logging.getLogger(__name__)
@@ -77,6 +80,12 @@ def prepare_weight_only(qw: QuantizedWeight, device: torch.device, dtype: torch.
             say_once(f"quantized linear: Triton unavailable ({e}); dequantize-then-matmul on CUDA")
             return _prepare_dequant(qw, device, dtype)
     layout = _contiguous_group_perm(qw)
+    if qw.bits == 4 and layout is not None and layout[1] % 128 == 0 and dtype == torch.bfloat16:
+        if int4_module() is not None:
+            tensors = pack_int4(qw, layout[0], layout[1])
+            if layout[0] is not None:
+                tensors["perm"] = layout[0]
+            return Prepared("int4_native", tensors, layout[1])
     if qw.bits == 4:
         reason = None
         if n % 16:
@@ -129,16 +138,15 @@ def _prepare_int8_cpu(qw: QuantizedWeight, dtype: torch.dtype) -> Prepared:
 
 
 def _prepare_dequant(qw: QuantizedWeight, device: torch.device, dtype: torch.dtype) -> Prepared:
-    g = qw.g_idx.long()
-    tensors = {"codes": qw.qweight.to(torch.uint8).contiguous(),
-               "scale_k": qw.scales.float()[g].t().to(dtype).contiguous(),  # [N, K]
-               "zero_k": qw.zeros.float()[g].t().to(dtype).contiguous()}
-    # Expanding per column costs 2x the codes' bytes in dtype; keep it only when groups are not sequential.
-    if qw.has_sequential_groups():
-        tensors = {"codes": tensors["codes"], "scales": qw.scales.to(dtype).contiguous(),
-                   "zeros": qw.zeros.to(dtype).contiguous()}
+    codes = qw.qweight.to(torch.uint8).contiguous()
+    if qw.has_sequential_groups():  # scales stay per group
         size = qw.group_size if qw.group_size > 0 else qw.in_features
+        tensors = {"codes": codes, "scales": qw.scales.to(dtype).contiguous(), "zeros": qw.zeros.to(dtype).contiguous()}
         return Prepared("dequant_grouped", {k: v.to(device) for k, v in tensors.items()}, size)
+    # Act-order groups: expand scales and zeros per input channel (2x the codes' bytes in dtype).
+    g = qw.g_idx.long()
+    tensors = {"codes": codes, "scale_k": qw.scales.float()[g].t().to(dtype).contiguous(),  # [N, K]
+               "zero_k": qw.zeros.float()[g].t().to(dtype).contiguous()}
     return Prepared("dequant", {k: v.to(device) for k, v in tensors.items()})
 
 
@@ -159,27 +167,40 @@ def dequantized_weight(kind: str, t: dict[str, torch.Tensor], group_size: int, d
 
 
 def weight_only_mm(p_kind: str, t: dict[str, torch.Tensor], arg: int, x: torch.Tensor) -> torch.Tensor:
-    """y = x W^T for a prepared weight-only layer; x [..., K] -> [..., N] in x's dtype."""
+    """y = x W^T for a prepared weight-only layer; x [..., K] -> [..., N] in x's dtype. (Called per linear per
+    step: no conversions or copies unless needed.)"""
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k)
-    if p_kind == "int4_cpu":
-        if "perm" in t:
-            x2 = x2.index_select(1, t["perm"])
+    if p_kind == "int4_native":
+        perm = t.get("perm")
+        if perm is not None:
+            x2 = x2.index_select(1, perm)
+        y = int4_linear(x2, t, arg)
+    elif p_kind == "int4_cpu":
+        perm = t.get("perm")
+        if perm is not None:
+            x2 = x2.index_select(1, perm)
         sz = t["scales_zeros"]
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.to(sz.dtype).contiguous(), t["packed"], arg, sz)
+        if x2.dtype != sz.dtype:
+            x2 = x2.to(sz.dtype)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.contiguous(), t["packed"], arg, sz)
     elif p_kind == "int8_cpu":
         s = t["scale"]
-        xs = x2.to(s.dtype).contiguous()
-        y = torch._weight_int8pack_mm(xs, t["weight"], s)
-        if "zero_fix" in t:
-            y = y + xs.sum(dim=1, keepdim=True) * t["zero_fix"]
+        if x2.dtype != s.dtype:
+            x2 = x2.to(s.dtype)
+        x2 = x2.contiguous()
+        y = torch._weight_int8pack_mm(x2, t["weight"], s)
+        fix = t.get("zero_fix")
+        if fix is not None:
+            y = y + x2.sum(dim=1, keepdim=True) * fix
     elif p_kind == "triton":
         from cinq.kernels.triton.int4_gemm import triton_weight_only_mm
         y = triton_weight_only_mm(x2, t, arg)
     else:
-        w = dequantized_weight(p_kind, t, arg, x2.dtype)
-        y = F.linear(x2, w)
-    return y.to(x.dtype).reshape(*lead, -1)
+        y = F.linear(x2, dequantized_weight(p_kind, t, arg, x2.dtype))
+    if y.dtype != x.dtype:
+        y = y.to(x.dtype)
+    return y.reshape(*lead, -1)
 
 
 # ---------------------------------------------------------------------------------------------------- W8A8

@@ -49,6 +49,11 @@ class QuantizedWeight:
         z = self.zeros.float()[g].t()
         return ((self.qweight.float() - z) * s).to(dtype)
 
+    def rows(self, lo: int, hi: int) -> QuantizedWeight:
+        """Output channels [lo, hi) (linears quantized stacked, e.g. q/k/v sharing one Hessian, split back)."""
+        return QuantizedWeight(self.qweight[lo:hi].contiguous(), self.scales[:, lo:hi].contiguous(),
+                               self.zeros[:, lo:hi].contiguous(), self.g_idx.clone(), self.bits, self.group_size)
+
     def has_sequential_groups(self) -> bool:
         """True when g_idx is the plain k // group_size (no act-order permutation)."""
         return bool(torch.equal(self.g_idx.long(), default_g_idx(self.in_features, self.group_size)))

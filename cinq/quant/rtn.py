@@ -23,10 +23,20 @@ def rtn_quantize(w: torch.Tensor, bits: int = 4, group_size: int = 128, sym: boo
     n, k = w.shape
     g = k if group_size <= 0 else group_size
     num_groups = math.ceil(k / g)
+    wf = w.float()
+    if k % g == 0:  # all groups whole: one vectorized pass over [num_groups * N, g]
+        rows = wf.reshape(n, num_groups, g).transpose(0, 1).reshape(-1, g)
+        lo, hi = torch.aminmax(rows, dim=1)
+        if clip_ratio is not None:
+            r = clip_ratio.float().reshape(-1)
+            lo, hi = lo * r, hi * r
+        scale, zero = grid_from_range(lo, hi, bits, sym, min_zero)
+        q = quantize_with(rows, scale, zero, bits).reshape(num_groups, n, g).transpose(0, 1).reshape(n, k)
+        return QuantizedWeight(q.to(torch.uint8), scale.reshape(num_groups, n), zero.reshape(num_groups, n),
+                               default_g_idx(k, group_size), bits, group_size)
     q = torch.empty(n, k, dtype=torch.uint8)
     scales = torch.empty(num_groups, n)
     zeros = torch.empty(num_groups, n, dtype=torch.int32)
-    wf = w.float()
     for j in range(num_groups):
         cols = wf[:, j * g:(j + 1) * g]
         if clip_ratio is not None:
@@ -41,12 +51,16 @@ def rtn_quantize(w: torch.Tensor, bits: int = 4, group_size: int = 128, sym: boo
 
 def fake_quantize(w: torch.Tensor, bits: int = 4, group_size: int = 128, sym: bool = True,
                   min_zero: int = 0) -> torch.Tensor:
-    """w after an RTN round trip (same shape and dtype): what the model computes with once quantized."""
+    """w after an RTN round trip (same shape and dtype): what the model computes with once quantized.
+    (The inner loop of AWQ's search: written with in-place ops.)"""
     n, k = w.shape
     g = k if group_size <= 0 else group_size
-    if k % g == 0:  # one vectorized pass over [N * K/g, g]
-        rows = w.float().reshape(n, k // g, g).reshape(-1, g)
-        scale, zero = grid_params(rows, bits, sym, min_zero)
-        q = quantize_with(rows, scale, zero, bits)
-        return (scale.unsqueeze(1) * (q.float() - zero.unsqueeze(1).float())).reshape(n, k).to(w.dtype)
-    return rtn_quantize(w, bits, group_size, sym, min_zero).dequantize(w.dtype)
+    if k % g:
+        return rtn_quantize(w, bits, group_size, sym, min_zero).dequantize(w.dtype)
+    maxq = (1 << bits) - 1
+    rows = w.float().reshape(-1, g)
+    lo, hi = torch.aminmax(rows, dim=1, keepdim=True)
+    scale, zero = grid_from_range(lo, hi, bits, sym, min_zero)
+    zero = zero.float()
+    q = torch.div(rows, scale).round_().add_(zero).clamp_(0, maxq)
+    return q.sub_(zero).mul_(scale).reshape(n, k).to(w.dtype)

@@ -53,7 +53,8 @@ class ShardWriter:
     def finish(self) -> list[Path]:
         """Name the shards (model.safetensors, or model-0000i-of-0000n + index) and return their paths."""
         self._flush()
-        for old in list(self.folder.glob("model*.safetensors")) + list(self.folder.glob("model.safetensors.index.json")):
+        stale = list(self.folder.glob("model*.safetensors")) + list(self.folder.glob("model.safetensors.index.json"))
+        for old in stale:
             old.unlink()
         if len(self.shards) == 1:
             final = self.folder / "model.safetensors"
@@ -81,6 +82,8 @@ def write_configs(src: Path, dst: Path, raw_config: dict[str, Any], cfg: QuantCo
     qc = cfg.quantize_config_json()
     if qc is not None:
         (dst / "quantize_config.json").write_text(json.dumps(qc, indent=2) + "\n")
+    elif (dst / "quantize_config.json").is_file():  # left by an earlier GPTQ run into the same folder
+        (dst / "quantize_config.json").unlink()
     for name in SIDE_FILES:
         if (src / name).is_file() and src.resolve() != dst.resolve():
             shutil.copyfile(src / name, dst / name)

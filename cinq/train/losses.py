@@ -2,8 +2,8 @@
 
 Notation: student logits ``s``, teacher logits ``t`` (``[..., V]``); with temperature ``T``,
 ``q = softmax(s / T)`` (student) and ``p = softmax(t / T)`` (teacher); ``mask`` (``[...]``, bool) selects the
-tokens that count (None: all). Every function computes in float32 and detaches the teacher, so gradients reach
-the student only. ``KL(a || b) = sum_v a_v (log a_v - log b_v)``.
+tokens that count (None: all). Every function computes in (at least) float32 and detaches the teacher, so
+gradients reach the student only. ``KL(a || b) = sum_v a_v (log a_v - log b_v)``.
 """
 
 from __future__ import annotations
@@ -27,8 +27,13 @@ def _mean(per_token: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
 def _log_probs(s: torch.Tensor, t: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     if temperature <= 0:
         raise InvalidParameterError(f"temperature must be > 0, got {temperature}", "temperature")
-    return (F.log_softmax(s.float() / temperature, dim=-1),
-            F.log_softmax(t.detach().float() / temperature, dim=-1))
+    return (F.log_softmax(_f32(s) / temperature, dim=-1),
+            F.log_softmax(_f32(t.detach()) / temperature, dim=-1))
+
+
+def _f32(x: torch.Tensor) -> torch.Tensor:
+    """At least float32 (bf16 logits are upcast; float64 stays, for exact tests)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
 def _kl(log_a: torch.Tensor, log_b: torch.Tensor) -> torch.Tensor:

@@ -52,6 +52,7 @@ class PretrainJob:
     seq_len: int = 512
     lr: float = 2e-3
     warmup_steps: int = 100
+    decay_frac: float = 1.0
     weight_decay: float = 0.1
     seed: int = 0
     eval_every: int = 200
@@ -77,7 +78,8 @@ def pretrain(job: PretrainJob) -> dict[str, Any]:
     steps = max(1, job.token_budget // (job.batch_size * job.seq_len))
     settings = TrainSettings(
         out_dir=job.out_dir, total_steps=steps, batch_size=job.batch_size, seq_len=job.seq_len, lr=job.lr,
-        warmup_steps=min(job.warmup_steps, steps), weight_decay=job.weight_decay, seed=job.seed,
+        warmup_steps=min(job.warmup_steps, steps), decay_frac=job.decay_frac, weight_decay=job.weight_decay,
+        seed=job.seed,
         eval_every=job.eval_every, ckpt_every_s=job.ckpt_every_s, max_run_s=job.max_run_s, progress=job.progress,
         extra={"config": job.config, "parameters": n_params, "data_dir": job.data_dir})
     log.info("training %s (%.2fM parameters) for %d steps = %d tokens", job.config, n_params / 1e6, steps,

@@ -16,7 +16,6 @@ import re
 import shutil
 import subprocess
 import sys
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path

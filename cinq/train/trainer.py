@@ -24,7 +24,7 @@ from torch import nn
 
 from cinq.errors import InvalidParameterError
 from cinq.train.checkpoint import load_checkpoint, save_checkpoint
-from cinq.train.schedule import lr_at
+from cinq.train.schedule import decay_start, lr_at
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,7 @@ class TrainSettings:
     lr: float = 2e-3
     min_lr_ratio: float = 0.1
     warmup_steps: int = 100
+    decay_frac: float = 1.0  # cosine over the last fraction of the post-warmup steps (1: warmup + cosine)
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
@@ -54,6 +55,7 @@ class TrainSettings:
     eval_every: int = 200
     ckpt_every_s: float = 300.0
     max_run_s: float | None = None  # stop (with a checkpoint) after this long in one invocation
+    stop_at_step: int | None = None  # stop (with a checkpoint) once this step is done; resume later
     bf16: bool = True
     progress: bool = True
     extra: dict[str, Any] = field(default_factory=dict)  # recorded in the summary (model config, data, ...)
@@ -65,6 +67,8 @@ class TrainSettings:
                 raise InvalidParameterError(f"{name} must be a positive integer, got {value!r}", name)
         if not (0 < self.lr <= 1):
             raise InvalidParameterError(f"lr must be in (0, 1], got {self.lr}", "lr")
+        if not (0 < self.decay_frac <= 1):
+            raise InvalidParameterError(f"decay_frac must be in (0, 1], got {self.decay_frac}", "decay_frac")
         if not (0 <= self.warmup_steps <= self.total_steps):
             raise InvalidParameterError(
                 f"warmup_steps must be in [0, total_steps={self.total_steps}], got {self.warmup_steps}",
@@ -159,10 +163,18 @@ class Trainer:
         state = load_checkpoint(self.ckpt_path)
         if state is None:
             return False
-        if state["total_steps"] != self.s.total_steps:
-            raise InvalidParameterError(
-                f"checkpoint {self.ckpt_path} was made for total_steps={state['total_steps']}, this run asks for "
-                f"{self.s.total_steps}: resume with the same settings or use a new --out", "total_steps")
+        old_total, step = int(state["total_steps"]), int(state["step"])
+        if old_total != self.s.total_steps:
+            # Allowed only while every step taken so far had a learning rate that both totals agree on.
+            same_so_far = step <= min(decay_start(old_total, self.s.warmup_steps, self.s.decay_frac),
+                                      decay_start(self.s.total_steps, self.s.warmup_steps, self.s.decay_frac))
+            if not same_so_far:
+                raise InvalidParameterError(
+                    f"checkpoint {self.ckpt_path} was made for total_steps={old_total} and is at step {step}, past "
+                    f"the start of its learning-rate decay: resume with the same budget, or use a new --out "
+                    f"(this run asks for total_steps={self.s.total_steps})", "total_steps")
+            log.info("token budget changed from %d to %d steps during the constant-lr phase (step %d): the run "
+                     "continues exactly as if planned with the new budget", old_total, self.s.total_steps, step)
         self.model.load_state_dict(state["model"])
         self.extra.load_state_dict(state["extra"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -208,7 +220,8 @@ class Trainer:
         with _StopFlag() as flag, _progress(self.s.total_steps, self.step, self.s.progress) as bar:
             for step in self._steps():
                 t0 = time.perf_counter()
-                lr = lr_at(step, self.s.total_steps, self.s.lr, self.s.warmup_steps, self.s.min_lr_ratio)
+                lr = lr_at(step, self.s.total_steps, self.s.lr, self.s.warmup_steps, self.s.min_lr_ratio,
+                           self.s.decay_frac)
                 for g in self.optimizer.param_groups:
                     g["lr"] = lr
                 batch = self.batch_fn(step)
@@ -242,7 +255,8 @@ class Trainer:
                 if now - last_ckpt >= self.s.ckpt_every_s:
                     self.save()
                     last_ckpt = now
-                if flag.stop or (self.s.max_run_s is not None and now - run_start >= self.s.max_run_s):
+                if flag.stop or (self.s.max_run_s is not None and now - run_start >= self.s.max_run_s) or \
+                        (self.s.stop_at_step is not None and self.step >= self.s.stop_at_step):
                     stopped = True
                     break
         if not stopped and (not self.evals or self.evals[-1]["step"] != self.step):

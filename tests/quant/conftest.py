@@ -28,13 +28,13 @@ def arithmetic_text(n: int, seed: int = 0, split: str = "train") -> str:
     return "".join(p.text() for p in arithmetic_problems(n, seed=seed, split=split))
 
 
-def train_tiny(config: ModelConfig, steps: int = 150, seed: int = 0, seq: int = 96, batch: int = 16) -> torch.nn.Module:
+def train_tiny(config: ModelConfig, steps: int = 80, seed: int = 0, seq: int = 64, batch: int = 8) -> torch.nn.Module:
     """A few seconds of next-token training on arithmetic text (byte tokens)."""
     torch.manual_seed(seed)
     model = init_random_model(config, seed=seed)
     tok = build_byte_tokenizer()
     ids = torch.tensor(tok.encode(arithmetic_text(400, seed=seed), add_special_tokens=False).ids)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-3, weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)
     model.train()
     for _ in range(steps):

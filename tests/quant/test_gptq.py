@@ -49,7 +49,7 @@ def test_gptq_beats_rtn_on_the_calibration_output_error(layer, bits, group, sym,
     e_gptq = output_error(qw.dequantize(), w, x)
     e_rtn = output_error(rtn.dequantize(), w, x)
     assert e_gptq < 0.8 * e_rtn, (e_gptq, e_rtn)
-    assert loss > 0
+    assert loss.shape == (48,) and bool((loss >= 0).all()) and float(loss.sum()) > 0
     # The codes and grids are a valid quantized weight: dequantize() is what gets stored and served.
     assert int(qw.qweight.max()) < (1 << bits) and qw.g_idx.shape == (128,)
 

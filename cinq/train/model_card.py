@@ -1,0 +1,157 @@
+"""Ship a finished run: copy its model folder, evaluate it on held-out data, and write the model card
+(README.md) with the data manifest, config, tokens seen, training time, per-language perplexity, arithmetic
+accuracy and the commands that reproduce it."""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cinq.train.evaluate import evaluate_folder
+
+SHIPPED_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                 "tokenizer_config.json", "special_tokens_map.json")
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def ship_run(run_dir: str | Path, dest: str | Path, data_dir: str | Path, name: str, description: str,
+             commands: list[str], teacher: Any = None, n_arith: int = 300) -> dict[str, Any]:
+    """Copy ``run_dir/model`` to ``dest``, evaluate it, write ``training.json``, ``data_manifest.json``, the loss
+    curve and ``README.md``; returns the evaluation."""
+    run_dir, dest, data_dir = Path(run_dir), Path(dest), Path(data_dir)
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in SHIPPED_FILES:
+        src = run_dir / "model" / f
+        if src.is_file():
+            shutil.copyfile(src, dest / f)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    history = json.loads((run_dir / "history.json").read_text())
+    hist = history["history"]
+    training = {
+        "tokens_seen": summary["tokens_seen"], "steps": summary["step"], "elapsed_s": summary["elapsed_s"],
+        "tokens_per_s": summary["tokens_seen"] / max(summary["elapsed_s"], 1e-9),
+        "final_train_loss": hist[-1]["loss"] if hist else None,
+        "final_val": history["evals"][-1] if history["evals"] else None,
+        "settings": {k: v for k, v in history["settings"].items() if k not in ("out_dir", "progress", "extra")},
+        "cpu": _cpu_name(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+        "commands": commands,
+    }
+    (dest / "training.json").write_text(json.dumps(training, indent=2) + "\n")
+    manifest = json.loads((data_dir / "manifest.json").read_text())
+    (dest / "data_manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+    if (run_dir / "loss_curve.png").is_file():
+        shutil.copyfile(run_dir / "loss_curve.png", dest / "loss_curve.png")
+    else:
+        try:
+            from cinq.train.plots import plot_loss_curves
+            plot_loss_curves({name: hist}, dest / "loss_curve.png", evals={name: history["evals"]})
+        except ImportError:
+            pass
+    result = evaluate_folder(dest, data_dir, teacher=teacher, n_arith=n_arith)
+    (dest / "eval.json").write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+    (dest / "README.md").write_text(render_card(name, description, dest, training, manifest, result))
+    return result
+
+
+def render_card(name: str, description: str, folder: Path, training: dict[str, Any], manifest: dict[str, Any],
+                result: dict[str, Any]) -> str:
+    cfg = json.loads((folder / "config.json").read_text())
+    s = training["settings"]
+    lines = [f"# {name}", "", description, "",
+             "## Reproduce", "", "```sh", *training["commands"], "```", "",
+             "## Model", "",
+             "| field | value |", "|---|---|",
+             f"| architecture | {cfg['architectures'][0]} (loads in cinq and in `transformers`) |",
+             f"| parameters | {result['parameters']:,} ({result['parameters'] / 1e6:.2f}M, tied embeddings) |"]
+    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "max_position_embeddings", "rope_theta", "torch_dtype"):
+        lines.append(f"| {key} | {cfg.get(key)} |")
+    val = training.get("final_val") or {}
+    lines += ["", "## Training", "",
+              "| field | value |", "|---|---|",
+              f"| tokens seen | {training['tokens_seen']:,} ({training['steps']} steps x {s['batch_size']} x "
+              f"{s['seq_len']}) |",
+              f"| training time | {training['elapsed_s'] / 60:.1f} min on {training['cpu']} "
+              f"({training['torch_threads']} torch thread(s), shared machine; "
+              f"{training['tokens_per_s']:.0f} tokens/s) |",
+              f"| optimiser | AdamW lr {s['lr']}, betas ({s['beta1']}, {s['beta2']}), weight decay "
+              f"{s['weight_decay']}, grad clip {s['grad_clip']} |",
+              f"| schedule | {s['warmup_steps']} warmup steps, cosine decay over the last "
+              f"{s.get('decay_frac', 1.0):.0%} of the rest to {s['min_lr_ratio']}x |",
+              "| precision | bf16 autocast on CPU, float32 master weights, shipped as bf16 |",
+              f"| final train loss | {training['final_train_loss']:.3f} |",
+              f"| final validation loss | {val.get('val_loss', float('nan')):.3f} |", "",
+              "![loss curve](loss_curve.png)", "",
+              "## Held-out evaluation", "",
+              "Perplexity on the corpus test split (documents never trained on), per language:", "",
+              "| " + " | ".join(result["perplexity"]) + " |", "|" + "---|" * len(result["perplexity"]),
+              "| " + " | ".join(f"{v:.2f}" for v in result["perplexity"].values()) + " |", ""]
+    if "kl_to_teacher" in result:
+        lines += [f"Forward KL(teacher || this model) per token on test windows: {result['kl_to_teacher']:.3f}", ""]
+    a = result["arithmetic"]
+    sample = a["samples"][0]
+    lines += [f"Arithmetic (held-out test split, {a['problems']} problems, greedy decoding with cinq's engine, exact "
+              f"match on the `Answer:` line): **{a['accuracy']:.1%}**", "",
+              "Example (prompt, then the model's completion):", "", "```", sample["prompt"] + sample["completion"],
+              "```", "",
+              "## Data", "",
+              "Built by `cinq data build` (same inputs, same bytes); full manifest in `data_manifest.json`.", "",
+              "| language | train bytes | train tokens | test tokens |", "|---|---|---|---|"]
+    for lang, e in manifest["languages"].items():
+        lines.append(f"| {lang} | {e['bytes']['train']:,} | {e['tokens']['train']:,} | {e['tokens']['test']:,} |")
+    lines += ["", "| source | Debian package | version |", "|---|---|---|"]
+    for src, e in manifest["sources"].items():
+        lines.append(f"| {src} | {e.get('package') or 'synthetic'} | {e.get('package_version') or '—'} |")
+    lines += ["", f"Corpus sha256 (train.jsonl): `{manifest['sha256']['train']}`; tokenizer sha256: "
+              f"`{manifest.get('tokenizer', {}).get('sha256', '—')}`.", ""]
+    return "\n".join(lines)
+
+
+DESCRIPTIONS = {
+    "cinq-tiny": (
+        "cinq's embedded default model: a small Llama-architecture model trained from scratch, on a 2-core CPU, "
+        "from text that Debian packages put on this machine (fortunes in English, German, Spanish, Italian and "
+        "Russian, and deliberately little Polish, Czech and Chinese; the KJV, WEB and Reina-Valera bibles; "
+        "Python's standard library) plus synthetic arithmetic word problems with worked steps. It is a toy for "
+        "running cinq out of the box with no download, and the teacher of `cinq-tiny-student`."),
+    "cinq-tiny-student": (
+        "A ~1.8M-parameter student distilled from `cinq-tiny` (token-level forward KL on the same corpus), the "
+        "draft model for speculative decoding experiments. `benchmarks/results/distill.md` compares it with the "
+        "same student trained on cross-entropy alone for the same token budget."),
+}
+
+
+def command_line() -> str:
+    """The current `cinq ...` invocation, quoted for a shell."""
+    import shlex
+    import sys
+    return "cinq " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+def data_command(data_dir: str | Path) -> str:
+    """The `cinq data build` command that made ``data_dir`` (from its manifest settings)."""
+    m = json.loads((Path(data_dir) / "manifest.json").read_text())
+    st = m.get("settings", {})
+    extra = ""
+    if st.get("arithmetic_train", 20_000) != 20_000:
+        extra += f" --arithmetic-train {st['arithmetic_train']}"
+    if st.get("arithmetic_eval", 300) != 300:
+        extra += f" --arithmetic-eval {st['arithmetic_eval']}"
+    vocab = m.get("tokenizer", {}).get("vocab_size", 8192)
+    if vocab != 8192:
+        extra += f" --vocab-size {vocab}"
+    return f"cinq data build --out {data_dir} --install{extra}"

@@ -1,0 +1,53 @@
+"""Sequence-level KD data: the teacher continues short corpus prompts with cinq's engine; the continuations,
+back to back, form the token stream the student trains on (cached in the run folder)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cinq.train.data import TokenSplit
+from cinq.train.generation import generate_naive, generate_with_engine
+
+log = logging.getLogger(__name__)
+
+
+def corpus_prompts(data_dir: str | Path, n: int, seed: int, max_prompt: int = 16) -> list[list[int]]:
+    """``n`` prompts: the first tokens (bos included, at most ``max_prompt``, a quarter of the document when it
+    is short) of training documents drawn without replacement by ``seed``."""
+    train = TokenSplit.load(data_dir, "train")
+    n_docs = len(train.offsets) - 1
+    rng = np.random.default_rng([seed, 7])
+    picks = rng.choice(n_docs, size=min(n, n_docs), replace=False)
+    out = []
+    for d in picks.tolist():
+        start, end = int(train.offsets[d]), int(train.offsets[d + 1])
+        k = max(2, min(max_prompt, (end - start) // 4))
+        out.append(train.tokens[start:start + k].astype(np.int64).tolist())
+    return out
+
+
+def teacher_token_stream(distiller: Any, n: int, max_tokens: int, cache: Path) -> np.ndarray:
+    """The teacher-written stream (uint16), generated once and cached at ``cache``."""
+    if cache.is_file():
+        return np.load(cache)
+    job = distiller.job
+    prompts = corpus_prompts(job.data_dir, n, job.seed)
+    eos = distiller.ids["eos"]
+    t0 = time.perf_counter()
+    if job.generator == "engine":
+        outs = generate_with_engine(distiller.teacher_dir, prompts, max_tokens, job.sample_temperature, job.seed,
+                                    dtype="bfloat16")
+    else:
+        outs = generate_naive(distiller.teacher, prompts, max_tokens, job.sample_temperature, job.seed, [eos])
+    elapsed = time.perf_counter() - t0
+    seqs = [p + o + ([eos] if not o or o[-1] != eos else []) for p, o in zip(prompts, outs)]
+    stream = np.fromiter((t for s in seqs for t in s), dtype=np.uint16)
+    log.info("seq-KD: teacher wrote %d tokens for %d prompts in %.0f s (%.0f tokens/s)",
+             sum(len(o) for o in outs), len(prompts), elapsed, sum(len(o) for o in outs) / max(elapsed, 1e-9))
+    np.save(cache, stream)
+    return stream

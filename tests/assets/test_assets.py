@@ -1,0 +1,70 @@
+"""The shipped models: load in cinq and in transformers with the same logits, fit the size budget, carry a card."""
+
+import json
+
+import pytest
+import torch
+
+from cinq.assets import ASSETS_DIR, default_model_path
+from cinq.model.loader import load_model
+from cinq.model.tokenizer import Tokenizer
+
+SHIPPED = ["cinq-tiny", "cinq-tiny-student"]
+
+
+def _folder(name):
+    folder = ASSETS_DIR / name
+    if not (folder / "model.safetensors").is_file():
+        pytest.skip(f"{name} is not shipped in this checkout")
+    return folder
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_model_matches_transformers(name):
+    folder = _folder(name)
+    transformers = pytest.importorskip("transformers")
+    tok = Tokenizer.from_pretrained(folder)
+    ids = tok.encode("Question: Anna has 12 apples. Then Anna buys 5 more.\nDer Hund lief. Кот сидел.")
+    ours = load_model(folder, dtype="float32")
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        a = ours.compute_logits(ours(x))
+        b = theirs(x).logits.float()
+    assert a.shape == b.shape == (1, len(ids), ours.config.vocab_size)
+    assert torch.allclose(a, b, atol=2e-3, rtol=1e-3), (a - b).abs().max()
+    assert torch.equal(a.argmax(-1), b.argmax(-1))
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(folder))
+    assert hf_tok.encode("Der Hund lief 42 mal.", add_special_tokens=False) == tok.encode("Der Hund lief 42 mal.")[1:]
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_model_card_and_generation_config(name):
+    folder = _folder(name)
+    card = (folder / "README.md").read_text()
+    for section in ("## Reproduce", "cinq data build", "## Training", "tokens seen", "training time",
+                    "## Held-out evaluation", "Arithmetic", "## Data"):
+        assert section in card, section
+    gen = json.loads((folder / "generation_config.json").read_text())
+    tok = Tokenizer.from_pretrained(folder)
+    end_id = tok._tok.token_to_id("<|end|>")
+    assert end_id in (gen["eos_token_id"] if isinstance(gen["eos_token_id"], list) else [gen["eos_token_id"]])
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["torch_dtype"] == "bfloat16"
+
+
+def test_default_model_is_the_shipped_teacher():
+    _folder("cinq-tiny")
+    assert default_model_path() == ASSETS_DIR / "cinq-tiny"
+
+
+def test_assets_fit_the_size_budget():
+    total = sum(p.stat().st_size for p in ASSETS_DIR.rglob("*") if p.is_file())
+    assert total <= 40 * 1024 * 1024, f"assets hold {total / 2**20:.1f} MiB (budget 40 MiB)"
+
+
+def test_shipped_model_path():
+    from cinq.assets import shipped_model_path
+    assert shipped_model_path("no-such-model") is None
+    folder = _folder("cinq-tiny-student")
+    assert shipped_model_path("cinq-tiny-student") == folder

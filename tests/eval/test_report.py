@@ -1,0 +1,107 @@
+"""The quality report: accuracy and perplexity per folder, deltas against the first row, markdown/JSON/plot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from cinq.eval.report import QualityReport, describe_folder, quality_report, simple_generate
+from cinq.eval.tasks import arithmetic_problems
+from cinq.model.byte_tokenizer import build_byte_tokenizer, save_byte_tokenizer
+from cinq.model.config import ModelConfig
+from cinq.model.saver import init_random_model, save_model
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny model trained for a few seconds on arithmetic text, and its RTN 4-bit copy."""
+    tok = build_byte_tokenizer()
+    cfg = ModelConfig.from_dict({
+        "architectures": ["LlamaForCausalLM"], "vocab_size": tok.get_vocab_size(), "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "max_position_embeddings": 512, "tie_word_embeddings": True,
+        "bos_token_id": tok.token_to_id("<|bos|>"), "eos_token_id": tok.token_to_id("<|end|>")})
+    torch.manual_seed(0)
+    model = init_random_model(cfg, seed=0)
+    text = "".join(p.text() for p in arithmetic_problems(300, seed=0, split="train"))
+    ids = torch.tensor(tok.encode(text, add_special_tokens=False).ids)
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-3)
+    for step in range(60):
+        starts = torch.randint(0, ids.numel() - 65, (8,))
+        x = torch.stack([ids[s:s + 65] for s in starts.tolist()])
+        loss = torch.nn.functional.cross_entropy(model.compute_logits(model(x[:, :-1])).flatten(0, 1),
+                                                 x[:, 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    base = tmp_path_factory.mktemp("base")
+    save_model(model.eval(), base)
+    save_byte_tokenizer(base)
+    from cinq.quant.config import QuantConfig
+    from cinq.quant.pipeline import quantize_model
+    q = tmp_path_factory.mktemp("rtn")
+    quantize_model(base, q, QuantConfig("rtn", 4, 32), None, progress=False)
+    return base, q
+
+
+def test_accuracy_and_deltas_from_the_generated_answers(folders, tmp_path):
+    base, q = folders
+    problems = arithmetic_problems(4, seed=1, split="test")
+
+    def oracle(path, prompts, max_new_tokens, dtype):
+        # The float model "answers" every problem right, the quantized one gets the first one wrong.
+        by_prompt = {p.prompt(): p for p in problems}
+        outs = [by_prompt[pr].target() for pr in prompts]
+        if Path(path) == q:
+            outs[0] = outs[0].rsplit("Answer:", 1)[0] + "Answer: -1"
+        return outs, 10.0
+    report = quality_report({"float": base, "rtn-int4": q}, ppl_text=problems[0].text() * 3, ppl_source="t",
+                            n_problems=4, seed=1, generate=oracle)
+    assert [r.accuracy for r in report.rows] == [1.0, 0.75]
+    assert report.rows[0].method == "float" and report.rows[1].method == "rtn (gptq)" and report.rows[1].bits == 4
+    assert report.rows[1].weight_bytes < report.rows[0].weight_bytes
+    assert all(r.perplexity is not None and r.perplexity > 1 for r in report.rows)
+    assert report.rows[0].kl_vs_base == 0.0 and report.rows[0].top1_vs_base == 1.0
+    assert report.rows[1].kl_vs_base > 0 and 0.5 < report.rows[1].top1_vs_base <= 1.0
+    md = report.to_markdown()
+    assert "-25.0 pt" in md and "75.0%" in md and "100.0%" in md
+    files = report.save(tmp_path, "quality")
+    assert {f.suffix for f in files} == {".md", ".json", ".png"}
+    assert json.loads((tmp_path / "quality.json").read_text())["rows"][1]["accuracy"] == 0.75
+
+
+def test_real_greedy_generation_without_the_engine(folders):
+    base, _ = folders
+    problems = arithmetic_problems(2, seed=2, split="test")
+    texts, tps = simple_generate(base, [p.prompt() for p in problems], 6, "float32")
+    assert len(texts) == 2 and all(isinstance(t, str) for t in texts) and tps > 0
+
+
+def test_compare_to_base_is_zero_for_the_same_model_and_positive_otherwise(folders):
+    from cinq.eval.report import compare_to_base
+    from cinq.model.loader import load_model
+    base, q = folders
+    a, b = load_model(base, dtype="float32"), load_model(q, dtype="float32")
+    ids = build_byte_tokenizer().encode(arithmetic_problems(3, seed=4, split="test")[0].text()).ids * 4
+    kl, top1 = compare_to_base(a, a, ids, context_len=64)
+    assert abs(kl) < 1e-6 and top1 == 1.0
+    kl_q, top1_q = compare_to_base(a, b, ids, context_len=64)
+    assert kl_q > 1e-5 and top1_q <= 1.0
+
+
+def test_describe_folder_counts_every_tensor_byte(folders):
+    base, q = folders
+    method, bits, nbytes = describe_folder(base)
+    from safetensors.torch import load_file
+    tensors = load_file(str(base / "model.safetensors"))
+    assert method == "float" and bits is None
+    assert nbytes == sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def test_empty_fields_render_as_dashes():
+    from cinq.eval.report import ModelQuality
+    r = QualityReport([ModelQuality("a", "p", "float", None, 100, None, None, 0)])
+    assert "| a | float | - | 0.00 | 1.00x | - | - | - | - | - | - | - |" in r.to_markdown()

@@ -1,0 +1,142 @@
+"""Kernel choice and results: CPU int4 / int8 kernels, their dequantize fallback, act-order permutation, W8A8."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from cinq.quant import kernels
+from cinq.quant.kernels import _prepare_dequant, prepare_weight_only, w8a8_mm, weight_only_mm
+from cinq.quant.qweight import QuantizedWeight
+from cinq.quant.rtn import rtn_quantize
+from cinq.quant.smoothquant import w8a8_fake_matmul
+
+CPU = torch.device("cpu")
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max())
+
+
+def run(qw: QuantizedWeight, x: torch.Tensor, dtype=torch.bfloat16, force_dequant: bool = False):
+    p = _prepare_dequant(qw, CPU, dtype) if force_dequant else prepare_weight_only(qw, CPU, dtype)
+    return p.kind, weight_only_mm(p.kind, p.tensors, p.arg, x.to(dtype))
+
+
+@pytest.fixture(params=["native", "aten"])
+def int4_path(request, monkeypatch):
+    """Run a test with cinq's native int4 kernel (skipped when it cannot be built) and with PyTorch's."""
+    if request.param == "native":
+        if kernels.int4_module() is None:
+            pytest.skip("native int4 kernel unavailable (no compiler)")
+    else:
+        monkeypatch.setattr(kernels, "int4_module", lambda: None)
+    return request.param
+
+
+@pytest.mark.parametrize("group,sym", [(32, True), (64, False), (128, False), (-1, True), (256, False)])
+def test_int4_kernels_match_reference_and_fallback(group, sym, int4_path):
+    gen = torch.Generator().manual_seed(group)
+    w = torch.randn(48, 256, generator=gen)
+    qw = rtn_quantize(w, 4, group, sym)
+    ref_w = qw.dequantize()
+    for m in (1, 3, 9):  # one pass per row block of the native kernel, and a partial block
+        x = torch.randn(m, 256, generator=gen)
+        ref = x @ ref_w.t()
+        kind, y = run(qw, x)
+        native = int4_path == "native" and (group % 128 == 0 or group == -1)
+        assert kind == ("int4_native" if native else "int4_cpu")
+        kind_f, y_f = run(qw, x, force_dequant=True)
+        assert kind_f.startswith("dequant")
+        assert rel(y, ref) < 2e-2 and rel(y_f, ref) < 2e-2 and rel(y, y_f) < 2e-2
+
+
+def test_native_int4_takes_any_out_features_and_act_order():
+    if kernels.int4_module() is None:
+        pytest.skip("native int4 kernel unavailable (no compiler)")
+    gen = torch.Generator().manual_seed(5)
+    qw = rtn_quantize(torch.randn(24, 512, generator=gen), 4, 128, False)  # N = 24: PyTorch's kernel refuses
+    perm = torch.randperm(512, generator=gen)
+    qw.g_idx = torch.argsort(perm) // 128
+    qw.scales = qw.scales * (1 + torch.rand(qw.scales.shape, generator=gen))
+    x = torch.randn(2, 512, generator=gen)
+    kind, y = run(qw, x)
+    assert kind == "int4_native"
+    assert rel(y, x @ qw.dequantize().t()) < 2e-2
+
+
+def test_int4_cpu_handles_act_order_by_permuting_k(monkeypatch):
+    monkeypatch.setattr(kernels, "int4_module", lambda: None)
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randn(32, 128, generator=gen)
+    qw = rtn_quantize(w, 4, 32, False)
+    perm = torch.randperm(128, generator=gen)
+    qw.g_idx = (torch.argsort(perm) // 32)  # channel c belongs to group pos(c) // 32, as act-order writes it
+    qw.scales = qw.scales * (1 + torch.rand(qw.scales.shape, generator=gen))
+    x = torch.randn(3, 128, generator=gen)
+    ref = x @ qw.dequantize().t()
+    p = prepare_weight_only(qw, CPU, torch.bfloat16)
+    assert p.kind == "int4_cpu" and "perm" in p.tensors
+    assert rel(weight_only_mm(p.kind, p.tensors, p.arg, x.bfloat16()), ref) < 2e-2
+
+
+def test_unsupported_shapes_fall_back_once_with_the_same_results(caplog, monkeypatch):
+    monkeypatch.setattr(kernels, "int4_module", lambda: None)
+    gen = torch.Generator().manual_seed(2)
+    kernels._SAID.clear()
+    qw = rtn_quantize(torch.randn(24, 128, generator=gen), 4, 32, False)  # N = 24: not a multiple of 16
+    x = torch.randn(4, 128, generator=gen)
+    with caplog.at_level(logging.WARNING, logger="cinq.quant.kernels"):
+        kind, y = run(qw, x)
+        run(qw, x)
+    assert kind == "dequant_grouped"
+    assert sum("out_features 24" in r.message for r in caplog.records) == 1
+    assert rel(y, x @ qw.dequantize().t()) < 2e-2
+    # GPTQ allows a last, shorter group (K = 80, G = 32): still exact math through the fallback.
+    qw2 = rtn_quantize(torch.randn(32, 80, generator=gen), 4, 32, True)
+    x2 = torch.randn(2, 80, generator=gen)
+    kind2, y2 = run(qw2, x2, dtype=torch.float32)
+    assert kind2 == "dequant_grouped" and rel(y2, x2 @ qw2.dequantize().t()) < 1e-5
+
+
+@pytest.mark.parametrize("sym", [True, False])
+def test_int8_cpu_kernel_with_and_without_zero_points(sym):
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(40, 96, generator=gen) + (0 if sym else 0.5)
+    qw = rtn_quantize(w, 8, -1, sym)
+    x = torch.randn(6, 96, generator=gen)
+    kind, y = run(qw, x)
+    assert kind == "int8_cpu"
+    assert rel(y, x @ qw.dequantize().t()) < 2e-2
+
+
+def test_int8_kernel_refuses_k_not_multiple_of_16():
+    # aten._weight_int8pack_mm returns garbage (or crashes) for such K on this CPU: never call it there.
+    qw = rtn_quantize(torch.randn(16, 72), 8, -1, True)
+    x = torch.randn(2, 72)
+    kind, y = run(qw, x)
+    assert kind == "dequant_grouped" and rel(y, x @ qw.dequantize().t()) < 2e-2
+
+
+def test_fp32_activations_give_float_accuracy():
+    qw = rtn_quantize(torch.randn(32, 64), 4, 32, True)
+    x = torch.randn(3, 64)
+    kind, y = run(qw, x, dtype=torch.float32)
+    assert kind == "int4_cpu" and rel(y, x @ qw.dequantize().t()) < 1e-5
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_w8a8_int_gemm_matches_its_float_definition(static):
+    gen = torch.Generator().manual_seed(4)
+    w = torch.randn(48, 64, generator=gen)
+    x = torch.randn(2, 5, 64, generator=gen)
+    from cinq.quant.formats import quantize_int8_per_channel
+    q, s = quantize_int8_per_channel(w)
+    scale = torch.tensor([float(x.abs().max()) / 127]) if static else None
+    y = w8a8_mm(x, q.t().contiguous(), s, scale)
+    ref = w8a8_fake_matmul(x.reshape(-1, 64), w, None if scale is None else float(scale)).reshape(2, 5, 48)
+    assert y.shape == (2, 5, 48)
+    assert rel(y, ref) < 1e-5
+    assert rel(y, x @ w.t()) < 5e-2
