@@ -89,9 +89,12 @@ def run(args: argparse.Namespace) -> int:
         from cinq.train.distill import load_teacher
         from cinq.train.model_card import DESCRIPTIONS, command_line, data_command, ship_run
         name = Path(args.export).name
+        commands = [data_command(args.data)]
+        teacher_info = Path(args.teacher) / "training.json"
+        if teacher_info.is_file():  # how the teacher itself was made, when it is a shipped cinq model
+            commands += json.loads(teacher_info.read_text()).get("commands", [])[1:]
         ship_run(args.out, args.export, args.data, name, DESCRIPTIONS.get(name, f"{name}, distilled by cinq."),
-                 [data_command(args.data), command_line()], teacher=load_teacher(args.teacher),
-                 n_arith=args.arith_problems)
+                 commands + [command_line()], teacher=load_teacher(args.teacher), n_arith=args.arith_problems)
     runs = {args.name or f"{args.regime}:{args.loss}": args.out}
     if args.baseline_ce:
         base = dataclasses.replace(job, out_dir=args.baseline_ce, loss="ce", regime="offpolicy")

@@ -8,7 +8,11 @@ from typing import Any
 
 
 def _fmt(v: Any, digits: int = 2) -> str:
-    return "—" if v is None else f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return f"{v:,}" if isinstance(v, int) else str(v)
 
 
 def markdown_table(rows: dict[str, dict[str, Any]]) -> str:
