@@ -62,7 +62,7 @@ def make_linear(in_features: int, out_features: int, bias: bool, quant: Any = No
 # --------------------------------------------------------------------------------------- quantized linears
 
 
-class _QuantizedLinear(nn.Module):
+class QuantizedLinear(nn.Module):
     """Shared plumbing: checkpoint tensors as buffers, replaced after loading by the kernel's own tensors."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, prefix: str) -> None:
@@ -110,7 +110,7 @@ def _packed_dims(prefix: str, what: str, size: int, bits: int) -> int:
     return size // per
 
 
-class GPTQLinear(_QuantizedLinear):
+class GPTQLinear(QuantizedLinear):
     """A linear stored as GPTQ v1/v2 tensors (qweight, qzeros, scales, g_idx); 4 or 8 bits."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, bits: int, group_size: int,
@@ -158,7 +158,7 @@ class GPTQLinear(_QuantizedLinear):
         return self._add_bias(weight_only_mm(self.kind, self._kernel_tensors(), self.group, x))
 
 
-class AWQLinear(_QuantizedLinear):
+class AWQLinear(QuantizedLinear):
     """A linear stored as AWQ GEMM tensors (qweight, qzeros, scales); 4 bits."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, group_size: int, prefix: str = "") -> None:
@@ -186,7 +186,7 @@ class AWQLinear(_QuantizedLinear):
         return self._add_bias(weight_only_mm(self.kind, self._kernel_tensors(), self.group, x))
 
 
-class W8A8Linear(_QuantizedLinear):
+class W8A8Linear(QuantizedLinear):
     """int8 weights (per channel) x int8 activations (per token, or per tensor when ``static``): SmoothQuant."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, static: bool = False,

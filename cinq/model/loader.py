@@ -16,6 +16,7 @@ import torch
 from safetensors import safe_open
 
 from cinq.errors import ModelLoadError
+from cinq.layers.linear import QuantizedLinear
 from cinq.model.config import ModelConfig
 from cinq.model.llama import LlamaForCausalLM
 
@@ -92,12 +93,17 @@ def load_weights(model: LlamaForCausalLM, path: Path) -> None:
         if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
             continue
         target = expected.get(name)
+        if target is None and name.endswith(".bias") and _is_quantized(model, name.removesuffix(".bias")):
+            continue  # some GPTQ writers store zero biases for layers that have none (vLLM skips them too)
         if target is None:
             raise ModelLoadError(f"checkpoint tensor '{name}' has no place in {model.config.architecture} "
                                  f"(unexpected tensor; is the quantization_config right?)")
         if tuple(tensor.shape) != tuple(target.shape):
+            hint = ""
+            if _is_quantized(model, name.rpartition(".")[0]):
+                hint = " (check quantization_config's bits and group_size against the tensors)"
             raise ModelLoadError(f"checkpoint tensor '{name}': shape {tuple(tensor.shape)} does not match the "
-                                 f"model's {tuple(target.shape)}")
+                                 f"model's {tuple(target.shape)}{hint}")
         if tensor.is_floating_point() != target.is_floating_point():
             raise ModelLoadError(f"checkpoint tensor '{name}': dtype {tensor.dtype} cannot load into {target.dtype}")
         with torch.no_grad():
@@ -111,6 +117,14 @@ def load_weights(model: LlamaForCausalLM, path: Path) -> None:
         hook = getattr(module, "process_weights_after_loading", None)
         if hook is not None:
             hook()
+
+
+def _is_quantized(model: LlamaForCausalLM, module_name: str) -> bool:
+    try:
+        module = model.get_submodule(module_name)
+    except AttributeError:
+        return False
+    return isinstance(module, QuantizedLinear)
 
 
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:

@@ -1,0 +1,92 @@
+"""Loader: HF folders load unchanged (single file or sharded); every problem is an error naming the tensor."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from cinq.errors import ModelLoadError
+from cinq.model.loader import load_model
+
+
+def copy(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def logits(model, ids=((5, 6, 7, 8),)):
+    with torch.no_grad():
+        return model.compute_logits(model(torch.tensor(ids)))
+
+
+def test_sharded_checkpoint_loads_like_single_file(tiny_llama, tmp_path):
+    path = copy(tiny_llama, tmp_path / "m")
+    tensors = load_file(path / "model.safetensors")
+    names = sorted(tensors)
+    half = len(names) // 2
+    shards = {"model-00001-of-00002.safetensors": names[:half], "model-00002-of-00002.safetensors": names[half:]}
+    for file, keys in shards.items():
+        save_file({k: tensors[k] for k in keys}, path / file)
+    (path / "model.safetensors").unlink()
+    index = {"metadata": {}, "weight_map": {k: f for f, keys in shards.items() for k in keys}}
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert torch.equal(logits(load_model(path, "float32")), logits(load_model(tiny_llama, "float32")))
+
+
+def test_missing_tensor_is_named(tiny_llama, tmp_path):
+    path = copy(tiny_llama, tmp_path / "m")
+    tensors = load_file(path / "model.safetensors")
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, path / "model.safetensors")
+    with pytest.raises(ModelLoadError, match=r"model\.layers\.1\.mlp\.up_proj\.weight"):
+        load_model(path)
+
+
+def test_shape_mismatch_is_named_with_both_shapes(tiny_llama, tmp_path):
+    path = copy(tiny_llama, tmp_path / "m")
+    tensors = load_file(path / "model.safetensors")
+    tensors["model.norm.weight"] = torch.ones(65)
+    save_file(tensors, path / "model.safetensors")
+    with pytest.raises(ModelLoadError, match=r"model\.norm\.weight.*\(65,\).*\(64,\)"):
+        load_model(path)
+
+
+def test_unexpected_tensor_is_named(tiny_llama, tmp_path):
+    path = copy(tiny_llama, tmp_path / "m")
+    tensors = load_file(path / "model.safetensors")
+    tensors["model.layers.0.mlp.extra.weight"] = torch.ones(2)
+    save_file(tensors, path / "model.safetensors")
+    with pytest.raises(ModelLoadError, match=r"model\.layers\.0\.mlp\.extra\.weight"):
+        load_model(path)
+
+
+def test_unsupported_architecture_and_pickles_are_refused(tiny_llama, tmp_path):
+    path = copy(tiny_llama, tmp_path / "m")
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(dict(cfg, architectures=["GPT2LMHeadModel"], model_type="gpt2")))
+    with pytest.raises(ModelLoadError, match="GPT2LMHeadModel"):
+        load_model(path)
+    (path / "config.json").write_text(json.dumps(cfg))
+    (path / "model.safetensors").rename(path / "pytorch_model.bin")
+    with pytest.raises(ModelLoadError, match="safetensors only"):
+        load_model(path)
+
+
+def test_quantized_folder_loads_without_a_flag_and_skips_stray_biases(tiny_llama, tmp_path):
+    from cinq.quant.config import QuantConfig
+    from cinq.quant.pipeline import quantize_model
+    out = tmp_path / "q"
+    quantize_model(tiny_llama, out, QuantConfig(method="rtn", bits=8, group_size=32), progress=False)
+    files = sorted(out.glob("*.safetensors"))
+    tensors = load_file(files[0])
+    qname = next(k for k in tensors if k.endswith("q_proj.qweight"))
+    tensors[qname.replace("qweight", "bias")] = torch.zeros(64)  # as some GPTQ writers do
+    save_file(tensors, files[0])
+    q = load_model(out, "float32")
+    assert type(q.model.layers[0].self_attn.q_proj).__name__ == "GPTQLinear"
+    ref = logits(load_model(tiny_llama, "float32"))
+    assert (logits(q) - ref).abs().max() < 0.1 * ref.abs().max()
