@@ -45,14 +45,18 @@ class AttentionBackend(Protocol):
                 meta: AttentionMetadata, scale: float, out: torch.Tensor | None = None) -> torch.Tensor: ...
 
 
-class SdpaBackend:
-    """CPU default: ``scaled_dot_product_attention`` (it dispatches to PyTorch's flash CPU kernel)."""
-
-    name = "sdpa"
+class TorchKVWriter:
+    """KV writes with ``index_copy_`` into the flat cache view: shared by the PyTorch backends."""
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
         write_kv_index_copy(key, value, kv_cache, slot_mapping)
+
+
+class SdpaBackend(TorchKVWriter):
+    """CPU default: ``scaled_dot_product_attention`` (it dispatches to PyTorch's flash CPU kernel)."""
+
+    name = "sdpa"
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -60,14 +64,10 @@ class SdpaBackend:
         return sdpa_paged_attention(query, key, value, kv_cache, meta, scale, out)
 
 
-class FlashTorchBackend:
+class FlashTorchBackend(TorchKVWriter):
     """FlashAttention-2 in PyTorch over the paged cache: tiles, online softmax, O(N) memory. Clear, not fast."""
 
     name = "flash-torch"
-
-    def write_kv(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                 slot_mapping: torch.Tensor) -> None:
-        write_kv_index_copy(key, value, kv_cache, slot_mapping)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -75,14 +75,10 @@ class FlashTorchBackend:
         return flash_attention_paged(query, kv_cache, meta, scale, out=out)[0]
 
 
-class ReferenceBackend:
+class ReferenceBackend(TorchKVWriter):
     """Naive attention with the score matrix materialised in float64: the ground truth for tests."""
 
     name = "reference"
-
-    def write_kv(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                 slot_mapping: torch.Tensor) -> None:
-        write_kv_index_copy(key, value, kv_cache, slot_mapping)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
