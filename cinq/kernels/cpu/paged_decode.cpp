@@ -17,6 +17,10 @@
 #include <limits>
 #include <vector>
 
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
+
 namespace {
 
 inline float to_float(float x) { return x; }
@@ -97,6 +101,85 @@ void decode_kernel(const float* q, const T* cache, const int32_t* tables, const 
   });
 }
 
+
+#if defined(__AVX512BF16__)
+// bf16 cache, head_dim a multiple of 32: q.k with vdpbf16ps straight on the bf16 rows (the query came in as bf16,
+// so rounding it back is exact) and V rows widened 16 lanes at a time. Same two passes as the generic kernel.
+void decode_kernel_bf16(const float* q, const c10::BFloat16* cache_t, const int32_t* tables, const int32_t* seq_lens,
+                        float* out, int64_t nd, int64_t hq, int64_t hkv, int64_t d, int64_t block_size,
+                        int64_t max_blocks, int64_t value_offset, float scale) {
+  const uint16_t* cache = reinterpret_cast<const uint16_t*>(cache_t);
+  const int64_t group = hq / hkv;
+  const int64_t row = hkv * d;
+  const int64_t block_stride = block_size * row;
+  const int64_t threads = at::get_num_threads();
+  const int64_t chunks = nd >= threads ? 1 : std::min<int64_t>(hkv, (threads + nd - 1) / nd);
+  const int64_t per_chunk = (hkv + chunks - 1) / chunks;
+  at::parallel_for(0, nd * chunks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores, acc;
+    std::vector<uint16_t> qb;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t s = item / chunks, h0 = (item % chunks) * per_chunk;
+      const int64_t h1 = std::min(hkv, h0 + per_chunk), nh = h1 - h0;
+      if (nh <= 0) continue;
+      const int64_t len = seq_lens[s], nq = nh * group;
+      const int32_t* table = tables + s * max_blocks;
+      const float* qs = q + (s * hq + h0 * group) * d;
+      qb.resize(nq * d);
+      for (int64_t i = 0; i < nq * d; i += 16) {
+        const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(qs + i));
+        std::memcpy(qb.data() + i, &h, 32);
+      }
+      scores.resize(nq * len);
+      std::vector<float> mx(nq, -std::numeric_limits<float>::infinity());
+      for (int64_t t = 0; t < len; ++t) {
+        const uint16_t* kp = cache + table[t / block_size] * block_stride + (t % block_size) * row + h0 * d;
+        for (int64_t j = 0; j < nq; ++j) {
+          const uint16_t* kj = kp + (j / group) * d;
+          const uint16_t* qj = qb.data() + j * d;
+          __m512 a = _mm512_setzero_ps();
+          for (int64_t i = 0; i < d; i += 32)
+            a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(qj + i), (__m512bh)_mm512_loadu_si512(kj + i));
+          const float dot = _mm512_reduce_add_ps(a) * scale;
+          scores[j * len + t] = dot;
+          mx[j] = dot > mx[j] ? dot : mx[j];
+        }
+      }
+      std::vector<float> inv(nq);
+      for (int64_t j = 0; j < nq; ++j) {
+        float* sj = scores.data() + j * len;
+        float total = 0.f;
+        for (int64_t t = 0; t < len; ++t) {
+          sj[t] = std::exp(sj[t] - mx[j]);
+          total += sj[t];
+        }
+        inv[j] = 1.f / total;
+      }
+      acc.assign(nq * d, 0.f);
+      for (int64_t t = 0; t < len; ++t) {
+        const uint16_t* vp = cache + value_offset + table[t / block_size] * block_stride
+                             + (t % block_size) * row + h0 * d;
+        for (int64_t hh = 0; hh < nh; ++hh) {
+          for (int64_t i = 0; i < d; i += 16) {
+            const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                reinterpret_cast<const __m256i*>(vp + hh * d + i)));
+            const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+            for (int64_t g = 0; g < group; ++g) {
+              const int64_t j = hh * group + g;
+              float* aj = acc.data() + j * d + i;
+              _mm512_storeu_ps(aj, _mm512_fmadd_ps(_mm512_set1_ps(scores[j * len + t]), v, _mm512_loadu_ps(aj)));
+            }
+          }
+        }
+      }
+      float* o = out + (s * hq + h0 * group) * d;
+      for (int64_t j = 0; j < nq; ++j)
+        for (int64_t i = 0; i < d; ++i) o[j * d + i] = acc[j * d + i] * inv[j];
+    }
+  });
+}
+#endif
+
 }  // namespace
 
 // query [nd, hq, d] float32; kv_cache [2, num_blocks, block_size, hkv, d] (float32 / bf16 / fp16, contiguous);
@@ -125,6 +208,14 @@ torch::Tensor paged_decode(torch::Tensor query, torch::Tensor kv_cache, torch::T
                     value_offset, sc);
       break;
     case torch::kBFloat16:
+#if defined(__AVX512BF16__)
+      if (d % 32 == 0) {
+        decode_kernel_bf16(query.data_ptr<float>(), kv_cache.data_ptr<c10::BFloat16>(),
+                           block_tables.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), out.data_ptr<float>(), nd,
+                           hq, hkv, d, block_size, max_blocks, value_offset, sc);
+        break;
+      }
+#endif
       decode_kernel(query.data_ptr<float>(), kv_cache.data_ptr<c10::BFloat16>(), block_tables.data_ptr<int32_t>(),
                     seq_lens.data_ptr<int32_t>(), out.data_ptr<float>(), nd, hq, hkv, d, block_size, max_blocks,
                     value_offset, sc);
