@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
             return 3
         runs["CE only"] = args.baseline_ce
     for item in args.include:
-        name, _, path = item.partition("=")
+        name, _, path = item.rpartition("=")  # names may hold "=" (e.g. "b=0.5"), paths rarely do
         runs[name] = path
     if args.report:
         paths = report_runs(args.teacher, runs, args.data, args.report, n_arith=args.arith_problems)

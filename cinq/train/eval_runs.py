@@ -57,6 +57,9 @@ def report_runs(teacher_dir: str | Path, runs: dict[str, str], data_dir: str, pr
         rows[name] = run_row(run_dir, data_dir, teacher, n_arith)
     notes = ("Held-out = the corpus test split (documents never trained on) and the arithmetic test split "
              f"({n_arith} problems, greedy, exact match on the `Answer:` line). KL→teacher = forward "
-             "KL(teacher || student) per token on test windows. Students share shape, seed, data order and token "
-             "budget; only the loss/regime differs.\n")
+             "KL(teacher || student) per token on test windows. Students share shape, seed and data order; runs "
+             "trained from scratch share the token budget, and only the loss/regime differs. A row \"X, then Y "
+             "(+N)\" continues from X's weights: its tokens and time are the extra stage's only. `train s` is "
+             "training-step time on this (shared) 2-core CPU; KD rows include the teacher's forward passes, "
+             "seq-KD rows exclude the teacher's generation time.\n")
     return write_report(rows, prefix, "Distillation: cinq-tiny -> cinq-tiny-student", notes)

@@ -67,6 +67,14 @@ def ship_run(run_dir: str | Path, dest: str | Path, data_dir: str | Path, name: 
     return result
 
 
+def _schedule(s: dict[str, Any]) -> str:
+    frac = s.get("decay_frac", 1.0)
+    if frac >= 1.0:
+        return f"{s['warmup_steps']} warmup steps, then cosine decay to {s['min_lr_ratio']}x"
+    return (f"{s['warmup_steps']} warmup steps, constant, then cosine decay to {s['min_lr_ratio']}x over the last "
+            f"{frac:.0%} of the steps after warmup")
+
+
 def render_card(name: str, description: str, folder: Path, training: dict[str, Any], manifest: dict[str, Any],
                 result: dict[str, Any]) -> str:
     cfg = json.loads((folder / "config.json").read_text())
@@ -90,8 +98,7 @@ def render_card(name: str, description: str, folder: Path, training: dict[str, A
               f"{training['tokens_per_s']:.0f} tokens/s) |",
               f"| optimiser | AdamW lr {s['lr']}, betas ({s['beta1']}, {s['beta2']}), weight decay "
               f"{s['weight_decay']}, grad clip {s['grad_clip']} |",
-              f"| schedule | {s['warmup_steps']} warmup steps, cosine decay over the last "
-              f"{s.get('decay_frac', 1.0):.0%} of the rest to {s['min_lr_ratio']}x |",
+              f"| schedule | {_schedule(s)} |",
               "| precision | bf16 autocast on CPU, float32 master weights, shipped as bf16 |",
               f"| final train loss | {training['final_train_loss']:.3f} |",
               f"| final validation loss | {val.get('val_loss', float('nan')):.3f} |", "",

@@ -19,9 +19,11 @@ def test_train_then_distill_with_baseline_report_and_export(tiny_corpus, tmp_pat
     assert main(["distill", "--teacher", str(card_dir), "--student", str(student), "--data", str(tiny_corpus),
                  "--out", str(tmp_path / "kd"), "--loss", "fkl=0.9,ce=0.1", "--tokens", "4096", "--batch-size", "8",
                  "--seq-len", "32", "--no-progress", "--baseline-ce", str(tmp_path / "ce"), "--report", str(report),
+                 "--include", f"same run, b=1={tmp_path / 'kd'}",
                  "--arith-problems", "4", "--export", str(tmp_path / "shipped-student")]) == 0
     table = report.with_suffix(".md").read_text()
     assert "teacher (cinq-tiny)" in table and "offpolicy:fkl=0.9,ce=0.1" in table and "CE only" in table
+    assert "| same run, b=1 |" in table  # a name may hold "="
     rows = json.loads(report.with_suffix(".json").read_text())
     assert rows["CE only"]["tokens_seen"] == rows["offpolicy:fkl=0.9,ce=0.1"]["tokens_seen"] == 4096
     assert "kl_to_teacher" in rows["CE only"]
