@@ -41,6 +41,8 @@ class ModelQuality:
     gen_tokens_per_s: float | None = None
     kl_vs_base: float | None = None  # mean KL(base || model) per token on the perplexity text, nats
     top1_vs_base: float | None = None  # fraction of those tokens where both models' argmax agree
+    step_accuracy: float | None = None  # worked steps reproduced exactly after the correct earlier steps
+    n_steps: int = 0
 
 
 @dataclass(slots=True)
@@ -54,22 +56,28 @@ class QualityReport:
     def to_markdown(self) -> str:
         base = self.rows[0] if self.rows else None
         head = ("| model | method | bits | weight MiB | size vs base | perplexity | Δppl | KL vs base | "
-                f"top-1 = base | {self.task} acc | Δacc | gen tok/s |")
-        lines = [head, "|" + "---|" * 12]
+                f"top-1 = base | {self.task} acc | Δacc | step acc | Δstep | gen tok/s |")
+        lines = [head, "|" + "---|" * 14]
         for r in self.rows:
             size = f"{r.weight_bytes / base.weight_bytes:.2f}x" if base and base.weight_bytes else "-"
             dppl = _delta(r.perplexity, base.perplexity if base else None, pct=True)
             dacc = _delta(None if r.accuracy is None else 100 * r.accuracy,
                           None if base is None or base.accuracy is None else 100 * base.accuracy, unit=" pt")
+            dstep = _delta(None if r.step_accuracy is None else 100 * r.step_accuracy,
+                           None if base is None or base.step_accuracy is None else 100 * base.step_accuracy,
+                           unit=" pt")
             lines.append(
                 f"| {r.label} | {r.method} | {r.bits or '-'} | {r.weight_bytes / 2**20:.2f} | {size} | "
                 f"{_fmt(r.perplexity, '.3f')} | {dppl} | {_fmt(r.kl_vs_base, '.5f')} | "
                 f"{'-' if r.top1_vs_base is None else f'{100 * r.top1_vs_base:.1f}%'} | "
                 f"{'-' if r.accuracy is None else f'{100 * r.accuracy:.1f}%'} | {dacc} | "
+                f"{'-' if r.step_accuracy is None else f'{100 * r.step_accuracy:.1f}%'} | {dstep} | "
                 f"{_fmt(r.gen_tokens_per_s, '.1f')} |")
         note = f"\nperplexity on {self.ppl_source}; KL vs base / top-1: next-token distributions against the " \
                f"first row's on the first tokens of that text; accuracy: exact match over " \
-               f"{self.rows[0].n_problems} held-out {self.task} problems (greedy)." if self.rows else ""
+               f"{self.rows[0].n_problems} held-out {self.task} problems (greedy); step acc: each of their " \
+               f"{self.rows[0].n_steps} worked steps generated after the correct earlier steps, exact match of " \
+               f"the line." if self.rows else ""
         return "\n".join(lines) + note + "\n"
 
     def to_json(self) -> dict[str, Any]:
@@ -103,6 +111,7 @@ class QualityReport:
                                               if base.perplexity else 0.0 for r in self.rows]),
                   ("KL(base || model) per token", [r.kl_vs_base or 0.0 for r in self.rows]),
                   (f"{self.task} accuracy %", [100 * (r.accuracy or 0.0) for r in self.rows]),
+                  ("step accuracy %", [100 * (r.step_accuracy or 0.0) for r in self.rows]),
                   ("weights MiB", [r.weight_bytes / 2**20 for r in self.rows])]
         fig, axes = plt.subplots(1, len(series), figsize=(4 + 2.0 * len(labels), 3.6))
         for ax, (title, values) in zip(axes, series):
@@ -237,7 +246,7 @@ def evaluate_model(path: str | Path, ppl_tokens_text: str, problems: Sequence[An
     """Perplexity of ``ppl_tokens_text`` and accuracy on ``problems`` for one model folder; with ``base`` (a
     loaded model), also its KL and top-1 agreement against it."""
     from cinq.eval.perplexity import perplexity_of_text
-    from cinq.eval.tasks import accuracy
+    from cinq.eval.tasks import accuracy, step_accuracy, step_items
     from cinq.model.loader import load_model
     from cinq.model.tokenizer import Tokenizer
     path = Path(path)
@@ -251,12 +260,15 @@ def evaluate_model(path: str | Path, ppl_tokens_text: str, problems: Sequence[An
         if base is not None:
             kl, top1 = compare_to_base(base, model, encode_text(tok, ppl_tokens_text), context_len)
         del model
-    acc, tps = None, None
+    acc = tps = step_acc = None
+    items = step_items(problems)
     if problems:
-        completions, tps = (generate or default_generate())(path, [p.prompt() for p in problems], max_new_tokens,
-                                                            dtype)
+        gen = generate or default_generate()
+        completions, tps = gen(path, [p.prompt() for p in problems], max_new_tokens, dtype)
         acc = accuracy(problems, completions)
-    return ModelQuality(label or path.name, str(path), method, bits, nbytes, ppl, acc, len(problems), tps, kl, top1)
+        step_acc = step_accuracy(items, gen(path, [it.prompt for it in items], 16, dtype)[0])
+    return ModelQuality(label or path.name, str(path), method, bits, nbytes, ppl, acc, len(problems), tps, kl, top1,
+                        step_acc, len(items))
 
 
 def quality_report(models: Sequence[str | Path] | Mapping[str, str | Path], ppl_text: str = "",

@@ -114,6 +114,36 @@ def arithmetic_problems(n: int, seed: int = 0, split: str = "test") -> list[Arit
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class StepItem:
+    """One worked step to produce given the question and the correct steps before it (a "gold prefix")."""
+
+    prompt: str
+    expected: str
+
+
+def step_items(problems: Sequence[ArithmeticProblem]) -> list[StepItem]:
+    """Every step of every problem as its own item. Scoring steps under a gold prefix measures each operation
+    (copying the operand, computing the result) on its own, so one early slip does not zero a whole problem:
+    about three times as many scored items as problems, and a far less noisy signal on small models."""
+    items = []
+    for p in problems:
+        for k, step in enumerate(p.steps):
+            items.append(StepItem(p.prompt() + "".join(s + "\n" for s in p.steps[:k]), step))
+    return items
+
+
+def step_accuracy(items: Sequence[StepItem], completions: Sequence[str]) -> float:
+    """Fraction of items whose completion's first line is exactly the expected step (spaces trimmed)."""
+    if len(items) != len(completions):
+        raise InvalidParameterError(
+            f"completions: got {len(completions)} for {len(items)} step items (must be equal)", "completions")
+    if not items:
+        raise InvalidParameterError("items must not be empty", "items")
+    hits = sum(c.split("\n", 1)[0].strip() == it.expected for it, c in zip(items, completions))
+    return hits / len(items)
+
+
 def extract_answer(text: str) -> int | None:
     """The integer on the first ``Answer: <int>`` line of a completion, or None when there is none."""
     m = _ANSWER_RE.search(text)

@@ -4,6 +4,7 @@ caller runs its PyTorch path (said once in the log). ``CINQ_NATIVE_KERNELS=0`` d
 
 * ``paged_decode.cpp``: decode attention read straight from the KV pages (no gathered copy of the contexts).
 * ``small_m_gemm.cpp``: bf16 linear for 1-4 activation rows at memory bandwidth (decode at small batch).
+* ``int4_linear.cpp``: GPTQ/AWQ int4 linear with bf16 activations (used by ``cinq.quant.kernels``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Weight-only (GPTQ / AWQ / RTN files, all unpacked first to a ``QuantizedWeight``):
 
-* ``int4_native``: cinq's AVX512-BF16 kernel (cinq/quant/cpu/int4_linear.cpp, built on first use) for groups of a
+* ``int4_native``: cinq's AVX512-BF16 kernel (cinq/kernels/cpu/int4_linear.cpp, built on first use) for groups of a
   multiple of 128 channels: at batch 1 it streams the 4-bit weights at about memory speed.
 * ``int4_cpu``: ``aten._weight_int4pack_mm_for_cpu`` (bf16 activations; 20-60x slower with fp32 ones). Its
   dequantization is ``(q - 8) * scale + zero`` per (group, channel), so a GPTQ/AWQ zero point z maps to

@@ -1,49 +1,20 @@
-"""The native CPU int4 linear (cinq/quant/cpu/int4_linear.cpp): built on first use with the system C++ compiler
-through ``torch.utils.cpp_extension`` and cached per machine; optional — when it cannot be built, quantized
-linears use PyTorch's int4 kernel (said once in the log). ``CINQ_NATIVE_KERNELS=0`` disables it, as it does
-the other native kernels (cinq/kernels/cpu_native.py, whose loader this mirrors for a source folder of its own).
+"""The native CPU int4 linear (cinq/kernels/cpu/int4_linear.cpp), built and cached like the other native kernels
+by ``cinq.kernels.cpu_native``; optional — when it cannot be built, quantized linears use PyTorch's int4 kernel.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import threading
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from cinq.kernels.cpu_native import native_module
 from cinq.quant.qweight import QuantizedWeight
-
-log = logging.getLogger(__name__)
-_SOURCE = Path(__file__).with_name("cpu") / "int4_linear.cpp"
-_lock = threading.Lock()
-_module: list[Any] = []  # [module or None] once the build was tried
 
 
 def int4_module() -> Any | None:
     """The compiled extension, building it on first call; None when disabled or unbuildable."""
-    if _module:
-        return _module[0]
-    with _lock:
-        if _module:
-            return _module[0]
-        module = None
-        if os.environ.get("CINQ_NATIVE_KERNELS", "1") != "0":
-            try:
-                from torch.utils.cpp_extension import load
-
-                from cinq.assets import cache_dir
-                build = cache_dir() / "torch_extensions" / f"torch-{torch.__version__}" / "int4_linear"
-                build.mkdir(parents=True, exist_ok=True)
-                module = load(name="cinq_int4_linear", sources=[str(_SOURCE)], build_directory=str(build),
-                              extra_cflags=["-O3", "-march=native"], verbose=False)
-            except Exception as e:  # noqa: BLE001 - any build failure means: use PyTorch's kernel
-                first = str(e).splitlines()[0] if str(e) else type(e).__name__
-                log.warning("native int4 kernel unavailable (%s); using PyTorch's int4 kernel", first)
-        _module.append(module)
-    return module
+    return native_module("int4_linear")
 
 
 def pack_int4(qw: QuantizedWeight, perm: torch.Tensor | None, group: int) -> dict[str, torch.Tensor]:

@@ -19,7 +19,8 @@ def _cached_eval(model_dir: Path, cache: Path, data_dir: str, teacher: Any, n_ar
     weights = model_dir / "model.safetensors"
     if cache.is_file() and cache.stat().st_mtime >= weights.stat().st_mtime:
         cached = json.loads(cache.read_text())
-        if cached.get("arithmetic", {}).get("problems") == n_arith and ("kl_to_teacher" in cached) == (
+        arith = cached.get("arithmetic", {})
+        if arith.get("problems") == n_arith and "step_accuracy" in arith and ("kl_to_teacher" in cached) == (
                 teacher is not None):
             return cached
     log.info("evaluating %s", model_dir)
@@ -56,7 +57,8 @@ def report_runs(teacher_dir: str | Path, runs: dict[str, str], data_dir: str, pr
     for name, run_dir in runs.items():
         rows[name] = run_row(run_dir, data_dir, teacher, n_arith)
     notes = ("Held-out = the corpus test split (documents never trained on) and the arithmetic test split "
-             f"({n_arith} problems, greedy, exact match on the `Answer:` line). KL→teacher = forward "
+             f"({n_arith} problems, greedy, exact match on the `Answer:` line; step acc: each worked step of those "
+             "problems generated after the correct earlier steps, exact match of the line). KL→teacher = forward "
              "KL(teacher || student) per token on test windows. Students share shape, seed and data order; runs "
              "trained from scratch share the token budget, and only the loss/regime differs. A row \"X, then Y "
              "(+N)\" continues from X's weights: its tokens and time are the extra stage's only. `train s` is "

@@ -1,5 +1,5 @@
 """Held-out quality of a model: perplexity per language on the corpus test split, KL to a teacher, and
-exact-match accuracy on the held-out arithmetic problems (greedy decoding with cinq's engine)."""
+exact-match accuracy on the held-out arithmetic problems, whole and step by step (greedy decoding with cinq's engine)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from cinq.eval.perplexity import token_nll
-from cinq.eval.tasks import accuracy, arithmetic_problems
+from cinq.eval.tasks import accuracy, arithmetic_problems, step_accuracy, step_items
 from cinq.train.data import TokenSplit
 from cinq.train.generation import generate_naive, generate_with_engine
 from cinq.train.losses import forward_kl
@@ -61,14 +61,22 @@ def arithmetic_eval(model_dir: str | Path, n: int = 300, seed: int = 0, split: s
     tok = load_tokenizer(model_dir)
     ids = special_ids(tok)
     problems = arithmetic_problems(n, seed=seed, split=split)
-    prompts = [[ids["bos"], *tok.encode(p.prompt(), add_special_tokens=False).ids] for p in problems]
+    items = step_items(problems)
+
+    def complete(texts: list[str], max_tokens: int) -> list[str]:
+        prompts = [[ids["bos"], *tok.encode(t, add_special_tokens=False).ids] for t in texts]
+        if generator == "engine":
+            outs = generate_with_engine(model_dir, prompts, max_tokens, 0.0, seed, stop=["\nQuestion"],
+                                        dtype="bfloat16")
+        else:
+            outs = generate_naive(model, prompts, max_tokens, 0.0, seed, [ids["eos"]])
+        return [tok.decode(o, skip_special_tokens=True) for o in outs]
+
     t0 = time.perf_counter()
-    if generator == "engine":
-        outs = generate_with_engine(model_dir, prompts, 96, 0.0, seed, stop=["\nQuestion"], dtype="bfloat16")
-    else:
-        outs = generate_naive(model, prompts, 96, 0.0, seed, [ids["eos"]])
-    completions = [tok.decode(o, skip_special_tokens=True) for o in outs]
+    completions = complete([p.prompt() for p in problems], 96)
+    step_completions = complete([it.prompt for it in items], 16)
     return {"accuracy": accuracy(problems, completions), "problems": n, "split": split, "seed": seed,
+            "step_accuracy": step_accuracy(items, step_completions), "steps": len(items),
             "seconds": time.perf_counter() - t0,
             "samples": [{"prompt": p.prompt(), "completion": c, "answer": p.answer}
                         for p, c in zip(problems[:3], completions[:3])]}

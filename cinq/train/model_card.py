@@ -112,7 +112,9 @@ def render_card(name: str, description: str, folder: Path, training: dict[str, A
     a = result["arithmetic"]
     sample = a["samples"][0]
     lines += [f"Arithmetic (held-out test split, {a['problems']} problems, greedy decoding with cinq's engine, exact "
-              f"match on the `Answer:` line): **{a['accuracy']:.1%}**", "",
+              f"match on the `Answer:` line): **{a['accuracy']:.1%}**"
+              + (f"; each of their {a['steps']} worked steps, generated after the correct earlier steps: "
+                 f"**{a['step_accuracy']:.1%}**" if "step_accuracy" in a else ""), "",
               "Example (prompt, then the model's completion):", "", "```", sample["prompt"] + sample["completion"],
               "```", "",
               "## Data", "",

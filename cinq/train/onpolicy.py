@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from cinq.train.checkpoint import load_checkpoint, save_checkpoint
 from cinq.train.export import export_model
 from cinq.train.generation import generate_naive, generate_with_engine
 
@@ -26,7 +27,7 @@ class OnPolicyPool:
     def __init__(self, distiller: Any, total_steps: int) -> None:
         self.d = distiller
         self.total_steps = total_steps
-        self.path = Path(distiller.out) / "onpolicy_pool.pt"
+        self.path = Path(distiller.out) / "onpolicy_pool.safetensors"
         self.window = -1
         self.samples: dict[str, torch.Tensor] = {}
         self.trainer: Any = None
@@ -45,8 +46,8 @@ class OnPolicyPool:
 
     def _load_or_generate(self, window: int) -> None:
         if self.path.is_file():
-            saved = torch.load(self.path, weights_only=True)
-            if int(saved["window"]) == window:
+            saved = load_checkpoint(self.path)
+            if saved is not None and int(saved["window"]) == window:
                 self.window, self.samples = window, saved["samples"]
                 return
         job = self.d.job
@@ -75,5 +76,5 @@ class OnPolicyPool:
                 mask[r, job.prompt_len - 1:job.prompt_len - 1 + len(gen)] = True
             samples[f"{s}.tokens"], samples[f"{s}.mask"] = tokens, mask
         self.window, self.samples = window, samples
-        torch.save({"window": window, "samples": samples}, self.path)
+        save_checkpoint(self.path, {"window": window, "samples": samples})
         log.debug("on-policy window %d: %d batches sampled", window, len(steps))

@@ -16,18 +16,19 @@ def _fmt(v: Any, digits: int = 2) -> str:
 
 
 def markdown_table(rows: dict[str, dict[str, Any]]) -> str:
-    """One row per model: held-out perplexity per language, pooled perplexity, KL to the teacher, accuracy."""
+    """One row per model: held-out perplexity per language, pooled perplexity, KL to the teacher, arithmetic
+    accuracy (whole problems, and steps after a correct prefix; "—" where a run predates step scoring)."""
     langs: list[str] = []
     for r in rows.values():
         langs += [k for k in r["perplexity"] if k != "all" and k not in langs]
     head = ["model", "params", "tokens", "train s"] + [f"ppl {k}" for k in langs] + \
-        ["ppl all", "KL→teacher", "arith acc"]
+        ["ppl all", "KL→teacher", "arith acc", "step acc"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, r in rows.items():
         cells = [name, f"{r['parameters'] / 1e6:.2f}M", _fmt(r.get("tokens_seen")), _fmt(r.get("train_seconds"), 0)]
         cells += [_fmt(r["perplexity"].get(k)) for k in langs]
         cells += [_fmt(r["perplexity"].get("all")), _fmt(r.get("kl_to_teacher"), 3),
-                  _fmt(r["arithmetic"]["accuracy"], 3)]
+                  _fmt(r["arithmetic"]["accuracy"], 3), _fmt(r["arithmetic"].get("step_accuracy"), 3)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

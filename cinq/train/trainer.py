@@ -129,7 +129,7 @@ def _progress(total: int, initial: int, enabled: bool) -> Any:
 
 class Trainer:
     """Runs ``loss_fn`` over ``batch_fn(step)`` for ``settings.total_steps`` steps, resuming from
-    ``out_dir/checkpoint.pt`` when it exists. ``extra_modules`` (e.g. a KD projection) train along."""
+    ``out_dir/checkpoint.safetensors`` when it exists. ``extra_modules`` (e.g. a KD projection) train along."""
 
     def __init__(self, model: nn.Module, loss_fn: LossFn, batch_fn: BatchFn, settings: TrainSettings,
                  extra_modules: nn.Module | None = None, eval_fn: EvalFn | None = None) -> None:
@@ -140,7 +140,7 @@ class Trainer:
         self.extra = extra_modules if extra_modules is not None else nn.ModuleDict()
         self.eval_fn = eval_fn
         self.out = Path(settings.out_dir)
-        self.ckpt_path = self.out / "checkpoint.pt"
+        self.ckpt_path = self.out / "checkpoint.safetensors"
         self.optimizer = torch.optim.AdamW(param_groups([model, self.extra], settings.weight_decay), lr=settings.lr,
                                            betas=(settings.beta1, settings.beta2))
         self.step = 0
@@ -159,7 +159,7 @@ class Trainer:
         self.write_history()
 
     def resume(self) -> bool:
-        """Load ``checkpoint.pt`` if present; returns whether it did."""
+        """Load ``checkpoint.safetensors`` if present; returns whether it did."""
         state = load_checkpoint(self.ckpt_path)
         if state is None:
             return False

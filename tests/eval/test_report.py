@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cinq.eval.report import QualityReport, describe_folder, quality_report, simple_generate
-from cinq.eval.tasks import arithmetic_problems
+from cinq.eval.tasks import arithmetic_problems, step_items
 from cinq.model.byte_tokenizer import build_byte_tokenizer, save_byte_tokenizer
 from cinq.model.config import ModelConfig
 from cinq.model.saver import init_random_model, save_model
@@ -52,15 +52,22 @@ def test_accuracy_and_deltas_from_the_generated_answers(folders, tmp_path):
     problems = arithmetic_problems(4, seed=1, split="test")
 
     def oracle(path, prompts, max_new_tokens, dtype):
-        # The float model "answers" every problem right, the quantized one gets the first one wrong.
-        by_prompt = {p.prompt(): p for p in problems}
-        outs = [by_prompt[pr].target() for pr in prompts]
+        # The float model answers every problem and step right; the quantized one gets the first problem's
+        # answer and the first step item wrong.
+        # A step item's prompt can equal a problem's prompt (first step): the length limit tells the calls apart.
+        whole = max_new_tokens > 16
+        answers = ({p.prompt(): p.target() for p in problems} if whole
+                   else {it.prompt: it.expected + "\nmore" for it in step_items(problems)})
+        outs = [answers[pr] for pr in prompts]
         if Path(path) == q:
-            outs[0] = outs[0].rsplit("Answer:", 1)[0] + "Answer: -1"
+            outs[0] = outs[0].rsplit("Answer:", 1)[0] + "Answer: -1" if whole else "1 + 1 = 3"
         return outs, 10.0
     report = quality_report({"float": base, "rtn-int4": q}, ppl_text=problems[0].text() * 3, ppl_source="t",
                             n_problems=4, seed=1, generate=oracle)
     assert [r.accuracy for r in report.rows] == [1.0, 0.75]
+    n_steps = sum(len(p.steps) for p in problems)
+    assert [r.n_steps for r in report.rows] == [n_steps, n_steps]
+    assert [r.step_accuracy for r in report.rows] == [1.0, (n_steps - 1) / n_steps]
     assert report.rows[0].method == "float" and report.rows[1].method == "rtn (gptq)" and report.rows[1].bits == 4
     assert report.rows[1].weight_bytes < report.rows[0].weight_bytes
     assert all(r.perplexity is not None and r.perplexity > 1 for r in report.rows)
@@ -104,4 +111,4 @@ def test_describe_folder_counts_every_tensor_byte(folders):
 def test_empty_fields_render_as_dashes():
     from cinq.eval.report import ModelQuality
     r = QualityReport([ModelQuality("a", "p", "float", None, 100, None, None, 0)])
-    assert "| a | float | - | 0.00 | 1.00x | - | - | - | - | - | - | - |" in r.to_markdown()
+    assert "| a | float | - | 0.00 | 1.00x | - | - | - | - | - | - | - | - | - |" in r.to_markdown()

@@ -3,7 +3,8 @@ import re
 import pytest
 
 from cinq.errors import InvalidParameterError
-from cinq.eval.tasks import ArithmeticProblem, accuracy, arithmetic_problems, extract_answer
+from cinq.eval.tasks import (ArithmeticProblem, accuracy, arithmetic_problems, extract_answer, step_accuracy,
+                             step_items)
 
 _STEP = re.compile(r"^(\d+) ([-+*/]) (\d+) = (\d+)$")
 
@@ -62,6 +63,27 @@ def test_accuracy_counts_exact_matches():
         accuracy(p, comps[:3])
     with pytest.raises(InvalidParameterError, match="problems"):
         accuracy([], [])
+
+
+def test_step_items_give_each_step_its_gold_prefix():
+    p = ArithmeticProblem("Anna has 3 apples.", ("3 + 2 = 5", "5 * 2 = 10"), 10)
+    items = step_items([p, ArithmeticProblem("q", ("1 + 1 = 2",), 2)])
+    assert [it.expected for it in items] == ["3 + 2 = 5", "5 * 2 = 10", "1 + 1 = 2"]
+    assert items[0].prompt == p.prompt()
+    assert items[1].prompt == p.prompt() + "3 + 2 = 5\n"
+    # every item's prompt followed by its step is a prefix of the full training text
+    for it in items[:2]:
+        assert p.text().startswith(it.prompt + it.expected)
+
+
+def test_step_accuracy_scores_the_first_line_only():
+    items = step_items([ArithmeticProblem("q", ("3 + 2 = 5", "5 * 2 = 10", "10 - 1 = 9", "9 / 3 = 3"), 3)])
+    comps = [" 3 + 2 = 5 \nrubbish", "5 * 2 = 11", "\n10 - 1 = 9", "9 / 3 = 3"]
+    assert step_accuracy(items, comps) == pytest.approx(0.5)
+    with pytest.raises(InvalidParameterError, match="completions"):
+        step_accuracy(items, comps[:2])
+    with pytest.raises(InvalidParameterError, match="items"):
+        step_accuracy([], [])
 
 
 def test_bad_arguments_raise():

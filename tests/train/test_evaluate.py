@@ -28,6 +28,9 @@ def test_arithmetic_eval_scores_greedy_completions(teacher, generator):
     out = arithmetic_eval(teacher, n=4, generator=generator, model=model)
     assert out["problems"] == 4 and out["samples"][0]["prompt"] == arithmetic_problems(4, 0, "test")[0].prompt()
     assert out["accuracy"] in (0.0, 0.25, 0.5, 0.75, 1.0)
+    assert out["steps"] == sum(len(p.steps) for p in arithmetic_problems(4, 0, "test"))
+    assert 0.0 <= out["step_accuracy"] <= 1.0 and out["step_accuracy"] * out["steps"] == round(
+        out["step_accuracy"] * out["steps"])
     assert len(out["samples"]) == 3 and all(isinstance(x["completion"], str) for x in out["samples"])
 
 

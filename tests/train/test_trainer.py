@@ -57,7 +57,7 @@ def test_resuming_continues_the_same_trajectory(tiny_corpus, tmp_path):
     straight.run()
     first, _ = _trainer(tiny_corpus, tmp_path / "b", 10, stop_at=4)
     assert not first.run()["finished"]
-    assert (tmp_path / "b" / "checkpoint.pt").is_file()
+    assert (tmp_path / "b" / "checkpoint.safetensors").is_file()
     second, model = _trainer(tiny_corpus, tmp_path / "b", 10)  # a fresh process would build the same objects
     summary = second.run()
     assert summary["finished"] and second.step == 10
