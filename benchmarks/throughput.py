@@ -166,8 +166,8 @@ def main() -> None:
     print(f"model {path}: threads={torch.get_num_threads()}, {len(reqs)} requests, "
           f"{sum(len(p) for p, _ in reqs)} prompt + {sum(o for _, o in reqs)} output tokens", flush=True)
 
-    cinq = run_cinq(path, reqs, args.max_num_seqs, args.max_num_batched_tokens)
-    print(f"cinq: {cinq['tok_s']:.1f} tok/s ({cinq['seconds']:.1f}s, {cinq['steps']} steps)", flush=True)
+    ours = run_cinq(path, reqs, args.max_num_seqs, args.max_num_batched_tokens)
+    print(f"cinq: {ours['tok_s']:.1f} tok/s ({ours['seconds']:.1f}s, {ours['steps']} steps)", flush=True)
     hf, probes = None, []
     if not args.skip_hf:
         for b in [int(x) for x in args.hf_batch_sizes.split(",")]:
@@ -186,8 +186,8 @@ def main() -> None:
                                      "vocab": vocab, "params": None}},
               "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
                           "torch": torch.__version__, "loadavg_at_end": os.getloadavg()},
-              "cinq": cinq, "hf_probes": probes, "hf": hf, "batch1": b1,
-              "ratio_cinq_over_hf": cinq["tok_s"] / hf["tok_s"] if hf else None, "quick": args.quick}
+              "cinq": ours, "hf_probes": probes, "hf": hf, "batch1": b1,
+              "ratio_cinq_over_hf": ours["tok_s"] / hf["tok_s"] if hf else None, "quick": args.quick}
     ratio = f"{result['ratio_cinq_over_hf']:.2f}x" if hf else "n/a"
     print(f"RATIO cinq / HF = {ratio}")
     if not args.quick:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 
+from cinq.commands.threads_arg import add_threads_arg, apply_threads
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("distill", help="knowledge distillation into a smaller model",
@@ -42,7 +44,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--ckpt-every", type=float, default=300.0)
     p.add_argument("--max-run-time", type=float, default=None)
-    p.add_argument("--threads", type=int, default=None)
+    add_threads_arg(p)
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--name", default=None, help="this run's name in the report (default REGIME:LOSS)")
     p.add_argument("--baseline-ce", default=None, metavar="DIR",
@@ -61,13 +63,11 @@ def run(args: argparse.Namespace) -> int:
     import dataclasses
     import json
 
-    import torch
 
     from cinq.train.distill import DistillJob, distill
     from cinq.train.eval_runs import report_runs
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args.threads)
     job = DistillJob(
         teacher=args.teacher, student=args.student, data_dir=args.data, out_dir=args.out, loss=args.loss,
         regime=args.regime, temperature=args.temperature, beta=args.beta, lam=args.lam,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from cinq.commands.threads_arg import add_threads_arg, apply_threads
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("eval", help="perplexity + reasoning accuracy of model folders", description=__doc__)
@@ -18,7 +20,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--context-len", type=int, default=256)
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    add_threads_arg(p)
     p.add_argument("--out", default=None, help="folder for quality.md / quality.json / quality.png")
     p.set_defaults(run=run)
 
@@ -29,11 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from cinq.errors import InvalidParameterError
     from cinq.eval.report import quality_report
 
-    if args.threads is not None:
-        if args.threads < 1:
-            raise InvalidParameterError(f"--threads must be >= 1, got {args.threads}", "threads")
-        import torch
-        torch.set_num_threads(args.threads)
+    apply_threads(args.threads)
     tasks = [t for t in args.tasks.split(",") if t and t != "none"]
     unknown = sorted(set(tasks) - {"arithmetic"})
     if unknown:

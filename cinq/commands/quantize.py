@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 
+from cinq.commands.threads_arg import add_threads_arg, apply_threads
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("quantize", help="quantize a model (RTN, GPTQ, AWQ, SmoothQuant) on the CPU",
@@ -36,8 +38,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--eval-dtype", default="bfloat16")
     p.add_argument("--calib-dtype", choices=["bfloat16", "float32"], default="bfloat16",
                    help="dtype of the calibration forwards (statistics and quantization are float32)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch threads (default: torch's; on a CPU shared with other jobs, 1 avoids OpenMP stalls)")
+    add_threads_arg(p)
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(run=run)
 
@@ -51,10 +52,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    if args.threads is not None:
-        if args.threads < 1:
-            raise InvalidParameterError(f"--threads must be >= 1, got {args.threads}", "threads")
-        torch.set_num_threads(args.threads)
+    apply_threads(args.threads)
     if args.model is None:
         from cinq.assets import default_model_path
         args.model = str(default_model_path())

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from cinq.commands.threads_arg import add_threads_arg, apply_threads
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("train", help="train a model from scratch (cross-entropy)",
@@ -31,7 +33,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ckpt-every", type=float, default=300.0, help="checkpoint every N seconds")
     p.add_argument("--max-run-time", type=float, default=None,
                    help="stop with a checkpoint after N seconds (resume later with the same command)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    add_threads_arg(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--export", default=None, metavar="DIR",
                    help="when finished: copy the model to DIR, evaluate it and write its model card")
@@ -41,12 +43,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    import torch
 
     from cinq.train.pretrain import PretrainJob, pretrain
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args.threads)
     if args.measure:
         from cinq.train.sizing import sizing_table
         rows = sizing_table(args.measure.split(","), 8192, args.batch_size, args.seq_len, args.tokens, args.out)

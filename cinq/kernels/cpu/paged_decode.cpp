@@ -37,6 +37,21 @@ inline void load_row(const T* src, float* dst, int64_t d) {
   for (int64_t i = 0; i < d; ++i) dst[i] = to_float(src[i]);
 }
 
+// scores[j] <- exp(scores[j] - mx[j]) in place for each of the nq rows of len; returns 1 / row sum.
+inline std::vector<float> exp_rows(float* scores, const float* mx, int64_t nq, int64_t len) {
+  std::vector<float> inv(nq);
+  for (int64_t j = 0; j < nq; ++j) {
+    float* sj = scores + j * len;
+    float total = 0.f;
+    for (int64_t t = 0; t < len; ++t) {
+      sj[t] = std::exp(sj[t] - mx[j]);
+      total += sj[t];
+    }
+    inv[j] = 1.f / total;
+  }
+  return inv;
+}
+
 template <typename T>
 void decode_kernel(const float* q, const T* cache, const int32_t* tables, const int32_t* seq_lens, float* out,
                    int64_t nd, int64_t hq, int64_t hkv, int64_t d, int64_t block_size, int64_t max_blocks,
@@ -73,16 +88,7 @@ void decode_kernel(const float* q, const T* cache, const int32_t* tables, const 
           mx[j] = dot > mx[j] ? dot : mx[j];
         }
       }
-      std::vector<float> inv(nq);
-      for (int64_t j = 0; j < nq; ++j) {
-        float* sj = scores.data() + j * len;
-        float total = 0.f;
-        for (int64_t t = 0; t < len; ++t) {
-          sj[t] = std::exp(sj[t] - mx[j]);
-          total += sj[t];
-        }
-        inv[j] = 1.f / total;
-      }
+      const std::vector<float> inv = exp_rows(scores.data(), mx.data(), nq, len);
       acc.assign(nq * d, 0.f);
       for (int64_t t = 0; t < len; ++t) {
         const T* vp = cache + value_offset + table[t / block_size] * block_stride + (t % block_size) * row + h0 * d;
@@ -145,16 +151,7 @@ void decode_kernel_bf16(const float* q, const c10::BFloat16* cache_t, const int3
           mx[j] = dot > mx[j] ? dot : mx[j];
         }
       }
-      std::vector<float> inv(nq);
-      for (int64_t j = 0; j < nq; ++j) {
-        float* sj = scores.data() + j * len;
-        float total = 0.f;
-        for (int64_t t = 0; t < len; ++t) {
-          sj[t] = std::exp(sj[t] - mx[j]);
-          total += sj[t];
-        }
-        inv[j] = 1.f / total;
-      }
+      const std::vector<float> inv = exp_rows(scores.data(), mx.data(), nq, len);
       acc.assign(nq * d, 0.f);
       for (int64_t t = 0; t < len; ++t) {
         const uint16_t* vp = cache + value_offset + table[t / block_size] * block_stride

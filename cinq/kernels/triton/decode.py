@@ -19,6 +19,7 @@ import triton.language as tl
 from cinq.errors import InvalidParameterError
 from cinq.kernels.metadata import AttentionMetadata
 from cinq.kernels.triton import check_device, interpreter_enabled, next_pow2
+from cinq.kernels.triton.online_softmax import online_softmax_update
 
 INTERPRETED = interpreter_enabled()
 LOG2E = 1.0 / math.log(2.0)
@@ -67,16 +68,8 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, part_o_ptr, part_lse_ptr, seq_len
             s = tl.dot(q, kt.to(q.dtype))
         # the single query is the last position: it sees every key of the context, only the range end masks
         s = tl.where(n_mask[None, :], s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.math.exp2(s - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_base + v_rows[:, None] + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-        if FP32_DOT:
-            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_update(s, v, m_i, l_i, acc, q, FP32_DOT)
 
     nonempty = l_i > 0  # a split past the end of a short sequence saw no key
     out = acc / tl.where(nonempty, l_i, 1.0)[:, None]

@@ -21,6 +21,7 @@ import triton.language as tl
 from cinq.errors import InvalidParameterError
 from cinq.kernels.metadata import AttentionMetadata
 from cinq.kernels.triton import check_device, interpreter_enabled, next_pow2
+from cinq.kernels.triton.online_softmax import online_softmax_update
 
 INTERPRETED = interpreter_enabled()
 LOG2E = 1.0 / math.log(2.0)
@@ -53,16 +54,8 @@ def _kv_tiles(acc, m_i, l_i, q, q_pos, k_base, v_base, bt_row, kv_start, kv_len,
                 keep = keep & (offs_n[None, :] <= q_pos[:, None])
             s = tl.where(keep, s, float("-inf"))
         # Key 0 is in the first tile and visible to every row, so m_new is finite from the first tile on.
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.math.exp2(s - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_base + v_rows[:, None] + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0)
-        if FP32_DOT:
-            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_update(s, v, m_i, l_i, acc, q, FP32_DOT)
     return acc, m_i, l_i
 
 
