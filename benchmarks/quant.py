@@ -33,6 +33,13 @@ train` trains a small byte-level Llama on arithmetic text for --train-seconds fi
     python benchmarks/quant.py --quality cinq/assets/cinq-tiny --calib data/corpus/validation.jsonl \
         --ppl data/corpus/test.jsonl     # .jsonl: the "text" fields, joined
     python benchmarks/quant.py --quality train --train-seconds 300
+
+Reasoning that can be lost (`--finetune-tokens N --task arithmetic-easy`): cinq-tiny scores near chance on the
+corpus-level arithmetic, so first fine-tune it on the easy level, then quantize and report on that task
+(benchmarks/results/quant_quality_arithmetic_easy.*):
+
+    python benchmarks/quant.py --quality cinq/assets/cinq-tiny --calib data/corpus/validation.jsonl \
+        --ppl data/corpus/test.jsonl --task arithmetic-easy --finetune-tokens 1.6e6
 """
 
 from __future__ import annotations
@@ -176,6 +183,11 @@ def main() -> int:
     ap.add_argument("--ppl-chars", type=int, default=200_000, help="use at most this much of the --ppl text")
     ap.add_argument("--n-problems", type=int, default=300)
     ap.add_argument("--train-seconds", type=float, default=300.0)
+    ap.add_argument("--task", default="arithmetic", help="reasoning task of the quality table: arithmetic or "
+                    "arithmetic-easy")
+    ap.add_argument("--finetune-tokens", type=float, default=0,
+                    help="with --quality MODEL: first fine-tune MODEL on --task for this many tokens (cinq.train."
+                         "finetune) and report on the fine-tuned model; results go to quant_quality_<task>.*")
     args = ap.parse_args()
     if args.quality:
         torch.set_num_threads(args.threads)
@@ -295,6 +307,15 @@ def quality(args: argparse.Namespace) -> int:
     work = Path(args.work_dir) / "quality"
     work.mkdir(parents=True, exist_ok=True)
     model = train_small(work / "float", args.train_seconds) if args.quality == "train" else Path(args.quality)
+    finetuned = None
+    if args.finetune_tokens:
+        from cinq.train.finetune import FinetuneJob, finetune_on_task
+        summary = finetune_on_task(FinetuneJob(base=str(model), out_dir=str(work / f"finetune-{args.task}"),
+                                               task=args.task, token_budget=int(args.finetune_tokens),
+                                               progress=False))
+        # elapsed_s: training time over all invocations (a finished run is reused, not retrained)
+        finetuned = {"base": str(model), "tokens": summary["tokens_seen"], "seconds": summary["elapsed_s"]}
+        model = Path(summary["model_dir"])
     if args.calib:
         calib = work / "calib.txt"
         calib.write_text(read_text(Path(args.calib)))
@@ -319,20 +340,25 @@ def quality(args: argparse.Namespace) -> int:
         costs.append(quantize(model, work / label, method, extra, None if method == "rtn" else calib, args.threads)
                      | {"variant": label})
         folders[label] = work / label
-    report = quality_report(folders, ppl_text, ppl_source, n_problems=args.n_problems)
+    report = quality_report(folders, ppl_text, ppl_source, n_problems=args.n_problems, task=args.task)
     for row in report.rows:  # no machine-specific paths in the committed results
         if Path(row.path).is_relative_to(work):
             row.path = f"<work-dir>/{Path(row.path).relative_to(work)}"
     out = Path(args.out)
-    report.save(out, "quant_quality")
+    name = "quant_quality" if finetuned is None else f"quant_quality_{args.task.replace('-', '_')}"
+    report.save(out, name)
     md = report.to_markdown()
-    md = (f"# Quantization quality: {model.name if args.quality != 'train' else 'small byte-level Llama trained '}"
-          f"{'' if args.quality != 'train' else f'{args.train_seconds:.0f} s on arithmetic text'}\n\n{md}\n"
+    title = model.name if args.quality != "train" else \
+        f"small byte-level Llama trained {args.train_seconds:.0f} s on arithmetic text"
+    if finetuned is not None:
+        title = (f"{Path(finetuned['base']).name} fine-tuned on {args.task} ({finetuned['tokens']:,} tokens, "
+                 f"{finetuned['seconds'] / 60:.1f} min with cinq.train.finetune), then quantized")
+    md = (f"# Quantization quality: {title}\n\n`python benchmarks/quant.py {' '.join(sys.argv[1:])}`\n\n{md}\n"
           "`cinq quantize` cost:\n\n| variant | seconds | peak RSS MiB | calibration tokens |\n|---|---|---|---|\n"
           + "".join(f"| {c['variant']} | {c['seconds']:.1f} | {c['peak_rss_mib']} | {c['calib_tokens']} |\n"
                     for c in costs)
           + f"\nload average at the end: {os.getloadavg()[0]:.2f}; {args.threads} thread(s).\n")
-    (out / "quant_quality.md").write_text(md)
+    (out / f"{name}.md").write_text(md)
     print(md)
     return 0
 

@@ -13,7 +13,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("models", nargs="*", help="model folders (first = baseline; default: the embedded model); "
                    "LABEL=FOLDER names a row")
     p.add_argument("--ppl", default=None, help="text file for perplexity")
-    p.add_argument("--tasks", default="arithmetic", help="comma-separated tasks: arithmetic, or none")
+    p.add_argument("--tasks", default="arithmetic",
+                   help="reasoning task: arithmetic (the corpus level), arithmetic-easy, or none")
     p.add_argument("--n-problems", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--split", default="test", choices=["train", "validation", "test"])
@@ -32,10 +33,13 @@ def run(args: argparse.Namespace) -> int:
     from cinq.eval.report import quality_report
 
     apply_threads(args.threads)
+    from cinq.eval.tasks import TASKS
     tasks = [t for t in args.tasks.split(",") if t and t != "none"]
-    unknown = sorted(set(tasks) - {"arithmetic"})
+    unknown = sorted(set(tasks) - set(TASKS))
     if unknown:
-        raise InvalidParameterError(f"--tasks: unknown task(s) {unknown}; available: arithmetic", "tasks")
+        raise InvalidParameterError(f"--tasks: unknown task(s) {unknown}; available: {', '.join(TASKS)}", "tasks")
+    if len(tasks) > 1:
+        raise InvalidParameterError(f"--tasks: one task per report, got {len(tasks)} ({args.tasks})", "tasks")
     models: dict[str, str] = {}
     for item in args.models or []:
         label, _, folder = item.rpartition("=") if "=" in item else (Path(item).name, "", item)
@@ -50,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         ppl_text = Path(args.ppl).read_text(encoding="utf-8", errors="replace")
     report = quality_report(models, ppl_text, args.ppl or "", n_problems=args.n_problems if tasks else 0,
                             seed=args.seed, split=args.split, dtype=args.dtype, context_len=args.context_len,
-                            max_new_tokens=args.max_new_tokens)
+                            max_new_tokens=args.max_new_tokens, task=tasks[0] if tasks else "arithmetic")
     print(report.to_markdown())
     if args.out:
         for path in report.save(args.out):

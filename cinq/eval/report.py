@@ -274,11 +274,15 @@ def evaluate_model(path: str | Path, ppl_tokens_text: str, problems: Sequence[An
 def quality_report(models: Sequence[str | Path] | Mapping[str, str | Path], ppl_text: str = "",
                    ppl_source: str = "", n_problems: int = 100, seed: int = 0, split: str = "test",
                    dtype: str = "bfloat16", context_len: int = 256, max_new_tokens: int = 96,
-                   generate: GenerateFn | None = None) -> QualityReport:
-    """Evaluate every folder (the first is the baseline of the deltas) on the same text and problems."""
-    from cinq.eval.tasks import arithmetic_problems
+                   generate: GenerateFn | None = None, task: str = "arithmetic") -> QualityReport:
+    """Evaluate every folder (the first is the baseline of the deltas) on the same text and problems of
+    ``task`` ("arithmetic" or "arithmetic-easy")."""
+    from cinq.errors import InvalidParameterError
+    from cinq.eval.tasks import TASKS, arithmetic_problems
+    if task not in TASKS:
+        raise InvalidParameterError(f"task must be one of {sorted(TASKS)}, got {task!r}", "task")
     items = list(models.items()) if isinstance(models, Mapping) else [(Path(p).name, p) for p in models]
-    problems = arithmetic_problems(n_problems, seed=seed, split=split) if n_problems > 0 else []
+    problems = arithmetic_problems(n_problems, seed=seed, split=split, level=TASKS[task]) if n_problems > 0 else []
     from cinq.model.loader import load_model
     rows = []
     base = load_model(items[0][1], dtype=dtype) if ppl_text and len(items) > 1 else None
@@ -288,4 +292,4 @@ def quality_report(models: Sequence[str | Path] | Mapping[str, str | Path], ppl_
                                    base if i else None))
     if base is not None:
         rows[0].kl_vs_base, rows[0].top1_vs_base = 0.0, 1.0
-    return QualityReport(rows, ppl_source)
+    return QualityReport(rows, ppl_source, task)

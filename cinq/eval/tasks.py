@@ -5,6 +5,11 @@ line per operation (``12 + 5 = 17``) and a final ``Answer: <int>`` line that an 
 The same generator feeds the training corpus (split "train"), chain-of-thought distillation, and the held-out
 reasoning benchmark used by the quantization and distillation reports (split "test").
 
+Two levels: ``standard`` (start 2-50, 2-4 steps, operands up to 30, values up to 500: the level in the
+training corpus) and ``easy`` (start 2-20, 2-3 steps, operands 1-9 or 2, values up to 99), which a model of
+cinq-tiny's size can learn from about a million tokens of fine-tuning, so that quantization's effect on reasoning
+becomes measurable (cinq-tiny itself scores near chance on ``standard``).
+
 Splits never overlap: a problem belongs to the split chosen by a hash of its question text, so no seed can
 put the same question in two splits.
 """
@@ -20,6 +25,8 @@ from dataclasses import dataclass
 from cinq.errors import InvalidParameterError
 
 SPLITS = ("train", "validation", "test")
+LEVELS = ("standard", "easy")
+TASKS = {"arithmetic": "standard", "arithmetic-easy": "easy"}  # task name (cinq eval --tasks) -> level
 # Hash bucket (out of 10) -> split: 80% train, 10% validation, 10% test.
 _BUCKETS = {"train": range(0, 8), "validation": range(8, 9), "test": range(9, 10)}
 
@@ -31,6 +38,7 @@ _SUB = ("Then {name} gives away {n}.", "Then {name} loses {n}.", "Then {name} se
 _MUL = ("Then {name} gets {n} times as many.",)
 _DIV = ("Then {name} splits them into {n} equal groups and keeps one group.",)
 _MAX_VALUE = 500
+_EASY_MAX_VALUE = 99
 _ANSWER_RE = re.compile(r"Answer:\s*(-?\d+)")
 
 
@@ -92,13 +100,49 @@ def _make_problem(rng: random.Random) -> ArithmeticProblem:
     return ArithmeticProblem(" ".join(sentences), tuple(steps), value)
 
 
-def arithmetic_problems(n: int, seed: int = 0, split: str = "test") -> list[ArithmeticProblem]:
-    """``n`` distinct problems of ``split`` ("train" / "validation" / "test"), the same for the same seed."""
+def _make_easy_problem(rng: random.Random) -> ArithmeticProblem:
+    name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
+    value = rng.randint(2, 20)
+    sentences = [f"{name} has {value} {item}."]
+    steps: list[str] = []
+    for _ in range(rng.randint(2, 3)):
+        ops = ["add", "sub"] if value >= 2 else ["add"]
+        if value * 2 <= _EASY_MAX_VALUE:
+            ops.append("mul")
+        if value % 2 == 0 and value >= 4:
+            ops.append("div")
+        op = rng.choice(ops)
+        if op == "add":
+            n = rng.randint(1, min(9, _EASY_MAX_VALUE - value))
+            new, sym, tpl = value + n, "+", rng.choice(_ADD)
+        elif op == "sub":
+            n = rng.randint(1, min(9, value - 1))
+            new, sym, tpl = value - n, "-", rng.choice(_SUB)
+        elif op == "mul":
+            n, new, sym, tpl = 2, value * 2, "*", rng.choice(_MUL)
+        else:
+            n, new, sym, tpl = 2, value // 2, "/", rng.choice(_DIV)
+        sentences.append(tpl.format(name=name, n=n))
+        steps.append(f"{value} {sym} {n} = {new}")
+        value = new
+    sentences.append(f"How many {item} does {name} have now?")
+    return ArithmeticProblem(" ".join(sentences), tuple(steps), value)
+
+
+def arithmetic_problems(n: int, seed: int = 0, split: str = "test", level: str = "standard"
+                        ) -> list[ArithmeticProblem]:
+    """``n`` distinct problems of ``split`` ("train" / "validation" / "test") at ``level`` ("standard" /
+    "easy"), the same for the same seed."""
     if split not in SPLITS:
         raise InvalidParameterError(f"split must be one of {SPLITS}, got {split!r}", "split")
+    if level not in LEVELS:
+        raise InvalidParameterError(f"level must be one of {LEVELS}, got {level!r}", "level")
     if not isinstance(n, int) or isinstance(n, bool) or not (0 <= n <= 1_000_000):
         raise InvalidParameterError(f"n must be an integer in [0, 1000000], got {n!r}", "n")
-    rng = random.Random(f"cinq-arithmetic:{seed}:{split}")
+    # The standard level keeps its original seed string: the shipped corpus and reports were drawn with it.
+    rng = random.Random(f"cinq-arithmetic:{seed}:{split}" if level == "standard"
+                        else f"cinq-arithmetic-{level}:{seed}:{split}")
+    make = _make_problem if level == "standard" else _make_easy_problem
     out: list[ArithmeticProblem] = []
     seen: set[str] = set()
     attempts = 0
@@ -106,7 +150,7 @@ def arithmetic_problems(n: int, seed: int = 0, split: str = "test") -> list[Arit
         attempts += 1
         if attempts > 100 * n + 1000:  # the problem space is far larger; this only guards a broken generator
             raise RuntimeError(f"arithmetic_problems: could not draw {n} distinct {split} problems")
-        p = _make_problem(rng)
+        p = make(rng)
         if p.question in seen or _split_of(p.question) != split:
             continue
         seen.add(p.question)

@@ -16,6 +16,15 @@ def test_same_seed_same_problems_and_seeds_differ():
     assert len({p.question for p in a}) == 50
 
 
+def test_levels_differ_and_standard_is_unchanged_by_the_level_argument():
+    standard = arithmetic_problems(20, seed=0, split="test")
+    assert standard == arithmetic_problems(20, seed=0, split="test", level="standard")
+    easy = arithmetic_problems(20, seed=0, split="test", level="easy")
+    assert {p.question for p in easy}.isdisjoint(p.question for p in standard)
+    with pytest.raises(InvalidParameterError, match="level"):
+        arithmetic_problems(3, level="hard")
+
+
 def test_splits_never_overlap():
     sets = {s: {p.question for p in arithmetic_problems(400, seed=0, split=s)} for s in ("train", "validation", "test")}
     assert not sets["train"] & sets["validation"]
@@ -26,10 +35,11 @@ def test_splits_never_overlap():
     assert not other_train & sets["test"]
 
 
-def test_worked_steps_are_correct_and_chain_to_the_answer():
+@pytest.mark.parametrize("level, max_steps, max_operand, max_value", [("standard", 4, 500, 500), ("easy", 3, 9, 99)])
+def test_worked_steps_are_correct_and_chain_to_the_answer(level, max_steps, max_operand, max_value):
     ops = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "/": lambda a, b: a // b}
-    for p in arithmetic_problems(200, seed=7, split="train"):
-        assert 2 <= len(p.steps) <= 4
+    for p in arithmetic_problems(200, seed=7, split="train", level=level):
+        assert 2 <= len(p.steps) <= max_steps
         start = int(re.search(r"has (\d+) ", p.question).group(1))
         value = start
         for step in p.steps:
@@ -38,6 +48,7 @@ def test_worked_steps_are_correct_and_chain_to_the_answer():
             if op == "/":
                 assert int(a) % int(b) == 0
             assert ops[op](int(a), int(b)) == int(c) >= 1
+            assert int(b) <= max_operand and int(c) <= max_value
             value = int(c)
         assert value == p.answer
         assert p.target().endswith(f"\nAnswer: {p.answer}")

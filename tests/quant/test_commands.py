@@ -40,9 +40,10 @@ def test_quantize_then_eval(trained_tiny, tmp_path, calib_file, capsys):
 
     report_dir = tmp_path / "report"
     rc = main(["eval", f"bf16={trained_tiny}", f"gptq={out}", "--ppl", str(calib_file), "--n-problems", "2",
-               "--max-new-tokens", "8", "--out", str(report_dir)])
+               "--max-new-tokens", "8", "--tasks", "arithmetic-easy", "--out", str(report_dir)])
     assert rc == 0
     data = json.loads((report_dir / "quality.json").read_text())
+    assert data["task"] == "arithmetic-easy" and all(r["n_problems"] == 2 and r["n_steps"] >= 4 for r in data["rows"])
     assert [r["label"] for r in data["rows"]] == ["bf16", "gptq"]
     assert all(r["perplexity"] > 1 for r in data["rows"])
     assert (report_dir / "quality.md").is_file() and (report_dir / "quality.png").is_file()
@@ -51,3 +52,5 @@ def test_quantize_then_eval(trained_tiny, tmp_path, calib_file, capsys):
 def test_eval_rejects_unknown_tasks(capsys):
     assert main(["eval", "--tasks", "mmlu"]) == 2
     assert "unknown task" in capsys.readouterr().err
+    assert main(["eval", "--tasks", "arithmetic,arithmetic-easy"]) == 2
+    assert "one task per report" in capsys.readouterr().err
