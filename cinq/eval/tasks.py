@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from cinq.errors import InvalidParameterError
 
 SPLITS = ("train", "validation", "test")
-LEVELS = ("standard", "easy")
+LEVELS = ("standard", "easy")  # see _LEVELS
 TASKS = {"arithmetic": "standard", "arithmetic-easy": "easy"}  # task name (cinq eval --tasks) -> level
 # Hash bucket (out of 10) -> split: 80% train, 10% validation, 10% test.
 _BUCKETS = {"train": range(0, 8), "validation": range(8, 9), "test": range(9, 10)}
@@ -38,7 +38,6 @@ _SUB = ("Then {name} gives away {n}.", "Then {name} loses {n}.", "Then {name} se
 _MUL = ("Then {name} gets {n} times as many.",)
 _DIV = ("Then {name} splits them into {n} equal groups and keeps one group.",)
 _MAX_VALUE = 500
-_EASY_MAX_VALUE = 99
 _ANSWER_RE = re.compile(r"Answer:\s*(-?\d+)")
 
 
@@ -68,60 +67,58 @@ def _split_of(question: str) -> str:
     return next(s for s, r in _BUCKETS.items() if bucket in r)
 
 
-def _make_problem(rng: random.Random) -> ArithmeticProblem:
+@dataclass(frozen=True, slots=True)
+class _Level:
+    """The knobs of one difficulty level (see the module docstring)."""
+
+    start: tuple[int, int]
+    num_steps: tuple[int, int]
+    max_value: int
+    max_add: int
+    max_sub: int
+    ops: tuple[str, ...]  # "add" / "sub" entries, repeated for weight, in the order drawn from
+    mul_factors: tuple[int, ...]
+    div_factors: tuple[int, ...]
+
+
+_LEVELS = {
+    "standard": _Level((2, 50), (2, 4), _MAX_VALUE, 30, _MAX_VALUE, ("sub", "sub", "add", "add"), (2, 3, 4),
+                       (2, 3, 4, 5)),
+    "easy": _Level((2, 20), (2, 3), 99, 9, 9, ("add", "sub"), (2,), (2,)),
+}
+
+
+def _pick(rng: random.Random, choices: list[int], factors: tuple[int, ...]) -> int:
+    # A level with a single factor takes no draw (the easy level was defined that way); one with several always
+    # draws, even from one remaining choice. Either way the problems of each level stay what they were.
+    return choices[0] if len(factors) == 1 else rng.choice(choices)
+
+
+def _make_problem(rng: random.Random, lv: _Level) -> ArithmeticProblem:
     name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
-    value = rng.randint(2, 50)
+    value = rng.randint(*lv.start)
     sentences = [f"{name} has {value} {item}."]
     steps: list[str] = []
-    for _ in range(rng.randint(2, 4)):
+    for _ in range(rng.randint(*lv.num_steps)):
         # Pick among the operations that keep the value a small positive integer.
-        ops = (["sub", "sub"] if value >= 2 else []) + (["add", "add"] if value < _MAX_VALUE else [])
-        if value * 2 <= _MAX_VALUE:
+        ops = [op for op in lv.ops if (op == "sub" and value >= 2) or (op == "add" and value < lv.max_value)]
+        if value * lv.mul_factors[0] <= lv.max_value:
             ops.append("mul")
-        if any(value % k == 0 for k in range(2, 6)) and value >= 4:
+        if any(value % k == 0 for k in lv.div_factors) and value >= 4:
             ops.append("div")
         op = rng.choice(ops)
         if op == "add":
-            n = rng.randint(1, min(30, _MAX_VALUE - value))
+            n = rng.randint(1, min(lv.max_add, lv.max_value - value))
             new, sym, tpl = value + n, "+", rng.choice(_ADD)
         elif op == "sub":
-            n = rng.randint(1, value - 1)  # keep at least one: "has 0" questions read oddly
+            n = rng.randint(1, min(lv.max_sub, value - 1))  # keep at least one: "has 0" questions read oddly
             new, sym, tpl = value - n, "-", rng.choice(_SUB)
         elif op == "mul":
-            n = rng.choice([k for k in (2, 3, 4) if value * k <= _MAX_VALUE])
+            n = _pick(rng, [k for k in lv.mul_factors if value * k <= lv.max_value], lv.mul_factors)
             new, sym, tpl = value * n, "*", rng.choice(_MUL)
         else:
-            n = rng.choice([k for k in range(2, 6) if value % k == 0])
+            n = _pick(rng, [k for k in lv.div_factors if value % k == 0], lv.div_factors)
             new, sym, tpl = value // n, "/", rng.choice(_DIV)
-        sentences.append(tpl.format(name=name, n=n))
-        steps.append(f"{value} {sym} {n} = {new}")
-        value = new
-    sentences.append(f"How many {item} does {name} have now?")
-    return ArithmeticProblem(" ".join(sentences), tuple(steps), value)
-
-
-def _make_easy_problem(rng: random.Random) -> ArithmeticProblem:
-    name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
-    value = rng.randint(2, 20)
-    sentences = [f"{name} has {value} {item}."]
-    steps: list[str] = []
-    for _ in range(rng.randint(2, 3)):
-        ops = ["add", "sub"] if value >= 2 else ["add"]
-        if value * 2 <= _EASY_MAX_VALUE:
-            ops.append("mul")
-        if value % 2 == 0 and value >= 4:
-            ops.append("div")
-        op = rng.choice(ops)
-        if op == "add":
-            n = rng.randint(1, min(9, _EASY_MAX_VALUE - value))
-            new, sym, tpl = value + n, "+", rng.choice(_ADD)
-        elif op == "sub":
-            n = rng.randint(1, min(9, value - 1))
-            new, sym, tpl = value - n, "-", rng.choice(_SUB)
-        elif op == "mul":
-            n, new, sym, tpl = 2, value * 2, "*", rng.choice(_MUL)
-        else:
-            n, new, sym, tpl = 2, value // 2, "/", rng.choice(_DIV)
         sentences.append(tpl.format(name=name, n=n))
         steps.append(f"{value} {sym} {n} = {new}")
         value = new
@@ -142,7 +139,7 @@ def arithmetic_problems(n: int, seed: int = 0, split: str = "test", level: str =
     # The standard level keeps its original seed string: the shipped corpus and reports were drawn with it.
     rng = random.Random(f"cinq-arithmetic:{seed}:{split}" if level == "standard"
                         else f"cinq-arithmetic-{level}:{seed}:{split}")
-    make = _make_problem if level == "standard" else _make_easy_problem
+    lv = _LEVELS[level]
     out: list[ArithmeticProblem] = []
     seen: set[str] = set()
     attempts = 0
@@ -150,7 +147,7 @@ def arithmetic_problems(n: int, seed: int = 0, split: str = "test", level: str =
         attempts += 1
         if attempts > 100 * n + 1000:  # the problem space is far larger; this only guards a broken generator
             raise RuntimeError(f"arithmetic_problems: could not draw {n} distinct {split} problems")
-        p = make(rng)
+        p = _make_problem(rng, lv)
         if p.question in seen or _split_of(p.question) != split:
             continue
         seen.add(p.question)
