@@ -10,9 +10,9 @@ by the engine (`LLMEngine`, ignore_eos, greedy, bf16 activations):
 * w8a8: SmoothQuant (cinq W8A8 file) -> `torch._int_mm` with per-token int8 activations.
 
 Speed does not depend on how the integers were chosen, so RTN stands for GPTQ/AWQ here. The LM head (tied to
-the embedding: 22% of the parameters) stays bf16 in every variant, as GPTQ/AWQ files keep it; one extra row,
-"int4 + int4 lm_head", swaps the loaded LM head for an int4 g128 copy of it after loading (the model code
-keeps the head dense today), to show what the head costs at batch 1.
+the embedding: 22% of the parameters) stays bf16 in the usual variants, as GPTQ/AWQ files keep it; the row
+"int4 + int4 lm_head" is `cinq quantize --lm-head` (GPTQ's "lm_head": true): the head is its own int4 tensor,
+so that file keeps the dense embedding too (more bytes on disk) while decode reads a quarter of the head's.
 
 Thread count: `--threads` (default 1). With other jobs on the 2 cores, two OpenMP threads stall each other
 (a decode step measured 20 ms with 1 thread and 750 ms with 2 under the same load), so the default is the
@@ -131,23 +131,11 @@ def quantize(src: Path, out: Path, method: str, args: list[str], calib: Path | N
             "peak_rss_mib": int(m.group(2)), "calib_tokens": int(m.group(3))}
 
 
-def quantize_lm_head(engine: LLMEngine) -> None:
-    """Replace the engine model's dense LM head by an int4 g128 (RTN) copy."""
-    from cinq.layers.linear import GPTQLinear
-    from cinq.quant.rtn import rtn_quantize
-    w = engine.model.lm_head.weight.detach().float()
-    engine.model.lm_head = GPTQLinear.from_quantized(rtn_quantize(w, 4, 128, True), dtype=torch.bfloat16,
-                                                     prefix="lm_head")
-
-
-def decode_speed(folder: Path, batch: int, new_tokens: int, repeats: int, prompt_len: int = 32,
-                 int4_head: bool = False) -> dict:
+def decode_speed(folder: Path, batch: int, new_tokens: int, repeats: int, prompt_len: int = 32) -> dict:
     """Decode tokens/s (prefill step excluded), median over ``repeats`` runs on one engine."""
     engine = LLMEngine(EngineConfig(model=str(folder), dtype="bfloat16", max_num_seqs=max(batch, 1),
                                     max_num_batched_tokens=max(2048, batch * prompt_len), kv_cache_memory=1.0,
                                     enable_prefix_caching=False))
-    if int4_head:
-        quantize_lm_head(engine)
     kinds = sorted({getattr(m, "kind", "dense") for m in engine.model.modules()
                     if type(m).__name__.endswith("Linear") and m is not engine.model.lm_head})
     rng = random.Random(0)
@@ -200,16 +188,16 @@ def main() -> int:
     calib_small = ["--calib-samples", "8", "--calib-seq-len", "128"] if args.quick else []
     load_before = os.getloadavg()
 
-    variants: dict[str, tuple[Path, bool]] = {"bf16": (src, False)}
+    variants: dict[str, Path] = {"bf16": src}
     costs = []
     specs = {"int8": ("rtn", ["--bits", "8", "--group-size", "-1"], None),
              "int4": ("rtn", ["--bits", "4", "--group-size", "128"], None),
-             "w8a8": ("smoothquant", ["--bits", "8"] + calib_small, calib)}
+             "w8a8": ("smoothquant", ["--bits", "8"] + calib_small, calib),
+             "int4 + int4 lm_head": ("rtn", ["--bits", "4", "--group-size", "128", "--lm-head"], None)}
     for name, (method, extra, cal) in specs.items():
-        out = work / name
+        out = work / name.replace(" ", "").replace("+", "-")
         costs.append(quantize(src, out, method, extra, cal, args.threads) | {"variant": name})
-        variants[name] = (out, False)
-    variants["int4 + int4 lm_head"] = (work / "int4", True)
+        variants[name] = out
     skip = set(filter(None, args.skip_methods.split(",")))
     for method, extra in (("gptq", ["--bits", "4", "--group-size", "128"]),
                           ("awq", ["--bits", "4", "--group-size", "128"])):
@@ -219,10 +207,10 @@ def main() -> int:
 
     b1_tokens, b32_tokens = (16, 8) if args.quick else (128, 64)
     rows = []
-    for name, (folder, int4_head) in variants.items():
+    for name, folder in variants.items():
         linear, total = tensor_bytes(folder)
-        b1 = decode_speed(folder, 1, b1_tokens, args.repeats, int4_head=int4_head)
-        b32 = decode_speed(folder, 32, b32_tokens, max(1, args.repeats - 1), int4_head=int4_head)
+        b1 = decode_speed(folder, 1, b1_tokens, args.repeats)
+        b32 = decode_speed(folder, 32, b32_tokens, max(1, args.repeats - 1))
         rows.append({"variant": name, "linear_bytes": linear, "total_bytes": total, "batch1": b1, "batch32": b32})
         print(f"{name}: {b1['tokens_per_s']:.1f} tok/s @1, {b32['tokens_per_s']:.1f} tok/s @32, "
               f"kernels {b1['kernels']}",

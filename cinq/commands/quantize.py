@@ -23,6 +23,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--desc-act", action="store_true", help="GPTQ act-order")
     p.add_argument("--static-groups", action="store_true", help="GPTQ: groups fixed before act-order")
     p.add_argument("--damp-percent", type=float, default=0.01)
+    p.add_argument("--lm-head", action="store_true",
+                   help="also quantize the LM head (round-to-nearest, GPTQ formats; config flag lm_head: true)")
     p.add_argument("--no-true-sequential", action="store_true")
     p.add_argument("--alpha", type=float, default=0.5, help="SmoothQuant migration strength")
     p.add_argument("--act-scheme", choices=["dynamic", "static"], default="dynamic", help="W8A8 activation scales")
@@ -64,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = QuantConfig(method=args.method, bits=bits, group_size=args.group_size, sym=sym, format=args.format,
                       desc_act=args.desc_act, static_groups=args.static_groups, damp_percent=args.damp_percent,
                       true_sequential=not args.no_true_sequential, smooth_alpha=args.alpha,
-                      act_scheme=args.act_scheme)
+                      act_scheme=args.act_scheme, lm_head=args.lm_head)
     calib_ids, heldout_text = None, None
     text = None
     if args.calib is not None:

@@ -125,13 +125,17 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = LlamaModel(config, quant, attention_backend)
-        # The LM head stays dense: GPTQ/AWQ checkpoints do not quantize it.
-        self.lm_head = DenseLinear(config.hidden_size, config.vocab_size, bias=False)
+        # The LM head stays dense unless the checkpoint says it is quantized (GPTQ's "lm_head": true); a
+        # quantized head is never tied: the embedding lookup needs the dense matrix.
+        if quant is not None and getattr(quant, "lm_head", False):
+            self.lm_head = quant.make_linear(config.hidden_size, config.vocab_size, False, "lm_head")
+        else:
+            self.lm_head = DenseLinear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
 
     def tie_weights(self) -> None:
         """Share the embedding matrix with the LM head when the config says so (re-run after ``to_empty``)."""
-        if self.config.tie_word_embeddings:
+        if self.config.tie_word_embeddings and isinstance(self.lm_head, DenseLinear):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,

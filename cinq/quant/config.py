@@ -43,6 +43,7 @@ class QuantConfig:
     smooth_alpha: float = 0.5  # SmoothQuant migration strength
     act_scheme: str = "dynamic"  # W8A8 activations: "dynamic" per token | "static" per tensor (calibrated)
     modules_to_not_convert: list[str] = field(default_factory=list)
+    lm_head: bool = False  # also quantize the LM head (GPTQ formats; gptqmodel's "lm_head" flag), RTN grid
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -68,6 +69,9 @@ class QuantConfig:
                 raise InvalidParameterError(f"smooth_alpha must be in [0, 1], got {self.smooth_alpha}", "smooth_alpha")
             return
         check_grid(self.bits, self.group_size)
+        if self.lm_head and self.format not in ("gptq", "gptq_v2"):
+            raise InvalidParameterError(f"lm_head quantization is written in the GPTQ formats only, not "
+                                        f"{self.format!r}", "lm_head")
         if self.format == "awq":
             if self.bits != 4:
                 raise InvalidParameterError(f"bits must be 4 for the AWQ GEMM format, got {self.bits}", "bits")
@@ -95,7 +99,8 @@ class QuantConfig:
             return {"quant_method": "gptq", "bits": self.bits, "group_size": self.group_size,
                     "desc_act": self.desc_act, "sym": self.sym, "static_groups": self.static_groups,
                     "true_sequential": self.true_sequential, "damp_percent": self.damp_percent,
-                    "checkpoint_format": self.format, "modules_to_not_convert": skip, "meta": meta}
+                    "checkpoint_format": self.format, "lm_head": self.lm_head, "modules_to_not_convert": skip,
+                    "meta": meta}
         if self.format == "awq":
             return {"quant_method": "awq", "bits": 4, "group_size": self.group_size, "zero_point": not self.sym,
                     "version": "gemm", "modules_to_not_convert": skip, "meta": meta}
@@ -132,7 +137,8 @@ class QuantConfig:
                            sym=bool(qc.get("sym", True)), format=fmt, desc_act=bool(qc.get("desc_act", False)),
                            static_groups=bool(qc.get("static_groups", False)),
                            true_sequential=bool(qc.get("true_sequential", True)),
-                           damp_percent=float(qc.get("damp_percent", 0.01)), modules_to_not_convert=skip)
+                           damp_percent=float(qc.get("damp_percent", 0.01)), modules_to_not_convert=skip,
+                           lm_head=bool(qc.get("lm_head", False)))
             if kind == "awq":
                 version = str(qc.get("version", "gemm")).lower()
                 if version != "gemm":

@@ -22,6 +22,7 @@ from cinq.quant.calibration import (BLOCK_LINEARS, BlockState, CheckpointReader,
 from cinq.quant.config import QuantConfig
 from cinq.quant.formats import awq_pack, gptq_pack
 from cinq.quant.qweight import QuantizedWeight
+from cinq.quant.rtn import rtn_quantize
 from cinq.quant.writer import ShardWriter, write_configs
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,8 @@ def _check_shapes(reader: CheckpointReader, cfg: QuantConfig) -> None:
               "mlp.gate_proj": (c.hidden_size, c.intermediate_size),
               "mlp.up_proj": (c.hidden_size, c.intermediate_size),
               "mlp.down_proj": (c.intermediate_size, c.hidden_size)}
+    if cfg.lm_head:
+        shapes["lm_head"] = (c.hidden_size, c.vocab_size)
     if cfg.format == "w8a8":
         return
     per = 32 // cfg.bits
@@ -109,8 +112,15 @@ def quantize_model(src: str | Path, dst: str | Path, cfg: QuantConfig, calib: to
         losses.update({f"{prefix}.{k}": v for k, v in block_losses.items()})
         del block
     for name in reader.names():
-        if not name.startswith("model.layers."):
+        if not name.startswith("model.layers.") and not (cfg.lm_head and name == "lm_head.weight"):
             writer.add(name, reader.tensor(name))
+    if cfg.lm_head:
+        # Round-to-nearest on the GPTQ grid for every method: the head's input (final norm output) is not
+        # collected by the block-by-block calibration.
+        head = reader.tensor("lm_head.weight" if reader.has("lm_head.weight") else "model.embed_tokens.weight")
+        qw = rtn_quantize(head.float(), cfg.bits, cfg.group_size, cfg.sym, cfg.min_zero)
+        for key, t in _pack(cfg, qw).items():
+            writer.add(f"lm_head.{key}", t)
     writer.finish()
     write_configs(src, dst, reader.raw_config, cfg, dense_dtype)
     peak = peak_rss_mib()
@@ -126,7 +136,6 @@ def _quantize_block(block: torch.nn.Module, state: BlockState | None, cfg: Quant
     lin = block_linears(block)
     firsts = [names[0] for names in BLOCK_LINEARS]
     if cfg.method == "rtn":
-        from cinq.quant.rtn import rtn_quantize
         out = {n: _pack(cfg, rtn_quantize(m.weight.detach(), cfg.bits, cfg.group_size, cfg.sym, cfg.min_zero))
                for n, m in lin.items()}
         return out, None, {}

@@ -135,3 +135,39 @@ def test_refusals(trained_tiny, quantized, tmp_path):
         quantize_model(quantized("rtn4")[1], tmp_path / "y", QuantConfig("rtn", 4, 32), None, progress=False)
     with pytest.raises(InvalidParameterError, match="group_size 48"):
         quantize_model(trained_tiny, tmp_path / "z", QuantConfig("rtn", 4, 48, format="awq"), None, progress=False)
+
+
+def test_quantized_lm_head_round_trips(trained_tiny, tmp_path):
+    from cinq.eval.report import describe_folder
+    from tests.quant.conftest import tiny_config, train_tiny, write_folder
+    with pytest.raises(InvalidParameterError, match="lm_head.*multiples of 8"):  # byte vocab: 263 rows
+        quantize_model(trained_tiny, tmp_path / "x", QuantConfig("rtn", 4, 32, lm_head=True), None, progress=False)
+    src = write_folder(train_tiny(tiny_config(vocab=264), steps=40), tmp_path / "src")
+    ids = torch.tensor([[5, 80, 81, 82, 40, 41, 42, 43] * 8])
+    dense = load_model(src, dtype="float32")
+    with torch.no_grad():
+        ref = dense.compute_logits(dense(ids))
+    out = tmp_path / "head"
+    quantize_model(src, out, QuantConfig("rtn", 4, 32, lm_head=True), None, progress=False)
+    body_only = tmp_path / "body"
+    quantize_model(src, body_only, QuantConfig("rtn", 4, 32), None, progress=False)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["quantization_config"]["lm_head"] is True and cfg["tie_word_embeddings"] is False
+    assert json.loads((out / "quantize_config.json").read_text())["lm_head"] is True
+    assert QuantConfig.from_hf(cfg["quantization_config"]).lm_head
+    model, logits = logits_of(out, ids)
+    assert isinstance(model.lm_head, GPTQLinear)
+    assert torch.equal(model.model.embed_tokens.weight, dense.model.embed_tokens.weight)  # lookup stays exact
+    rel = float((logits - ref).abs().max() / ref.abs().max())
+    agree = float((logits.argmax(-1) == ref.argmax(-1)).float().mean())
+    assert rel < 0.5 and agree > 0.85, (rel, agree)
+    # Tied embeddings: the file keeps the dense embedding and adds the int4 head (under a third of a bf16 head),
+    # which is what decode reads per step instead of the dense matrix.
+    extra = describe_folder(out)[2] - describe_folder(body_only)[2]
+    assert 0 < extra < 0.35 * 264 * 64 * 2
+
+
+def test_lm_head_quantization_needs_a_gptq_format():
+    with pytest.raises(InvalidParameterError, match="lm_head"):
+        QuantConfig("awq", 4, 32, lm_head=True)
+    assert QuantConfig.from_hf(QuantConfig("gptq", 4, 32).to_hf()).lm_head is False
