@@ -27,12 +27,10 @@ of 32 random tokens; the prefill step is excluded; median of --repeats runs. The
 
 Quality (`--quality MODEL`): quantize a trained model with every method (RTN int8/int4, GPTQ int4, AWQ int4,
 SmoothQuant W8A8; group 128 or 32 when the model is too narrow) and write the perplexity + arithmetic-accuracy
-table (cinq.eval.report) to benchmarks/results/quant_quality.{md,json,png}. Without cinq-tiny, `--quality
-train` trains a small byte-level Llama on arithmetic text for --train-seconds first.
+table (cinq.eval.report) to benchmarks/results/quant_quality.{md,json,png}.
 
     python benchmarks/quant.py --quality cinq/assets/cinq-tiny --calib data/corpus/validation.jsonl \
         --ppl data/corpus/test.jsonl     # .jsonl: the "text" fields, joined
-    python benchmarks/quant.py --quality train --train-seconds 300
 
 Reasoning that can be lost (`--finetune-tokens N --task arithmetic-easy`): cinq-tiny scores near chance on the
 corpus-level arithmetic, so first fine-tune it on the easy level, then quantize and report on that task
@@ -165,12 +163,11 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (see the module docstring)")
     ap.add_argument("--skip-methods", default="", help="comma-separated methods not to time in `cinq quantize`")
     ap.add_argument("--out", default=str(RESULTS))
-    ap.add_argument("--quality", default=None, help="model folder for the quality table, or 'train'")
+    ap.add_argument("--quality", default=None, help="model folder for the quality table (e.g. cinq/assets/cinq-tiny)")
     ap.add_argument("--calib", default=None, help="calibration text (default: arithmetic validation problems)")
     ap.add_argument("--ppl", default=None, help="perplexity text (default: arithmetic test problems)")
     ap.add_argument("--ppl-chars", type=int, default=200_000, help="use at most this much of the --ppl text")
     ap.add_argument("--n-problems", type=int, default=300)
-    ap.add_argument("--train-seconds", type=float, default=300.0)
     ap.add_argument("--task", default="arithmetic", help="reasoning task of the quality table: arithmetic or "
                     "arithmetic-easy")
     ap.add_argument("--finetune-tokens", type=float, default=0,
@@ -235,43 +232,6 @@ def main() -> int:
     return 0
 
 
-def train_small(path: Path, seconds: float) -> Path:
-    """A byte-level Llama (hidden 128, 4 layers) trained on arithmetic problems for ``seconds``."""
-    from cinq.eval.tasks import arithmetic_problems
-    from cinq.model.byte_tokenizer import build_byte_tokenizer
-    tok = build_byte_tokenizer()
-    config = ModelConfig.from_dict({
-        "architectures": ["LlamaForCausalLM"], "vocab_size": tok.get_vocab_size(), "hidden_size": 128,
-        "intermediate_size": 384, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "max_position_embeddings": 512, "tie_word_embeddings": True,
-        "bos_token_id": tok.token_to_id("<|bos|>"), "eos_token_id": tok.token_to_id("<|end|>")})
-    torch.manual_seed(0)
-    model = init_random_model(config, seed=0)
-    eos = tok.token_to_id("<|end|>")
-    ids: list[int] = []
-    for p in arithmetic_problems(20000, seed=0, split="train"):
-        ids += tok.encode(p.prompt() + p.target(), add_special_tokens=False).ids + [eos]
-    data = torch.tensor(ids)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
-    t0, step = time.perf_counter(), 0
-    while time.perf_counter() - t0 < seconds:
-        starts = torch.randint(0, data.numel() - 257, (16,))
-        x = torch.stack([data[s:s + 257] for s in starts.tolist()])
-        lr = 3e-3 * min(1.0, (step + 1) / 50) * max(0.1, 1 - (time.perf_counter() - t0) / seconds)
-        for group in opt.param_groups:
-            group["lr"] = lr
-        loss = torch.nn.functional.cross_entropy(model.compute_logits(model(x[:, :-1])).flatten(0, 1),
-                                                 x[:, 1:].flatten())
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        step += 1
-    print(f"trained {step} steps in {seconds:.0f} s, last loss {loss.item():.3f}", flush=True)
-    save_model(model.eval(), path)
-    save_byte_tokenizer(path)
-    return path
-
-
 def read_text(path: Path, max_chars: int | None = None) -> str:
     """A text file, or the "text" fields of a .jsonl file joined by blank lines; cut at ``max_chars``."""
     if path.suffix == ".jsonl":
@@ -294,7 +254,7 @@ def quality(args: argparse.Namespace) -> int:
     from cinq.eval.tasks import arithmetic_problems
     work = Path(args.work_dir) / "quality"
     work.mkdir(parents=True, exist_ok=True)
-    model = train_small(work / "float", args.train_seconds) if args.quality == "train" else Path(args.quality)
+    model = Path(args.quality)
     finetuned = None
     if args.finetune_tokens:
         from cinq.train.finetune import FinetuneJob, finetune_on_task
@@ -336,8 +296,7 @@ def quality(args: argparse.Namespace) -> int:
     name = "quant_quality" if finetuned is None else f"quant_quality_{args.task.replace('-', '_')}"
     report.save(out, name)
     md = report.to_markdown()
-    title = model.name if args.quality != "train" else \
-        f"small byte-level Llama trained {args.train_seconds:.0f} s on arithmetic text"
+    title = model.name
     if finetuned is not None:
         title = (f"{Path(finetuned['base']).name} fine-tuned on {args.task} ({finetuned['tokens']:,} tokens, "
                  f"{finetuned['seconds'] / 60:.1f} min with cinq.train.finetune), then quantized")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -19,7 +20,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on /v1/* (default: $CINQ_API_KEY, else no auth)")
     s.add_argument("--served-model-name", nargs="+", default=None,
-                   help="model name(s) clients send in 'model' (default: the model path)")
+                   help="model name(s) clients send in 'model' (default: the model path; the embedded "
+                        "model's folder name, e.g. cinq-tiny, when no path is given)")
     s.add_argument("--max-waiting-requests", type=int, default=1024,
                    help="waiting sequences beyond which requests get 503 + Retry-After (default %(default)s)")
     s.add_argument("--uvicorn-log-level", default="warning",
@@ -54,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     config = engine_config_from_args(args)
     engine = LLMEngine(config)
     llm = AsyncLLM(engine, args.max_waiting_requests)
-    names = args.served_model_name or [args.model or "default"]
+    # No model given: the embedded one, served under its own name (e.g. "cinq-tiny"), as vLLM serves a path.
+    names = args.served_model_name or [args.model or Path(config.model).name]
     api_key = args.api_key if args.api_key is not None else os.environ.get("CINQ_API_KEY") or None
     app = build_app(llm, names, config.model, api_key)
     url_host = f"[{host}]" if ":" in host else host

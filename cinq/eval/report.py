@@ -73,8 +73,9 @@ class QualityReport:
                 f"{'-' if r.accuracy is None else f'{100 * r.accuracy:.1f}%'} | {dacc} | "
                 f"{'-' if r.step_accuracy is None else f'{100 * r.step_accuracy:.1f}%'} | {dstep} | "
                 f"{_fmt(r.gen_tokens_per_s, '.1f')} |")
-        note = f"\nperplexity on {self.ppl_source}; KL vs base / top-1: next-token distributions against the " \
-               f"first row's on the first tokens of that text; accuracy: exact match over " \
+        ppl = (f"perplexity on {self.ppl_source}; KL vs base / top-1: next-token distributions against the "
+               f"first row's on the first tokens of that text" if self.ppl_source else "no perplexity text given")
+        note = f"\n{ppl}; accuracy: exact match over " \
                f"{self.rows[0].n_problems} held-out {self.task} problems (greedy); step acc: each of their " \
                f"{self.rows[0].n_steps} worked steps generated after the correct earlier steps, exact match of " \
                f"the line." if self.rows else ""

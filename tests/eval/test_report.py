@@ -6,42 +6,19 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from cinq.eval.report import QualityReport, describe_folder, quality_report, simple_generate
 from cinq.eval.tasks import arithmetic_problems, step_items
-from cinq.model.byte_tokenizer import build_byte_tokenizer, save_byte_tokenizer
-from cinq.model.config import ModelConfig
-from cinq.model.saver import init_random_model, save_model
+from cinq.model.byte_tokenizer import build_byte_tokenizer
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> tuple[Path, Path]:
     """A tiny model trained for a few seconds on arithmetic text, and its RTN 4-bit copy."""
-    tok = build_byte_tokenizer()
-    cfg = ModelConfig.from_dict({
-        "architectures": ["LlamaForCausalLM"], "vocab_size": tok.get_vocab_size(), "hidden_size": 64,
-        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "max_position_embeddings": 512, "tie_word_embeddings": True,
-        "bos_token_id": tok.token_to_id("<|bos|>"), "eos_token_id": tok.token_to_id("<|end|>")})
-    torch.manual_seed(0)
-    model = init_random_model(cfg, seed=0)
-    text = "".join(p.text() for p in arithmetic_problems(300, seed=0, split="train"))
-    ids = torch.tensor(tok.encode(text, add_special_tokens=False).ids)
-    opt = torch.optim.AdamW(model.parameters(), lr=5e-3)
-    for step in range(60):
-        starts = torch.randint(0, ids.numel() - 65, (8,))
-        x = torch.stack([ids[s:s + 65] for s in starts.tolist()])
-        loss = torch.nn.functional.cross_entropy(model.compute_logits(model(x[:, :-1])).flatten(0, 1),
-                                                 x[:, 1:].flatten())
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    base = tmp_path_factory.mktemp("base")
-    save_model(model.eval(), base)
-    save_byte_tokenizer(base)
     from cinq.quant.config import QuantConfig
     from cinq.quant.pipeline import quantize_model
+    from tests.quant.conftest import tiny_config, train_tiny, write_folder
+    base = write_folder(train_tiny(tiny_config(), steps=60), tmp_path_factory.mktemp("base"))
     q = tmp_path_factory.mktemp("rtn")
     quantize_model(base, q, QuantConfig("rtn", 4, 32), None, progress=False)
     return base, q

@@ -13,23 +13,36 @@ import time
 import httpx
 
 
-def test_cinq_serve_starts_prints_and_serves(tiny_llama):
-    cmd = [sys.executable, "-m", "cinq.cli", "serve", str(tiny_llama), "--port", "0", "--dtype", "float32",
-           "--num-kv-blocks", "48", "--served-model-name", "my-model"]
-    env = {**os.environ, "CINQ_API_KEY": "k3y"}  # the key from the environment, as in a deployment
+def _start(args: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str, str]:
+    """Start `cinq serve ARGS`; return the process, its URL and the banner printed up to it."""
+    cmd = [sys.executable, "-m", "cinq.cli", "serve", *args, "--port", "0"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     lines: list[str] = []
+    deadline = time.monotonic() + 120
+    while True:
+        line = proc.stdout.readline()
+        assert line or proc.poll() is None, "".join(lines)
+        assert time.monotonic() < deadline, "".join(lines)
+        lines.append(line)
+        m = re.search(r"listening on (http://\S+)", line)
+        if m:
+            return proc, m.group(1), "".join(lines)
+
+
+def _stop(proc: subprocess.Popen) -> int:
+    proc.send_signal(signal.SIGINT)
     try:
-        deadline = time.monotonic() + 120
-        url = None
-        while url is None:
-            line = proc.stdout.readline()
-            assert line or proc.poll() is None, "".join(lines)
-            assert time.monotonic() < deadline, "".join(lines)
-            lines.append(line)
-            m = re.search(r"listening on (http://\S+)", line)
-            url = m.group(1) if m else None
-        banner = "".join(lines)
+        return proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+
+
+def test_cinq_serve_starts_prints_and_serves(tiny_llama):
+    env = {**os.environ, "CINQ_API_KEY": "k3y"}  # the key from the environment, as in a deployment
+    proc, url, banner = _start([str(tiny_llama), "--dtype", "float32", "--num-kv-blocks", "48",
+                                "--served-model-name", "my-model"], env)
+    try:
         assert str(tiny_llama) in banner and "float32" in banner and "48 blocks" in banner and "auth on" in banner
         auth = {"Authorization": "Bearer k3y"}
         models = httpx.get(url + "/v1/models", headers=auth, timeout=10).json()
@@ -39,13 +52,21 @@ def test_cinq_serve_starts_prints_and_serves(tiny_llama):
         assert out["usage"]["completion_tokens"] == 3
         assert httpx.get(url + "/v1/models", timeout=10).status_code == 401
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            rc = proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
+        rc = _stop(proc)
     assert rc == 0
+
+
+def test_cinq_serve_without_a_model_serves_the_embedded_one_by_its_name():
+    from cinq.assets import default_model_path
+    name = default_model_path().name  # cinq-tiny when shipped
+    proc, url, _ = _start(["--num-kv-blocks", "32"])
+    try:
+        assert [m["id"] for m in httpx.get(url + "/v1/models", timeout=10).json()["data"]] == [name]
+        out = httpx.post(url + "/v1/completions", timeout=30,
+                         json={"model": name, "prompt": "Once", "max_tokens": 2, "ignore_eos": True}).json()
+        assert out["model"] == name and out["usage"]["completion_tokens"] == 2
+    finally:
+        assert _stop(proc) == 0
 
 
 def test_cinq_serve_reports_a_taken_port(tiny_llama):
