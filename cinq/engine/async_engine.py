@@ -154,10 +154,12 @@ class AsyncLLM:
         queue: asyncio.Queue = asyncio.Queue()
         with self._lock:
             limit = self.max_waiting_requests
-            if limit is not None and self._pending_adds + self._num_waiting >= limit:
+            current = self._pending_adds + self._num_waiting
+            # The new request's n sequences count; one larger than the bound still runs when nothing waits.
+            if limit is not None and current and current + params.n > limit:
                 raise EngineOverloadedError(
-                    f"the server is overloaded: {self._pending_adds + self._num_waiting} sequences are already "
-                    f"waiting (limit {limit}); retry later", retry_after=1)
+                    f"the server is overloaded: {current} sequences are already waiting and this request adds "
+                    f"{params.n} (limit {limit}); retry later", retry_after=1)
             self._pending_adds += params.n
             self._queues[request_id] = queue
             self._commands.append(_Add(request_id, prompt, params, arrival_time, prompt_text, future))

@@ -1,6 +1,8 @@
 """Native CPU kernels (``cinq/kernels/cpu/*.cpp``): built on first use with the system C++ compiler through
 ``torch.utils.cpp_extension``, cached per machine in the cinq cache, and optional — when one cannot be built the
-caller runs its PyTorch path (said once in the log). ``CINQ_NATIVE_KERNELS=0`` disables them all.
+caller runs its PyTorch path (said once in the log). ``CINQ_NATIVE_KERNELS=0`` disables them all. A kernel whose
+build has no fast path for this CPU (``has_fast_path()`` false: no AVX512-BF16) is not used either: its portable
+loop would be slower than PyTorch's. Builds use ``-march=native``, so the cache is keyed by the CPU's features.
 
 * ``paged_decode.cpp``: decode attention read straight from the KV pages (no gathered copy of the contexts).
 * ``small_m_gemm.cpp``: bf16 linear for 1-4 activation rows at memory bandwidth (decode at small batch).
@@ -26,7 +28,7 @@ SMALL_M_MAX_ROWS = 4
 
 def native_module(name: str) -> Any | None:
     """The compiled extension for ``cpu/<name>.cpp``, building it on first call; None when disabled or
-    unbuildable (e.g. no compiler)."""
+    unbuildable (e.g. no compiler), or without a fast path on this CPU."""
     if name in _modules:
         return _modules[name]
     with _lock:
@@ -38,16 +40,32 @@ def native_module(name: str) -> Any | None:
                 from torch.utils.cpp_extension import load
 
                 from cinq.assets import cache_dir
-                build = cache_dir() / "torch_extensions" / f"torch-{torch.__version__}" / name
+                build = cache_dir() / "torch_extensions" / f"torch-{torch.__version__}-{_cpu_key()}" / name
                 build.mkdir(parents=True, exist_ok=True)
                 module = load(name=f"cinq_{name}", sources=[str(_SOURCES / f"{name}.cpp")],
                               build_directory=str(build), extra_cflags=["-O3", "-march=native", "-ffast-math"],
                               verbose=False)
+                if not getattr(module, "has_fast_path", lambda: True)():
+                    log.info("native CPU kernel %s has no fast path on this CPU; using the PyTorch path", name)
+                    module = None
             except Exception as e:  # noqa: BLE001 - any build failure means: use the PyTorch path
                 first = str(e).splitlines()[0] if str(e) else type(e).__name__
                 log.warning("native CPU kernel %s unavailable (%s); using the PyTorch path", name, first)
         _modules[name] = module
     return module
+
+
+def _cpu_key() -> str:
+    """A short hash of the CPU's feature flags: a -march=native build must not be loaded on another CPU."""
+    import hashlib
+    import platform
+    flags = platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            flags += next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        pass
+    return hashlib.sha256(flags.encode()).hexdigest()[:10]
 
 
 def warm_native_kernels() -> None:

@@ -20,7 +20,7 @@ from torch import nn
 
 from cinq.errors import ModelLoadError
 from cinq.kernels.cpu_native import small_m_linear_native
-from cinq.quant.formats import awq_shapes, awq_unpack, gptq_pack, gptq_shapes, gptq_unpack
+from cinq.quant.formats import awq_shapes, awq_unpack, gptq_shapes, gptq_unpack
 from cinq.quant.kernels import Prepared, prepare_weight_only, w8a8_mm, weight_only_mm
 
 
@@ -124,25 +124,6 @@ class GPTQLinear(QuantizedLinear):
         self.register_buffer("qzeros", torch.empty(shapes["qzeros"], dtype=torch.int32))
         self.register_buffer("scales", torch.empty(shapes["scales"], dtype=torch.float16))
         self.register_buffer("g_idx", torch.empty(shapes["g_idx"], dtype=torch.int32))
-
-    @classmethod
-    def from_quantized(cls, qw: Any, bias: torch.Tensor | None = None, dtype: torch.dtype = torch.bfloat16,
-                       version: int = 1, prefix: str = "") -> GPTQLinear:
-        """A ready-to-run layer from an in-memory ``QuantizedWeight`` (packed and repacked as if loaded)."""
-        old = torch.get_default_dtype()
-        torch.set_default_dtype(dtype)
-        try:
-            layer = cls(qw.in_features, qw.out_features, bias is not None, qw.bits, qw.group_size, version, prefix)
-        finally:
-            torch.set_default_dtype(old)
-        tensors = gptq_pack(qw, version)
-        if bias is not None:
-            tensors["bias"] = bias
-        with torch.no_grad():
-            for name, t in tensors.items():
-                getattr(layer, name).copy_(t)
-        layer.process_weights_after_loading()
-        return layer
 
     def quantized_weight(self) -> Any:
         """The checkpoint tensors unpacked (before ``process_weights_after_loading``)."""

@@ -80,7 +80,7 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         return self._tok.id_to_token(token_id)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, /,
                             **extra: Any) -> str:
         """Render a conversation with the model's chat template (jinja2, HF conventions)."""
         if not self.chat_template:
@@ -89,9 +89,11 @@ class Tokenizer:
         if not messages:
             raise InvalidParameterError("messages must hold at least one message", "messages")
         try:
-            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         bos_token=self.bos_token or "", eos_token=self.eos_token or "",
-                                         pad_token=self.pad_token or "", **extra)
+            # The fixed variables win over same-named extras (chat_template_kwargs cannot replace the messages).
+            return self._template.render({**extra, "messages": messages,
+                                          "add_generation_prompt": add_generation_prompt,
+                                          "bos_token": self.bos_token or "", "eos_token": self.eos_token or "",
+                                          "pad_token": self.pad_token or ""})
         except TemplateError as e:
             raise InvalidParameterError(f"messages: the chat template rejected them: {e}", "messages") from e
 

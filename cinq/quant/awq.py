@@ -56,7 +56,8 @@ class AWQStats:
 
 def _search_scale(module: nn.Module, names: list[str], originals: list[torch.Tensor], x: torch.Tensor,
                   x_mean: torch.Tensor, call: Callable[[nn.Module, torch.Tensor], torch.Tensor], bits: int,
-                  group_size: int, sym: bool, n_grid: int, dtype: torch.dtype) -> tuple[torch.Tensor, float, float]:
+                  group_size: int, sym: bool, n_grid: int, dtype: torch.dtype, min_zero: int = 0
+                  ) -> tuple[torch.Tensor, float, float]:
     """Best s for the linears ``names`` inside ``module`` (whose float32 weights are ``originals``): the
     search runs on a ``dtype`` copy of the module. Returns (s, alpha, loss); alpha 0 (plain RTN) is a candidate.
 
@@ -72,7 +73,7 @@ def _search_scale(module: nn.Module, names: list[str], originals: list[torch.Ten
             s = x_mean.pow(alpha).clamp(min=1e-4)
             s = s / (s.max() * s.min()).sqrt()
             for lin, w in zip(linears, originals):
-                set_weight(lin, fake_quantize(w * s, bits, group_size, sym).div_(s))
+                set_weight(lin, fake_quantize(w * s, bits, group_size, sym, min_zero).div_(s))
             loss = float((call(probe, xd).float() - target).pow(2).mean())
             if loss < best[2]:
                 best = (s.clone(), alpha, loss)
@@ -148,7 +149,7 @@ def awq_block(block: nn.Module, stats: AWQStats, positions: torch.Tensor, bits: 
         originals = [m.weight.detach().float().clone() for m in linears]
         s, _alpha, _loss = _search_scale(module, inner, originals, stats.inputs(names[0]),
                                          stats.mean_abs(names[0]), call, bits, group_size, sym, n_grid,
-                                         search_dtype)
+                                         search_dtype, min_zero)
         _fold(prev, linears, s)
         for n in names:
             scales_in[n] = s

@@ -58,6 +58,9 @@ class QuantConfig:
             raise InvalidParameterError(
                 f"format {self.format!r} does not fit method {self.method!r}: SmoothQuant writes (only) 'w8a8'",
                 "format")
+        if self.lm_head and self.format not in ("gptq", "gptq_v2"):
+            raise InvalidParameterError(f"lm_head quantization is written in the GPTQ formats only, not "
+                                        f"{self.format!r}", "lm_head")
         if self.format == "w8a8":
             self.group_size = -1  # W8A8 weights are per output channel
             if self.bits != 8:
@@ -69,9 +72,6 @@ class QuantConfig:
                 raise InvalidParameterError(f"smooth_alpha must be in [0, 1], got {self.smooth_alpha}", "smooth_alpha")
             return
         check_grid(self.bits, self.group_size)
-        if self.lm_head and self.format not in ("gptq", "gptq_v2"):
-            raise InvalidParameterError(f"lm_head quantization is written in the GPTQ formats only, not "
-                                        f"{self.format!r}", "lm_head")
         if self.format == "awq":
             if self.bits != 4:
                 raise InvalidParameterError(f"bits must be 4 for the AWQ GEMM format, got {self.bits}", "bits")

@@ -105,7 +105,7 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, bits: int = 4, group_size: i
             else:
                 if pos % g == 0:
                     # The group's current values: in-block rows carry this block's updates already.
-                    rows = torch.cat([wb[i:], wt[b1:]])[:g]
+                    rows = torch.cat([wb[i:i + g], wt[b1:b1 + g]])[:g]
                     scale, zero = grid_params(rows.t(), bits, sym, min_zero)
                     zero_f = zero.float()
                     scales.append(scale)

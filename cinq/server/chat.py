@@ -28,9 +28,8 @@ async def render_chat_prompt(ctx: ServerContext, req_messages: list[dict], add_g
 async def create_chat_completion(ctx: ServerContext, req: ChatCompletionRequest, raw: Request):
     ctx.check_model(req.model)
     params = req.to_sampling_params()
-    kwargs = {k: v for k, v in (req.chat_template_kwargs or {}).items()
-              if k not in ("messages", "add_generation_prompt")}
-    prompt = await render_chat_prompt(ctx, req.template_messages(), req.add_generation_prompt, kwargs)
+    prompt = await render_chat_prompt(ctx, req.template_messages(), req.add_generation_prompt,
+                                      req.chat_template_kwargs)
     request_id = new_id("chatcmpl")
     streams = await ctx.add_all(request_id, [prompt], params)
     job = _Chat(ctx, req, request_id, prompt)

@@ -104,7 +104,9 @@ class _Completion:
                     index = i * self.n + comp.index
                     first = index not in started
                     started.add(index)
-                    builder = builders.setdefault(index, CompletionLogprobs(self.ctx.tokenizer))
+                    if index not in builders:  # one builder per choice for the whole stream
+                        builders[index] = CompletionLogprobs(self.ctx.tokenizer)
+                    builder = builders[index]
                     text = comp.text
                     if first and self.req.echo:
                         echo = self._echo_text(self.prompts[i])

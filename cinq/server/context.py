@@ -70,17 +70,18 @@ class ServerContext:
     async def add_all(self, request_id: str, prompts: list[Prompt], params: SamplingParams
                       ) -> list[RequestStream]:
         """Add one engine request per prompt; if any is refused, abort the ones already added and raise."""
-        streams: list[RequestStream] = []
         arrival = time.time()
-        try:
-            for i, p in enumerate(prompts):
-                rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
-                streams.append(await self.llm.add_request(rid, p.token_ids, params, p.text, arrival))
-        except BaseException:
-            for s in streams:
-                s.abort()
-            raise
-        return streams
+        ids = [request_id] if len(prompts) == 1 else [f"{request_id}-{i}" for i in range(len(prompts))]
+        # All adds are queued before the engine's next drain, so a batch of prompts starts in one step.
+        results = await asyncio.gather(*(self.llm.add_request(rid, p.token_ids, params, p.text, arrival)
+                                         for rid, p in zip(ids, prompts)), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            for r in results:
+                if not isinstance(r, BaseException):
+                    r.abort()
+            raise errors[0]
+        return list(results)
 
 
 def new_id(prefix: str) -> str:

@@ -75,8 +75,13 @@ def cot_batch(examples: list[dict[str, Any]], ids: dict[str, int], batch_size: i
     for row in range(batch_size):
         pos = 0
         while pos < width:
-            ex = examples[int(rng.integers(len(examples)))]
-            parts = [(ex["prompt"], ex["rationale"], r_mask), (ex["answer_prompt"], ex["answer"], a_mask)]
+            i = int(rng.integers(len(examples)))
+            ex = examples[i]
+            # The answer task is always another problem: right after its own rationale ("... Answer: N") the
+            # answer could be copied from context instead of computed.
+            j = int(rng.integers(len(examples) - 1)) if len(examples) > 1 else 0
+            ans = examples[j + (j >= i) if len(examples) > 1 else i]
+            parts = [(ex["prompt"], ex["rationale"], r_mask), (ans["answer_prompt"], ans["answer"], a_mask)]
             need = sum(len(a) + len(b) for a, b, _ in parts)
             if pos > 0 and pos + need > width:
                 break  # the row is full; an example too long for an empty row is cut at the row's end instead

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from cinq.eval.perplexity import token_nll
@@ -43,10 +44,13 @@ def language_perplexities(model: Any, data_dir: str | Path, split: str = "test",
 @torch.no_grad()
 def kl_to_teacher(student: Any, teacher: Any, data_dir: str | Path, split: str = "test", seq_len: int = 256,
                   max_windows: int = 32) -> float:
-    """Mean forward KL(teacher || student) per token over the first windows of the split."""
+    """Mean forward KL(teacher || student) per token over ``max_windows`` windows spread evenly over the split
+    (which is laid out source by source: its first windows would all be English)."""
     data = TokenSplit.load(data_dir, split)
-    ids = torch.as_tensor(data.tokens[: (max_windows * seq_len)].astype("int64"))
-    windows = ids[: len(ids) // seq_len * seq_len].view(-1, seq_len)
+    tokens = data.tokens
+    count = max(1, min(max_windows, len(tokens) // seq_len))
+    starts = np.linspace(0, len(tokens) - seq_len, count).astype(np.int64)
+    windows = torch.as_tensor(np.stack([np.asarray(tokens[s:s + seq_len], dtype=np.int64) for s in starts]))
     kls = []
     with torch.autocast("cpu", dtype=torch.bfloat16):
         for b in range(0, len(windows), 8):

@@ -34,6 +34,11 @@ BatchFn = Callable[[int], torch.Tensor]
 EvalFn = Callable[[], dict[str, float]]
 
 
+# Everything but the token budget (which may change during the constant-lr phase, see ``resume``).
+_TRAJECTORY_FIELDS = ("batch_size", "seq_len", "lr", "min_lr_ratio", "warmup_steps", "decay_frac",
+                      "weight_decay", "beta1", "beta2", "grad_clip", "seed", "bf16")
+
+
 @dataclass(slots=True)
 class TrainSettings:
     """Optimisation and bookkeeping settings of one run."""
@@ -152,7 +157,12 @@ class Trainer:
     def state(self) -> dict[str, Any]:
         return {"model": self.model.state_dict(), "extra": self.extra.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "step": self.step, "elapsed_s": self.elapsed_s,
-                "history": self.history, "evals": self.evals, "total_steps": self.s.total_steps}
+                "history": self.history, "evals": self.evals, "total_steps": self.s.total_steps,
+                "trajectory": self._trajectory()}
+
+    def _trajectory(self) -> dict[str, Any]:
+        """The settings a resumed run must share with the checkpoint to continue the same trajectory."""
+        return {k: getattr(self.s, k) for k in _TRAJECTORY_FIELDS}
 
     def save(self) -> None:
         save_checkpoint(self.ckpt_path, self.state())
@@ -164,6 +174,13 @@ class Trainer:
         if state is None:
             return False
         old_total, step = int(state["total_steps"]), int(state["step"])
+        saved = state.get("trajectory") or {}
+        changed = sorted(k for k in _TRAJECTORY_FIELDS if k in saved and saved[k] != getattr(self.s, k))
+        if changed:
+            raise InvalidParameterError(
+                f"checkpoint {self.ckpt_path} was made with " + ", ".join(f"{k}={saved[k]}" for k in changed)
+                + "; this run asks for " + ", ".join(f"{k}={getattr(self.s, k)}" for k in changed)
+                + ": resume with the same settings, or use a new --out", changed[0])
         if old_total != self.s.total_steps:
             # Allowed only while every step taken so far had a learning rate that both totals agree on.
             same_so_far = step <= min(decay_start(old_total, self.s.warmup_steps, self.s.decay_frac),

@@ -187,10 +187,18 @@ def test_waiting_queue_is_bounded(tiny_llama):
         with pytest.raises(EngineOverloadedError) as err:
             await llm.add_request("3", PROMPT, small)
         assert err.value.retry_after >= 1
-        with pytest.raises(EngineOverloadedError):  # n counts as n sequences
-            await llm.add_request("4", PROMPT, small.clone(n=2))
         gate.set()
         await asyncio.gather(first, second)
+        entered.clear()
+        gate.clear()
+        third = asyncio.ensure_future(collect(llm, "4", params=small))
+        await asyncio.to_thread(entered.wait, 30)
+        while llm.num_waiting < 1:
+            await asyncio.sleep(0.005)
+        with pytest.raises(EngineOverloadedError):  # 1 waiting + n=2 > 2: n counts as n sequences
+            await llm.add_request("4b", PROMPT, small.clone(n=2))
+        gate.set()
+        await third
         return await collect(llm, "5", params=small)
 
     outs = run(llm, go)

@@ -168,6 +168,7 @@ def test_quantized_lm_head_round_trips(trained_tiny, tmp_path):
 
 
 def test_lm_head_quantization_needs_a_gptq_format():
-    with pytest.raises(InvalidParameterError, match="lm_head"):
-        QuantConfig("awq", 4, 32, lm_head=True)
+    for method in ("awq", "smoothquant"):
+        with pytest.raises(InvalidParameterError, match="lm_head"):
+            QuantConfig(method, lm_head=True)
     assert QuantConfig.from_hf(QuantConfig("gptq", 4, 32).to_hf()).lm_head is False

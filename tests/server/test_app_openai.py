@@ -66,7 +66,7 @@ def test_chat_usage_and_stream(client, tokenizer):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
     whole = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=10,
                                            extra_body=NO_EOS, **GREEDY)
-    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    rendered = tokenizer.apply_chat_template(messages, True)
     assert whole.object == "chat.completion"
     assert whole.choices[0].message.role == "assistant"
     assert whole.usage.prompt_tokens == len(tokenizer.encode(rendered, add_special_tokens=False))
@@ -209,9 +209,27 @@ def test_lm_eval_loglikelihood_payload(server, hf_logprobs):
 
 
 def test_echo_prepends_prompt(client):
-    out = client.completions.create(model=MODEL_NAME, prompt="abc", max_tokens=3, echo=True, extra_body=NO_EOS)
-    gen = client.completions.create(model=MODEL_NAME, prompt="abc", max_tokens=3, extra_body=NO_EOS, seed=1)
-    assert out.choices[0].text.startswith("abc") and gen.usage.completion_tokens == 3
+    kw = dict(model=MODEL_NAME, prompt="abc", max_tokens=3, temperature=0, extra_body=NO_EOS)
+    out = client.completions.create(echo=True, **kw)
+    gen = client.completions.create(**kw)
+    assert out.choices[0].text == "abc" + gen.choices[0].text and gen.usage.completion_tokens == 3
+
+
+def test_batched_token_prompts_start_in_one_engine_step(client, server):
+    server.wait_idle()
+    before = server.engine.get_stats().num_steps
+    out = client.completions.create(model=MODEL_NAME, prompt=[[5 + i, 6, 7] for i in range(8)], max_tokens=1,
+                                    extra_body=NO_EOS)
+    assert len(out.choices) == 8
+    # One prefill step for the whole batch (not one step per prompt); allow one spare for a racing drain.
+    assert server.engine.get_stats().num_steps - before <= 2
+
+
+def test_chat_template_kwargs_cannot_replace_fixed_variables(client):
+    out = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}],
+                                         max_tokens=2, extra_body={**NO_EOS, "chat_template_kwargs": {
+                                             "bos_token": "X", "messages": [], "eos_token": "Y"}})
+    assert out.usage.completion_tokens == 2
 
 
 def test_tokenize_detokenize_roundtrip(server, tokenizer):

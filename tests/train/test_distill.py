@@ -79,6 +79,20 @@ def test_cot_batches_mask_rationale_and_answer(teacher, tiny_corpus, tmp_path):
     assert "Answer:" in text and "Question" not in text
 
 
+def test_cot_answer_tasks_never_follow_their_own_rationale():
+    from cinq.train.cot import cot_batch
+    ids = {"pad": 0}
+    # Example k: prompt [10k+1], rationale [10k+2, 10k+3], answer prompt [10k+4], answer [10k+5].
+    examples = [{"prompt": [10 * k + 1], "rationale": [10 * k + 2, 10 * k + 3], "answer_prompt": [10 * k + 4],
+                 "answer": [10 * k + 5]} for k in range(1, 4)]
+    for step in range(20):
+        tokens, _, _ = cot_batch(examples, ids, batch_size=2, seq_len=19, seed=0, step=step)
+        for row in tokens.tolist():
+            for a, b in zip(row[2::5], row[3::5]):  # last rationale token, then the answer prompt after it
+                if a and b:
+                    assert a // 10 != b // 10, row
+
+
 def test_bad_jobs_raise(teacher, tiny_corpus, tmp_path):
     with pytest.raises(InvalidParameterError, match="regime"):
         _job(teacher, tiny_corpus, tmp_path, regime="dpo")

@@ -73,6 +73,11 @@ def test_resume_with_other_settings_is_refused(tiny_corpus, tmp_path):
     _trainer(tiny_corpus, tmp_path, 8, stop_at=5)[0].run()  # past warmup (3): in the cosine
     with pytest.raises(InvalidParameterError, match="total_steps"):
         _trainer(tiny_corpus, tmp_path, 10)[0].run()
+    with pytest.raises(InvalidParameterError, match=r"lr=0\.01.*lr=0\.02") as err:
+        _trainer(tiny_corpus, tmp_path, 8, lr=2e-2)[0].run()
+    assert err.value.param == "lr"
+    with pytest.raises(InvalidParameterError, match="decay_frac"):
+        _trainer(tiny_corpus, tmp_path, 8, decay_frac=0.5)[0].run()
 
 
 def test_budget_change_in_the_constant_phase_matches_a_run_planned_with_it(tiny_corpus, tmp_path):

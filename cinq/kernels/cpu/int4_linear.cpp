@@ -147,4 +147,10 @@ torch::Tensor int4_linear(torch::Tensor x, torch::Tensor packed, torch::Tensor s
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_linear", &int4_linear, "grouped 4-bit weight x bf16 activation linear (CPU)");
+  // Without AVX512-BF16 the portable loop is far slower than PyTorch's int4 kernel: the loader skips it then.
+#if defined(CINQ_INT4_AVX512)
+  m.def("has_fast_path", [] { return true; });
+#else
+  m.def("has_fast_path", [] { return false; });
+#endif
 }

@@ -81,4 +81,10 @@ torch::Tensor small_m_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bia
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("small_m_linear", &small_m_linear, "skinny bf16 linear (CPU)");
+  // Without AVX512-BF16 the portable loop does not beat oneDNN: the loader skips it then.
+#if defined(__AVX512BF16__)
+  m.def("has_fast_path", [] { return true; });
+#else
+  m.def("has_fast_path", [] { return false; });
+#endif
 }
