@@ -35,6 +35,11 @@ from cinq.kernels.backends import get_backend  # noqa: E402
 from cinq.kernels.metadata import AttentionMetadata  # noqa: E402
 from cinq.kernels.paged import causal_mask, gather_context, write_kv_index_copy  # noqa: E402
 from cinq.kernels.sdpa import sdpa_paged_attention  # noqa: E402
+from cinq.process_env import set_omp_wait_policy  # noqa: E402
+
+# After torch on purpose, as before: the timed cpu-section workers (fresh processes) start with PASSIVE, while
+# this process (the serving section) keeps OpenMP's default, as its committed numbers were measured.
+set_omp_wait_policy(warn=False)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CPU_SHAPE = (2, 1, 64)  # heads, kv heads, head dim: small enough that naive float64 scores fit at N = 16k

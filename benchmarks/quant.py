@@ -27,7 +27,7 @@ of 32 random tokens; the prefill step is excluded; median of --repeats runs. The
 
 Quality (`--quality MODEL`): quantize a trained model with every method (RTN int8/int4, GPTQ int4, AWQ int4,
 SmoothQuant W8A8; group 128 or 32 when the model is too narrow) and write the perplexity + arithmetic-accuracy
-table (cinq.eval.report) to benchmarks/results/quant_quality.{md,json,png}.
+table (cinq.eval.quant_quality) to benchmarks/results/quant_quality.{md,json,png}.
 
     python benchmarks/quant.py --quality cinq/assets/cinq-tiny --calib data/corpus/validation.jsonl \
         --ppl data/corpus/test.jsonl     # .jsonl: the "text" fields, joined
@@ -250,7 +250,7 @@ def read_text(path: Path, max_chars: int | None = None) -> str:
 
 
 def quality(args: argparse.Namespace) -> int:
-    from cinq.eval.report import quality_report
+    from cinq.eval.quant_quality import quality_report
     from cinq.eval.tasks import arithmetic_problems
     work = Path(args.work_dir) / "quality"
     work.mkdir(parents=True, exist_ok=True)

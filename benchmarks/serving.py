@@ -37,6 +37,10 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from cinq.process_env import set_omp_wait_policy  # noqa: E402
+
+set_omp_wait_policy()  # before the offline baseline imports torch: see cinq/process_env.py
 RESULTS = ROOT / "benchmarks" / "results"
 
 

@@ -25,7 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import cinq  # noqa: E402,F401  (before torch: sets OMP_WAIT_POLICY, see cinq/__init__.py)
+from cinq.process_env import set_omp_wait_policy  # noqa: E402
+
+set_omp_wait_policy()  # before torch loads OpenMP: see cinq/process_env.py
 import torch  # noqa: E402
 
 from cinq.config import EngineConfig  # noqa: E402

@@ -1,22 +1,20 @@
-"""cinq: cheap LLM inference — paged KV cache with continuous batching, flash attention kernels, quantization,
-speculative decoding and distillation in one engine."""
+"""cinq: cheap LLM inference — an engine with a paged KV cache and continuous batching, flash attention kernels
+and weight quantization (RTN, GPTQ, AWQ, SmoothQuant), plus the training and distillation of the small models it
+serves. Speculative decoding is planned, not built.
 
-import os
+Importing cinq sets nothing process-wide: a program that wants cinq's OpenMP setting calls
+``cinq.process_env.set_omp_wait_policy()`` before importing torch (the ``cinq`` command does).
+"""
 
-# Set before torch loads OpenMP (it reads this once): spinning worker threads make every parallel op many times
-# slower whenever the cores are shared with other processes (measured 4-25x on a busy 2-core machine), while
-# sleeping ones cost a few microseconds per op on an idle one. A value the user set wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-from cinq.config import EngineConfig  # noqa: E402
-from cinq.outputs import CompletionOutput, Logprob, RequestOutput  # noqa: E402
-from cinq.sampling_params import SamplingParams  # noqa: E402
+from cinq.config import EngineConfig
+from cinq.outputs import CompletionOutput, Logprob, RequestOutput
+from cinq.sampling_params import SamplingParams
 
 __all__ = ["LLM", "LLMEngine", "EngineConfig", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob"]
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> type:
     # The engine pulls in torch and the model code: import it only when asked for.
     if name == "LLM":
         from cinq.engine.llm import LLM

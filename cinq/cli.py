@@ -8,6 +8,8 @@ import importlib
 import logging
 import sys
 
+from cinq.process_env import set_omp_wait_policy
+
 # command name -> module under cinq.commands
 COMMANDS: dict[str, str] = {
     "generate": "generate",
@@ -38,6 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``cinq <command>``; returns the exit status."""
+    # First, before any command imports torch: OpenMP reads its wait policy once, and spinning threads collapse
+    # on shared cores (measured 4-25x); see cinq/process_env.py.
+    set_omp_wait_policy()
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")

@@ -7,35 +7,66 @@ report them as they are.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from cinq.errors import InvalidParameterError
+
+DTYPES = ("bfloat16", "float32", "float16")
+_DTYPE_ALIASES = ("bf16", "fp32", "fp16")
+
+
+def _arg(default: object, help_text: str, **metadata: object) -> Any:
+    """A field with its command-line help kept next to it (argparse text: ``%(default)s`` expands), and optionally
+    ``choices`` or a ``flag`` spelling other than ``--field-name``: ``cinq.commands.engine_args`` derives every
+    engine flag from these."""
+    return field(default=default, metadata={"help": help_text, **metadata})
+
+
+@dataclass(slots=True)
+class ParallelConfig:
+    """How one engine spreads the model over devices. Only a single device is built so far."""
+
+    tensor_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        _check_int(self, "tensor_parallel_size", 1, 4096)
+
+    @property
+    def world_size(self) -> int:
+        """Devices (processes) one engine uses: the product of every parallel degree (only tensor parallel yet)."""
+        return self.tensor_parallel_size
 
 
 @dataclass(slots=True)
 class EngineConfig:
     """Engine settings (model, cache, scheduler). Field names follow vLLM's engine arguments."""
 
-    model: str = ""
-    tokenizer: str | None = None  # defaults to the model folder
-    dtype: str = "bfloat16"  # float32 for parity tests; bf16 is the fast path on CPU
-    device: str = "cpu"
-    max_model_len: int | None = None  # default: max_position_embeddings from config.json
-    block_size: int = 16
-    kv_cache_memory: float | None = None  # GiB for the KV cache; default: kv_cache_memory_fraction of free memory
-    kv_cache_memory_fraction: float = 0.2
-    num_kv_blocks: int | None = None  # exact block count (tests); overrides the memory budget
-    max_num_batched_tokens: int = 2048  # token budget per step (decodes + prefill chunks)
-    max_num_seqs: int = 128  # running requests per step
-    enable_prefix_caching: bool = True
-    attention_backend: str | None = None  # None: "triton" on CUDA, "sdpa" on CPU
-    seed: int = 0
-    num_threads: int | None = None  # torch intra-op threads on CPU; None leaves torch's default
-    extra: dict[str, object] = field(default_factory=dict)  # room for later features' switches
+    model: str = _arg("", "Hugging Face model folder (config.json + safetensors + tokenizer.json)")
+    tokenizer: str | None = _arg(None, "tokenizer folder (default: the model folder)")
+    # float32 for parity tests; bf16 is the fast path on CPU
+    dtype: str = _arg("bfloat16", "compute dtype (default %(default)s; float32 for exact parity)", choices=DTYPES)
+    device: str = _arg("cpu", "torch device (default %(default)s)")
+    max_model_len: int | None = _arg(None, "context length (default: from config.json)")
+    block_size: int = _arg(16, "KV cache block size in tokens")
+    kv_cache_memory: float | None = _arg(
+        None, "KV cache size in GiB (default: --kv-cache-memory-fraction of free memory)")
+    kv_cache_memory_fraction: float = _arg(
+        0.2, "fraction of free memory for the KV cache when --kv-cache-memory is not given")
+    num_kv_blocks: int | None = _arg(None, "exact number of KV blocks (overrides memory)")  # tests use it
+    max_num_batched_tokens: int = _arg(2048, "token budget per engine step (decodes + prefill chunks)")
+    max_num_seqs: int = _arg(128, "max running requests per step")
+    enable_prefix_caching: bool = _arg(True, "disable automatic prefix caching", flag="--no-prefix-caching")
+    attention_backend: str | None = _arg(
+        None, "sdpa | flash-torch | reference | triton (default: triton on CUDA, sdpa on CPU)")
+    seed: int = _arg(0, "seed of the engine's sampling generator (requests without their own seed draw from it)")
+    # None leaves torch's default; torch's pool is per process, so the executor sets it once at start-up
+    num_threads: int | None = _arg(None, "torch CPU threads (process-wide, set at engine start-up)")
+    tensor_parallel_size: int = _arg(1, "devices to split the model over (tensor parallelism; only 1 is built)")
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str):
             raise InvalidParameterError(f"model must be a path string, got {type(self.model).__name__}", "model")
-        if self.dtype not in ("bfloat16", "bf16", "float32", "fp32", "float16", "fp16"):
+        if self.dtype not in DTYPES + _DTYPE_ALIASES:
             raise InvalidParameterError(
                 f"dtype must be one of bfloat16, float32, float16; got {self.dtype!r}", "dtype")
         _check_int(self, "block_size", 1, 1024)
@@ -56,6 +87,16 @@ class EngineConfig:
             raise InvalidParameterError(
                 f"kv_cache_memory_fraction must be in (0, 0.95], got {self.kv_cache_memory_fraction}",
                 "kv_cache_memory_fraction")
+        _check_int(self, "tensor_parallel_size", 1, 4096)
+        if self.tensor_parallel_size != 1:
+            raise InvalidParameterError(
+                f"tensor_parallel_size must be 1: tensor parallelism is not built yet "
+                f"(got {self.tensor_parallel_size})", "tensor_parallel_size")
+
+    @property
+    def parallel_config(self) -> ParallelConfig:
+        """The parallel layout of this engine (one device until tensor parallelism is built)."""
+        return ParallelConfig(tensor_parallel_size=self.tensor_parallel_size)
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -67,12 +108,11 @@ class EngineConfig:
         unknown = sorted(set(kwargs) - cls.field_names())
         if unknown:
             raise InvalidParameterError(
-                f"unknown engine argument(s) {unknown}; known: {sorted(cls.field_names() - {'extra'})}",
-                unknown[0])
+                f"unknown engine argument(s) {unknown}; known: {sorted(cls.field_names())}", unknown[0])
         return cls(model=model, **kwargs)  # type: ignore[arg-type]
 
 
-def _check_int(cfg: EngineConfig, name: str, lo: int, hi: int) -> None:
+def _check_int(cfg: object, name: str, lo: int, hi: int) -> None:
     value = getattr(cfg, name)
     if not isinstance(value, int) or isinstance(value, bool) or not (lo <= value <= hi):
         raise InvalidParameterError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}", name)

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-import cinq  # noqa: F401  (first: sets OMP_WAIT_POLICY before torch loads OpenMP)
+from cinq.process_env import set_omp_wait_policy
+
+set_omp_wait_policy()  # first, before torch loads OpenMP: see cinq/process_env.py
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -7,15 +7,11 @@ Shipped here (each folder a Hugging Face model with its tokenizer and a model ca
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from cinq.cache import cache_dir
+
 ASSETS_DIR = Path(__file__).resolve().parent
-
-
-def cache_dir() -> Path:
-    """Where cinq writes models it builds itself ($CINQ_CACHE_DIR, default ~/.cache/cinq)."""
-    return Path(os.environ.get("CINQ_CACHE_DIR", Path.home() / ".cache" / "cinq"))
 
 
 def default_model_path() -> Path:

@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from cinq.errors import InvalidParameterError
-    from cinq.eval.report import quality_report
+    from cinq.eval.quant_quality import quality_report
 
     apply_threads(args.threads)
     from cinq.eval.tasks import TASKS

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     config = engine_config_from_args(args)
     params = sampling_params_from_args(args)
     prompts = _prompts(args)
-    llm = LLM(config.model, **{k: getattr(config, k) for k in config.field_names() if k not in ("model", "extra")})
+    llm = LLM(config.model, **{k: getattr(config, k) for k in config.field_names() if k != "model"})
     t0 = time.perf_counter()
     if args.chat:
         outs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params)

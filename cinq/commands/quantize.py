@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
           f"{res.calib_tokens} calibration tokens")
     if args.no_eval:
         return 0
-    from cinq.eval.report import quality_report
+    from cinq.eval.quant_quality import quality_report
     ppl_text, source = "", ""
     if args.ppl is not None:
         ppl_text, source = Path(args.ppl).read_text(encoding="utf-8", errors="replace"), str(args.ppl)

@@ -61,8 +61,8 @@ def run(args: argparse.Namespace) -> int:
     api_key = args.api_key if args.api_key is not None else os.environ.get("CINQ_API_KEY") or None
     app = build_app(llm, names, config.model, api_key)
     url_host = f"[{host}]" if ":" in host else host
-    mcfg = engine.model.config
-    print(f"cinq serve: model {config.model} ({mcfg.architecture}, {str(engine.dtype).removeprefix('torch.')}, "
+    mcfg = engine.model_config
+    print(f"cinq serve: model {config.model} ({mcfg.architecture}, {config.dtype}, "
           f"{config.device}) served as {names[0]!r}; max_model_len {engine.max_model_len}", flush=True)
     print(f"cinq serve: KV cache {engine.num_blocks} blocks x {config.block_size} tokens "
           f"= {engine.num_blocks * config.block_size} tokens; max {config.max_num_seqs} running, "

@@ -261,7 +261,7 @@ class AsyncLLM:
                 else:
                     self._apply_abort(cmd.request_id)
             if commands:
-                self._num_waiting = len(self.engine.scheduler.waiting)
+                self._num_waiting = self.engine.num_waiting
 
     def _apply_add(self, cmd: _Add) -> None:
         error: BaseException | None = None

@@ -1,4 +1,4 @@
-"""LLMEngine: add requests, step, abort. One step = schedule -> run the model -> update requests -> outputs."""
+"""LLMEngine: add requests, step, abort. One step = schedule -> execute the model -> update requests -> outputs."""
 
 from __future__ import annotations
 
@@ -9,16 +9,14 @@ from pathlib import Path
 import torch
 
 from cinq.config import EngineConfig
-from cinq.engine.host_memory import keep_freed_memory
+from cinq.engine.executor import Executor, make_executor
+from cinq.engine.io import RunnerOutput, SchedulerOutput
 from cinq.engine.kv_cache import KVCacheManager
 from cinq.engine.output_processor import OutputProcessor
 from cinq.engine.request import Request, RequestStatus
-from cinq.engine.runner import ModelRunner, RunnerOutput
-from cinq.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from cinq.engine.scheduler import Scheduler, SchedulerConfig
 from cinq.errors import InvalidParameterError, PromptTooLongError
-from cinq.kernels.backends import default_backend_name
-from cinq.kernels.cpu_native import warm_native_kernels
-from cinq.model.loader import load_model, parse_dtype
+from cinq.model.config import ModelConfig
 from cinq.model.tokenizer import Tokenizer
 from cinq.outputs import EngineStats, RequestOutput
 from cinq.sampling_params import SamplingParams
@@ -45,39 +43,56 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
-        torch.manual_seed(config.seed)
         self.device = torch.device(config.device)
-        if self.device.type == "cpu":
-            keep_freed_memory()
-            warm_native_kernels()  # build them now (once per machine) rather than stall the first request
-        self.dtype = parse_dtype(config.dtype)
-        backend = config.attention_backend or default_backend_name(self.device)
         t0 = time.perf_counter()
-        self.model = load_model(config.model, self.dtype, self.device, backend)
-        mcfg = self.model.config
+        self.executor: Executor = make_executor(config)
+        mcfg = self.model_config
         self.tokenizer = Tokenizer.from_pretrained(config.tokenizer or config.model, mcfg.eos_token_ids)
         self.max_model_len = self._resolve_max_model_len()
         self.num_blocks = self._resolve_num_blocks()
-        self.runner = ModelRunner(self.model, self.num_blocks, config.block_size, self.device, self.dtype)
+        self.executor.initialize_cache(self.num_blocks)
         kv = KVCacheManager(self.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs, self.max_model_len), kv)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.stats = EngineStats(num_kv_blocks=self.num_blocks)
         self.eos_token_ids = list(dict.fromkeys(self.tokenizer.eos_token_ids + mcfg.eos_token_ids))
-        kv_gib = self.num_blocks * ModelRunner.kv_bytes_per_block(self.model, config.block_size, self.dtype) / 2**30
+        kv_gib = self.num_blocks * self.executor.kv_bytes_per_block(config.block_size) / 2**30
         log.info("loaded %s (%s, %s, attention=%s) in %.1fs; KV cache: %d blocks x %d tokens = %d tokens (%.3f GiB); "
-                 "max_model_len %d", config.model, mcfg.architecture, self.dtype, backend, time.perf_counter() - t0,
-                 self.num_blocks, config.block_size, self.num_blocks * config.block_size, kv_gib, self.max_model_len)
+                 "max_model_len %d", config.model, mcfg.architecture, config.dtype, self.executor.attention_backend,
+                 time.perf_counter() - t0, self.num_blocks, config.block_size, self.num_blocks * config.block_size,
+                 kv_gib, self.max_model_len)
+
+    @property
+    def model_config(self) -> ModelConfig:
+        """The served model's config.json, parsed."""
+        return self.executor.model_config
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids a prompt may hold: [0, vocab_size)."""
+        return self.model_config.vocab_size
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The model in this process (benchmarks and tools inspect its weights; serving never needs it)."""
+        return self.executor.model  # type: ignore[attr-defined]
 
     @property
     def kv(self) -> KVCacheManager:
         return self.scheduler.kv
 
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued but not running (preempted ones included)."""
+        return len(self.scheduler.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
     def _resolve_max_model_len(self) -> int:
-        mcfg, asked = self.model.config, self.config.max_model_len
+        mcfg, asked = self.model_config, self.config.max_model_len
         limit = mcfg.max_position_embeddings
         if mcfg.sliding_window and mcfg.sliding_window < limit:
             # No sliding-window attention here: within the window, full attention is exact.
@@ -95,7 +110,7 @@ class LLMEngine:
         cfg = self.config
         if cfg.num_kv_blocks is not None:
             return cfg.num_kv_blocks
-        per_block = ModelRunner.kv_bytes_per_block(self.model, cfg.block_size, self.dtype)
+        per_block = self.executor.kv_bytes_per_block(cfg.block_size)
         budget = (cfg.kv_cache_memory * 2**30 if cfg.kv_cache_memory is not None
                   else available_memory_bytes(self.device) * cfg.kv_cache_memory_fraction)
         blocks = int(budget // per_block)
@@ -135,7 +150,7 @@ class LLMEngine:
     def _validate_prompt(self, prompt_ids: list[int]) -> None:
         if not prompt_ids:
             raise InvalidParameterError("prompt must not be empty", "prompt")
-        vocab = self.model.config.vocab_size
+        vocab = self.vocab_size
         bad = next((t for t in prompt_ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab),
                    None)
         if bad is not None:
@@ -175,13 +190,12 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one scheduler step and return the outputs it produced."""
         sched = self.scheduler.schedule()
+        run = self.executor.execute_model(sched)  # an empty step still drops finished requests' runner state
         if sched.is_empty:
-            self.runner.execute(sched)  # still drops finished requests' runner state
             return []
-        run = self.runner.execute(sched)
-        updated, finished = self.scheduler.update(sched, run.sampled)
-        outputs, stopped = self.output_processor.process(updated, finished, run,
-                                                         [s.request_id for s in sched.seqs])
+        core_outputs = self.scheduler.update(sched, run)
+        outputs, stopped = self.output_processor.process(core_outputs,
+                                                         [n.request_id for n in sched.new_requests])
         if stopped:
             self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
         self._count(sched, run, outputs)
@@ -191,7 +205,7 @@ class LLMEngine:
         st = self.stats
         st.num_steps += 1
         st.prompt_tokens += sched.num_prompt_tokens
-        st.generation_tokens += sum(len(t) for t in run.sampled.values())
+        st.generation_tokens += run.num_sampled_tokens
         for out in outputs:
             if out.finished:
                 for c in out.outputs:
@@ -202,8 +216,8 @@ class LLMEngine:
         """A snapshot of live state and counters."""
         st = self.stats
         kv = self.kv
-        st.num_running = len(self.scheduler.running)
-        st.num_waiting = len(self.scheduler.waiting)
+        st.num_running = self.num_running
+        st.num_waiting = self.num_waiting
         st.kv_cache_usage = kv.usage()
         st.prefix_cache_queries = kv.stats.queries
         st.prefix_cache_hits = kv.stats.hits

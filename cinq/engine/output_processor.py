@@ -1,5 +1,6 @@
-"""OutputProcessor: turns the scheduler's updated requests and the runner's logprobs into RequestOutputs —
-detokenizing, finding stop strings, and gathering the ``n`` child sequences of a request under its id."""
+"""OutputProcessor: turns each step's EngineCoreOutputs (new token ids, logprobs, finish reasons) into
+RequestOutputs — detokenizing, finding stop strings, and gathering the ``n`` child sequences of a request under
+its id. It never sees the scheduler's requests: what is new arrives as plain data."""
 
 from __future__ import annotations
 
@@ -7,8 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 from cinq.engine.detokenizer import IncrementalDetokenizer
-from cinq.engine.request import Request
-from cinq.engine.runner import RunnerOutput, TokenLogprobs
+from cinq.engine.io import EngineCoreOutput, TokenLogprobs
 from cinq.model.tokenizer import Tokenizer
 from cinq.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestMetrics, RequestOutput
 from cinq.sampling_params import OutputKind, SamplingParams
@@ -76,30 +76,33 @@ class OutputProcessor:
             for cid in [cid for cid, (p, _) in self.children.items() if p is parent]:
                 del self.children[cid]
 
-    def process(self, updated: list[Request], finished: list[Request], run: RunnerOutput,
-                scheduled_ids: list[str]) -> tuple[list[RequestOutput], list[str]]:
-        """Returns the outputs to hand out and the child ids that hit a stop string (for the scheduler to end)."""
+    def process(self, core_outputs: list[EngineCoreOutput],
+                first_scheduled_ids: list[str]) -> tuple[list[RequestOutput], list[str]]:
+        """Returns the outputs to hand out and the child ids that hit a stop string (for the scheduler to end).
+
+        ``first_scheduled_ids``: children scheduled for the first time this step (their queueing time ends).
+        """
         now = time.time()
         touched: dict[str, _Parent] = {}
-        for rid in scheduled_ids:
+        for rid in first_scheduled_ids:
             parent, _ = self.children[rid]
             if parent.metrics.first_scheduled_time is None:
                 parent.metrics.first_scheduled_time = now
-        for rid, entries in run.prompt_logprobs.items():
-            parent, _ = self.children[rid]
-            if parent.prompt_logprobs is not None and not parent.prompt_logprobs_sent:
-                for pos, tl in entries:
-                    parent.prompt_logprobs[pos] = self._logprob_dict(tl)
         stopped: list[str] = []
-        for req in updated:
-            parent, comp = self.children[req.request_id]
+        for core in core_outputs:
+            parent, comp = self.children[core.request_id]
+            if core.new_prompt_logprobs and parent.prompt_logprobs is not None and not parent.prompt_logprobs_sent:
+                for pos, tl in core.new_prompt_logprobs:
+                    parent.prompt_logprobs[pos] = self._logprob_dict(tl)
+            new = core.new_token_ids
+            if not new and not core.finished:
+                continue
             touched[parent.request_id] = parent
-            if parent.num_cached_tokens == 0:
-                parent.num_cached_tokens = max(req.num_cached_tokens, 0)
-            new = req.output_token_ids[len(comp.token_ids):]
-            comp.token_ids.extend(new)
             comp.changed = True
-            for tl in run.logprobs.get(req.request_id, []):
+            if parent.num_cached_tokens == 0:
+                parent.num_cached_tokens = core.num_cached_tokens
+            comp.token_ids.extend(new)
+            for tl in core.new_logprobs:
                 comp.logprobs.append(self._logprob_dict(tl))
                 comp.cumulative_logprob += tl.logprob
             m = parent.metrics
@@ -109,17 +112,12 @@ class OutputProcessor:
                 m.num_generation_tokens += len(new)
             if comp.finish_reason is None and new:
                 hit = comp.detok.update(new)
-                if hit is not None and not req.is_finished:
+                if hit is not None:  # a stop string ends the request, even one that also ended on a token
                     comp.finish_reason, comp.stop_reason = "stop", hit
-                    stopped.append(req.request_id)
-                elif hit is not None:  # finished on a token in the same step, but the string came first
-                    comp.finish_reason, comp.stop_reason = "stop", hit
-        for req in finished:
-            parent, comp = self.children[req.request_id]
-            touched[parent.request_id] = parent
-            comp.changed = True
-            if comp.finish_reason is None:
-                comp.finish_reason, comp.stop_reason = req.finish_reason, req.stop_reason
+                    if not core.finished:
+                        stopped.append(core.request_id)
+            if comp.finish_reason is None and core.finished:
+                comp.finish_reason, comp.stop_reason = core.finish_reason, core.stop_reason
         outputs = []
         for parent in touched.values():
             out = self._make_output(parent, now)

@@ -9,43 +9,25 @@ from __future__ import annotations
 
 import itertools
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from cinq.engine.scheduler import NewRequestData, ScheduledSeq, SchedulerOutput
+from cinq.engine.io import NewRequestData, RunnerOutput, ScheduledSeq, SchedulerOutput, TokenLogprobs
 from cinq.kernels.metadata import AttentionMetadata
 from cinq.layers.sampler import Sampler, SamplingMetadata
 from cinq.model.llama import LlamaForCausalLM
 from cinq.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class TokenLogprobs:
-    """Raw logprobs at one position: the chosen token's, its rank, and the top-k (ids, values)."""
-
-    token_id: int
-    logprob: float
-    rank: int
-    top_ids: list[int]
-    top_logprobs: list[float]
-
-
-@dataclass(slots=True)
-class RunnerOutput:
-    sampled: dict[str, list[int]] = field(default_factory=dict)
-    logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
-    # prompt logprobs computed this step: request -> [(prompt position, TokenLogprobs)], position >= 1
-    prompt_logprobs: dict[str, list[tuple[int, TokenLogprobs]]] = field(default_factory=dict)
+# Query rows of a decode-like sequence; a speculative verify step would use k + 1 (the kernels take any).
+DECODE_QUERY_LEN = 1
 
 
 @dataclass(slots=True)
 class _RequestState:
     params: SamplingParams
     prompt_token_ids: list[int]
-    num_output: int = 0
     generator: torch.Generator | None = None
     output_counts: torch.Tensor | None = None  # [V] int32, for penalties
     seen_mask: torch.Tensor | None = None  # [V] bool, prompt + output tokens
@@ -55,12 +37,16 @@ class ModelRunner:
     """Runs the model over scheduled sequences and samples."""
 
     def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, device: torch.device,
-                 kv_dtype: torch.dtype) -> None:
+                 kv_dtype: torch.dtype, seed: int = 0) -> None:
         self.model = model
         self.device = device
         self.block_size = block_size
         self.vocab_size = model.config.vocab_size
         self.sampler = Sampler()
+        # Unseeded requests draw from the engine's own generator, not torch's global one: two engines in one
+        # process (or a library user's own torch.manual_seed) do not disturb each other.
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
         cfg = model.config
         self.kv_caches = [
             torch.zeros(2, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim, dtype=kv_dtype,
@@ -87,12 +73,14 @@ class ModelRunner:
         if not sched.seqs:
             return out
         # Decodes first: the attention backends batch them.
-        seqs = sorted(sched.seqs, key=lambda s: len(s.token_ids) != 1)
+        seqs = sorted(sched.seqs, key=lambda s: len(s.token_ids) != DECODE_QUERY_LEN)
         meta, input_ids, positions = self._prepare(seqs)
         hidden = self.model(input_ids, positions, meta)
         starts = meta.query_start_loc.tolist()
-        sample_rows = [i for i, s in enumerate(seqs) if s.sample]
+        sample_rows = [i for i, s in enumerate(seqs) if s.num_logit_rows]
         if sample_rows:
+            if any(seqs[i].num_logit_rows > 1 for i in sample_rows):
+                raise ValueError("runner: num_logit_rows > 1 needs a speculative verifier, which is not built yet")
             last = torch.tensor([starts[i + 1] - 1 for i in sample_rows], device=self.device)
             logits = self.model.compute_logits(hidden[last])
             self._sample(logits, [seqs[i] for i in sample_rows], out)
@@ -130,17 +118,18 @@ class ModelRunner:
         for i, s in enumerate(seqs):
             tables[i, :len(s.block_ids)] = torch.tensor(s.block_ids, dtype=torch.int32)
         slots = tables[seq_idx, positions // self.block_size].long() * self.block_size + positions % self.block_size
-        num_decodes = next((i for i, n in enumerate(q_lens) if n != 1), len(q_lens))
+        num_decodes = next((i for i, n in enumerate(q_lens) if n != DECODE_QUERY_LEN), len(q_lens))
         meta = AttentionMetadata(
             slot_mapping=slots.to(dev), query_start_loc=cu.to(dev),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev), block_tables=tables.to(dev),
             query_lens_cpu=q_lens, seq_lens_cpu=seq_lens, num_decodes=num_decodes,
-            max_query_len=max(q_lens), max_seq_len=max(seq_lens), block_size=self.block_size)
+            max_query_len=max(q_lens), max_seq_len=max(seq_lens), block_size=self.block_size,
+            decode_query_len=DECODE_QUERY_LEN)
         return meta, input_ids.to(dev), positions.to(dev)
 
     def _sample(self, logits: torch.Tensor, seqs: list[ScheduledSeq], out: RunnerOutput) -> None:
         states = [self.states[s.request_id] for s in seqs]
-        meta = self._sampling_metadata(states)
+        meta = self._sampling_metadata(states, [s.num_output_tokens for s in seqs])
         result = self.sampler(logits, meta)
         tokens = result.token_ids.tolist()
         want_lp = [i for i, st in enumerate(states) if st.params.logprobs is not None]
@@ -152,7 +141,6 @@ class ModelRunner:
         for i, (seq, st) in enumerate(zip(seqs, states)):
             tok = tokens[i]
             out.sampled[seq.request_id] = [tok]
-            st.num_output += 1
             if st.output_counts is not None:
                 st.output_counts[tok] += 1
                 st.seen_mask[tok] = True
@@ -161,13 +149,13 @@ class ModelRunner:
             out.logprobs[seqs[i].request_id] = [TokenLogprobs(
                 tokens[i], lp[i], rank[i], top_ids[i][:k] if top_ids else [], top_vals[i][:k] if top_vals else [])]
 
-    def _sampling_metadata(self, states: list[_RequestState]) -> SamplingMetadata:
+    def _sampling_metadata(self, states: list[_RequestState], num_outputs: list[int]) -> SamplingMetadata:
         dev = self.device
         params = [st.params for st in states]
         greedy = [p.greedy for p in params]
         meta = SamplingMetadata(
             temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev),
-            greedy=torch.tensor(greedy, device=dev), all_greedy=all(greedy))
+            greedy=torch.tensor(greedy, device=dev), all_greedy=all(greedy), generator=self.generator)
         if not meta.all_greedy:
             if any(p.top_k > 0 for p in params):
                 meta.top_k = torch.tensor([p.top_k if p.top_k > 0 else self.vocab_size for p in params], device=dev)
@@ -184,9 +172,9 @@ class ModelRunner:
             for name in ("presence_penalty", "frequency_penalty", "repetition_penalty"):
                 setattr(meta, name, torch.tensor([getattr(params[i], name) for i in pen], dtype=torch.float32,
                                                  device=dev))
-        for i, st in enumerate(states):
+        for i, (st, num_output) in enumerate(zip(states, num_outputs)):
             p = st.params
-            if st.num_output < p.min_tokens:
+            if num_output < p.min_tokens:
                 banned = [t for t in itertools.chain(p.stop_token_ids, [] if p.ignore_eos else p.eos_token_ids)
                           if t < self.vocab_size]
                 if banned:

@@ -10,45 +10,11 @@ cheap). A step may therefore mix prefill chunks and decodes, and a long prompt n
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from cinq.engine.io import EngineCoreOutput, NewRequestData, RunnerOutput, ScheduledSeq, SchedulerOutput
 from cinq.engine.kv_cache import KVCacheManager
 from cinq.engine.request import Request, RequestStatus
-from cinq.sampling_params import SamplingParams
-
-
-@dataclass(slots=True)
-class ScheduledSeq:
-    """One request's share of a step: compute ``token_ids`` at positions ``start_pos ...``."""
-
-    request_id: str
-    token_ids: list[int]
-    start_pos: int
-    block_ids: list[int]
-    sample: bool  # the chunk reaches the last known token: sample the next one
-
-
-@dataclass(slots=True)
-class NewRequestData:
-    """What the runner needs to know about a request the first time it is scheduled."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    sampling_params: SamplingParams
-
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    seqs: list[ScheduledSeq] = field(default_factory=list)
-    new_requests: list[NewRequestData] = field(default_factory=list)
-    finished_request_ids: list[str] = field(default_factory=list)  # runner state to drop
-    num_batched_tokens: int = 0
-    num_prompt_tokens: int = 0  # of the batched tokens, those at prompt positions (first computation or not)
-    preempted_request_ids: list[str] = field(default_factory=list)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.seqs
 
 
 @dataclass(slots=True)
@@ -140,34 +106,41 @@ class Scheduler:
         out.num_batched_tokens = self.config.max_num_batched_tokens - budget
         return out
 
-    def update(self, out: SchedulerOutput, sampled: dict[str, list[int]]) -> tuple[list[Request], list[Request]]:
+    def update(self, out: SchedulerOutput, run: RunnerOutput) -> list[EngineCoreOutput]:
         """Advance computed counts, append sampled tokens and apply token-level stops.
 
-        Returns (requests that got new tokens, requests that finished this step).
+        Returns one EngineCoreOutput per request that got tokens, prompt logprobs or a finish this step; tokens
+        past a stop (several may arrive in one step) are dropped along with their logprobs.
         """
-        updated, finished = [], []
+        outputs = []
         for seq in out.seqs:
             req = self.requests[seq.request_id]
             req.num_computed_tokens += len(seq.token_ids)
-            tokens = sampled.get(seq.request_id)
+            tokens = run.sampled.get(seq.request_id)
+            prompt_lp = run.prompt_logprobs.get(seq.request_id, [])
             if not tokens:
+                if prompt_lp:
+                    outputs.append(EngineCoreOutput(req.request_id, new_prompt_logprobs=prompt_lp,
+                                                    num_cached_tokens=max(req.num_cached_tokens, 0)))
                 continue
+            core = EngineCoreOutput(req.request_id, new_prompt_logprobs=prompt_lp,
+                                    num_cached_tokens=max(req.num_cached_tokens, 0))
             if req.max_tokens == 0:  # prompt-only request (e.g. echo + prompt logprobs): nothing to append
                 self.running.remove(req)
                 self._finish(req, RequestStatus.FINISHED_LENGTH)
-                finished.append(req)
-                updated.append(req)
-                continue
-            for tok in tokens:
-                req.append_output_token(tok)
-                status = self._check_stop(req, tok)
-                if status is not None:
-                    self.running.remove(req)
-                    self._finish(req, status)
-                    finished.append(req)
-                    break
-            updated.append(req)
-        return updated, finished
+            else:
+                for tok in tokens:
+                    req.append_output_token(tok)
+                    core.new_token_ids.append(tok)
+                    status = self._check_stop(req, tok)
+                    if status is not None:
+                        self.running.remove(req)
+                        self._finish(req, status)
+                        break
+                core.new_logprobs = run.logprobs.get(req.request_id, [])[:len(core.new_token_ids)]
+            core.finish_reason, core.stop_reason = req.finish_reason, req.stop_reason
+            outputs.append(core)
+        return outputs
 
     def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
         params = req.sampling_params
@@ -189,7 +162,8 @@ class Scheduler:
             self._seen.add(req.request_id)
             out.new_requests.append(NewRequestData(req.request_id, req.prompt_token_ids, req.sampling_params))
         out.seqs.append(ScheduledSeq(req.request_id, req.all_token_ids[start:start + n], start,
-                                     self.kv.block_ids(req.request_id), start + n == req.num_tokens))
+                                     self.kv.block_ids(req.request_id), int(start + n == req.num_tokens),
+                                     req.num_output_tokens))
 
     def _pick_victim(self, scheduled: set[str], current: Request) -> Request:
         # Newest first; a request already given work this step is never preempted (its blocks may have been

@@ -1,2 +1,2 @@
-"""Evaluation primitives: reasoning tasks (``tasks``) and perplexity (``perplexity``), shared by the
-quantization, distillation and speculative-decoding reports."""
+"""Evaluation: reasoning tasks (``tasks``), perplexity (``perplexity``) and the quantization quality report
+(``quant_quality``); the tasks and perplexity are shared with the distillation reports in ``cinq.train``."""

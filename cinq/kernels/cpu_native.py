@@ -6,7 +6,7 @@ loop would be slower than PyTorch's. Builds use ``-march=native``, so the cache 
 
 * ``paged_decode.cpp``: decode attention read straight from the KV pages (no gathered copy of the contexts).
 * ``small_m_gemm.cpp``: bf16 linear for 1-4 activation rows at memory bandwidth (decode at small batch).
-* ``int4_linear.cpp``: GPTQ/AWQ int4 linear with bf16 activations (used by ``cinq.quant.kernels``).
+* ``int4_linear.cpp``: GPTQ/AWQ int4 linear with bf16 activations (used by ``cinq.layers.quantization.kernels``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def native_module(name: str) -> Any | None:
             try:
                 from torch.utils.cpp_extension import load
 
-                from cinq.assets import cache_dir
+                from cinq.cache import cache_dir
                 build = cache_dir() / "torch_extensions" / f"torch-{torch.__version__}-{_cpu_key()}" / name
                 build.mkdir(parents=True, exist_ok=True)
                 module = load(name=f"cinq_{name}", sources=[str(_SOURCES / f"{name}.cpp")],
@@ -75,16 +75,17 @@ def warm_native_kernels() -> None:
 
 
 def paged_decode_native(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
-                        seq_lens: torch.Tensor, scale: float) -> torch.Tensor | None:
-    """Decode attention [nd, Hq, D] (query dtype) straight from the pages, or None if the kernel is unavailable."""
+                        seq_lens: torch.Tensor, scale: float, query_len: int = 1) -> torch.Tensor | None:
+    """Decode attention [nd * query_len, Hq, D] (query dtype) straight from the pages, or None if the kernel is
+    unavailable. Sequence s owns query rows s * query_len ...; row r sees keys up to seq_len - query_len + r."""
     if query.device.type != "cpu" or not kv_cache.is_contiguous():
         return None
     mod = native_module("paged_decode")
     if mod is None:
         return None
-    nd = query.shape[0]
+    nd = query.shape[0] // query_len
     out = mod.paged_decode(query.float().contiguous(), kv_cache, block_tables[:nd].to(torch.int32).contiguous(),
-                           seq_lens[:nd].to(torch.int32).contiguous(), float(scale))
+                           seq_lens[:nd].to(torch.int32).contiguous(), float(scale), int(query_len))
     return out.to(query.dtype)
 
 

@@ -2,8 +2,10 @@
 
 A step is a flat, variable-length batch of T new tokens from B sequences. Sequence i owns the new tokens
 ``query_start_loc[i]:query_start_loc[i+1]``; they sit at the last ``query_len`` positions of a context of
-``seq_lens[i]`` tokens whose K/V live in the blocks ``block_tables[i]``. Decodes (exactly one new token) come
-first, so backends can batch them and treat the rest as (chunked) prefills.
+``seq_lens[i]`` tokens whose K/V live in the blocks ``block_tables[i]``. Decode-like sequences come first: the
+first ``num_decodes`` each have exactly ``decode_query_len`` new tokens (1 for plain decoding, k + 1 when a
+speculative step verifies k draft tokens), so backends batch them in their decode kernel, causal within those
+rows; the rest are (chunked) prefills.
 """
 
 from __future__ import annotations
@@ -25,10 +27,15 @@ class AttentionMetadata:
     block_tables: torch.Tensor  # [B, max_blocks] int32, padded with 0 past a sequence's last block
     query_lens_cpu: list[int]  # host copies: backends branch on them without device syncs
     seq_lens_cpu: list[int]
-    num_decodes: int  # the first num_decodes sequences have query_len == 1
+    num_decodes: int  # the first num_decodes sequences have query_len == decode_query_len
     max_query_len: int
     max_seq_len: int
     block_size: int
+    decode_query_len: int = 1  # query rows of each decode-like sequence
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return self.num_decodes * self.decode_query_len
 
     @property
     def num_seqs(self) -> int:
@@ -40,11 +47,16 @@ class AttentionMetadata:
 
     @classmethod
     def from_lens(cls, query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]], block_size: int,
-                  device: torch.device | str = "cpu") -> AttentionMetadata:
+                  device: torch.device | str = "cpu", decode_query_len: int = 1) -> AttentionMetadata:
         """Build the metadata of one step from host lists (tests, benchmarks, simple callers).
 
-        Sequences must already be ordered decodes first; ``num_decodes`` counts the leading ``query_len == 1``.
+        Sequences must already be ordered decodes first; ``num_decodes`` counts the leading sequences with
+        ``query_len == decode_query_len``.
         """
+        if not isinstance(decode_query_len, int) or decode_query_len < 1:
+            raise InvalidParameterError(
+                f"metadata: decode_query_len must be an integer >= 1, got {decode_query_len!r}",
+                param="decode_query_len")
         if not (len(query_lens) == len(seq_lens) == len(block_tables)):
             raise InvalidParameterError(
                 f"metadata: query_lens ({len(query_lens)}), seq_lens ({len(seq_lens)}) and block_tables "
@@ -62,7 +74,7 @@ class AttentionMetadata:
         for q_len in query_lens:
             starts.append(starts[-1] + q_len)
         num_decodes = 0
-        while num_decodes < len(query_lens) and query_lens[num_decodes] == 1:
+        while num_decodes < len(query_lens) and query_lens[num_decodes] == decode_query_len:
             num_decodes += 1
         return cls(
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
@@ -75,4 +87,5 @@ class AttentionMetadata:
             max_query_len=max(query_lens, default=0),
             max_seq_len=max(seq_lens, default=0),
             block_size=block_size,
+            decode_query_len=decode_query_len,
         )

@@ -87,6 +87,10 @@ def check_inputs(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMet
             f"{meta.query_start_loc.shape[0]} entries (need num_seqs + 1) and query_lens_cpu "
             f"{len(meta.query_lens_cpu)}",
             param="query_start_loc")
+    if meta.decode_query_len < 1 or meta.num_decode_tokens > query.shape[0]:
+        raise InvalidParameterError(
+            f"attention: {meta.num_decodes} decode-like sequences of {meta.decode_query_len} query rows each do "
+            f"not fit in {query.shape[0]} tokens", param="decode_query_len")
     if meta.block_tables.dim() != 2 or meta.block_tables.shape[0] < meta.num_seqs:
         raise InvalidParameterError(
             f"attention: block_tables must be [num_seqs >= {meta.num_seqs}, max_blocks], "

@@ -4,11 +4,12 @@ PyTorch's SDPA has a fused flash kernel on CPU (tiled, online softmax, O(N) memo
 batched 4-D inputs: 3-D ``[heads, L, D]`` inputs fall back to the math path (score matrix materialised, several
 times slower), so every call here is 4-D. What is left is feeding it from the paged cache:
 
-* decodes (the first ``num_decodes`` sequences, one query each) run as one call. The ``group`` query heads that
-  share a kv head become ``group`` query *rows* of that kv head (``[nd, Hkv, group, D]``): a decode query sees
-  its whole context, so they share one mask, and SDPA needs no GQA expansion (which it does slowly for one-row
-  queries). Contexts are gathered from the pages and padded to the longest; padded positions point at the
-  sequence's own first slot (finite data, whatever the rest of the cache holds) and are masked out;
+* decodes (the first ``num_decodes`` sequences, ``decode_query_len`` queries each) run as one call. The
+  ``group`` query heads that share a kv head become query *rows* of that kv head (``[nd, Hkv, ql * group, D]``):
+  SDPA then needs no GQA expansion (which it does slowly for one-row queries). A one-token decode sees its whole
+  context; with several rows, row r sees all but the last ``ql - 1 - r`` keys. Contexts are gathered from the
+  pages and padded to the longest; padded positions point at the sequence's own first slot (finite data,
+  whatever the rest of the cache holds) and are masked out;
 * prefill chunks run one call each: with nothing cached before them (``query_len == seq_len``) straight on the
   step's new K/V with ``is_causal``; after a cached prefix, on the gathered context with an offset causal mask.
 """
@@ -29,7 +30,7 @@ def sdpa_paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     out = torch.empty_like(query) if out is None else out
     nd = meta.num_decodes
     if nd:
-        out[:nd] = sdpa_decode(query[:nd], kv_cache, meta, scale)
+        out[:meta.num_decode_tokens] = sdpa_decode(query[:meta.num_decode_tokens], kv_cache, meta, scale)
     if meta.num_seqs == nd:
         return out
     starts = meta.query_start_loc.tolist()
@@ -53,22 +54,36 @@ def sdpa_paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
 
 def sdpa_decode(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
                 scale: float) -> torch.Tensor:
-    """Decodes of the first ``query.shape[0]`` sequences: [nd, Hq, D]. On the CPU the native kernel reads the
-    pages directly (no gathered copy of the contexts); elsewhere, or if it cannot be built, one SDPA call."""
-    native = paged_decode_native(query, kv_cache, meta.block_tables, meta.seq_lens, scale)
+    """Decodes of the first ``meta.num_decodes`` sequences, ``meta.decode_query_len`` rows each:
+    [nd * ql, Hq, D]. On the CPU the native kernel reads the pages directly (no gathered copy of the contexts);
+    elsewhere, or if it cannot be built, one SDPA call."""
+    nd, ql = meta.num_decodes, meta.decode_query_len
+    native = paged_decode_native(query, kv_cache, meta.block_tables[:nd], meta.seq_lens[:nd], scale, ql)
     if native is not None:
         return native
-    nd, hq, d = query.shape
+    _, hq, d = query.shape
     _, num_blocks, block_size, hkv, _ = kv_cache.shape
+    group = hq // hkv
     nblocks = -(-max(meta.seq_lens_cpu[:nd]) // block_size)
     pos = torch.arange(nblocks * block_size, device=query.device)
-    valid = pos[None, :] < meta.seq_lens[:nd, None]  # [nd, L]
+    seq_lens = meta.seq_lens[:nd, None]
+    valid = pos[None, :] < seq_lens  # [nd, L]
     tables = meta.block_tables[:nd, :nblocks].long()
     slots = (tables[:, :, None] * block_size + torch.arange(block_size, device=query.device)).flatten(1)
     slots = torch.where(valid, slots, slots[:, :1])  # padding reads the sequence's own token 0, then is masked
     kv = kv_cache.view(2, num_blocks * block_size, hkv, d)[:, slots]  # [2, nd, L, Hkv, D]: one gather
     k = kv[0].transpose(1, 2).to(query.dtype)  # [nd, Hkv, L, D]
     v = kv[1].transpose(1, 2).to(query.dtype)
-    q = query.reshape(nd, hkv, hq // hkv, d)  # GQA group as query rows
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=valid[:, None, None, :], scale=scale)
-    return o.reshape(nd, hq, d)
+    if ql == 1:
+        q = query.reshape(nd, hkv, group, d)  # GQA group as query rows
+        mask = valid[:, None, None, :]
+    else:
+        # rows (r, g) of kv head h: query token r of the sequence, head h * group + g
+        q = query.reshape(nd, ql, hkv, group, d).permute(0, 2, 1, 3, 4).reshape(nd, hkv, ql * group, d)
+        last = seq_lens - ql + torch.arange(ql, device=query.device)  # [nd, ql]: position of query row r
+        mask = pos[None, None, :] <= last[:, :, None]  # [nd, ql, L]; implies < seq_len
+        mask = mask.repeat_interleave(group, dim=1)[:, None]  # [nd, 1, ql * group, L]
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    if ql == 1:
+        return o.reshape(nd, hq, d)
+    return o.reshape(nd, hkv, ql, group, d).permute(0, 2, 1, 3, 4).reshape(nd * ql, hq, d)

@@ -1,45 +1,67 @@
 """Linear layers. The model asks ``make_linear`` for each projection; what it gets back (dense, or a quantized
 kind chosen from the checkpoint's ``quantization_config``) is invisible to the model code.
 
-Contract for every linear kind: its parameters/buffers carry the checkpoint's tensor names and shapes, so the
-loader fills them by name; an optional ``process_weights_after_loading()`` then repacks them for the kernel.
+Contract for every linear kind: it loads its checkpoint tensors itself through
+``weight_loader(param_name, tensor, shard_id)`` (cinq/layers/weight_loader.py), whole or one output shard at a
+time for merged projections (QKV, gate/up: one GEMM instead of three or two); an optional
+``process_weights_after_loading()`` then repacks them for the kernel.
 
-Kinds: ``DenseLinear``; ``GPTQLinear`` (GPTQ v1/v2 files, 4/8-bit weight-only: RTN and GPTQ write these),
-``AWQLinear`` (AWQ GEMM files) and ``W8A8Linear`` (SmoothQuant). The quantized ones unpack their checkpoint
-tensors once, hand them to the kernel chosen for the device and shape (cinq/quant/kernels.py), and keep only
-the kernel's tensors.
+Kinds: ``DenseLinear`` here; the quantized ones (GPTQ, AWQ, W8A8) live in cinq/layers/quantization/.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cinq.errors import ModelLoadError
 from cinq.kernels.cpu_native import small_m_linear_native
-from cinq.quant.formats import awq_shapes, awq_unpack, gptq_shapes, gptq_unpack
-from cinq.quant.kernels import Prepared, prepare_weight_only, w8a8_mm, weight_only_mm
+from cinq.layers.weight_loader import CheckpointTensor, OutputShards, ParamLayout, ShardId, load_sharded
+
+_DENSE_LAYOUT = ParamLayout(output_dim=0)
 
 
 class LinearFactory(Protocol):
-    """What a quantization config provides to build its linear layers."""
+    """What a quantization format provides to build its linear layers."""
 
-    def make_linear(self, in_features: int, out_features: int, bias: bool, prefix: str) -> nn.Module: ...
+    def quantizes(self, prefix: str) -> bool:
+        """True when the checkpoint module ``prefix`` is stored quantized (else it stays dense)."""
+        ...
+
+    def make_linear(self, in_features: int, out_features: int, bias: bool, prefix: str, compute_dtype: torch.dtype,
+                    output_shards: OutputShards | None = None) -> nn.Module:
+        """The quantized linear named ``prefix`` (merged from ``output_shards`` when given)."""
+        ...
 
 
 class DenseLinear(nn.Module):
     """y = x W^T + b with W [out_features, in_features] in the model dtype. Decode-sized bf16 inputs on the CPU
-    (at most SMALL_M_MAX_ROWS rows, no autograd) go through the native skinny kernel when it is available."""
+    (at most SMALL_M_MAX_ROWS rows, no autograd) go through the native skinny kernel when it is available.
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+    With ``output_shards`` it is a merged projection: W's rows are the shards' rows in order, each loaded from
+    its own checkpoint tensor."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False,
+                 output_shards: OutputShards | None = None, prefix: str = "") -> None:
         super().__init__()
+        if output_shards is not None and output_shards.total != out_features:
+            raise ValueError(f"{prefix}: shards {output_shards.sizes} do not add up to out_features {out_features}")
         self.in_features = in_features
         self.out_features = out_features
+        self.output_shards = output_shards
+        self.prefix = prefix
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+
+    def param_layout(self, name: str) -> ParamLayout:
+        """Weight and bias both carry the output channels along dim 0."""
+        return _DENSE_LAYOUT
+
+    def weight_loader(self, name: str, loaded: CheckpointTensor, shard_id: ShardId | None = None) -> None:
+        """Fill ``weight`` or ``bias`` from a checkpoint tensor (one shard's rows when merged)."""
+        load_sharded(getattr(self, name), loaded, _DENSE_LAYOUT, self.output_shards, shard_id, self.prefix)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.bfloat16 and x.device.type == "cpu" and not torch.is_grad_enabled():
@@ -49,149 +71,27 @@ class DenseLinear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        shards = "" if self.output_shards is None else f", shards={self.output_shards.ids}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+                f"{shards}")
 
 
-def make_linear(in_features: int, out_features: int, bias: bool, quant: Any = None, prefix: str = "") -> nn.Module:
-    """A dense linear, or the quantized kind ``quant`` (a LinearFactory) builds for this layer."""
-    if quant is None:
-        return DenseLinear(in_features, out_features, bias)
-    return quant.make_linear(in_features, out_features, bias, prefix)
+def make_linear(in_features: int, out_features: int, bias: bool, quant: LinearFactory | None = None,
+                prefix: str = "", compute_dtype: torch.dtype | None = None,
+                output_shards: OutputShards | None = None, quant_prefix: str | None = None) -> nn.Module:
+    """A dense linear, or the quantized kind ``quant`` builds for this layer.
+
+    ``compute_dtype``: the dtype quantized kernels compute in (default: torch's default dtype, the one dense
+    parameters are created in). ``output_shards``: a merged projection (see ``can_merge``). ``quant_prefix``: the
+    checkpoint module whose entry in the quantization config decides the kind (default ``prefix``; for a merged
+    linear, its first shard's name)."""
+    if quant is not None and quant.quantizes(prefix if quant_prefix is None else quant_prefix):
+        dtype = torch.get_default_dtype() if compute_dtype is None else compute_dtype
+        return quant.make_linear(in_features, out_features, bias, prefix, dtype, output_shards)
+    return DenseLinear(in_features, out_features, bias, output_shards, prefix)
 
 
-# --------------------------------------------------------------------------------------- quantized linears
-
-
-class QuantizedLinear(nn.Module):
-    """Shared plumbing: checkpoint tensors as buffers, replaced after loading by the kernel's own tensors."""
-
-    def __init__(self, in_features: int, out_features: int, bias: bool, prefix: str) -> None:
-        super().__init__()
-        self.in_features = in_features
-        self.out_features = out_features
-        self.prefix = prefix
-        # The loader builds the model under the target default dtype: remember it as the compute dtype.
-        self.compute_dtype = torch.get_default_dtype()
-        self.kind = "unloaded"
-        self.group = 0
-        if bias:
-            self.register_buffer("bias", torch.empty(out_features))
-        else:
-            self.bias = None
-
-    def _install(self, prepared: Any, drop: tuple[str, ...]) -> None:
-        for name in drop:
-            delattr(self, name)
-        for name, t in prepared.tensors.items():
-            self.register_buffer(name, t, persistent=False)
-        self.kind = prepared.kind
-        self.group = prepared.arg
-
-    def _kernel_tensors(self) -> dict[str, torch.Tensor]:
-        """The kernel's tensors by name: the module's buffer dict itself (no copy on the hot path)."""
-        if self.kind == "unloaded":
-            raise RuntimeError(f"{self.prefix or type(self).__name__}: process_weights_after_loading() has not run")
-        return self._buffers
-
-    def _add_bias(self, y: torch.Tensor) -> torch.Tensor:
-        b = self.bias
-        return y if b is None else y + (b if b.dtype == y.dtype else b.to(y.dtype))
-
-    def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"kernel={self.kind}")
-
-
-def _packed_dims(prefix: str, what: str, size: int, bits: int) -> int:
-    per = 32 // bits
-    if size % per:
-        raise ModelLoadError(f"{prefix}: {what} {size} is not a multiple of {per}, so {bits}-bit weights cannot be "
-                             f"packed into int32 words")
-    return size // per
-
-
-class GPTQLinear(QuantizedLinear):
-    """A linear stored as GPTQ v1/v2 tensors (qweight, qzeros, scales, g_idx); 4 or 8 bits."""
-
-    def __init__(self, in_features: int, out_features: int, bias: bool, bits: int, group_size: int,
-                 version: int = 1, prefix: str = "") -> None:
-        super().__init__(in_features, out_features, bias, prefix)
-        self.bits, self.group_size, self.version = bits, group_size, version
-        _packed_dims(prefix, "in_features", in_features, bits)
-        _packed_dims(prefix, "out_features", out_features, bits)
-        shapes = gptq_shapes(in_features, out_features, bits, group_size)
-        self.register_buffer("qweight", torch.empty(shapes["qweight"], dtype=torch.int32))
-        self.register_buffer("qzeros", torch.empty(shapes["qzeros"], dtype=torch.int32))
-        self.register_buffer("scales", torch.empty(shapes["scales"], dtype=torch.float16))
-        self.register_buffer("g_idx", torch.empty(shapes["g_idx"], dtype=torch.int32))
-
-    def quantized_weight(self) -> Any:
-        """The checkpoint tensors unpacked (before ``process_weights_after_loading``)."""
-        t = {"qweight": self.qweight, "qzeros": self.qzeros, "scales": self.scales, "g_idx": self.g_idx}
-        return gptq_unpack(t, self.bits, self.group_size, self.version, name=self.prefix)
-
-    def process_weights_after_loading(self) -> None:
-        qw = self.quantized_weight()
-        prepared = prepare_weight_only(qw, self.qweight.device, self.compute_dtype, self.prefix)
-        self._install(prepared, ("qweight", "qzeros", "scales", "g_idx"))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._add_bias(weight_only_mm(self.kind, self._kernel_tensors(), self.group, x))
-
-
-class AWQLinear(QuantizedLinear):
-    """A linear stored as AWQ GEMM tensors (qweight, qzeros, scales); 4 bits."""
-
-    def __init__(self, in_features: int, out_features: int, bias: bool, group_size: int, prefix: str = "") -> None:
-        super().__init__(in_features, out_features, bias, prefix)
-        self.bits, self.group_size = 4, group_size
-        _packed_dims(prefix, "out_features", out_features, 4)
-        g = in_features if group_size <= 0 else group_size
-        if in_features % g:
-            raise ModelLoadError(f"{prefix}: in_features {in_features} is not a multiple of group_size {g} (AWQ)")
-        shapes = awq_shapes(in_features, out_features, group_size)
-        self.register_buffer("qweight", torch.empty(shapes["qweight"], dtype=torch.int32))
-        self.register_buffer("qzeros", torch.empty(shapes["qzeros"], dtype=torch.int32))
-        self.register_buffer("scales", torch.empty(shapes["scales"], dtype=torch.float16))
-
-    def quantized_weight(self) -> Any:
-        t = {"qweight": self.qweight, "qzeros": self.qzeros, "scales": self.scales}
-        return awq_unpack(t, self.group_size, name=self.prefix)
-
-    def process_weights_after_loading(self) -> None:
-        qw = self.quantized_weight()
-        prepared = prepare_weight_only(qw, self.qweight.device, self.compute_dtype, self.prefix)
-        self._install(prepared, ("qweight", "qzeros", "scales"))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._add_bias(weight_only_mm(self.kind, self._kernel_tensors(), self.group, x))
-
-
-class W8A8Linear(QuantizedLinear):
-    """int8 weights (per channel) x int8 activations (per token, or per tensor when ``static``): SmoothQuant."""
-
-    def __init__(self, in_features: int, out_features: int, bias: bool, static: bool = False,
-                 prefix: str = "") -> None:
-        super().__init__(in_features, out_features, bias, prefix)
-        self.static = static
-        self.register_buffer("weight", torch.empty(out_features, in_features, dtype=torch.int8))
-        self.register_buffer("weight_scale", torch.empty(out_features, dtype=torch.float32))
-        if static:
-            self.register_buffer("input_scale", torch.empty(1, dtype=torch.float32))
-        else:
-            self.input_scale = None
-
-    def process_weights_after_loading(self) -> None:
-        if self.static and not (float(self.input_scale) > 0):
-            raise ModelLoadError(f"{self.prefix}.input_scale must be positive, got {float(self.input_scale)}")
-        tensors = {"w_t": self.weight.t().contiguous(), "w_scale": self.weight_scale.float()}
-        if self.static:
-            tensors["input_scale"] = self.input_scale.float()
-        drop = ("weight", "weight_scale") + (("input_scale",) if self.static else ())
-        self._install(Prepared("w8a8", tensors), drop)
-        if not self.static:
-            self.input_scale = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        t = self._kernel_tensors()
-        return self._add_bias(w8a8_mm(x, t["w_t"], t["w_scale"], t.get("input_scale")))
+def can_merge(quant: LinearFactory | None, prefixes: list[str]) -> bool:
+    """True when the checkpoint linears ``prefixes`` (sharing one input) can load as one merged linear: always
+    when dense; when quantized, if they are all of one kind (a format may keep some modules dense)."""
+    return quant is None or len({quant.quantizes(p) for p in prefixes}) == 1

@@ -25,6 +25,7 @@ class SamplingMetadata:
     top_p: torch.Tensor | None = None  # [B] float32, 1.0 where disabled
     min_p: torch.Tensor | None = None  # [B] float32, 0.0 where disabled
     generators: dict[int, torch.Generator] = field(default_factory=dict)  # row -> its seeded generator
+    generator: torch.Generator | None = None  # the other rows' draws (None: torch's global generator)
     # Penalties, for the rows listed in penalty_rows only.
     penalty_rows: torch.Tensor | None = None  # [P] int64
     output_counts: torch.Tensor | None = None  # [P, V] int32: occurrences in the output so far
@@ -80,7 +81,7 @@ class Sampler(nn.Module):
         if meta.top_k is not None or meta.top_p is not None:
             logits = apply_top_k_top_p(logits, meta.top_k, meta.top_p)
         probs = logits.softmax(-1)
-        q = torch.empty_like(probs).exponential_()
+        q = torch.empty_like(probs).exponential_(generator=meta.generator)
         for row, gen in meta.generators.items():
             q[row].exponential_(generator=gen)
         return probs.div(q).argmax(-1)

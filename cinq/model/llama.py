@@ -1,4 +1,10 @@
-"""One decoder for Llama, Mistral, Qwen2 and Qwen3; module names mirror HF so checkpoints load by name.
+"""One decoder for Llama, Mistral, Qwen2 and Qwen3; module names mirror HF, except the merged projections.
+
+q/k/v are one ``qkv_proj`` and gate/up one ``gate_up_proj`` (one GEMM instead of three and two; outputs split
+afterwards); ``STACKED_PARAMS_MAPPING`` says which checkpoint tensors fill which of their shards (the loader
+and the saver both go through it). ``merge_projections=False`` keeps HF's separate projections: the offline
+quantization tool works on those, and a quantized checkpoint whose q/k/v (or gate/up) are not all of one kind
+loads that way too.
 
 Two ways to call it:
 
@@ -8,33 +14,60 @@ Two ways to call it:
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 
 from cinq.kernels.metadata import AttentionMetadata
 from cinq.layers.activation import gated_act
 from cinq.layers.attention import Attention
-from cinq.layers.linear import DenseLinear, make_linear
+from cinq.layers.linear import DenseLinear, LinearFactory, can_merge, make_linear
+from cinq.layers.weight_loader import OutputShards
 from cinq.layers.norm import RMSNorm
 from cinq.layers.rotary import RotaryEmbedding
 from cinq.model.config import ModelConfig
 
 
+# (model module suffix, checkpoint module suffix, shard id): checkpoint tensors that fill one shard of a merged
+# linear (as vLLM's stacked_params_mapping).
+STACKED_PARAMS_MAPPING: tuple[tuple[str, str, str | int], ...] = (
+    (".qkv_proj", ".q_proj", "q"),
+    (".qkv_proj", ".k_proj", "k"),
+    (".qkv_proj", ".v_proj", "v"),
+    (".gate_up_proj", ".gate_proj", 0),
+    (".gate_up_proj", ".up_proj", 1),
+)
+
+
+def _merged_linear(in_features: int, shards: dict[str | int, tuple[str, int]], bias: bool,
+                   quant: LinearFactory | None, prefix: str, name: str, dtype: torch.dtype | None) -> nn.Module:
+    """The merged linear ``prefix.name`` over ``shards`` (id -> (checkpoint module name, out_features))."""
+    first = next(iter(shards.values()))[0]
+    output_shards = OutputShards(tuple(shards), tuple(size for _, size in shards.values()))
+    return make_linear(in_features, output_shards.total, bias, quant, f"{prefix}.{name}", dtype, output_shards,
+                       quant_prefix=f"{prefix}.{first}")
+
+
 class LlamaAttention(nn.Module):
     """Self-attention block: q/k/v projections (+ bias for Qwen2, + q/k RMSNorm for Qwen3), rope, attention."""
 
-    def __init__(self, config: ModelConfig, quant: Any, prefix: str, backend: str) -> None:
+    def __init__(self, config: ModelConfig, quant: LinearFactory | None, prefix: str, backend: str,
+                 dtype: torch.dtype | None = None, merge_projections: bool = True) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
+        self.q_size, self.kv_size = config.q_size, config.kv_size
         hidden, bias = config.hidden_size, config.attention_bias
-        self.q_proj = make_linear(hidden, config.q_size, bias, quant, f"{prefix}.q_proj")
-        self.k_proj = make_linear(hidden, config.kv_size, bias, quant, f"{prefix}.k_proj")
-        self.v_proj = make_linear(hidden, config.kv_size, bias, quant, f"{prefix}.v_proj")
-        self.o_proj = make_linear(config.q_size, hidden, False, quant, f"{prefix}.o_proj")
+        names = [f"{prefix}.{p}" for p in ("q_proj", "k_proj", "v_proj")]
+        if merge_projections and can_merge(quant, names):
+            shards = {"q": ("q_proj", config.q_size), "k": ("k_proj", config.kv_size), "v": ("v_proj", config.kv_size)}
+            self.qkv_proj = _merged_linear(hidden, shards, bias, quant, prefix, "qkv_proj", dtype)
+        else:
+            self.qkv_proj = None
+            self.q_proj = make_linear(hidden, config.q_size, bias, quant, names[0], dtype)
+            self.k_proj = make_linear(hidden, config.kv_size, bias, quant, names[1], dtype)
+            self.v_proj = make_linear(hidden, config.kv_size, bias, quant, names[2], dtype)
+        self.o_proj = make_linear(config.q_size, hidden, False, quant, f"{prefix}.o_proj", dtype)
         if config.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -46,9 +79,13 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata | None) -> torch.Tensor:
         lead = x.shape[:-1]
-        q = self.q_proj(x).view(*lead, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(*lead, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(*lead, self.num_kv_heads, self.head_dim)
+        if self.qkv_proj is not None:
+            q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(*lead, self.num_heads, self.head_dim)
+        k = k.view(*lead, self.num_kv_heads, self.head_dim)
+        v = v.view(*lead, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary_emb(positions, q, k)
@@ -59,25 +96,38 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     """Gated MLP: down(act(gate(x)) * up(x))."""
 
-    def __init__(self, config: ModelConfig, quant: Any, prefix: str) -> None:
+    def __init__(self, config: ModelConfig, quant: LinearFactory | None, prefix: str, dtype: torch.dtype | None = None,
+                 merge_projections: bool = True) -> None:
         super().__init__()
         h, i, b = config.hidden_size, config.intermediate_size, config.mlp_bias
-        self.gate_proj = make_linear(h, i, b, quant, f"{prefix}.gate_proj")
-        self.up_proj = make_linear(h, i, b, quant, f"{prefix}.up_proj")
-        self.down_proj = make_linear(i, h, b, quant, f"{prefix}.down_proj")
+        self.intermediate_size = i
+        names = [f"{prefix}.gate_proj", f"{prefix}.up_proj"]
+        if merge_projections and can_merge(quant, names):
+            shards = {0: ("gate_proj", i), 1: ("up_proj", i)}
+            self.gate_up_proj = _merged_linear(h, shards, b, quant, prefix, "gate_up_proj", dtype)
+        else:
+            self.gate_up_proj = None
+            self.gate_proj = make_linear(h, i, b, quant, names[0], dtype)
+            self.up_proj = make_linear(h, i, b, quant, names[1], dtype)
+        self.down_proj = make_linear(i, h, b, quant, f"{prefix}.down_proj", dtype)
         self.act = config.hidden_act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(gated_act(self.act, self.gate_proj(x), self.up_proj(x)))
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).split([self.intermediate_size, self.intermediate_size], dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(gated_act(self.act, gate, up))
 
 
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm decoder block; the residual is carried alongside so norms fuse the add."""
 
-    def __init__(self, config: ModelConfig, quant: Any, prefix: str, backend: str) -> None:
+    def __init__(self, config: ModelConfig, quant: LinearFactory | None, prefix: str, backend: str,
+                 dtype: torch.dtype | None = None, merge_projections: bool = True) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, quant, f"{prefix}.self_attn", backend)
-        self.mlp = LlamaMLP(config, quant, f"{prefix}.mlp")
+        self.self_attn = LlamaAttention(config, quant, f"{prefix}.self_attn", backend, dtype, merge_projections)
+        self.mlp = LlamaMLP(config, quant, f"{prefix}.mlp", dtype, merge_projections)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -96,11 +146,12 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     """Embedding, decoder stack and final norm."""
 
-    def __init__(self, config: ModelConfig, quant: Any, backend: str) -> None:
+    def __init__(self, config: ModelConfig, quant: LinearFactory | None, backend: str,
+                 dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, quant, f"model.layers.{i}", backend) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, quant, f"model.layers.{i}", backend, dtype)
+                                    for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata | None,
@@ -119,18 +170,22 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Decoder + LM head. ``forward`` returns final hidden states; ``compute_logits`` projects the rows you need."""
+    """Decoder + LM head. ``forward`` returns final hidden states; ``compute_logits`` projects the rows you need.
 
-    def __init__(self, config: ModelConfig, quant: Any = None, attention_backend: str = "sdpa") -> None:
+    ``quant``: the checkpoint's quantization format (None: dense); ``dtype``: the compute dtype of quantized
+    linears (default: torch's default dtype, which dense parameters are created in)."""
+
+    stacked_params_mapping = STACKED_PARAMS_MAPPING
+
+    def __init__(self, config: ModelConfig, quant: LinearFactory | None = None, attention_backend: str = "sdpa",
+                 dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, quant, attention_backend)
-        # The LM head stays dense unless the checkpoint says it is quantized (GPTQ's "lm_head": true); a
-        # quantized head is never tied: the embedding lookup needs the dense matrix.
-        if quant is not None and getattr(quant, "lm_head", False):
-            self.lm_head = quant.make_linear(config.hidden_size, config.vocab_size, False, "lm_head")
-        else:
-            self.lm_head = DenseLinear(config.hidden_size, config.vocab_size, bias=False)
+        self.model = LlamaModel(config, quant, attention_backend, dtype)
+        # The LM head stays dense unless the checkpoint says it is quantized (GPTQ's "lm_head": true, which the
+        # format's quantizes("lm_head") reports); a quantized head is never tied: the embedding lookup needs the
+        # dense matrix.
+        self.lm_head = make_linear(config.hidden_size, config.vocab_size, False, quant, "lm_head", dtype)
         self.tie_weights()
 
     def tie_weights(self) -> None:

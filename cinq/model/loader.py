@@ -1,7 +1,10 @@
 """Build a model from a Hugging Face folder: config.json + safetensors (single file or sharded index).
 
-Loading never unpickles. Every expected tensor must be present with the expected shape; errors name the tensor.
-Quantized folders are recognised from ``quantization_config`` with no flag.
+Loading never unpickles. Each checkpoint tensor goes, unread until then, to the layer that owns it
+(``layer.weight_loader(param, tensor, shard_id)``; plain parameters are copied whole): checkpoint names resolve
+through the model's ``stacked_params_mapping`` (cinq/model/checkpoint_names.py), so q/k/v and gate/up fill the
+shards of the merged projections. Every expected tensor must be present with the expected shape; errors name
+the tensor. Quantized folders are recognised from ``quantization_config`` with no flag.
 """
 
 from __future__ import annotations
@@ -14,9 +17,13 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from torch import nn
 
 from cinq.errors import ModelLoadError
-from cinq.layers.linear import QuantizedLinear
+from cinq.layers.quantization.format import QuantFormat
+from cinq.layers.quantization.linear import QuantizedLinear
+from cinq.layers.weight_loader import CheckpointTensor, check_and_copy
+from cinq.model.checkpoint_names import expected_checkpoint_names, mapping_of, resolve
 from cinq.model.config import ModelConfig
 from cinq.model.llama import LlamaForCausalLM
 
@@ -47,12 +54,12 @@ def checkpoint_files(path: Path) -> list[Path]:
     raise ModelLoadError(f"{path}: no model.safetensors or model.safetensors.index.json")
 
 
-def iter_checkpoint(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (name, tensor) for every tensor of every shard."""
+def iter_checkpoint(path: Path) -> Iterator[CheckpointTensor]:
+    """Every tensor of every shard, unread until its ``load()`` (valid until the next one is yielded)."""
     for file in checkpoint_files(path):
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():
-                yield name, f.get_tensor(name)
+                yield CheckpointTensor.from_safetensors(f, name)
 
 
 @contextlib.contextmanager
@@ -65,66 +72,63 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(old)
 
 
-def quant_factory(config: ModelConfig):
+def quant_factory(config: ModelConfig) -> QuantFormat | None:
     """The linear factory for a quantized checkpoint, or None for a dense one."""
     if not config.quantization_config:
         return None
-    from cinq.quant.config import QuantConfig  # quantization is optional at import time
-    return QuantConfig.from_hf(config.quantization_config)
+    return QuantFormat.from_hf(config.quantization_config)
 
 
 def build_empty_model(config: ModelConfig, dtype: torch.dtype, device: torch.device | str,
                       attention_backend: str = "sdpa") -> LlamaForCausalLM:
     """The model with uninitialised storage on ``device`` (fill it with ``load_weights``)."""
     with default_dtype(dtype), torch.device("meta"):
-        model = LlamaForCausalLM(config, quant_factory(config), attention_backend)
+        model = LlamaForCausalLM(config, quant_factory(config), attention_backend, dtype=dtype)
     model = model.to_empty(device=device)
     model.tie_weights()
     return model
 
 
 def load_weights(model: LlamaForCausalLM, path: Path) -> None:
-    """Copy every checkpoint tensor into the parameter/buffer of the same name, checking shapes and presence."""
-    expected: dict[str, torch.Tensor] = dict(model.named_parameters())
-    expected.update(dict(model.named_buffers()))
-    tied = model.config.tie_word_embeddings
-    loaded: set[str] = set()
-    for name, tensor in iter_checkpoint(path):
-        if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
-            continue
-        target = expected.get(name)
-        if target is None and name.endswith(".bias") and _is_quantized(model, name.removesuffix(".bias")):
-            continue  # some GPTQ writers store zero biases for layers that have none (vLLM skips them too)
-        if target is None:
-            raise ModelLoadError(f"checkpoint tensor '{name}' has no place in {model.config.architecture} "
-                                 f"(unexpected tensor; is the quantization_config right?)")
-        if tuple(tensor.shape) != tuple(target.shape):
-            hint = ""
-            if _is_quantized(model, name.rpartition(".")[0]):
-                hint = " (check quantization_config's bits and group_size against the tensors)"
-            raise ModelLoadError(f"checkpoint tensor '{name}': shape {tuple(tensor.shape)} does not match the "
-                                 f"model's {tuple(target.shape)}{hint}")
-        if tensor.is_floating_point() != target.is_floating_point():
-            raise ModelLoadError(f"checkpoint tensor '{name}': dtype {tensor.dtype} cannot load into {target.dtype}")
-        with torch.no_grad():
-            target.copy_(tensor)
-        loaded.add(name)
-    missing = sorted(set(expected) - loaded)
-    if missing:
-        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
-        raise ModelLoadError(f"checkpoint is missing tensor(s) {missing[:5]}{more}")
+    """Fill the model from the folder's checkpoint tensors, then let layers repack (process_weights_after_loading)."""
+    load_tensors(model, iter_checkpoint(path))
     for module in model.modules():
         hook = getattr(module, "process_weights_after_loading", None)
         if hook is not None:
             hook()
 
 
-def _is_quantized(model: LlamaForCausalLM, module_name: str) -> bool:
-    try:
-        module = model.get_submodule(module_name)
-    except AttributeError:
-        return False
-    return isinstance(module, QuantizedLinear)
+def load_tensors(model: nn.Module, tensors: Iterator[CheckpointTensor]) -> None:
+    """Hand every checkpoint tensor to the layer that owns it, checking places, shapes and presence (errors
+    name the checkpoint tensor)."""
+    config = model.config
+    tied = config.tie_word_embeddings
+    modules = dict(model.named_modules())
+    mapping = mapping_of(model)
+    expected = expected_checkpoint_names(model, skip={"lm_head.weight"} if tied else None)
+    loaded: set[str] = set()
+    for tensor in tensors:
+        name = tensor.name
+        if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
+            continue
+        target = resolve(modules, mapping, name)
+        module = modules[target.module] if target is not None else None
+        if module is not None and target.param == "bias" and isinstance(module, QuantizedLinear) \
+                and module.bias is None:
+            continue  # some GPTQ writers store zero biases for layers that have none (vLLM skips them too)
+        if target is None or name not in expected:
+            raise ModelLoadError(f"checkpoint tensor '{name}' has no place in {config.architecture} "
+                                 f"(unexpected tensor; is the quantization_config right?)")
+        loader = getattr(module, "weight_loader", None)
+        if loader is not None:
+            loader(target.param, tensor, target.shard_id)
+        else:  # norms, embeddings: the tensor is the whole parameter
+            check_and_copy(getattr(module, target.param), tensor)
+        loaded.add(name)
+    missing = sorted(set(expected) - loaded)
+    if missing:
+        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+        raise ModelLoadError(f"checkpoint is missing tensor(s) {missing[:5]}{more}")
 
 
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:

@@ -1,5 +1,6 @@
 """Write a cinq model as a Hugging Face folder (config.json + model.safetensors) that cinq and ``transformers``
-both load; and build randomly initialised models of a given shape (tests, benchmarks, `cinq init-model`)."""
+both load (merged projections are written as HF's separate q/k/v and gate/up tensors); and build randomly
+initialised models of a given shape (tests, benchmarks, `cinq init-model`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from cinq.model.checkpoint_names import checkpoint_state_dict
 from cinq.model.config import ModelConfig
 from cinq.model.llama import LlamaForCausalLM
 
@@ -49,11 +51,12 @@ def hf_config_dict(config: ModelConfig, dtype: torch.dtype | None = None) -> dic
 
 def save_model(model: LlamaForCausalLM, path: str | Path, dtype: torch.dtype | None = None,
                extra_config: dict[str, Any] | None = None) -> Path:
-    """Save weights (safetensors, tied LM head stored once) and config.json into ``path``."""
+    """Save weights (safetensors under Hugging Face names, tied LM head stored once) and config.json into
+    ``path``."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}
-    for name, t in model.state_dict().items():
+    for name, t in checkpoint_state_dict(model).items():
         if name == "lm_head.weight" and model.config.tie_word_embeddings:
             continue
         t = t.detach().to("cpu")
@@ -72,9 +75,11 @@ def save_model(model: LlamaForCausalLM, path: str | Path, dtype: torch.dtype | N
 
 def init_random_model(config: ModelConfig, seed: int = 0, std: float = 0.02,
                       dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
-    """A model with N(0, std) weights (norm weights 1, biases 0), reproducible from ``seed``."""
+    """A model with N(0, std) weights (norm weights 1, biases 0), reproducible from ``seed``. Merged projections
+    draw shard by shard, so the weights are those of separate q/k/v and gate/up drawn in the checkpoint's order."""
     gen = torch.Generator().manual_seed(seed)
     model = LlamaForCausalLM(config)
+    modules = dict(model.named_modules())
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -82,5 +87,7 @@ def init_random_model(config: ModelConfig, seed: int = 0, std: float = 0.02,
             elif name.endswith(".bias"):
                 p.zero_()
             else:
-                p.copy_(torch.randn(p.shape, generator=gen) * std)
+                shards = getattr(modules[name.rpartition(".")[0]], "output_shards", None)
+                rows = (p.shape[0],) if shards is None else shards.sizes
+                p.copy_(torch.cat([torch.randn((r, *p.shape[1:]), generator=gen) for r in rows]) * std)
     return model.to(dtype)

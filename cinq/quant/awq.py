@@ -21,8 +21,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from cinq.layers.quantization.qweight import QuantizedWeight
 from cinq.quant.calibration import BLOCK_LINEARS, block_linears, set_weight
-from cinq.quant.qweight import QuantizedWeight, grid_from_range, quantize_with
+from cinq.quant.grid import grid_from_range, quantize_with
 from cinq.quant.rtn import fake_quantize, rtn_quantize
 
 CLIP_MAX_SHRINK = 0.5

@@ -110,7 +110,8 @@ class CheckpointReader:
     def block(self, index: int) -> LlamaDecoderLayer:
         """Decoder block ``index`` in float32 with its checkpoint weights."""
         prefix = f"model.layers.{index}"
-        block = LlamaDecoderLayer(self.config, None, prefix, "sdpa")
+        # HF's separate projections: calibration hooks, GPTQ/AWQ/SmoothQuant and the writer work per projection.
+        block = LlamaDecoderLayer(self.config, None, prefix, "sdpa", merge_projections=False)
         state = {}
         for name, p in block.named_parameters():
             t = self.tensor(f"{prefix}.{name}")

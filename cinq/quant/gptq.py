@@ -4,7 +4,7 @@ onto the channels not yet quantized, weighted by the inverse Hessian of the laye
 For a layer y = W x with calibration inputs X, the error ||(W - Q) X||^2 has Hessian H = 2 X X^T over
 input channels. With U the upper Cholesky factor of H^-1, quantizing column i and updating the remaining
 columns by -err_i * U[i, i:] / U[i, i] is the optimal (OBS) compensation. Updates are applied lazily: inside
-a block of ``block_size`` columns immediately, to the columns after the block once per block.
+a lazy batch of ``lazy_batch_size`` columns immediately, to the columns after the block once per block.
 
 Options as in AutoGPTQ: ``damp_percent`` (of mean(diag H), added to the diagonal; multiplied by 10 and retried
 when the Cholesky factorisation fails), ``desc_act`` (act-order: columns in decreasing diag(H)), and
@@ -18,7 +18,8 @@ import math
 
 import torch
 
-from cinq.quant.qweight import QuantizedWeight, check_grid, grid_params
+from cinq.layers.quantization.qweight import QuantizedWeight, check_grid
+from cinq.quant.grid import grid_params
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ def _cholesky_inverse_upper(h: torch.Tensor, damp_percent: float) -> torch.Tenso
 
 def gptq_quantize(w: torch.Tensor, h: torch.Tensor, bits: int = 4, group_size: int = 128, sym: bool = True,
                   desc_act: bool = False, static_groups: bool = False, damp_percent: float = 0.01,
-                  block_size: int = 128, min_zero: int = 0) -> tuple[QuantizedWeight, torch.Tensor]:
+                  lazy_batch_size: int = 128, min_zero: int = 0) -> tuple[QuantizedWeight, torch.Tensor]:
     """Quantize w [N, K] given the input Hessian h [K, K]. Returns the weight and each output row's OBS loss
     [N]. Rows are independent given h, so linears sharing an input can be quantized as one stacked matrix."""
     check_grid(bits, group_size)
@@ -91,8 +92,8 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, bits: int = 4, group_size: i
     scale = zero = None
     loss = torch.zeros(n)
     perm_list = perm.tolist()
-    for b0 in range(0, k, block_size):
-        b1 = min(b0 + block_size, k)
+    for b0 in range(0, k, lazy_batch_size):
+        b1 = min(b0 + lazy_batch_size, k)
         wb = wt[b0:b1].clone()
         errs = torch.zeros_like(wb)
         ub = u[b0:b1, b0:b1]
@@ -136,7 +137,7 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, bits: int = 4, group_size: i
 
 
 def gptq_block(block: torch.nn.Module, state, bits: int, group_size: int, sym: bool, desc_act: bool,
-               static_groups: bool, damp_percent: float, block_size: int, true_sequential: bool, batch: int = 8,
+               static_groups: bool, damp_percent: float, lazy_batch_size: int, true_sequential: bool, batch: int = 8,
                min_zero: int = 0, masters: dict[str, torch.Tensor] | None = None
                ) -> tuple[dict[str, QuantizedWeight], dict[str, float]]:
     """GPTQ every linear of a decoder ``block`` on the calibration ``state`` (a calibration.BlockState).
@@ -162,7 +163,7 @@ def gptq_block(block: torch.nn.Module, state, bits: int, group_size: int, sym: b
         for names in groups:
             ws = [(masters[n] if masters is not None else lin[n].weight.detach()).float() for n in names]
             qw, row_loss = gptq_quantize(torch.cat(ws), accs[names[0]].h, bits, group_size, sym, desc_act,
-                                         static_groups, damp_percent, block_size, min_zero)
+                                         static_groups, damp_percent, lazy_batch_size, min_zero)
             lo = 0
             for n, w in zip(names, ws):
                 part = qw.rows(lo, lo + w.shape[0])

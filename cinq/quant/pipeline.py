@@ -19,9 +19,9 @@ import torch
 from cinq.errors import InvalidParameterError
 from cinq.quant.calibration import (BLOCK_LINEARS, BlockState, CheckpointReader, block_linears, capture_inputs,
                                     run_block)
+from cinq.layers.quantization.packing import awq_pack, gptq_pack
+from cinq.layers.quantization.qweight import QuantizedWeight
 from cinq.quant.config import QuantConfig
-from cinq.quant.formats import awq_pack, gptq_pack
-from cinq.quant.qweight import QuantizedWeight
 from cinq.quant.rtn import rtn_quantize
 from cinq.quant.writer import ShardWriter, write_configs
 
@@ -44,22 +44,22 @@ class QuantizeResult:
 
 def _check_shapes(reader: CheckpointReader, cfg: QuantConfig) -> None:
     """Refuse up front what the format cannot store, naming the layer and the limit."""
-    c = reader.config
+    c, fmt = reader.config, cfg.target
     shapes = {"self_attn.q_proj": (c.hidden_size, c.q_size), "self_attn.k_proj": (c.hidden_size, c.kv_size),
               "self_attn.v_proj": (c.hidden_size, c.kv_size), "self_attn.o_proj": (c.q_size, c.hidden_size),
               "mlp.gate_proj": (c.hidden_size, c.intermediate_size),
               "mlp.up_proj": (c.hidden_size, c.intermediate_size),
               "mlp.down_proj": (c.intermediate_size, c.hidden_size)}
-    if cfg.lm_head:
+    if fmt.lm_head:
         shapes["lm_head"] = (c.hidden_size, c.vocab_size)
-    if cfg.format == "w8a8":
+    if fmt.format == "w8a8":
         return
     per = 32 // cfg.bits
     for name, (k, n) in shapes.items():
-        if n % per or (cfg.format in ("gptq", "gptq_v2") and k % per):
+        if n % per or (fmt.format in ("gptq", "gptq_v2") and k % per):
             raise InvalidParameterError(f"{name}: in/out features ({k}, {n}) must be multiples of {per} to pack "
                                         f"{cfg.bits}-bit weights into int32", "bits")
-        if cfg.format == "awq" and cfg.group_size > 0 and k % cfg.group_size:
+        if fmt.format == "awq" and fmt.group_size > 0 and k % fmt.group_size:
             raise InvalidParameterError(f"{name}: in_features {k} is not a multiple of group_size {cfg.group_size} "
                                         f"(AWQ files need whole groups; use --format gptq)", "group_size")
 
@@ -111,14 +111,15 @@ def quantize_model(src: str | Path, dst: str | Path, cfg: QuantConfig, calib: to
             writer.add(f"{prefix}.{name}", p.detach().to(dense_dtype))  # norms (AWQ/SQ fold scales into them)
         losses.update({f"{prefix}.{k}": v for k, v in block_losses.items()})
         del block
+    fmt = cfg.target
     for name in reader.names():
-        if not name.startswith("model.layers.") and not (cfg.lm_head and name == "lm_head.weight"):
+        if not name.startswith("model.layers.") and not (fmt.lm_head and name == "lm_head.weight"):
             writer.add(name, reader.tensor(name))
-    if cfg.lm_head:
+    if fmt.lm_head:
         # Round-to-nearest on the GPTQ grid for every method: the head's input (final norm output) is not
         # collected by the block-by-block calibration.
         head = reader.tensor("lm_head.weight" if reader.has("lm_head.weight") else "model.embed_tokens.weight")
-        qw = rtn_quantize(head.float(), cfg.bits, cfg.group_size, cfg.sym, cfg.min_zero)
+        qw = rtn_quantize(head.float(), fmt.bits, fmt.group_size, fmt.sym, fmt.min_zero)
         for key, t in _pack(cfg, qw).items():
             writer.add(f"lm_head.{key}", t)
     writer.finish()
@@ -135,8 +136,9 @@ def _quantize_block(block: torch.nn.Module, state: BlockState | None, cfg: Quant
     is left float32 with the method's changes (folded scales in the norms) for the writer."""
     lin = block_linears(block)
     firsts = [names[0] for names in BLOCK_LINEARS]
+    fmt, recipe = cfg.target, cfg.recipe
     if cfg.method == "rtn":
-        out = {n: _pack(cfg, rtn_quantize(m.weight.detach(), cfg.bits, cfg.group_size, cfg.sym, cfg.min_zero))
+        out = {n: _pack(cfg, rtn_quantize(m.weight.detach(), fmt.bits, fmt.group_size, fmt.sym, fmt.min_zero))
                for n, m in lin.items()}
         return out, None, {}
     assert state is not None
@@ -150,9 +152,9 @@ def _quantize_block(block: torch.nn.Module, state: BlockState | None, cfg: Quant
     if cfg.method == "gptq":
         from cinq.quant.gptq import gptq_block
         masters = {n: master[f"{n}.weight"] for n in lin}
-        weights, losses = gptq_block(block, state, cfg.bits, cfg.group_size, cfg.sym, cfg.desc_act,
-                                     cfg.static_groups, cfg.damp_percent, cfg.block_size, cfg.true_sequential,
-                                     batch, cfg.min_zero, masters)
+        weights, losses = gptq_block(block, state, fmt.bits, fmt.group_size, fmt.sym, fmt.desc_act,
+                                     fmt.static_groups, recipe.damp_percent, recipe.lazy_batch_size,
+                                     recipe.true_sequential, batch, fmt.min_zero, masters)
         nxt = run_block(block, state, batch)  # from the quantized block: GPTQ compensates downstream
         restore_float32()
         return {n: _pack(cfg, qw) for n, qw in weights.items()}, nxt, losses
@@ -162,16 +164,16 @@ def _quantize_block(block: torch.nn.Module, state: BlockState | None, cfg: Quant
         with capture_inputs(block, firsts, stats):
             nxt = run_block(block, state, batch)
         restore_float32()
-        weights = awq_block(block, stats, state.positions, cfg.bits, cfg.group_size, cfg.sym, cfg.awq_grid,
-                            cfg.awq_clip, cfg.min_zero)
+        weights = awq_block(block, stats, state.positions, fmt.bits, fmt.group_size, fmt.sym, recipe.awq_grid,
+                            recipe.awq_clip, fmt.min_zero)
         return {n: _pack(cfg, qw) for n, qw in weights.items()}, nxt, {}
     from cinq.quant.smoothquant import AbsMaxStats, smooth_block, w8a8_block
     stats = AbsMaxStats()
     with capture_inputs(block, firsts, stats):
         nxt = run_block(block, state, batch)
     restore_float32()
-    after = smooth_block(block, stats, cfg.smooth_alpha)
-    return w8a8_block(block, after, cfg.act_scheme == "static"), nxt, {}
+    after = smooth_block(block, stats, recipe.smooth_alpha)
+    return w8a8_block(block, after, fmt.act_scheme == "static"), nxt, {}
 
 
 def peak_rss_mib() -> float:

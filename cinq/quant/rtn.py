@@ -10,8 +10,8 @@ import math
 
 import torch
 
-from cinq.quant.qweight import (QuantizedWeight, check_grid, default_g_idx, grid_from_range, grid_params,
-                                 quantize_with)
+from cinq.layers.quantization.qweight import QuantizedWeight, check_grid, default_g_idx
+from cinq.quant.grid import grid_from_range, grid_params, quantize_with
 
 
 def rtn_quantize(w: torch.Tensor, bits: int = 4, group_size: int = 128, sym: bool = True, min_zero: int = 0,

@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from cinq.layers.quantization.packing import quantize_int8_per_channel
 from cinq.quant.calibration import BLOCK_LINEARS, block_linears
-from cinq.quant.formats import quantize_int8_per_channel
 
 
 class AbsMaxStats:

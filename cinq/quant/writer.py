@@ -77,7 +77,7 @@ def write_configs(src: Path, dst: Path, raw_config: dict[str, Any], cfg: QuantCo
     """config.json (source config + quantization_config), quantize_config.json for GPTQ, side files."""
     config = dict(raw_config)
     config["quantization_config"] = cfg.to_hf()
-    if cfg.lm_head:
+    if cfg.target.lm_head:
         config["tie_word_embeddings"] = False  # the head is its own (quantized) tensor now
     config["torch_dtype"] = str(dtype).removeprefix("torch.")
     (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n")

@@ -48,7 +48,7 @@ class ServerContext:
 
     @property
     def vocab_size(self) -> int:
-        return self.llm.engine.model.config.vocab_size
+        return self.llm.engine.vocab_size
 
     def check_model(self, name: str | None) -> None:
         """A request may omit ``model``; naming another model is a 404, as with OpenAI."""

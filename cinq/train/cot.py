@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from cinq.eval.tasks import arithmetic_problems, extract_answer
+from cinq.train.data import window_rng
 from cinq.train.generation import generate_naive, generate_with_engine
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,6 @@ def build_cot_examples(distiller: Any, n: int, cache: Path) -> list[dict[str, An
 def cot_batch(examples: list[dict[str, Any]], ids: dict[str, int], batch_size: int, seq_len: int, seed: int,
               step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(tokens [B, S+1], rationale mask [B, S], answer mask [B, S]) for ``step``, packed from random examples."""
-    from cinq.train.distill import window_rng
     rng = window_rng(seed, step, 2)
     tokens = torch.full((batch_size, seq_len + 1), ids["pad"], dtype=torch.long)
     r_mask = torch.zeros(batch_size, seq_len, dtype=torch.bool)

@@ -112,3 +112,9 @@ class BatchSampler:
         starts = rng.integers(0, len(self.tokens) - self.seq_len - 1, size=self.batch_size)
         rows = [np.asarray(self.tokens[s:s + self.seq_len + 1], dtype=np.int64) for s in starts]
         return torch.from_numpy(np.stack(rows))
+
+
+def window_rng(seed: int, step: int, salt: int) -> np.random.Generator:
+    """A generator for decisions tied to one step (which batches are on-policy, which CoT examples); ``salt``
+    keeps the streams of different decisions apart."""
+    return np.random.default_rng([seed, step, salt])

@@ -22,7 +22,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from cinq.errors import InvalidParameterError
@@ -232,8 +231,3 @@ class Distiller:
 def distill(job: DistillJob) -> dict[str, Any]:
     """Run one distillation job (resuming from ``out_dir`` when it holds a checkpoint)."""
     return Distiller(job).run()
-
-
-def window_rng(seed: int, step: int, salt: int) -> np.random.Generator:
-    """A generator for decisions tied to one step (which batches are on-policy, which CoT examples)."""
-    return np.random.default_rng([seed, step, salt])

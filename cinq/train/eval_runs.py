@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from cinq.train.distill import load_teacher
+from cinq.train.distill_report import write_report
 from cinq.train.evaluate import evaluate_folder
-from cinq.train.report import write_report
 
 log = logging.getLogger(__name__)
 

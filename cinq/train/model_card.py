@@ -138,9 +138,9 @@ DESCRIPTIONS = {
         "Python's standard library) plus synthetic arithmetic word problems with worked steps. It is a toy for "
         "running cinq out of the box with no download, and the teacher of `cinq-tiny-student`."),
     "cinq-tiny-student": (
-        "A ~1.8M-parameter student distilled from `cinq-tiny` (token-level forward KL on the same corpus), the "
-        "draft model for speculative decoding experiments. `benchmarks/results/distill.md` compares it with the "
-        "same student trained on cross-entropy alone for the same token budget."),
+        "A ~1.8M-parameter student distilled from `cinq-tiny` (token-level forward KL on the same corpus), meant "
+        "as the draft model for speculative decoding once that is built. `benchmarks/results/distill.md` compares "
+        "it with the same student trained on cross-entropy alone for the same token budget."),
 }
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from cinq.train.checkpoint import load_checkpoint, save_checkpoint
+from cinq.train.data import window_rng
 from cinq.train.export import export_model
 from cinq.train.generation import generate_naive, generate_with_engine
 
@@ -33,7 +34,6 @@ class OnPolicyPool:
         self.trainer: Any = None
 
     def is_onpolicy(self, step: int) -> bool:
-        from cinq.train.distill import window_rng
         return bool(window_rng(self.d.job.seed, step, 1).random() < self.d.job.student_fraction)
 
     def batch(self, step: int) -> Any:

@@ -66,7 +66,7 @@ def _stdlib_package() -> str:
 
 def debian_sources() -> list[Source]:
     """The corpus the issue asks for. Low-resource languages (pl, cs, zh) keep ~150 KB of training text each,
-    so their held-out perplexity and speculative acceptance show what little data does."""
+    so their held-out perplexity shows what little data does."""
     low = 150_000
     return [
         Source("fortunes-en", "en", "fortune", "fortunes"),

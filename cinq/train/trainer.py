@@ -192,6 +192,13 @@ class Trainer:
                     f"(this run asks for total_steps={self.s.total_steps})", "total_steps")
             log.info("token budget changed from %d to %d steps during the constant-lr phase (step %d): the run "
                      "continues exactly as if planned with the new budget", old_total, self.s.total_steps, step)
+        mismatch = sorted(set(state["model"]) ^ set(self.model.state_dict()))
+        if mismatch:
+            # e.g. a checkpoint from before q/k/v and gate/up were merged: its optimizer moments follow the old
+            # parameters too, so there is nothing exact to convert it into
+            raise InvalidParameterError(
+                f"checkpoint {self.ckpt_path} holds other model tensors than this model ({len(mismatch)} differ, "
+                f"e.g. {mismatch[0]!r}): it was written by another model layout; use a new --out", "checkpoint")
         self.model.load_state_dict(state["model"])
         self.extra.load_state_dict(state["extra"])
         self.optimizer.load_state_dict(state["optimizer"])

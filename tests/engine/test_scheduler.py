@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from cinq.engine.io import RunnerOutput
 from cinq.engine.kv_cache import KVCacheManager
 from cinq.engine.request import Request, RequestStatus
 from cinq.engine.scheduler import Scheduler, SchedulerConfig
@@ -20,8 +21,8 @@ def add(s: Scheduler, rid: str, n: int, max_tokens: int = 50) -> Request:
 
 def run_step(s: Scheduler, token: int = 5):
     out = s.schedule()
-    sampled = {q.request_id: [token] for q in out.seqs if q.sample}
-    s.update(out, sampled)
+    sampled = {q.request_id: [token] for q in out.seqs if q.num_logit_rows}
+    s.update(out, RunnerOutput(sampled))
     return out
 
 
@@ -32,7 +33,7 @@ def test_long_prompt_is_chunked_and_never_blocks_decodes():
     add(s, "long", 100)
     out = run_step(s)
     assert [(q.request_id, len(q.token_ids)) for q in out.seqs] == [("short", 1), ("long", 15)]
-    assert not out.seqs[1].sample  # partial chunk: nothing sampled
+    assert out.seqs[1].num_logit_rows == 0  # partial chunk: nothing sampled
     for _ in range(6):
         out = run_step(s)
         assert out.seqs[0].request_id == "short" and len(out.seqs[0].token_ids) == 1
@@ -87,3 +88,27 @@ def test_abort_frees_blocks():
     s.finish_requests(["a"], RequestStatus.FINISHED_ABORTED)
     assert s.kv.num_free_blocks == 64 and not s.has_unfinished_requests()
     assert s.schedule().finished_request_ids == ["a"]
+
+
+def test_update_reports_plain_news_and_drops_tokens_past_a_stop():
+    from cinq.engine.io import TokenLogprobs
+    s = make()
+    p = SamplingParams(stop_token_ids=[9], logprobs=0)
+    s.add_request(Request("a", [1, 2, 3], p, 10, 0.0))
+    out = s.schedule()
+    assert out.seqs[0].num_logit_rows == 1 and out.seqs[0].num_output_tokens == 0
+    lp = [TokenLogprobs(t, -0.5, 1, [], []) for t in (4, 9, 6)]
+    # three tokens in one step (as a speculative step may accept): the stop token ends it, the rest is dropped
+    (core,) = s.update(out, RunnerOutput({"a": [4, 9, 6]}, {"a": lp}))
+    assert core.request_id == "a" and core.new_token_ids == [4, 9]
+    assert [x.token_id for x in core.new_logprobs] == [4, 9]
+    assert core.finish_reason == "stop" and core.stop_reason == 9 and core.finished
+    assert s.kv.num_free_blocks == 64 and not s.has_unfinished_requests()
+
+
+def test_scheduled_seq_carries_the_output_count_the_runner_bans_by():
+    s = make()
+    add(s, "a", 3)
+    for expected in range(4):
+        out = run_step(s)
+        assert out.seqs[0].num_output_tokens == expected

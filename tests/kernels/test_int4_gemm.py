@@ -8,7 +8,8 @@ import torch
 
 pytest.importorskip("triton")
 
-from cinq.kernels.triton.int4_gemm import prepare_triton, triton_weight_only_mm  # noqa: E402
+from cinq.kernels.triton.int4_gemm import triton_weight_only_mm  # noqa: E402
+from cinq.layers.quantization.kernels import triton_tensors  # noqa: E402
 from cinq.quant.rtn import rtn_quantize  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -24,7 +25,7 @@ def test_matches_dequantized_reference(bits, group, sym, m, n, k, rel_err):
     gen = torch.Generator().manual_seed(bits * 7 + m)
     qw = rtn_quantize(torch.randn(n, k, generator=gen), bits, group, sym)
     x = torch.randn(m, k, generator=gen)
-    t = prepare_triton(qw, DEVICE, torch.float32)
+    t = triton_tensors(qw, DEVICE)
     y = triton_weight_only_mm(x.to(DEVICE), t, bits).cpu()
     assert rel_err(y, x @ qw.dequantize().t()) < 1e-5
 
@@ -35,7 +36,7 @@ def test_act_order_g_idx_is_read_per_channel(rel_err):
     qw.g_idx = torch.argsort(torch.randperm(64, generator=gen)) // 16  # shuffled groups, as act-order writes
     qw.scales = qw.scales * (1 + torch.rand(qw.scales.shape, generator=gen))
     x = torch.randn(2, 64, generator=gen)
-    y = triton_weight_only_mm(x.to(DEVICE), prepare_triton(qw, DEVICE, torch.float32), 4).cpu()
+    y = triton_weight_only_mm(x.to(DEVICE), triton_tensors(qw, DEVICE), 4).cpu()
     assert rel_err(y, x @ qw.dequantize().t()) < 1e-5
 
 
@@ -43,6 +44,6 @@ def test_bf16_activations(rel_err):
     gen = torch.Generator().manual_seed(3)
     qw = rtn_quantize(torch.randn(64, 64, generator=gen), 4, 32, True)
     x = torch.randn(4, 64, generator=gen)
-    y = triton_weight_only_mm(x.to(DEVICE, torch.bfloat16), prepare_triton(qw, DEVICE, torch.bfloat16), 4)
+    y = triton_weight_only_mm(x.to(DEVICE, torch.bfloat16), triton_tensors(qw, DEVICE), 4)
     assert y.dtype == torch.bfloat16
     assert rel_err(y.float().cpu(), x @ qw.dequantize().t()) < 2e-2

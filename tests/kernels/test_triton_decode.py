@@ -26,6 +26,19 @@ def test_matches_reference_with_and_without_split_k(num_splits: int, dtype: torc
     assert rel_err(out.cpu(), ref) <= (1e-5 if dtype == torch.float32 else 1e-2)
 
 
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("hq,hkv,d", [(4, 4, 64), (8, 2, 80)])
+def test_multi_row_decode_matches_reference(num_splits: int, hq: int, hkv: int, d: int, paged_case,
+                                            rel_err) -> None:
+    # three rows per sequence (verifying a 2-token draft): causal among them; with splits, a row's last split
+    # may hold no key it may see (seq_len 3: the rows are the whole context)
+    case = paged_case([3, 3, 3], [70, 3, 33], hq, hkv, d, seed=num_splits + d, device=DEVICE, decode_query_len=3)
+    out = torch.full_like(case.query, float("nan"))
+    paged_decode(case.query, case.kv_cache, case.meta, case.scale, out, num_splits=num_splits)
+    ref, _ = paged_attention_reference(case.query.cpu(), case.kv_cache.cpu(), case.meta, case.scale)
+    assert rel_err(out.cpu(), ref) <= 1e-5
+
+
 def test_only_the_decode_rows_are_written(paged_case) -> None:
     case = paged_case([1, 1, 5], [3, 20, 5], 4, 2, 64, seed=1, device=DEVICE)
     out = torch.full_like(case.query, float("nan"))

@@ -1,5 +1,4 @@
-"""Linear layers: the dense one, the factory contract, and the quantized kinds as the loader drives them
-(built on the meta device under the model dtype, materialised, filled by checkpoint name, then repacked)."""
+"""Linear layers: the dense one (whole and merged, through its weight loader) and the factory contract."""
 
 from __future__ import annotations
 
@@ -7,9 +6,8 @@ import pytest
 import torch
 
 from cinq.errors import ModelLoadError
-from cinq.layers.linear import AWQLinear, DenseLinear, GPTQLinear, W8A8Linear, make_linear
-from cinq.quant.formats import awq_pack, gptq_pack, w8a8_pack
-from cinq.quant.rtn import rtn_quantize
+from cinq.layers.linear import DenseLinear, can_merge, make_linear
+from cinq.layers.weight_loader import CheckpointTensor, OutputShards
 
 
 def test_dense_linear_and_factory():
@@ -22,9 +20,16 @@ def test_dense_linear_and_factory():
     assert torch.allclose(lin(x), x @ lin.weight.t() + lin.bias)
 
     class Factory:
-        def make_linear(self, i, o, b, prefix):
+        def quantizes(self, prefix):
+            return prefix != "dense"
+
+        def make_linear(self, i, o, b, prefix, compute_dtype, output_shards=None):
             return ("made", i, o, b, prefix)
+
     assert make_linear(8, 4, False, Factory(), "p") == ("made", 8, 4, False, "p")
+    assert isinstance(make_linear(8, 4, False, Factory(), "dense"), DenseLinear)
+    assert can_merge(None, ["a", "dense"]) and can_merge(Factory(), ["a", "b"])
+    assert not can_merge(Factory(), ["a", "dense"])  # one quantized, one dense: kept apart
 
 
 @pytest.mark.parametrize("rows", [1, 3, 4, 7])
@@ -43,72 +48,29 @@ def test_dense_bf16_decode_shapes_match_f_linear(rows):
     assert lin(x).requires_grad  # with autograd on, plain F.linear keeps the graph
 
 
-def build_like_loader(cls, *args, dtype=torch.bfloat16, **kwargs):
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device("meta"):
-            module = cls(*args, **kwargs)
-    finally:
-        torch.set_default_dtype(old)
-    return module.to_empty(device="cpu")
 
 
-def fill(module, tensors):
-    expected = dict(module.named_buffers())
-    assert set(expected) == set(tensors), (set(expected), set(tensors))
-    for name, t in tensors.items():
-        assert expected[name].shape == t.shape and expected[name].dtype.is_floating_point == t.dtype.is_floating_point
-        with torch.no_grad():
-            expected[name].copy_(t)
-    module.process_weights_after_loading()
-    return module
-
-
-@pytest.mark.parametrize("bits,group,sym,version", [(4, 32, True, 1), (4, 64, False, 2), (8, -1, False, 1)])
-def test_gptq_linear_loads_by_name_and_computes_the_dequantized_product(bits, group, sym, version):
-    gen = torch.Generator().manual_seed(bits + group)
-    w, b = torch.randn(32, 128, generator=gen), torch.randn(32, generator=gen)
-    qw = rtn_quantize(w, bits, group, sym, min_zero=1 if version == 1 else 0)
-    tensors = gptq_pack(qw, version)
-    tensors["bias"] = b.half()
-    lin = fill(build_like_loader(GPTQLinear, 128, 32, True, bits, group, version=version, prefix="l"), tensors)
-    assert lin.kind in ("int4_native", "int4_cpu", "int8_cpu")
-    assert not any(n in dict(lin.named_buffers()) for n in ("qweight", "qzeros"))  # packed copies dropped
-    x = torch.randn(2, 3, 128, generator=gen).bfloat16()
-    ref = x.float() @ qw.dequantize().t() + b.half().float()
+def test_merged_dense_linear_loads_each_shard_into_its_rows():
+    shards = OutputShards(("q", "k", "v"), (4, 2, 2))
+    lin = DenseLinear(8, 8, True, shards, prefix="attn.qkv_proj")
+    parts = {s: torch.randn(n, 8) for s, n in zip(shards.ids, shards.sizes)}
+    biases = {s: torch.randn(n) for s, n in zip(shards.ids, shards.sizes)}
+    for s in ("v", "q", "k"):  # any order
+        lin.weight_loader("weight", CheckpointTensor.in_memory(f"attn.{s}_proj.weight", parts[s]), s)
+        lin.weight_loader("bias", CheckpointTensor.in_memory(f"attn.{s}_proj.bias", biases[s]), s)
+    assert torch.equal(lin.weight.data, torch.cat([parts["q"], parts["k"], parts["v"]]))
+    assert torch.equal(lin.bias.data, torch.cat([biases["q"], biases["k"], biases["v"]]))
+    x = torch.randn(3, 8)
     y = lin(x)
-    assert y.dtype == torch.bfloat16 and y.shape == (2, 3, 32)
-    assert float((y.float() - ref).abs().max() / ref.abs().max()) < 2e-2
+    for s, (lo, hi) in {"q": (0, 4), "k": (4, 6), "v": (6, 8)}.items():
+        assert torch.allclose(y[:, lo:hi], x @ parts[s].t() + biases[s], atol=1e-6)
 
 
-def test_awq_linear():
-    gen = torch.Generator().manual_seed(5)
-    w = torch.randn(64, 128, generator=gen)
-    qw = rtn_quantize(w, 4, 32, sym=False)
-    lin = fill(build_like_loader(AWQLinear, 128, 64, False, 32), awq_pack(qw))
-    x = torch.randn(4, 128, generator=gen).bfloat16()
-    ref = x.float() @ qw.dequantize().t()
-    assert float((lin(x).float() - ref).abs().max() / ref.abs().max()) < 2e-2
-
-
-@pytest.mark.parametrize("static", [False, True])
-def test_w8a8_linear(static):
-    gen = torch.Generator().manual_seed(6)
-    w = torch.randn(48, 64, generator=gen)
-    x = torch.randn(5, 64, generator=gen)
-    lin = fill(build_like_loader(W8A8Linear, 64, 48, False, static=static),
-               w8a8_pack(w, float(x.abs().max()) / 127 if static else None))
-    y = lin(x.bfloat16())
-    assert y.dtype == torch.bfloat16
-    assert float((y.float() - x @ w.t()).abs().max() / (x @ w.t()).abs().max()) < 5e-2
-
-
-def test_quantized_linear_errors():
-    with pytest.raises(ModelLoadError, match="q_proj: in_features 100"):
-        GPTQLinear(100, 64, False, 4, 32, prefix="q_proj")
-    with pytest.raises(ModelLoadError, match="group_size 48"):
-        AWQLinear(128, 64, False, 48, prefix="o")
-    lin = GPTQLinear(64, 32, False, 4, 32, prefix="model.layers.0.mlp.up_proj")
-    with pytest.raises(RuntimeError, match="up_proj: process_weights_after_loading"):
-        lin(torch.randn(1, 64))
+def test_merged_dense_linear_names_the_tensor_on_a_wrong_shape_or_shard():
+    lin = DenseLinear(8, 6, False, OutputShards((0, 1), (3, 3)), prefix="mlp.gate_up_proj")
+    with pytest.raises(ModelLoadError, match=r"'mlp\.up_proj\.weight'.*\(4, 8\).*\(3, 8\)"):
+        lin.weight_loader("weight", CheckpointTensor.in_memory("mlp.up_proj.weight", torch.zeros(4, 8)), 1)
+    with pytest.raises(ModelLoadError, match=r"mlp\.gate_up_proj: no shard 2"):
+        lin.weight_loader("weight", CheckpointTensor.in_memory("mlp.x.weight", torch.zeros(3, 8)), 2)
+    with pytest.raises(ModelLoadError, match="must come with a shard id"):
+        lin.weight_loader("weight", CheckpointTensor.in_memory("mlp.gate_up_proj.weight", torch.zeros(6, 8)))

@@ -87,6 +87,6 @@ def test_quantized_folder_loads_without_a_flag_and_skips_stray_biases(tiny_llama
     tensors[qname.replace("qweight", "bias")] = torch.zeros(64)  # as some GPTQ writers do
     save_file(tensors, files[0])
     q = load_model(out, "float32")
-    assert type(q.model.layers[0].self_attn.q_proj).__name__ == "GPTQLinear"
+    assert type(q.model.layers[0].self_attn.qkv_proj).__name__ == "GPTQLinear"
     ref = logits(load_model(tiny_llama, "float32"))
     assert (logits(q) - ref).abs().max() < 0.1 * ref.abs().max()

@@ -44,7 +44,7 @@ def test_hessian_accumulator_is_2_xtx_over_n(layer):
 ])
 def test_gptq_beats_rtn_on_the_calibration_output_error(layer, bits, group, sym, desc_act, static):
     w, x, h = layer
-    qw, loss = gptq_quantize(w, h, bits, group, sym, desc_act, static, block_size=32)
+    qw, loss = gptq_quantize(w, h, bits, group, sym, desc_act, static, lazy_batch_size=32)
     rtn = rtn_quantize(w, bits, group, sym)
     e_gptq = output_error(qw.dequantize(), w, x)
     e_rtn = output_error(rtn.dequantize(), w, x)

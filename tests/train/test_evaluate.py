@@ -5,9 +5,9 @@ import pytest
 from cinq.eval.perplexity import perplexity
 from cinq.model.loader import load_model
 from cinq.train.data import TokenSplit
+from cinq.train.distill_report import write_report
 from cinq.train.evaluate import arithmetic_eval, kl_to_teacher, language_perplexities
 from cinq.train.model_card import ship_run
-from cinq.train.report import write_report
 
 
 def test_language_perplexities_cover_each_language_and_pool(teacher, tiny_corpus):

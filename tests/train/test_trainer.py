@@ -99,3 +99,16 @@ def test_bad_settings_raise():
     assert math.isfinite(lr_at(0, 1, 1e-3, 0))
     with pytest.raises(InvalidParameterError, match="decay_frac"):
         TrainSettings(out_dir="x", total_steps=5, batch_size=1, seq_len=8, warmup_steps=1, decay_frac=0)
+
+
+def test_resume_from_another_model_layout_is_refused(tiny_corpus, tmp_path):
+    # a checkpoint from before q/k/v were merged names q_proj/k_proj/v_proj: refused by name, not a torch KeyError
+    from cinq.train.checkpoint import load_checkpoint, save_checkpoint
+    _trainer(tiny_corpus, tmp_path, 8, stop_at=2)[0].run()
+    path = tmp_path / "checkpoint.safetensors"
+    state = load_checkpoint(path)
+    state["model"] = {k.replace("qkv_proj", "q_proj"): v for k, v in state["model"].items()}
+    save_checkpoint(path, state)
+    with pytest.raises(InvalidParameterError, match="another model layout") as err:
+        _trainer(tiny_corpus, tmp_path, 8)[0].run()
+    assert err.value.param == "checkpoint"

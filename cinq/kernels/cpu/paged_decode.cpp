@@ -1,4 +1,6 @@
-// Paged decode attention for the CPU: one query token per sequence reads its K/V straight from the pages.
+// Paged decode attention for the CPU: the query tokens of each decode-like sequence (one for plain decoding,
+// k + 1 when a speculative step verifies k drafts) read their K/V straight from the pages; query row r of a
+// sequence with ql rows sees the keys up to position seq_len - ql + r (causal among the new rows).
 //
 // Why a native kernel: in PyTorch, decode attention over a paged cache needs a gather of every context into a
 // contiguous copy (one extra write and read of the whole KV cache per layer per step) followed by a matmul
@@ -54,8 +56,8 @@ inline std::vector<float> exp_rows(float* scores, const float* mx, int64_t nq, i
 
 template <typename T>
 void decode_kernel(const float* q, const T* cache, const int32_t* tables, const int32_t* seq_lens, float* out,
-                   int64_t nd, int64_t hq, int64_t hkv, int64_t d, int64_t block_size, int64_t max_blocks,
-                   int64_t value_offset, float scale) {
+                   int64_t nd, int64_t ql, int64_t hq, int64_t hkv, int64_t d, int64_t block_size,
+                   int64_t max_blocks, int64_t value_offset, float scale) {
   const int64_t group = hq / hkv;
   const int64_t row = hkv * d;  // one token's K (or V) for all kv heads: contiguous in the page
   const int64_t block_stride = block_size * row;
@@ -70,22 +72,28 @@ void decode_kernel(const float* q, const T* cache, const int32_t* tables, const 
       const int64_t s = item / chunks, h0 = (item % chunks) * per_chunk;
       const int64_t h1 = std::min(hkv, h0 + per_chunk), nh = h1 - h0;
       if (nh <= 0) continue;
-      const int64_t len = seq_lens[s], nq = nh * group;
+      // Rows jr = r * nqh + j: query token r, head h0 * group + j (the query heads of kv heads h0..h1).
+      const int64_t len = seq_lens[s], nqh = nh * group, nq = ql * nqh;
       const int32_t* table = tables + s * max_blocks;
-      const float* qs = q + (s * hq + h0 * group) * d;  // query heads of kv heads h0..h1, in order
+      const float* qs = q + (s * ql * hq + h0 * group) * d;
       scores.resize(nq * len);
       std::vector<float> mx(nq, -std::numeric_limits<float>::infinity());
       for (int64_t t = 0; t < len; ++t) {
         const T* kp = cache + table[t / block_size] * block_stride + (t % block_size) * row + h0 * d;
         load_row(kp, buf.data(), nh * d);
-        for (int64_t j = 0; j < nq; ++j) {
-          const float* qj = qs + j * d;
+        for (int64_t jr = 0; jr < nq; ++jr) {
+          const int64_t r = jr / nqh, j = jr % nqh;
+          if (t > len - ql + r) {  // a later draft token: not visible to this row
+            scores[jr * len + t] = -std::numeric_limits<float>::infinity();
+            continue;
+          }
+          const float* qj = qs + (r * hq + j) * d;
           const float* kj = buf.data() + (j / group) * d;
           float dot = 0.f;
           for (int64_t i = 0; i < d; ++i) dot += qj[i] * kj[i];
           dot *= scale;
-          scores[j * len + t] = dot;
-          mx[j] = dot > mx[j] ? dot : mx[j];
+          scores[jr * len + t] = dot;
+          mx[jr] = dot > mx[jr] ? dot : mx[jr];
         }
       }
       const std::vector<float> inv = exp_rows(scores.data(), mx.data(), nq, len);
@@ -93,16 +101,17 @@ void decode_kernel(const float* q, const T* cache, const int32_t* tables, const 
       for (int64_t t = 0; t < len; ++t) {
         const T* vp = cache + value_offset + table[t / block_size] * block_stride + (t % block_size) * row + h0 * d;
         load_row(vp, buf.data(), nh * d);
-        for (int64_t j = 0; j < nq; ++j) {
-          const float w = scores[j * len + t];
-          const float* vj = buf.data() + (j / group) * d;
-          float* aj = acc.data() + j * d;
+        for (int64_t jr = 0; jr < nq; ++jr) {
+          const float w = scores[jr * len + t];
+          const float* vj = buf.data() + ((jr % nqh) / group) * d;
+          float* aj = acc.data() + jr * d;
           for (int64_t i = 0; i < d; ++i) aj[i] += w * vj[i];
         }
       }
-      float* o = out + (s * hq + h0 * group) * d;
-      for (int64_t j = 0; j < nq; ++j)
-        for (int64_t i = 0; i < d; ++i) o[j * d + i] = acc[j * d + i] * inv[j];
+      for (int64_t jr = 0; jr < nq; ++jr) {
+        float* o = out + ((s * ql + jr / nqh) * hq + h0 * group + jr % nqh) * d;
+        for (int64_t i = 0; i < d; ++i) o[i] = acc[jr * d + i] * inv[jr];
+      }
     }
   });
 }
@@ -112,8 +121,8 @@ void decode_kernel(const float* q, const T* cache, const int32_t* tables, const 
 // bf16 cache, head_dim a multiple of 32: q.k with vdpbf16ps straight on the bf16 rows (the query came in as bf16,
 // so rounding it back is exact) and V rows widened 16 lanes at a time. Same two passes as the generic kernel.
 void decode_kernel_bf16(const float* q, const c10::BFloat16* cache_t, const int32_t* tables, const int32_t* seq_lens,
-                        float* out, int64_t nd, int64_t hq, int64_t hkv, int64_t d, int64_t block_size,
-                        int64_t max_blocks, int64_t value_offset, float scale) {
+                        float* out, int64_t nd, int64_t ql, int64_t hq, int64_t hkv, int64_t d,
+                        int64_t block_size, int64_t max_blocks, int64_t value_offset, float scale) {
   const uint16_t* cache = reinterpret_cast<const uint16_t*>(cache_t);
   const int64_t group = hq / hkv;
   const int64_t row = hkv * d;
@@ -128,27 +137,35 @@ void decode_kernel_bf16(const float* q, const c10::BFloat16* cache_t, const int3
       const int64_t s = item / chunks, h0 = (item % chunks) * per_chunk;
       const int64_t h1 = std::min(hkv, h0 + per_chunk), nh = h1 - h0;
       if (nh <= 0) continue;
-      const int64_t len = seq_lens[s], nq = nh * group;
+      const int64_t len = seq_lens[s], nqh = nh * group, nq = ql * nqh;  // rows as in decode_kernel
       const int32_t* table = tables + s * max_blocks;
-      const float* qs = q + (s * hq + h0 * group) * d;
+      const float* qs = q + (s * ql * hq + h0 * group) * d;
       qb.resize(nq * d);
-      for (int64_t i = 0; i < nq * d; i += 16) {
-        const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(qs + i));
-        std::memcpy(qb.data() + i, &h, 32);
+      for (int64_t jr = 0; jr < nq; ++jr) {
+        const float* src = qs + ((jr / nqh) * hq + jr % nqh) * d;
+        for (int64_t i = 0; i < d; i += 16) {
+          const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(src + i));
+          std::memcpy(qb.data() + jr * d + i, &h, 32);
+        }
       }
       scores.resize(nq * len);
       std::vector<float> mx(nq, -std::numeric_limits<float>::infinity());
       for (int64_t t = 0; t < len; ++t) {
         const uint16_t* kp = cache + table[t / block_size] * block_stride + (t % block_size) * row + h0 * d;
-        for (int64_t j = 0; j < nq; ++j) {
+        for (int64_t jr = 0; jr < nq; ++jr) {
+          if (t > len - ql + jr / nqh) {  // a later draft token: not visible to this row
+            scores[jr * len + t] = -std::numeric_limits<float>::infinity();
+            continue;
+          }
+          const int64_t j = jr % nqh;
           const uint16_t* kj = kp + (j / group) * d;
-          const uint16_t* qj = qb.data() + j * d;
+          const uint16_t* qj = qb.data() + jr * d;
           __m512 a = _mm512_setzero_ps();
           for (int64_t i = 0; i < d; i += 32)
             a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(qj + i), (__m512bh)_mm512_loadu_si512(kj + i));
           const float dot = _mm512_reduce_add_ps(a) * scale;
-          scores[j * len + t] = dot;
-          mx[j] = dot > mx[j] ? dot : mx[j];
+          scores[jr * len + t] = dot;
+          mx[jr] = dot > mx[jr] ? dot : mx[jr];
         }
       }
       const std::vector<float> inv = exp_rows(scores.data(), mx.data(), nq, len);
@@ -161,17 +178,20 @@ void decode_kernel_bf16(const float* q, const c10::BFloat16* cache_t, const int3
             const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(
                 reinterpret_cast<const __m256i*>(vp + hh * d + i)));
             const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-            for (int64_t g = 0; g < group; ++g) {
-              const int64_t j = hh * group + g;
-              float* aj = acc.data() + j * d + i;
-              _mm512_storeu_ps(aj, _mm512_fmadd_ps(_mm512_set1_ps(scores[j * len + t]), v, _mm512_loadu_ps(aj)));
+            for (int64_t r = 0; r < ql; ++r) {
+              for (int64_t g = 0; g < group; ++g) {
+                const int64_t jr = r * nqh + hh * group + g;
+                float* aj = acc.data() + jr * d + i;
+                _mm512_storeu_ps(aj, _mm512_fmadd_ps(_mm512_set1_ps(scores[jr * len + t]), v, _mm512_loadu_ps(aj)));
+              }
             }
           }
         }
       }
-      float* o = out + (s * hq + h0 * group) * d;
-      for (int64_t j = 0; j < nq; ++j)
-        for (int64_t i = 0; i < d; ++i) o[j * d + i] = acc[j * d + i] * inv[j];
+      for (int64_t jr = 0; jr < nq; ++jr) {
+        float* o = out + ((s * ql + jr / nqh) * hq + h0 * group + jr % nqh) * d;
+        for (int64_t i = 0; i < d; ++i) o[i] = acc[jr * d + i] * inv[jr];
+      }
     }
   });
 }
@@ -179,19 +199,21 @@ void decode_kernel_bf16(const float* q, const c10::BFloat16* cache_t, const int3
 
 }  // namespace
 
-// query [nd, hq, d] float32; kv_cache [2, num_blocks, block_size, hkv, d] (float32 / bf16 / fp16, contiguous);
-// block_tables [>= nd, max_blocks] int32; seq_lens [>= nd] int32 (>= 1). Returns [nd, hq, d] float32.
+// query [nd * ql, hq, d] float32 (sequence s owns rows s * ql ...); kv_cache [2, num_blocks, block_size, hkv, d]
+// (float32 / bf16 / fp16, contiguous); block_tables [>= nd, max_blocks] int32; seq_lens [>= nd] int32 (>= ql).
+// Returns [nd * ql, hq, d] float32.
 torch::Tensor paged_decode(torch::Tensor query, torch::Tensor kv_cache, torch::Tensor block_tables,
-                           torch::Tensor seq_lens, double scale) {
+                           torch::Tensor seq_lens, double scale, int64_t ql) {
   TORCH_CHECK(query.dim() == 3 && query.scalar_type() == torch::kFloat32 && query.is_contiguous(),
-              "paged_decode: query must be contiguous float32 [nd, hq, d]");
+              "paged_decode: query must be contiguous float32 [nd * ql, hq, d]");
+  TORCH_CHECK(ql >= 1 && query.size(0) % ql == 0, "paged_decode: query rows must be a multiple of ql >= 1");
   TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous(),
               "paged_decode: kv_cache must be contiguous [2, num_blocks, block_size, hkv, d]");
   TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 && block_tables.is_contiguous(),
               "paged_decode: block_tables must be contiguous int32");
   TORCH_CHECK(seq_lens.scalar_type() == torch::kInt32 && seq_lens.is_contiguous(),
               "paged_decode: seq_lens must be contiguous int32");
-  const int64_t nd = query.size(0), hq = query.size(1), d = query.size(2);
+  const int64_t nd = query.size(0) / ql, hq = query.size(1), d = query.size(2);
   const int64_t block_size = kv_cache.size(2), hkv = kv_cache.size(3);
   TORCH_CHECK(kv_cache.size(4) == d && hq % hkv == 0, "paged_decode: head shapes do not match");
   auto out = torch::empty_like(query);
@@ -201,7 +223,7 @@ torch::Tensor paged_decode(torch::Tensor query, torch::Tensor kv_cache, torch::T
   switch (kv_cache.scalar_type()) {
     case torch::kFloat32:
       decode_kernel(query.data_ptr<float>(), kv_cache.data_ptr<float>(), block_tables.data_ptr<int32_t>(),
-                    seq_lens.data_ptr<int32_t>(), out.data_ptr<float>(), nd, hq, hkv, d, block_size, max_blocks,
+                    seq_lens.data_ptr<int32_t>(), out.data_ptr<float>(), nd, ql, hq, hkv, d, block_size, max_blocks,
                     value_offset, sc);
       break;
     case torch::kBFloat16:
@@ -209,17 +231,17 @@ torch::Tensor paged_decode(torch::Tensor query, torch::Tensor kv_cache, torch::T
       if (d % 32 == 0) {
         decode_kernel_bf16(query.data_ptr<float>(), kv_cache.data_ptr<c10::BFloat16>(),
                            block_tables.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), out.data_ptr<float>(), nd,
-                           hq, hkv, d, block_size, max_blocks, value_offset, sc);
+                           ql, hq, hkv, d, block_size, max_blocks, value_offset, sc);
         break;
       }
 #endif
       decode_kernel(query.data_ptr<float>(), kv_cache.data_ptr<c10::BFloat16>(), block_tables.data_ptr<int32_t>(),
-                    seq_lens.data_ptr<int32_t>(), out.data_ptr<float>(), nd, hq, hkv, d, block_size, max_blocks,
+                    seq_lens.data_ptr<int32_t>(), out.data_ptr<float>(), nd, ql, hq, hkv, d, block_size, max_blocks,
                     value_offset, sc);
       break;
     case torch::kHalf:
       decode_kernel(query.data_ptr<float>(), kv_cache.data_ptr<c10::Half>(), block_tables.data_ptr<int32_t>(),
-                    seq_lens.data_ptr<int32_t>(), out.data_ptr<float>(), nd, hq, hkv, d, block_size, max_blocks,
+                    seq_lens.data_ptr<int32_t>(), out.data_ptr<float>(), nd, ql, hq, hkv, d, block_size, max_blocks,
                     value_offset, sc);
       break;
     default:

@@ -1,8 +1,10 @@
-"""Triton paged decode attention: one new query per sequence, K/V read through its block table, split-K.
+"""Triton paged decode attention: ``decode_query_len`` new queries per sequence (1 for plain decoding, k + 1 to
+verify k draft tokens), K/V read through its block table, split-K.
 
 Decode is bandwidth bound: every cached key and value is read once per step and used for a handful of flops.
-So one program serves all ``group`` query heads that share a kv head (GQA rows stacked as the M dimension of
-the dot, padded to 16), and long contexts are cut into ``num_splits`` key ranges processed by separate programs
+So one program serves all ``group`` query heads that share a kv head, for every query token of the sequence
+(``QLEN * group`` rows stacked as the M dimension of the dot, padded to 16; row r sees the keys up to
+``seq_len - QLEN + r``), and long contexts are cut into ``num_splits`` key ranges processed by separate programs
 to keep the GPU busy when the batch is small (FlashDecoding). Each split keeps the usual online-softmax
 state and writes its normalised partial output with its log-sum-exp; a second small kernel merges the splits:
 ``out = sum_s exp(lse_s - max) * out_s / sum_s exp(lse_s - max)``.
@@ -32,7 +34,8 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, part_o_ptr, part_lse_ptr, seq_len
                    stride_qt, stride_qh, stride_ot, stride_oh,
                    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_bt,
                    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
-                   GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                   GROUP: tl.constexpr, QLEN: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   BLOCK_D: tl.constexpr,
                    BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, SPLIT: tl.constexpr, FP32_DOT: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -41,12 +44,14 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, part_o_ptr, part_lse_ptr, seq_len
     lo = split * split_len
     hi = tl.minimum(seq_len, lo + split_len)
 
-    offs_g = tl.arange(0, BLOCK_G)
+    offs_m = tl.arange(0, BLOCK_G)  # row m = (query token m // GROUP, head kvh * GROUP + m % GROUP)
     offs_d = tl.arange(0, BLOCK_D)
-    g_mask = offs_g < GROUP
+    g_mask = offs_m < GROUP * QLEN
     d_mask = offs_d < HEAD_DIM
-    heads = kvh * GROUP + offs_g
-    q = tl.load(q_ptr + b.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+    heads = kvh * GROUP + offs_m % GROUP
+    tokens = b.to(tl.int64) * QLEN + offs_m // GROUP
+    last = seq_len - QLEN + offs_m // GROUP  # the last key position each row sees
+    q = tl.load(q_ptr + tokens[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)
     bt_row = block_tables_ptr + b.to(tl.int64) * stride_bt
     k_base = k_ptr + kvh * stride_kh
@@ -66,8 +71,8 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, part_o_ptr, part_lse_ptr, seq_len
             s = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
         else:
             s = tl.dot(q, kt.to(q.dtype))
-        # the single query is the last position: it sees every key of the context, only the range end masks
-        s = tl.where(n_mask[None, :], s * qk_scale, float("-inf"))
+        # with one query it sees the whole context; later query rows see later keys
+        s = tl.where(n_mask[None, :] & (offs_n[None, :] <= last[:, None]), s * qk_scale, float("-inf"))
         v = tl.load(v_base + v_rows[:, None] + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0)
         m_i, l_i, acc = online_softmax_update(s, v, m_i, l_i, acc, q, FP32_DOT)
 
@@ -75,12 +80,12 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, part_o_ptr, part_lse_ptr, seq_len
     out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
     gd_mask = g_mask[:, None] & d_mask[None, :]
     if SPLIT:
-        tl.store(part_o_ptr + b.to(tl.int64) * stride_pb + heads[:, None] * stride_ph + split * stride_ps
+        tl.store(part_o_ptr + tokens[:, None] * stride_pb + heads[:, None] * stride_ph + split * stride_ps
                  + offs_d[None, :], out, mask=gd_mask)
         lse = tl.where(nonempty, m_i + tl.math.log2(tl.where(nonempty, l_i, 1.0)), float("-inf"))  # base 2
-        tl.store(part_lse_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh + split, lse, mask=g_mask)
+        tl.store(part_lse_ptr + tokens * stride_lb + heads * stride_lh + split, lse, mask=g_mask)
     else:
-        tl.store(o_ptr + b.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+        tl.store(o_ptr + tokens[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
                  out.to(o_ptr.dtype.element_ty), mask=gd_mask)
 
 
@@ -112,9 +117,11 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: t
 
 def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
                  out: torch.Tensor, num_decodes: int | None = None, num_splits: int | None = None) -> torch.Tensor:
-    """Decode attention of the first ``num_decodes`` sequences (default ``meta.num_decodes``), one query each.
+    """Decode attention of the first ``num_decodes`` sequences (default ``meta.num_decodes``),
+    ``meta.decode_query_len`` queries each.
 
-    query, out: [>= num_decodes, Hq, D] (rows 0..num_decodes-1 are used); kv_cache [2, blocks, block_size, Hkv, D].
+    query, out: [>= num_decodes * ql, Hq, D] (the first num_decodes * ql rows are used); kv_cache
+    [2, blocks, block_size, Hkv, D].
     """
     check_device(query, INTERPRETED)
     nd = meta.num_decodes if num_decodes is None else num_decodes
@@ -131,6 +138,7 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMet
     _, _, page_size, hkv, head_dim = kv_cache.shape
     hq = query.shape[1]
     group = hq // hkv
+    ql = meta.decode_query_len
     k, v = kv_cache[0], kv_cache[1]
     max_len = max(meta.seq_lens_cpu[:nd])
     block_n = 16 if INTERPRETED else 64
@@ -143,8 +151,8 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMet
     block_d = max(16, next_pow2(head_dim))
     split = num_splits > 1
     if split:
-        part_o = torch.empty(nd, hq, num_splits, head_dim, dtype=torch.float32, device=query.device)
-        part_lse = torch.empty(nd, hq, num_splits, dtype=torch.float32, device=query.device)
+        part_o = torch.empty(nd * ql, hq, num_splits, head_dim, dtype=torch.float32, device=query.device)
+        part_lse = torch.empty(nd * ql, hq, num_splits, dtype=torch.float32, device=query.device)
     else:
         part_o = part_lse = out  # unused
     _decode_kernel[(nd, hkv, num_splits)](
@@ -153,12 +161,13 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMet
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), meta.block_tables.stride(0),
         part_o.stride(0) if split else 0, part_o.stride(1) if split else 0, part_o.stride(2) if split else 0,
         part_lse.stride(0) if split else 0, part_lse.stride(1) if split else 0,
-        GROUP=group, BLOCK_G=max(16, next_pow2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=block_n,
+        GROUP=group, QLEN=ql, BLOCK_G=max(16, next_pow2(group * ql)), HEAD_DIM=head_dim, BLOCK_D=block_d,
+        BLOCK_N=block_n,
         PAGE_SIZE=page_size, SPLIT=split,
         FP32_DOT=INTERPRETED or query.dtype == torch.float32 or kv_cache.dtype == torch.float32,
         num_warps=4, num_stages=1 if INTERPRETED else 2)
     if split:
-        _merge_kernel[(nd, hq)](
+        _merge_kernel[(nd * ql, hq)](
             out, part_o, part_lse, out.stride(0), out.stride(1), part_o.stride(0), part_o.stride(1),
             part_o.stride(2), part_lse.stride(0), part_lse.stride(1),
             NUM_SPLITS=num_splits, BLOCK_S=next_pow2(num_splits), HEAD_DIM=head_dim, BLOCK_D=block_d)

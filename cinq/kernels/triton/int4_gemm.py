@@ -5,7 +5,8 @@ The weight stays packed in memory as GPTQ stores it (int32 [K * bits / 32, N], c
 one word, lowest bits first); each program unpacks a [BLOCK_K, BLOCK_N] tile in registers, looks up the
 scale and zero of each input channel's group through ``g_idx`` (so act-order checkpoints need no repacking),
 and accumulates x_tile @ w_tile in float32. Zero points are kept unpacked as floats ([groups, N], small).
-AWQ weights are repacked into this layout at load time (cinq.quant.kernels).
+AWQ weights are repacked into this layout at load time by the quantization runtime
+(cinq/layers/quantization/kernels.py), which owns the file formats: this module only sees plain tensors.
 
 Decode is memory bound: reading 4-bit weights instead of 16-bit ones is where the speed comes from; the
 unpack arithmetic hides under the loads.
@@ -18,8 +19,6 @@ import triton
 import triton.language as tl
 
 from cinq.kernels.triton import interpreter_enabled
-from cinq.quant.formats import pack_along
-from cinq.quant.qweight import QuantizedWeight
 
 INTERPRETED = interpreter_enabled()
 
@@ -61,16 +60,9 @@ def _wq_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, g_ptr, y_ptr, M, N, K,
              mask=m_mask[:, None] & n_mask[None, :])
 
 
-def prepare_triton(qw: QuantizedWeight, device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Kernel tensors for ``qw``: GPTQ-packed codes, float32 scales and zeros, g_idx."""
-    return {"qweight": pack_along(qw.qweight.t(), qw.bits, dim=0).to(device),
-            "scales": qw.scales.float().contiguous().to(device),
-            "zeros": qw.zeros.float().contiguous().to(device),
-            "g_idx": qw.g_idx.to(torch.int32).contiguous().to(device)}
-
-
 def triton_weight_only_mm(x: torch.Tensor, t: dict[str, torch.Tensor], bits: int) -> torch.Tensor:
-    """y [M, N] = x [M, K] @ dequant(W)^T with the tensors of ``prepare_triton``."""
+    """y [M, N] = x [M, K] @ dequant(W)^T. ``t`` holds ``qweight`` int32 [K * bits / 32, N] (GPTQ packing along
+    K, lowest bits first), ``scales`` and ``zeros`` float32 [groups, N], ``g_idx`` int32 [K], all on x's device."""
     m, k = x.shape
     qweight, scales = t["qweight"], t["scales"]
     n = qweight.shape[1]

@@ -14,8 +14,11 @@ def online_softmax_update(s, v, m_i, l_i, acc, q, FP32_DOT: tl.constexpr):
     Returns the new (m_i, l_i, acc). ``FP32_DOT``: multiply in float32 (fp32 models; the interpreter, whose
     bf16 dot is wrong)."""
     m_new = tl.maximum(m_i, tl.max(s, 1))
-    p = tl.math.exp2(s - m_new[:, None])
-    alpha = tl.math.exp2(m_i - m_new)
+    # A row that has seen no visible key yet (a draft row's split past its last key) keeps max -inf: subtract 0
+    # instead, so that its terms are exp2(-inf) = 0 rather than NaN.
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.math.exp2(s - m_ref[:, None])
+    alpha = tl.math.exp2(m_i - m_ref)
     l_i = l_i * alpha + tl.sum(p, 1)
     if FP32_DOT:
         acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from cinq.kernels.cpu_native import native_module
-from cinq.quant.qweight import QuantizedWeight
+from cinq.layers.quantization.qweight import QuantizedWeight
 
 
 def int4_module() -> Any | None:

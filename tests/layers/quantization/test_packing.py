@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from cinq.errors import ModelLoadError
-from cinq.quant.formats import (AWQ_ORDER, awq_pack, awq_unpack, gptq_pack, gptq_unpack, pack_along,
+from cinq.layers.quantization.packing import (AWQ_ORDER, awq_pack, awq_unpack, gptq_pack, gptq_unpack, pack_along,
                                 quantize_int8_per_channel, unpack_along, w8a8_pack)
 from cinq.quant.rtn import rtn_quantize
 

@@ -1,4 +1,5 @@
-"""The KD-vs-CE comparison table (markdown + JSON) and its plot."""
+"""The distillation report: the KD-vs-CE comparison of trained models (teacher and students) as a markdown
+table, JSON and a plot."""
 
 from __future__ import annotations
 

@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from cinq.quant.native import int4_linear, int4_module, pack_int4
-from cinq.quant.qweight import QuantizedWeight
+from cinq.layers.quantization.native import int4_linear, int4_module, pack_int4
+from cinq.layers.quantization.packing import pack_along
+from cinq.layers.quantization.qweight import QuantizedWeight
 
 log = logging.getLogger(__name__)
 _SAID: set[str] = set()
@@ -48,6 +49,14 @@ class Prepared:
     kind: str
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     arg: int = 0  # the kernel's integer argument: group size (int4_cpu, dequant_grouped) or bits (triton)
+
+
+def triton_tensors(qw: QuantizedWeight, device: torch.device) -> dict[str, torch.Tensor]:
+    """The Triton dequant-GEMM's tensors for ``qw``: GPTQ-packed codes, float32 scales and zeros, g_idx."""
+    return {"qweight": pack_along(qw.qweight.t(), qw.bits, dim=0).to(device),
+            "scales": qw.scales.float().contiguous().to(device),
+            "zeros": qw.zeros.float().contiguous().to(device),
+            "g_idx": qw.g_idx.to(torch.int32).contiguous().to(device)}
 
 
 def _contiguous_group_perm(qw: QuantizedWeight) -> tuple[torch.Tensor | None, int] | None:
@@ -74,8 +83,8 @@ def prepare_weight_only(qw: QuantizedWeight, device: torch.device, dtype: torch.
     n, k = qw.out_features, qw.in_features
     if device.type == "cuda":
         try:
-            from cinq.kernels.triton.int4_gemm import prepare_triton
-            return Prepared("triton", prepare_triton(qw, device, dtype), qw.bits)
+            import cinq.kernels.triton.int4_gemm  # noqa: F401  (Triton importable: the kernel can run)
+            return Prepared("triton", triton_tensors(qw, device), qw.bits)
         except ImportError as e:
             say_once(f"quantized linear: Triton unavailable ({e}); dequantize-then-matmul on CUDA")
             return _prepare_dequant(qw, device, dtype)

@@ -216,12 +216,6 @@ def simple_generate(path: Path, prompts: list[str], max_new_tokens: int, dtype: 
     return texts, generated / max(seconds, 1e-9)
 
 
-def default_generate() -> GenerateFn:
-    """The engine when it is importable, else the simple recompute loop."""
-    import importlib.util
-    return engine_generate if importlib.util.find_spec("cinq.engine.llm") is not None else simple_generate
-
-
 def compare_to_base(base: Any, model: Any, token_ids: Sequence[int], context_len: int = 256,
                     max_tokens: int = 8192) -> tuple[float, float]:
     """(mean KL(base || model) per token, top-1 agreement) over the first ``max_tokens`` tokens, in windows of
@@ -264,7 +258,7 @@ def evaluate_model(path: str | Path, ppl_tokens_text: str, problems: Sequence[An
     acc = tps = step_acc = None
     items = step_items(problems)
     if problems:
-        gen = generate or default_generate()
+        gen = generate or engine_generate
         completions, tps = gen(path, [p.prompt() for p in problems], max_new_tokens, dtype)
         acc = accuracy(problems, completions)
         step_acc = step_accuracy(items, gen(path, [it.prompt for it in items], 16, dtype)[0])

@@ -27,7 +27,7 @@ import math
 import torch
 
 from cinq.errors import ModelLoadError
-from cinq.quant.qweight import QuantizedWeight, default_g_idx
+from cinq.layers.quantization.qweight import QuantizedWeight, default_g_idx
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i of a word holds output channel 8c + AWQ_ORDER[i]
 

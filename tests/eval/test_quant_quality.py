@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cinq.eval.report import QualityReport, describe_folder, quality_report, simple_generate
+from cinq.eval.quant_quality import QualityReport, describe_folder, quality_report, simple_generate
 from cinq.eval.tasks import arithmetic_problems, step_items
 from cinq.model.byte_tokenizer import build_byte_tokenizer
 
@@ -65,7 +65,7 @@ def test_real_greedy_generation_without_the_engine(folders):
 
 
 def test_compare_to_base_is_zero_for_the_same_model_and_positive_otherwise(folders):
-    from cinq.eval.report import compare_to_base
+    from cinq.eval.quant_quality import compare_to_base
     from cinq.model.loader import load_model
     base, q = folders
     a, b = load_model(base, dtype="float32"), load_model(q, dtype="float32")
@@ -86,6 +86,6 @@ def test_describe_folder_counts_every_tensor_byte(folders):
 
 
 def test_empty_fields_render_as_dashes():
-    from cinq.eval.report import ModelQuality
+    from cinq.eval.quant_quality import ModelQuality
     r = QualityReport([ModelQuality("a", "p", "float", None, 100, None, None, 0)])
     assert "| a | float | - | 0.00 | 1.00x | - | - | - | - | - | - | - | - | - |" in r.to_markdown()

@@ -7,9 +7,9 @@ import logging
 import pytest
 import torch
 
-from cinq.quant import kernels
-from cinq.quant.kernels import _prepare_dequant, prepare_weight_only, w8a8_mm, weight_only_mm
-from cinq.quant.qweight import QuantizedWeight
+from cinq.layers.quantization import kernels
+from cinq.layers.quantization.kernels import _prepare_dequant, prepare_weight_only, w8a8_mm, weight_only_mm
+from cinq.layers.quantization.qweight import QuantizedWeight
 from cinq.quant.rtn import rtn_quantize
 from cinq.quant.smoothquant import w8a8_fake_matmul
 
@@ -88,7 +88,7 @@ def test_unsupported_shapes_fall_back_once_with_the_same_results(caplog, monkeyp
     kernels._SAID.clear()
     qw = rtn_quantize(torch.randn(24, 128, generator=gen), 4, 32, False)  # N = 24: not a multiple of 16
     x = torch.randn(4, 128, generator=gen)
-    with caplog.at_level(logging.WARNING, logger="cinq.quant.kernels"):
+    with caplog.at_level(logging.WARNING, logger="cinq.layers.quantization.kernels"):
         kind, y = run(qw, x)
         run(qw, x)
     assert kind == "dequant_grouped"
@@ -132,7 +132,7 @@ def test_w8a8_int_gemm_matches_its_float_definition(static):
     gen = torch.Generator().manual_seed(4)
     w = torch.randn(48, 64, generator=gen)
     x = torch.randn(2, 5, 64, generator=gen)
-    from cinq.quant.formats import quantize_int8_per_channel
+    from cinq.layers.quantization.packing import quantize_int8_per_channel
     q, s = quantize_int8_per_channel(w)
     scale = torch.tensor([float(x.abs().max()) / 127]) if static else None
     y = w8a8_mm(x, q.t().contiguous(), s, scale)

@@ -1,0 +1,103 @@
+"""The plain data that crosses between the engine's rooms each step, in one module without torch.
+
+    Scheduler.schedule()        -> SchedulerOutput   (ScheduledSeq per request, NewRequestData the first time)
+    Executor.execute_model(...) -> RunnerOutput      (sampled token ids, logprobs, prompt logprobs)
+    Scheduler.update(...)       -> [EngineCoreOutput] (what is new for each request this step, finish reasons)
+    OutputProcessor.process(...) turns EngineCoreOutputs into RequestOutputs (text, stop strings, n-way parents)
+
+Every shape allows several tokens per request per step (a speculative verify step scores k draft tokens and may
+accept several), so nothing here assumes "one new token".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cinq.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class NewRequestData:
+    """What the runner needs to know about a request the first time it is scheduled."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+
+
+@dataclass(slots=True)
+class ScheduledSeq:
+    """One request's share of a step: compute ``token_ids`` at positions ``start_pos ...``.
+
+    The last ``num_logit_rows`` rows of the chunk produce logits: 0 for a prefill chunk that stops short of the
+    last known token, 1 to sample the next token (a k-token draft verified in one step would ask for k + 1).
+    """
+
+    request_id: str
+    token_ids: list[int]
+    start_pos: int
+    block_ids: list[int]
+    num_logit_rows: int
+    num_output_tokens: int = 0  # the request's output length before this step (min_tokens bans read it)
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """Everything one step computes, and what the runner must learn or forget first."""
+
+    seqs: list[ScheduledSeq] = field(default_factory=list)
+    new_requests: list[NewRequestData] = field(default_factory=list)
+    finished_request_ids: list[str] = field(default_factory=list)  # runner state to drop
+    num_batched_tokens: int = 0
+    num_prompt_tokens: int = 0  # of the batched tokens, those at prompt positions (first computation or not)
+    preempted_request_ids: list[str] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.seqs
+
+
+@dataclass(slots=True)
+class TokenLogprobs:
+    """Raw logprobs at one position: the chosen token's, its rank, and the top-k (ids, values)."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    top_ids: list[int]
+    top_logprobs: list[float]
+
+
+@dataclass(slots=True)
+class RunnerOutput:
+    """What one forward step produced, by request id."""
+
+    sampled: dict[str, list[int]] = field(default_factory=dict)
+    logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # one entry per sampled token
+    # prompt logprobs computed this step: request -> [(prompt position, TokenLogprobs)], position >= 1
+    prompt_logprobs: dict[str, list[tuple[int, TokenLogprobs]]] = field(default_factory=dict)
+
+    @property
+    def num_sampled_tokens(self) -> int:
+        return sum(len(t) for t in self.sampled.values())
+
+
+@dataclass(slots=True)
+class EngineCoreOutput:
+    """One request's news from one step, as the scheduler accepted it (vLLM's ``EngineCoreOutput``).
+
+    ``new_token_ids`` are the tokens appended this step (possibly several, possibly none: a chunk that only
+    produced prompt logprobs); ``finish_reason`` is set when a token-level stop ended the request this step.
+    """
+
+    request_id: str
+    new_token_ids: list[int] = field(default_factory=list)
+    new_logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per new token, when asked for
+    new_prompt_logprobs: list[tuple[int, TokenLogprobs]] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" | "length" (token-level stops; stop strings are found later)
+    stop_reason: int | str | None = None  # the stop token id, when one ended the request
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first scheduling
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

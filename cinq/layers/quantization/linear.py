@@ -1,0 +1,227 @@
+"""Quantized linear layers: ``GPTQLinear`` (GPTQ v1/v2 files, 4/8-bit weight-only: RTN and GPTQ write these),
+``AWQLinear`` (AWQ GEMM files) and ``W8A8Linear`` (SmoothQuant).
+
+Each holds its checkpoint tensors as buffers with the format's names and shapes, fills them through
+``weight_loader`` (whole, or one output shard of a merged QKV / gate-up projection at a time), then
+``process_weights_after_loading`` unpacks them once, hands them to the kernel chosen for the device and shape
+(kernels.py), and keeps only the kernel's tensors.
+
+Merging is exact for all three: the packed tensors are laid out per output channel, so shards concatenate along
+the output dimension (whole int32 words: every shard's width is a multiple of the channels per word). What is
+not per output channel must agree between shards: GPTQ's g_idx (q/k/v share their input, hence their Hessian
+and act-order permutation) is checked on load; W8A8's static input scale, see ``W8A8Linear``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from cinq.errors import ModelLoadError
+from cinq.layers.quantization.kernels import Prepared, prepare_weight_only, w8a8_mm, weight_only_mm
+from cinq.layers.quantization.packing import awq_shapes, awq_unpack, gptq_shapes, gptq_unpack
+from cinq.layers.quantization.qweight import QuantizedWeight
+from cinq.layers.weight_loader import CheckpointTensor, OutputShards, ParamLayout, ShardId, load_sharded
+
+_PER_ROW = ParamLayout(output_dim=0)
+_SHARED = ParamLayout(output_dim=None)
+_SHAPE_HINT = " (check quantization_config's bits and group_size against the tensors)"
+
+
+class QuantizedLinear(nn.Module):
+    """Shared plumbing: checkpoint tensors as buffers, replaced after loading by the kernel's own tensors.
+
+    ``compute_dtype`` is the dtype the kernels compute (and return) in: the model's dtype."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, prefix: str, compute_dtype: torch.dtype,
+                 output_shards: OutputShards | None = None) -> None:
+        super().__init__()
+        if output_shards is not None and output_shards.total != out_features:
+            raise ModelLoadError(f"{prefix}: shards {output_shards.sizes} do not add up to {out_features}")
+        self.in_features = in_features
+        self.out_features = out_features
+        self.prefix = prefix
+        self.compute_dtype = compute_dtype
+        self.output_shards = output_shards
+        self.kind = "unloaded"
+        self.group = 0
+        self._layouts: dict[str, ParamLayout] = {"bias": _PER_ROW}
+        self._shared_loaded: set[str] = set()  # shared tensors (no output dim) already filled by a shard
+        if bias:
+            self.register_buffer("bias", torch.empty(out_features, dtype=compute_dtype))
+        else:
+            self.bias = None
+
+    def _checkpoint_buffer(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, layout: ParamLayout) -> None:
+        self.register_buffer(name, torch.empty(shape, dtype=dtype))
+        self._layouts[name] = layout
+
+    def param_layout(self, name: str) -> ParamLayout:
+        """Where checkpoint tensor ``name``'s output channels lie (for loading and splitting shards)."""
+        return self._layouts[name]
+
+    def weight_loader(self, name: str, loaded: CheckpointTensor, shard_id: ShardId | None = None) -> None:
+        """Fill checkpoint buffer ``name`` (one shard's part of it when merged)."""
+        layout = self._layouts[name]
+        if layout.output_dim is None and shard_id is not None:
+            self._load_shared(name, loaded, shard_id)
+            return
+        load_sharded(getattr(self, name), loaded, layout, self.output_shards, shard_id, self.prefix, _SHAPE_HINT)
+
+    def _load_shared(self, name: str, loaded: CheckpointTensor, shard_id: ShardId) -> None:
+        """A tensor every shard carries whole and must agree on (the first one loaded is kept)."""
+        dst = getattr(self, name)
+        if name not in self._shared_loaded:
+            load_sharded(dst, loaded, _SHARED, None, None, self.prefix, _SHAPE_HINT)
+            self._shared_loaded.add(name)
+            return
+        t = loaded.load()
+        if tuple(t.shape) != tuple(dst.shape) or not torch.equal(t.to(dst.dtype), dst):
+            raise ModelLoadError(f"checkpoint tensor '{loaded.name}' differs from the other shards' '{name}' of the "
+                                 f"merged {self.prefix} (shard {shard_id!r}); cinq merges these projections and "
+                                 f"needs one {name} for all of them")
+
+    def _install(self, prepared: Any, drop: tuple[str, ...]) -> None:
+        for name in drop:
+            delattr(self, name)
+        for name, t in prepared.tensors.items():
+            self.register_buffer(name, t, persistent=False)
+        self.kind = prepared.kind
+        self.group = prepared.arg
+        self._shared_loaded.clear()
+
+    def _kernel_tensors(self) -> dict[str, torch.Tensor]:
+        """The kernel's tensors by name: the module's buffer dict itself (no copy on the hot path)."""
+        if self.kind == "unloaded":
+            raise RuntimeError(f"{self.prefix or type(self).__name__}: process_weights_after_loading() has not run")
+        return self._buffers
+
+    def _add_bias(self, y: torch.Tensor) -> torch.Tensor:
+        b = self.bias
+        return y if b is None else y + (b if b.dtype == y.dtype else b.to(y.dtype))
+
+    def _check_shard_packing(self, per_word: int, what: str) -> None:
+        """Every shard must fill whole words along the packed output dimension."""
+        sizes = self.output_shards.sizes if self.output_shards is not None else (self.out_features,)
+        for size in sizes:
+            _packed_dims(self.prefix, what, size, 32 // per_word)
+
+    def extra_repr(self) -> str:
+        shards = "" if self.output_shards is None else f", shards={self.output_shards.ids}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"kernel={self.kind}{shards}")
+
+
+def _packed_dims(prefix: str, what: str, size: int, bits: int) -> int:
+    per = 32 // bits
+    if size % per:
+        raise ModelLoadError(f"{prefix}: {what} {size} is not a multiple of {per}, so {bits}-bit weights cannot be "
+                             f"packed into int32 words")
+    return size // per
+
+
+class GPTQLinear(QuantizedLinear):
+    """A linear stored as GPTQ v1/v2 tensors (qweight, qzeros, scales, g_idx); 4 or 8 bits."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, bits: int, group_size: int,
+                 version: int = 1, prefix: str = "", *, compute_dtype: torch.dtype,
+                 output_shards: OutputShards | None = None) -> None:
+        super().__init__(in_features, out_features, bias, prefix, compute_dtype, output_shards)
+        self.bits, self.group_size, self.version = bits, group_size, version
+        _packed_dims(prefix, "in_features", in_features, bits)
+        self._check_shard_packing(32 // bits, "out_features")
+        shapes = gptq_shapes(in_features, out_features, bits, group_size)
+        # qweight packs along K: its columns are output channels one to one; qzeros packs along N.
+        self._checkpoint_buffer("qweight", shapes["qweight"], torch.int32, ParamLayout(1))
+        self._checkpoint_buffer("qzeros", shapes["qzeros"], torch.int32, ParamLayout(1, 32 // bits))
+        self._checkpoint_buffer("scales", shapes["scales"], torch.float16, ParamLayout(1))
+        self._checkpoint_buffer("g_idx", shapes["g_idx"], torch.int32, _SHARED)
+
+    def quantized_weight(self) -> QuantizedWeight:
+        """The checkpoint tensors unpacked (before ``process_weights_after_loading``)."""
+        t = {"qweight": self.qweight, "qzeros": self.qzeros, "scales": self.scales, "g_idx": self.g_idx}
+        return gptq_unpack(t, self.bits, self.group_size, self.version, name=self.prefix)
+
+    def process_weights_after_loading(self) -> None:
+        qw = self.quantized_weight()
+        prepared = prepare_weight_only(qw, self.qweight.device, self.compute_dtype, self.prefix)
+        self._install(prepared, ("qweight", "qzeros", "scales", "g_idx"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._add_bias(weight_only_mm(self.kind, self._kernel_tensors(), self.group, x))
+
+
+class AWQLinear(QuantizedLinear):
+    """A linear stored as AWQ GEMM tensors (qweight, qzeros, scales); 4 bits."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, group_size: int, prefix: str = "", *,
+                 compute_dtype: torch.dtype, output_shards: OutputShards | None = None) -> None:
+        super().__init__(in_features, out_features, bias, prefix, compute_dtype, output_shards)
+        self.bits, self.group_size = 4, group_size
+        self._check_shard_packing(8, "out_features")
+        g = in_features if group_size <= 0 else group_size
+        if in_features % g:
+            raise ModelLoadError(f"{prefix}: in_features {in_features} is not a multiple of group_size {g} (AWQ)")
+        shapes = awq_shapes(in_features, out_features, group_size)
+        self._checkpoint_buffer("qweight", shapes["qweight"], torch.int32, ParamLayout(1, 8))
+        self._checkpoint_buffer("qzeros", shapes["qzeros"], torch.int32, ParamLayout(1, 8))
+        self._checkpoint_buffer("scales", shapes["scales"], torch.float16, ParamLayout(1))
+
+    def quantized_weight(self) -> QuantizedWeight:
+        t = {"qweight": self.qweight, "qzeros": self.qzeros, "scales": self.scales}
+        return awq_unpack(t, self.group_size, name=self.prefix)
+
+    def process_weights_after_loading(self) -> None:
+        qw = self.quantized_weight()
+        prepared = prepare_weight_only(qw, self.qweight.device, self.compute_dtype, self.prefix)
+        self._install(prepared, ("qweight", "qzeros", "scales"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._add_bias(weight_only_mm(self.kind, self._kernel_tensors(), self.group, x))
+
+
+class W8A8Linear(QuantizedLinear):
+    """int8 weights (per channel) x int8 activations (per token, or per tensor when ``static``): SmoothQuant.
+
+    Merged shards share one input, so one static input scale: cinq's SmoothQuant writes the same scale for the
+    linears of a shared input. Files whose shards disagree load with the largest one, which no shard's
+    activations then clip under (a smaller one would clip the others'; finer resolution is what is given up)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, static: bool = False,
+                 prefix: str = "", *, compute_dtype: torch.dtype, output_shards: OutputShards | None = None) -> None:
+        super().__init__(in_features, out_features, bias, prefix, compute_dtype, output_shards)
+        self.static = static
+        self._checkpoint_buffer("weight", (out_features, in_features), torch.int8, _PER_ROW)
+        self._checkpoint_buffer("weight_scale", (out_features,), torch.float32, _PER_ROW)
+        if static:
+            self._checkpoint_buffer("input_scale", (1,), torch.float32, _SHARED)
+        else:
+            self.input_scale = None
+
+    def _load_shared(self, name: str, loaded: CheckpointTensor, shard_id: ShardId) -> None:
+        if name != "input_scale" or name not in self._shared_loaded:
+            super()._load_shared(name, loaded, shard_id)
+            return
+        t = loaded.load()
+        if tuple(t.shape) != tuple(self.input_scale.shape):
+            raise ModelLoadError(f"checkpoint tensor '{loaded.name}': shape {tuple(t.shape)} does not match the "
+                                 f"model's {tuple(self.input_scale.shape)}")
+        with torch.no_grad():
+            torch.maximum(self.input_scale, t.to(self.input_scale.dtype), out=self.input_scale)
+
+    def process_weights_after_loading(self) -> None:
+        if self.static and not (float(self.input_scale) > 0):
+            raise ModelLoadError(f"{self.prefix}.input_scale must be positive, got {float(self.input_scale)}")
+        tensors = {"w_t": self.weight.t().contiguous(), "w_scale": self.weight_scale.float()}
+        if self.static:
+            tensors["input_scale"] = self.input_scale.float()
+        drop = ("weight", "weight_scale") + (("input_scale",) if self.static else ())
+        self._install(Prepared("w8a8", tensors), drop)
+        if not self.static:
+            self.input_scale = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = self._kernel_tensors()
+        return self._add_bias(w8a8_mm(x, t["w_t"], t["w_scale"], t.get("input_scale")))

@@ -1,0 +1,58 @@
+"""The engine flags, derived from EngineConfig's fields: every field has one, same defaults, same spellings."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+
+from cinq.commands.engine_args import add_engine_args, engine_config_from_args
+from cinq.config import EngineConfig
+from cinq.errors import InvalidParameterError
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_engine_args(p)
+    return p.parse_args(list(argv))
+
+
+def test_no_flags_give_the_dataclass_defaults():
+    cfg = engine_config_from_args(parse("some/model"))
+    expected = EngineConfig(model="some/model")
+    assert cfg == expected
+
+
+def test_no_model_means_the_embedded_one():
+    from cinq.assets import default_model_path
+    assert engine_config_from_args(parse()).model == str(default_model_path())
+
+
+def test_every_field_but_model_is_a_flag():
+    args = vars(parse("m"))
+    assert set(args) == {f.name for f in dataclasses.fields(EngineConfig)}
+
+
+def test_existing_spellings_and_types():
+    cfg = engine_config_from_args(parse(
+        "m", "--tokenizer", "t", "--dtype", "float32", "--device", "cpu", "--max-model-len", "512",
+        "--block-size", "32", "--kv-cache-memory", "0.5", "--kv-cache-memory-fraction", "0.3",
+        "--num-kv-blocks", "64", "--max-num-batched-tokens", "256", "--max-num-seqs", "4", "--no-prefix-caching",
+        "--attention-backend", "flash-torch", "--seed", "7", "--num-threads", "2", "--tensor-parallel-size", "1"))
+    assert cfg == EngineConfig(
+        model="m", tokenizer="t", dtype="float32", device="cpu", max_model_len=512, block_size=32,
+        kv_cache_memory=0.5, kv_cache_memory_fraction=0.3, num_kv_blocks=64, max_num_batched_tokens=256,
+        max_num_seqs=4, enable_prefix_caching=False, attention_backend="flash-torch", seed=7, num_threads=2)
+    assert isinstance(cfg.kv_cache_memory, float) and isinstance(cfg.max_model_len, int)
+
+
+def test_dtype_choices_come_from_the_config(capsys):
+    with pytest.raises(SystemExit):
+        parse("m", "--dtype", "int8")
+    assert "invalid choice: 'int8'" in capsys.readouterr().err
+
+
+def test_tensor_parallel_size_flag_reaches_the_validation():
+    with pytest.raises(InvalidParameterError, match="tensor parallelism is not built yet"):
+        engine_config_from_args(parse("m", "--tensor-parallel-size", "2"))

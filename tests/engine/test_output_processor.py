@@ -1,0 +1,58 @@
+"""OutputProcessor: plain per-step EngineCoreOutputs in, RequestOutputs out (no scheduler objects involved)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cinq.engine.io import EngineCoreOutput, TokenLogprobs
+from cinq.engine.output_processor import OutputProcessor
+from cinq.model.byte_tokenizer import save_byte_tokenizer
+from cinq.model.tokenizer import Tokenizer
+from cinq.sampling_params import OutputKind, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory) -> Tokenizer:
+    return Tokenizer.from_pretrained(save_byte_tokenizer(tmp_path_factory.mktemp("tok")))
+
+
+def ids(tok, text: str) -> list[int]:
+    return tok.encode(text, add_special_tokens=False)
+
+
+def test_deltas_accumulate_and_finish_on_a_token_level_stop(tok):
+    op = OutputProcessor(tok)
+    op.add_request("r", "p", [1, 2], SamplingParams(output_kind=OutputKind.DELTA), ["r"], 0.0)
+    outs, stopped = op.process([EngineCoreOutput("r", ids(tok, "ab"))], ["r"])
+    assert outs[0].outputs[0].text == "ab" and not outs[0].finished and not stopped
+    outs, _ = op.process([EngineCoreOutput("r", ids(tok, "c"), finish_reason="length")], [])
+    assert outs[0].outputs[0].text == "c" and outs[0].finished
+    assert outs[0].outputs[0].finish_reason == "length" and "r" not in op.parents
+    assert outs[0].metrics.first_scheduled_time is not None
+
+
+def test_a_stop_string_asks_the_scheduler_to_end_the_request(tok):
+    op = OutputProcessor(tok)
+    op.add_request("r", None, [1], SamplingParams(stop=["xy"]), ["r"], 0.0)
+    outs, stopped = op.process([EngineCoreOutput("r", ids(tok, "axyz"))], ["r"])
+    assert stopped == ["r"] and outs[0].finished
+    assert outs[0].outputs[0].text == "a" and outs[0].outputs[0].stop_reason == "xy"
+
+
+def test_prompt_logprobs_only_chunk_produces_no_output_until_tokens_come(tok):
+    op = OutputProcessor(tok)
+    op.add_request("r", None, [5, 6, 7], SamplingParams(prompt_logprobs=0, max_tokens=1), ["r"], 0.0)
+    tl = TokenLogprobs(6, -1.0, 3, [], [])
+    outs, _ = op.process([EngineCoreOutput("r", new_prompt_logprobs=[(1, tl)])], ["r"])
+    assert outs == []
+    outs, _ = op.process([EngineCoreOutput("r", ids(tok, "a"), finish_reason="length")], [])
+    assert outs[0].prompt_logprobs[1][6].logprob == -1.0 and outs[0].prompt_logprobs[1][6].rank == 3
+
+
+def test_n_children_gather_under_their_parent(tok):
+    op = OutputProcessor(tok)
+    op.add_request("r", None, [1], SamplingParams(n=2, output_kind=OutputKind.FINAL_ONLY), ["0_r", "1_r"], 0.0)
+    outs, _ = op.process([EngineCoreOutput("0_r", ids(tok, "a"), finish_reason="length")], ["0_r", "1_r"])
+    assert outs == []  # final-only output waits for both children
+    outs, _ = op.process([EngineCoreOutput("1_r", ids(tok, "b"), finish_reason="length")], [])
+    assert [c.text for c in outs[0].outputs] == ["a", "b"] and outs[0].finished

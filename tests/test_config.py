@@ -1,0 +1,59 @@
+"""EngineConfig and ParallelConfig: validation, the parallel seam, the per-field help the CLI flags come from."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from cinq.config import EngineConfig, ParallelConfig
+from cinq.errors import InvalidParameterError
+
+
+def test_defaults_are_one_device():
+    cfg = EngineConfig()
+    assert cfg.tensor_parallel_size == 1
+    assert cfg.parallel_config == ParallelConfig(tensor_parallel_size=1)
+    assert cfg.parallel_config.world_size == 1
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.0, "1", True, None])
+def test_tensor_parallel_size_must_be_a_positive_integer(value):
+    with pytest.raises(InvalidParameterError, match="tensor_parallel_size must be an integer") as e:
+        EngineConfig(tensor_parallel_size=value)
+    assert e.value.param == "tensor_parallel_size"
+
+
+@pytest.mark.parametrize("value", [2, 4, 8])
+def test_tensor_parallelism_is_not_built_yet(value):
+    with pytest.raises(InvalidParameterError, match="tensor parallelism is not built yet") as e:
+        EngineConfig(tensor_parallel_size=value)
+    assert e.value.param == "tensor_parallel_size"
+
+
+def test_parallel_config_world_size_and_validation():
+    assert ParallelConfig(tensor_parallel_size=4).world_size == 4  # the seam takes any size; the engine does not
+    with pytest.raises(InvalidParameterError) as e:
+        ParallelConfig(tensor_parallel_size=0)
+    assert e.value.param == "tensor_parallel_size"
+    assert not hasattr(ParallelConfig(), "__dict__")  # slots
+
+
+def test_from_kwargs_rejects_unknown_names_including_the_removed_extra():
+    assert EngineConfig.from_kwargs("m", tensor_parallel_size=1, max_num_seqs=3).max_num_seqs == 3
+    with pytest.raises(InvalidParameterError, match=r"unknown engine argument\(s\) \['extra'\]") as e:
+        EngineConfig.from_kwargs("m", extra={})
+    assert e.value.param == "extra"
+    assert "tensor_parallel_size" in str(e.value)
+
+
+def test_every_field_carries_its_help_text():
+    for f in dataclasses.fields(EngineConfig):
+        assert isinstance(f.metadata.get("help"), str) and f.metadata["help"], f.name
+        assert f.default is not dataclasses.MISSING, f.name  # every field has a plain default (no factories)
+
+
+def test_dtype_aliases_are_accepted_and_others_refused():
+    assert EngineConfig(dtype="bf16").dtype == "bf16"
+    with pytest.raises(InvalidParameterError, match="dtype must be one of"):
+        EngineConfig(dtype="int8")

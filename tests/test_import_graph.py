@@ -1,0 +1,125 @@
+"""The house's import rules, read from the source: no cycles among cinq's modules, and the layers point one way.
+
+Imports inside functions count too: a lazy import that closes a circle is still a circle, it only fails later.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "cinq"
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Module -> the cinq modules it imports (each import resolved to the longest known module name)."""
+    files = {module_name(p, root): p for p in root.rglob("*.py")}
+
+    def known(name: str) -> str | None:
+        while name and name not in files:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in files}
+    for mod, path in files.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    pkg = package
+                    for _ in range(node.level - 1):
+                        pkg = pkg.rpartition(".")[0]
+                    base = f"{pkg}.{base}".rstrip(".")
+                names = [f"{base}.{a.name}" for a in node.names] + [base]
+            for name in names:
+                target = known(name) if name.startswith("cinq") else None
+                if target and target != mod:
+                    graph[mod].add(target)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle as a path of modules, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start)):
+            return found
+    return None
+
+
+def reaches(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    assert find_cycle(import_graph()) is None
+
+
+def test_the_cycle_finder_finds_a_planted_cycle(tmp_path: Path) -> None:
+    pkg = tmp_path / "cinq"
+    (pkg / "a").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a" / "__init__.py").write_text("")
+    (pkg / "a" / "x.py").write_text("from cinq.a.y import f\n")
+    (pkg / "a" / "y.py").write_text("def f():\n    from cinq.a import x  # lazy, still a circle\n")
+    cycle = find_cycle(import_graph(pkg))
+    assert cycle is not None and {"cinq.a.x", "cinq.a.y"} <= set(cycle)
+
+
+# (importer prefix, forbidden prefixes): the runtime never reaches for what sits above it
+LAYERING = [
+    ("cinq.kernels", ("cinq.layers", "cinq.model", "cinq.quant", "cinq.engine", "cinq.assets", "cinq.train")),
+    ("cinq.layers", ("cinq.model", "cinq.quant", "cinq.engine", "cinq.assets", "cinq.train", "cinq.eval")),
+    ("cinq.model", ("cinq.quant", "cinq.engine", "cinq.train", "cinq.eval", "cinq.server")),
+    ("cinq.engine", ("cinq.quant", "cinq.train", "cinq.eval", "cinq.server")),
+    ("cinq.engine.scheduler", ("cinq.engine.runner", "cinq.engine.executor", "cinq.model")),
+    ("cinq.engine.output_processor", ("cinq.engine.runner", "cinq.engine.scheduler", "cinq.engine.request")),
+]
+
+
+@pytest.mark.parametrize("importer,forbidden", LAYERING)
+def test_imports_point_down_the_layers(importer: str, forbidden: tuple[str, ...]) -> None:
+    graph = import_graph()
+    for mod in [m for m in graph if m == importer or m.startswith(importer + ".")]:
+        bad = sorted(t for t in reaches(graph, mod) if t.startswith(forbidden))
+        assert not bad, f"{mod} reaches {bad}"
+
+
+def test_step_data_and_config_load_without_torch() -> None:
+    code = ("import sys, cinq.engine.io, cinq.config, cinq.engine.scheduler, cinq.engine.output_processor; "
+            "print('torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert r.stdout.strip() == "False"
