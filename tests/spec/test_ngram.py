@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import pytest
+
+from cinq.spec.ngram import NgramProposer
+
+
+def test_proposes_what_followed_the_most_recent_longest_match() -> None:
+    prop = NgramProposer(num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=3)
+    #        0  1  2  3  4  5  6  7  8  9 10 11
+    tokens = [5, 6, 7, 8, 9, 1, 6, 7, 2, 3, 6, 7]
+    # suffix [6, 7] (the 3-gram [3, 6, 7] never occurred before): latest earlier [6, 7] is at 6 -> [2, 3, 6]
+    assert prop.propose(tokens) == [2, 3, 6]
+
+
+def test_longer_matches_win_over_more_recent_short_ones() -> None:
+    prop = NgramProposer(2, 1, 3)
+    tokens = [1, 2, 3, 40, 41, 9, 3, 50, 1, 2, 3]
+    # [1, 2, 3] matched at 0 (-> 40, 41) beats the more recent 1-gram [3] at 6 (-> 50)
+    assert prop.propose(tokens) == [40, 41]
+
+
+def test_no_match_or_too_short_proposes_nothing() -> None:
+    prop = NgramProposer(4, 2, 4)
+    assert prop.propose([1, 2, 3, 4, 5]) == []
+    assert prop.propose([7]) == []
+    assert prop.propose([]) == []
+
+
+def test_continuation_is_cut_at_the_end_of_the_history() -> None:
+    prop = NgramProposer(5, 1, 1)
+    assert prop.propose([4, 8, 4]) == [8, 4]  # [4] at 0 is followed by only two tokens
+
+
+def test_a_long_history_is_searched_without_a_python_loop_per_token() -> None:
+    prop = NgramProposer(3, 2, 8)
+    tokens = list(range(1000, 6000)) + [7, 7, 42, 43, 44] + list(range(6000, 20000)) + [7, 7]
+    assert prop.propose(tokens) == [42, 43, 44]
+    assert prop.propose_batch([[1, 2, 9, 1, 2], [3]]) == [[9, 1, 2], []]
+
+
+@pytest.mark.parametrize("k,lo,hi", [(0, 1, 2), (3, 0, 2), (3, 3, 2)])
+def test_bad_settings_are_refused(k: int, lo: int, hi: int) -> None:
+    with pytest.raises(ValueError):
+        NgramProposer(k, lo, hi)
