@@ -6,19 +6,29 @@ report them as they are.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from cinq.errors import InvalidParameterError
+from cinq.spec.config import SpeculativeConfig
 
 DTYPES = ("bfloat16", "float32", "float16")
 _DTYPE_ALIASES = ("bf16", "fp32", "fp16")
 
 
+def json_object(text: str) -> dict[str, Any]:
+    """A command-line JSON object (``--speculative-config '{...}'``)."""
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError("not a JSON object")
+    return value
+
+
 def _arg(default: object, help_text: str, **metadata: object) -> Any:
     """A field with its command-line help kept next to it (argparse text: ``%(default)s`` expands), and optionally
-    ``choices`` or a ``flag`` spelling other than ``--field-name``: ``cinq.commands.engine_args`` derives every
-    engine flag from these."""
+    ``choices``, a ``flag`` spelling other than ``--field-name``, or a ``parse`` function for the flag's text:
+    ``cinq.commands.engine_args`` derives every engine flag from these."""
     return field(default=default, metadata={"help": help_text, **metadata})
 
 
@@ -62,6 +72,9 @@ class EngineConfig:
     # None leaves torch's default; torch's pool is per process, so the executor sets it once at start-up
     num_threads: int | None = _arg(None, "torch CPU threads (process-wide, set at engine start-up)")
     tensor_parallel_size: int = _arg(1, "devices to split the model over (tensor parallelism; only 1 is built)")
+    speculative_config: SpeculativeConfig | dict[str, Any] | None = _arg(
+        None, "speculative decoding as vLLM's JSON, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
+              "\"prompt_lookup_max\": 3}' (only ngram is built)", parse=json_object)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str):
@@ -92,6 +105,16 @@ class EngineConfig:
             raise InvalidParameterError(
                 f"tensor_parallel_size must be 1: tensor parallelism is not built yet "
                 f"(got {self.tensor_parallel_size})", "tensor_parallel_size")
+        if isinstance(self.speculative_config, dict):
+            self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
+        elif self.speculative_config is not None and not isinstance(self.speculative_config, SpeculativeConfig):
+            raise InvalidParameterError(
+                f"speculative_config must be a JSON object, got {type(self.speculative_config).__name__}",
+                "speculative_config")
+        if self.speculative_config is not None and self.speculative_config.method != "ngram":
+            raise InvalidParameterError(
+                f"speculative_config.method {self.speculative_config.method!r} is not built yet (only 'ngram')",
+                "method")
 
     @property
     def parallel_config(self) -> ParallelConfig:

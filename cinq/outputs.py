@@ -45,6 +45,8 @@ class RequestMetrics:
     last_token_time: float | None = None
     finished_time: float | None = None
     num_generation_tokens: int = 0
+    num_draft_tokens: int = 0  # speculative decoding: tokens proposed for this request, and of them accepted
+    num_accepted_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -76,6 +78,17 @@ class EngineStats:
     generation_tokens: int = 0
     num_steps: int = 0
     finished_by_reason: dict[str, int] = field(default_factory=dict)
+    # speculative decoding, vLLM's counters: verify steps with drafts, tokens drafted, accepted, accepted by position
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+
+    @property
+    def spec_decode_mean_acceptance_length(self) -> float:
+        """tau = 1 + accepted / drafts: tokens a verify step emits on average (0 without speculation)."""
+        d = self.spec_decode_num_drafts
+        return 1 + self.spec_decode_num_accepted_tokens / d if d else 0.0
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -26,7 +26,7 @@ def add_engine_args(p: argparse.ArgumentParser, model_optional: bool = True) -> 
     hints = typing.get_type_hints(EngineConfig)
     for f in _flag_fields():
         flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
-        kind = _scalar_type(hints[f.name])
+        kind = f.metadata.get("parse") or _scalar_type(hints[f.name])
         if kind is bool:
             g.add_argument(flag, dest=f.name, action="store_false" if f.default else "store_true",
                            help=f.metadata["help"])

@@ -10,7 +10,7 @@ import torch
 
 from cinq.config import EngineConfig
 from cinq.engine.executor import Executor, make_executor
-from cinq.engine.io import RunnerOutput, SchedulerOutput
+from cinq.engine.io import EngineCoreOutput, RunnerOutput, SchedulerOutput
 from cinq.engine.kv_cache import KVCacheManager
 from cinq.engine.output_processor import OutputProcessor
 from cinq.engine.request import Request, RequestStatus
@@ -20,6 +20,7 @@ from cinq.model.config import ModelConfig
 from cinq.model.tokenizer import Tokenizer
 from cinq.outputs import EngineStats, RequestOutput
 from cinq.sampling_params import SamplingParams
+from cinq.spec.drafter import make_drafter
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,8 @@ class LLMEngine:
         self.executor.initialize_cache(self.num_blocks)
         kv = KVCacheManager(self.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
-            SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs, self.max_model_len), kv)
+            SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs, self.max_model_len), kv,
+            make_drafter(config.speculative_config))
         self.output_processor = OutputProcessor(self.tokenizer)
         self.stats = EngineStats(num_kv_blocks=self.num_blocks)
         self.eos_token_ids = list(dict.fromkeys(self.tokenizer.eos_token_ids + mcfg.eos_token_ids))
@@ -198,14 +200,24 @@ class LLMEngine:
                                                          [n.request_id for n in sched.new_requests])
         if stopped:
             self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
-        self._count(sched, run, outputs)
+        self._count(sched, run, outputs, core_outputs)
         return outputs
 
-    def _count(self, sched: SchedulerOutput, run: RunnerOutput, outputs: list[RequestOutput]) -> None:
+    def _count(self, sched: SchedulerOutput, run: RunnerOutput, outputs: list[RequestOutput],
+               core_outputs: list[EngineCoreOutput]) -> None:
         st = self.stats
         st.num_steps += 1
         st.prompt_tokens += sched.num_prompt_tokens
         st.generation_tokens += run.num_sampled_tokens
+        for core in core_outputs:
+            if core.num_draft_tokens:
+                st.spec_decode_num_drafts += 1
+                st.spec_decode_num_draft_tokens += core.num_draft_tokens
+                st.spec_decode_num_accepted_tokens += core.num_accepted_tokens
+                per_pos = st.spec_decode_num_accepted_tokens_per_pos
+                per_pos.extend([0] * (core.num_draft_tokens - len(per_pos)))
+                for pos in range(core.num_accepted_tokens):
+                    per_pos[pos] += 1
         for out in outputs:
             if out.finished:
                 for c in out.outputs:

@@ -97,6 +97,11 @@ class EngineCoreOutput:
     finish_reason: str | None = None  # "stop" | "length" (token-level stops; stop strings are found later)
     stop_reason: int | str | None = None  # the stop token id, when one ended the request
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first scheduling
+    num_draft_tokens: int = 0  # drafts verified this step, and how many of them were accepted
+    num_accepted_tokens: int = 0
+    # Set, with finish_reason "error", when updating this request alone raised: the request is finished and its
+    # blocks freed; the output processor then fails its whole parent (all n completions) with this message.
+    error: str | None = None
 
     @property
     def finished(self) -> bool:

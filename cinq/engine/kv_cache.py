@@ -181,6 +181,16 @@ class KVCacheManager:
             self._register_full_blocks(entry, request, total)
         return True
 
+    def trim(self, request_id: str, num_tokens: int) -> None:
+        """Return the blocks past the first ``num_tokens`` slots (the room of rejected draft tokens). They hold
+        nothing registered: only full blocks of verified tokens are ever hashed."""
+        entry = self.requests.get(request_id)
+        keep = -(-num_tokens // self.block_size)
+        if entry is not None and len(entry.blocks) > keep:
+            extra = entry.blocks[keep:]
+            del entry.blocks[keep:]
+            self.pool.release(list(reversed(extra)))
+
     def free(self, request_id: str) -> None:
         """Release a request's blocks (finish, abort, preemption). Tail blocks are evicted first."""
         entry = self.requests.pop(request_id, None)

@@ -15,6 +15,21 @@ from cinq.sampling_params import OutputKind, SamplingParams
 
 
 @dataclass(slots=True)
+class RequestFailure:
+    """A request that failed alone this step: the scheduler ends ``child_ids`` (freeing their blocks) and
+    ``output`` is its final RequestOutput, every unfinished completion with finish_reason "error"."""
+
+    request_id: str
+    child_ids: list[str]
+    error: str  # "ExceptionType: message"
+    output: RequestOutput | None
+
+
+class _SchedulerError(Exception):
+    """The scheduler already failed this request (``EngineCoreOutput.error``); carried to the failure path."""
+
+
+@dataclass(slots=True)
 class _Completion:
     index: int
     detok: IncrementalDetokenizer
@@ -77,8 +92,9 @@ class OutputProcessor:
                 del self.children[cid]
 
     def process(self, core_outputs: list[EngineCoreOutput],
-                first_scheduled_ids: list[str]) -> tuple[list[RequestOutput], list[str]]:
-        """Returns the outputs to hand out and the child ids that hit a stop string (for the scheduler to end).
+                first_scheduled_ids: list[str]) -> tuple[list[RequestOutput], list[str], list[RequestFailure]]:
+        """Returns the outputs to hand out, the child ids that hit a stop string (for the scheduler to end) and
+        the requests that failed alone (their final "error" outputs are among the outputs).
 
         ``first_scheduled_ids``: children scheduled for the first time this step (their queueing time ends).
         """
@@ -89,43 +105,91 @@ class OutputProcessor:
             if parent.metrics.first_scheduled_time is None:
                 parent.metrics.first_scheduled_time = now
         stopped: list[str] = []
+        failures: dict[str, RequestFailure] = {}
         for core in core_outputs:
-            parent, comp = self.children[core.request_id]
-            if core.new_prompt_logprobs and parent.prompt_logprobs is not None and not parent.prompt_logprobs_sent:
-                for pos, tl in core.new_prompt_logprobs:
-                    parent.prompt_logprobs[pos] = self._logprob_dict(tl)
-            new = core.new_token_ids
-            if not new and not core.finished:
-                continue
-            touched[parent.request_id] = parent
-            comp.changed = True
-            if parent.num_cached_tokens == 0:
-                parent.num_cached_tokens = core.num_cached_tokens
-            comp.token_ids.extend(new)
-            for tl in core.new_logprobs:
-                comp.logprobs.append(self._logprob_dict(tl))
-                comp.cumulative_logprob += tl.logprob
-            m = parent.metrics
-            if new:
-                m.first_token_time = m.first_token_time or now
-                m.last_token_time = now
-                m.num_generation_tokens += len(new)
-            if comp.finish_reason is None and new:
-                hit = comp.detok.update(new)
-                if hit is not None:  # a stop string ends the request, even one that also ended on a token
-                    comp.finish_reason, comp.stop_reason = "stop", hit
-                    if not core.finished:
-                        stopped.append(core.request_id)
-            if comp.finish_reason is None and core.finished:
-                comp.finish_reason, comp.stop_reason = core.finish_reason, core.stop_reason
+            # One request's failure (a detokenizer bug, a fault injected by cinq.engine.faults, or an error the
+            # scheduler passed on) fails that request alone; the others in the step go on.
+            try:
+                if core.error is not None:
+                    raise _SchedulerError(core.error)
+                if core.request_id in self.children:
+                    self._process_core(core, now, touched, stopped)
+                elif not any(core.request_id in f.child_ids for f in failures.values()):
+                    raise KeyError(f"unknown request {core.request_id!r}")
+            except Exception as e:
+                self._fail(core.request_id, str(e) if isinstance(e, _SchedulerError) else f"{type(e).__name__}: {e}",
+                           now, touched, failures)
         outputs = []
-        for parent in touched.values():
-            out = self._make_output(parent, now)
+        for parent in list(touched.values()):
+            try:
+                out = self._make_output(parent, now)
+            except Exception as e:
+                self._fail_parent(parent, f"{type(e).__name__}: {e}", now, touched, failures)
+                continue
             if out is not None:
                 outputs.append(out)
             if parent.finished:
                 self.abort(parent.request_id)
-        return outputs, stopped
+        outputs.extend(f.output for f in failures.values() if f.output is not None)
+        return outputs, stopped, list(failures.values())
+
+    def _process_core(self, core: EngineCoreOutput, now: float, touched: dict[str, _Parent],
+                      stopped: list[str]) -> None:
+        parent, comp = self.children[core.request_id]
+        if core.new_prompt_logprobs and parent.prompt_logprobs is not None and not parent.prompt_logprobs_sent:
+            for pos, tl in core.new_prompt_logprobs:
+                parent.prompt_logprobs[pos] = self._logprob_dict(tl)
+        new = core.new_token_ids
+        if not new and not core.finished:
+            return
+        touched[parent.request_id] = parent
+        comp.changed = True
+        if parent.num_cached_tokens == 0:
+            parent.num_cached_tokens = core.num_cached_tokens
+        comp.token_ids.extend(new)
+        for tl in core.new_logprobs:
+            comp.logprobs.append(self._logprob_dict(tl))
+            comp.cumulative_logprob += tl.logprob
+        m = parent.metrics
+        m.num_draft_tokens += core.num_draft_tokens
+        m.num_accepted_tokens += core.num_accepted_tokens
+        if new:
+            m.first_token_time = m.first_token_time or now
+            m.last_token_time = now
+            m.num_generation_tokens += len(new)
+        if comp.finish_reason is None and new:
+            hit = comp.detok.update(new)
+            if hit is not None:  # a stop string ends the request, even one that also ended on a token
+                comp.finish_reason, comp.stop_reason = "stop", hit
+                if not core.finished:
+                    stopped.append(core.request_id)
+        if comp.finish_reason is None and core.finished:
+            comp.finish_reason, comp.stop_reason = core.finish_reason, core.stop_reason
+
+    def _fail(self, child_id: str, error: str, now: float, touched: dict[str, _Parent],
+              failures: dict[str, RequestFailure]) -> None:
+        """Fail the whole request ``child_id`` belongs to: every unfinished completion ends with "error", its
+        final output carries the text so far, and its state is dropped."""
+        entry = self.children.get(child_id)
+        if entry is None:  # no output state: the scheduler must still end it
+            failures.setdefault(child_id, RequestFailure(child_id, [child_id], error, None))
+            return
+        self._fail_parent(entry[0], error, now, touched, failures)
+
+    def _fail_parent(self, parent: _Parent, error: str, now: float, touched: dict[str, _Parent],
+                     failures: dict[str, RequestFailure]) -> None:
+        touched.pop(parent.request_id, None)
+        for c in parent.completions:
+            if c.finish_reason is None:
+                c.finish_reason, c.stop_reason = "error", None
+        parent.metrics.finished_time = now
+        comps = [CompletionOutput(c.index, c.detok.output_text, list(c.token_ids), c.cumulative_logprob,
+                                  list(c.logprobs) if c.logprobs is not None else None, c.finish_reason,
+                                  c.stop_reason) for c in parent.completions]
+        out = RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, comps, True, None,
+                            parent.metrics, parent.num_cached_tokens)
+        failures[parent.request_id] = RequestFailure(parent.request_id, self.child_ids(parent.request_id), error, out)
+        self.abort(parent.request_id)
 
     def _make_output(self, parent: _Parent, now: float) -> RequestOutput | None:
         kind = parent.params.output_kind

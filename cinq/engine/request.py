@@ -16,10 +16,12 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
+    FINISHED_ERROR = "error"  # an exception while processing this request alone (fault isolation)
 
     @property
     def finished(self) -> bool:
-        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED)
+        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED,
+                        RequestStatus.FINISHED_ERROR)
 
 
 @dataclass(slots=True, eq=False)
@@ -38,6 +40,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | str | None = None
     num_preemptions: int = 0
+    spec_token_ids: list[int] = field(default_factory=list)  # drafts to verify in the next step (not output yet)
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:

@@ -18,6 +18,7 @@ from cinq.kernels.metadata import AttentionMetadata
 from cinq.layers.sampler import Sampler, SamplingMetadata
 from cinq.model.llama import LlamaForCausalLM
 from cinq.sampling_params import SamplingParams
+from cinq.spec.rejection import DraftBatch, rejection_sample
 
 log = logging.getLogger(__name__)
 # Query rows of a decode-like sequence; a speculative verify step would use k + 1 (the kernels take any).
@@ -77,13 +78,17 @@ class ModelRunner:
         meta, input_ids, positions = self._prepare(seqs)
         hidden = self.model(input_ids, positions, meta)
         starts = meta.query_start_loc.tolist()
-        sample_rows = [i for i, s in enumerate(seqs) if s.num_logit_rows]
-        if sample_rows:
-            if any(seqs[i].num_logit_rows > 1 for i in sample_rows):
-                raise ValueError("runner: num_logit_rows > 1 needs a speculative verifier, which is not built yet")
-            last = torch.tensor([starts[i + 1] - 1 for i in sample_rows], device=self.device)
-            logits = self.model.compute_logits(hidden[last])
-            self._sample(logits, [seqs[i] for i in sample_rows], out)
+        plain = [i for i, s in enumerate(seqs) if s.num_logit_rows == 1]
+        spec = [i for i, s in enumerate(seqs) if s.num_logit_rows > 1]  # last token + drafts to verify
+        if plain or spec:
+            rows = [starts[i + 1] - 1 for i in plain]
+            for i in spec:
+                rows.extend(range(starts[i + 1] - seqs[i].num_logit_rows, starts[i + 1]))
+            logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+            if plain:
+                self._sample(logits[:len(plain)], [seqs[i] for i in plain], out)
+            if spec:
+                self._verify(logits[len(plain):], [seqs[i] for i in spec], out)
         for i, seq in enumerate(seqs):
             if self.states[seq.request_id].params.prompt_logprobs is not None:
                 self._prompt_logprobs(hidden[starts[i]:starts[i + 1]], seq, out)
@@ -148,6 +153,23 @@ class ModelRunner:
             k = states[i].params.logprobs
             out.logprobs[seqs[i].request_id] = [TokenLogprobs(
                 tokens[i], lp[i], rank[i], top_ids[i][:k] if top_ids else [], top_vals[i][:k] if top_vals else [])]
+
+    def _verify(self, logits: torch.Tensor, seqs: list[ScheduledSeq], out: RunnerOutput) -> None:
+        """Rejection-sample each sequence's drafts (its last ``num_logit_rows - 1`` tokens) against the target's
+        distributions at those rows; emits the accepted drafts and one closing token per sequence."""
+        states = [self.states[s.request_id] for s in seqs]
+        ks = [s.num_logit_rows - 1 for s in seqs]
+        row_states = [st for st, k in zip(states, ks) for _ in range(k + 1)]
+        row_outputs = [s.num_output_tokens for s, k in zip(seqs, ks) for _ in range(k + 1)]
+        meta = self._sampling_metadata(row_states, row_outputs)
+        probs = Sampler.processed_probs(logits.float(), meta)
+        drafts = torch.tensor([t for s, k in zip(seqs, ks) for t in s.token_ids[len(s.token_ids) - k:]],
+                              dtype=torch.long, device=self.device)
+        greedy = torch.tensor([st.params.greedy for st in states], device=self.device)
+        gens = {i: st.generator for i, st in enumerate(states) if st.generator is not None}
+        result = rejection_sample(probs, DraftBatch(ks, drafts), greedy, gens, self.generator)
+        for seq, tokens in zip(seqs, result.token_ids):
+            out.sampled[seq.request_id] = tokens
 
     def _sampling_metadata(self, states: list[_RequestState], num_outputs: list[int]) -> SamplingMetadata:
         dev = self.device

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from cinq.engine.io import EngineCoreOutput, NewRequestData, RunnerOutput, ScheduledSeq, SchedulerOutput
 from cinq.engine.kv_cache import KVCacheManager
 from cinq.engine.request import Request, RequestStatus
+from cinq.spec.drafter import Drafter
 
 
 @dataclass(slots=True)
@@ -27,9 +28,10 @@ class SchedulerConfig:
 class Scheduler:
     """Owns the waiting queue, the running list and the KV cache manager."""
 
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, drafter: Drafter | None = None) -> None:
         self.config = config
         self.kv = kv
+        self.drafter = drafter  # proposes draft tokens for decoding requests (speculative decoding)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -67,12 +69,15 @@ class Scheduler:
         # Running requests: decodes first, then unfinished prefills, each in arrival order.
         decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
         prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
+        if self.drafter is not None and decodes:
+            self.drafter.propose(decodes, self.config.max_model_len)
         for req in decodes + prefills:
             if budget <= 0:
                 break
             if req.status != RequestStatus.RUNNING:  # preempted earlier in this loop
                 continue
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            # a decoding request verifies its drafts too: k + 1 slots and budget (fewer drafts when short)
+            n = min(req.num_tokens - req.num_computed_tokens + len(req.spec_token_ids), budget)
             while not self.kv.allocate_slots(req, n):
                 victim = self._pick_victim(scheduled, req)
                 self._preempt(victim)
@@ -114,33 +119,64 @@ class Scheduler:
         """
         outputs = []
         for seq in out.seqs:
-            req = self.requests[seq.request_id]
-            req.num_computed_tokens += len(seq.token_ids)
-            tokens = run.sampled.get(seq.request_id)
-            prompt_lp = run.prompt_logprobs.get(seq.request_id, [])
-            if not tokens:
-                if prompt_lp:
-                    outputs.append(EngineCoreOutput(req.request_id, new_prompt_logprobs=prompt_lp,
-                                                    num_cached_tokens=max(req.num_cached_tokens, 0)))
-                continue
-            core = EngineCoreOutput(req.request_id, new_prompt_logprobs=prompt_lp,
-                                    num_cached_tokens=max(req.num_cached_tokens, 0))
-            if req.max_tokens == 0:  # prompt-only request (e.g. echo + prompt logprobs): nothing to append
-                self.running.remove(req)
-                self._finish(req, RequestStatus.FINISHED_LENGTH)
-            else:
-                for tok in tokens:
-                    req.append_output_token(tok)
-                    core.new_token_ids.append(tok)
-                    status = self._check_stop(req, tok)
-                    if status is not None:
-                        self.running.remove(req)
-                        self._finish(req, status)
-                        break
-                core.new_logprobs = run.logprobs.get(req.request_id, [])[:len(core.new_token_ids)]
-            core.finish_reason, core.stop_reason = req.finish_reason, req.stop_reason
-            outputs.append(core)
+            # One request's failure (a bug, or a fault injected by cinq.engine.faults) must not take the batch
+            # down: that request alone finishes with "error" and its blocks are freed. try costs nothing when
+            # nothing raises.
+            try:
+                core = self._update_seq(seq, run)
+            except Exception as e:
+                core = self._fail_request(seq.request_id, e)
+            if core is not None:
+                outputs.append(core)
         return outputs
+
+    def _update_seq(self, seq: ScheduledSeq, run: RunnerOutput) -> EngineCoreOutput | None:
+        req = self.requests[seq.request_id]
+        tokens = run.sampled.get(seq.request_id)
+        # A verify step emits its accepted drafts + 1: only the accepted drafts' K/V stays valid (the
+        # rejected ones' slots are rewritten later; the emitted token is computed next step).
+        num_drafts = seq.num_logit_rows - 1 if seq.num_logit_rows > 1 else 0
+        num_accepted = len(tokens) - 1 if tokens and num_drafts else 0
+        req.num_computed_tokens += len(seq.token_ids) - (num_drafts - num_accepted)
+        req.spec_token_ids = []
+        prompt_lp = run.prompt_logprobs.get(seq.request_id, [])
+        if not tokens:
+            if prompt_lp:
+                return EngineCoreOutput(req.request_id, new_prompt_logprobs=prompt_lp,
+                                        num_cached_tokens=max(req.num_cached_tokens, 0))
+            return None
+        core = EngineCoreOutput(req.request_id, new_prompt_logprobs=prompt_lp,
+                                num_cached_tokens=max(req.num_cached_tokens, 0), num_draft_tokens=num_drafts,
+                                num_accepted_tokens=num_accepted)
+        if req.max_tokens == 0:  # prompt-only request (e.g. echo + prompt logprobs): nothing to append
+            self.running.remove(req)
+            self._finish(req, RequestStatus.FINISHED_LENGTH)
+        else:
+            for tok in tokens:
+                req.append_output_token(tok)
+                core.new_token_ids.append(tok)
+                status = self._check_stop(req, tok)
+                if status is not None:
+                    self.running.remove(req)
+                    self._finish(req, status)
+                    break
+            core.new_logprobs = run.logprobs.get(req.request_id, [])[:len(core.new_token_ids)]
+            if num_drafts > num_accepted and not req.is_finished:
+                self.kv.trim(req.request_id, req.num_tokens)  # the rejected drafts' blocks go back
+        core.finish_reason, core.stop_reason = req.finish_reason, req.stop_reason
+        return core
+
+    def _fail_request(self, request_id: str, error: Exception) -> EngineCoreOutput:
+        """End a request whose update raised: finished with "error", blocks freed, the error passed on."""
+        req = self.requests.get(request_id)
+        if req is not None and not req.is_finished:
+            if req in self.running:
+                self.running.remove(req)
+            elif req in self.waiting:
+                self.waiting.remove(req)
+            self._finish(req, RequestStatus.FINISHED_ERROR)
+        return EngineCoreOutput(request_id, finish_reason=RequestStatus.FINISHED_ERROR.value,
+                                error=f"{type(error).__name__}: {error}")
 
     def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
         params = req.sampling_params
@@ -157,12 +193,15 @@ class Scheduler:
 
     def _add_seq(self, out: SchedulerOutput, req: Request, n: int) -> None:
         start = req.num_computed_tokens
-        out.num_prompt_tokens += max(0, min(start + n, req.num_prompt_tokens) - start)
+        known = min(n, req.num_tokens - start)
+        drafts = req.spec_token_ids[:n - known]
+        out.num_prompt_tokens += max(0, min(start + known, req.num_prompt_tokens) - start)
         if req.request_id not in self._seen:
             self._seen.add(req.request_id)
             out.new_requests.append(NewRequestData(req.request_id, req.prompt_token_ids, req.sampling_params))
-        out.seqs.append(ScheduledSeq(req.request_id, req.all_token_ids[start:start + n], start,
-                                     self.kv.block_ids(req.request_id), int(start + n == req.num_tokens),
+        reaches_end = start + known == req.num_tokens
+        out.seqs.append(ScheduledSeq(req.request_id, req.all_token_ids[start:start + known] + drafts, start,
+                                     self.kv.block_ids(req.request_id), 1 + len(drafts) if reaches_end else 0,
                                      req.num_output_tokens))
 
     def _pick_victim(self, scheduled: set[str], current: Request) -> Request:
@@ -178,6 +217,7 @@ class Scheduler:
         self.kv.free(req.request_id)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
+        req.spec_token_ids = []
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)

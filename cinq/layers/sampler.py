@@ -71,7 +71,9 @@ class Sampler(nn.Module):
         return out
 
     @staticmethod
-    def _sample(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    def processed_probs(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        """The distribution each row samples from: temperature (1 for greedy rows), min-p, top-k / top-p, softmax.
+        Speculative verification compares drafts against exactly this."""
         temp = torch.where(meta.greedy, torch.ones_like(meta.temperature), meta.temperature)
         logits = logits / temp[:, None]
         if meta.min_p is not None:
@@ -80,7 +82,11 @@ class Sampler(nn.Module):
             logits = logits.masked_fill(probs < threshold, float("-inf"))
         if meta.top_k is not None or meta.top_p is not None:
             logits = apply_top_k_top_p(logits, meta.top_k, meta.top_p)
-        probs = logits.softmax(-1)
+        return logits.softmax(-1)
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        probs = Sampler.processed_probs(logits, meta)
         q = torch.empty_like(probs).exponential_(generator=meta.generator)
         for row, gen in meta.generators.items():
             q[row].exponential_(generator=gen)

@@ -1,7 +1,7 @@
 """SpeculativeConfig: vLLM's ``speculative_config`` fields and meaning, validated on construction, so that users'
 configs carry over. Errors name the field and the allowed values.
 
-Not yet accepted by the engine (``EngineConfig`` has no ``speculative_config`` until the proposers are wired in).
+``EngineConfig.speculative_config`` takes one (or its dict); only ``method: ngram`` is built in the engine yet.
 """
 
 from __future__ import annotations

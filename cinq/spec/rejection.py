@@ -90,7 +90,9 @@ def rejection_sample(target_probs: torch.Tensor, drafts: DraftBatch, greedy: tor
         final_rows.append(starts[i] + a if a < k else bonus[i])
         residual_at.append(firsts[i] + a if a < k else -1)
     dist = target_probs[torch.tensor(final_rows, device=dev)].double()  # [B, V]
-    rejected = [i for i, r in enumerate(residual_at) if r >= 0]
+    greedy_list = greedy.tolist()
+    # greedy requests close with argmax p: a residual would move the argmax when q is a full distribution
+    rejected = [i for i, r in enumerate(residual_at) if r >= 0 and not greedy_list[i]]
     if rejected:
         idx = torch.tensor([residual_at[i] for i in rejected], device=dev)
         if drafts.probs is None:

@@ -138,3 +138,12 @@ def test_seeded_requests_repeat_and_ignore_their_batch_mates() -> None:
 def test_row_count_mismatch_is_an_error() -> None:
     with pytest.raises(ValueError, match="rows"):
         rejection_sample(torch.ones(2, V) / V, DraftBatch([2], torch.tensor([0, 1])), torch.tensor([False]))
+
+
+def test_greedy_closes_with_argmax_even_when_the_draft_distribution_would_move_it() -> None:
+    p = torch.tensor([[0.5, 0.4, 0.1, 0, 0, 0], [1.0, 0, 0, 0, 0, 0]], dtype=torch.float64)
+    q = torch.tensor([[0.0, 0.0, 1.0, 0, 0, 0]], dtype=torch.float64)  # max(0, p - q) would keep argmax 0...
+    q2 = torch.tensor([[0.6, 0.0, 0.4, 0, 0, 0]], dtype=torch.float64)  # ...this one would move it to 1
+    for probs in (q, q2):
+        res = one_request(p, [2], greedy=True, probs=probs)
+        assert res.token_ids == [[0]] and res.num_accepted == [0]

@@ -1,0 +1,105 @@
+"""n-gram speculation inside the continuous-batching engine: greedy output identical to speculation off (fp32),
+through preemption, chunked prefill, prefix hits, stops and max_tokens mid-draft; blocks all free after."""
+
+from __future__ import annotations
+
+import pytest
+
+from cinq import LLM, SamplingParams
+from cinq.engine.request import Request
+from cinq.errors import InvalidParameterError
+from cinq.spec.config import SpeculativeConfig
+from cinq.spec.drafter import NgramDrafter, speculation_allowed
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+# the tiny random model loops quickly under greedy decoding: n-gram lookups hit and most drafts are accepted
+PROMPTS = ["abcabcabc", "hello hello hello", "xyz", "the cat and the cat and", "0101010101", "q"]
+
+
+def run(model, spec: dict | None, params: list[SamplingParams], **engine_args) -> tuple[list[list[int]], LLM]:
+    llm = LLM(str(model), dtype="float32", speculative_config=spec, **engine_args)
+    outs = llm.generate(PROMPTS[:len(params)], params)
+    return [o.outputs[0].token_ids for o in outs], llm
+
+
+def greedy(n: int = 40, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, **kw)
+
+
+def test_greedy_output_is_unchanged_and_drafts_are_accepted(tiny_llama) -> None:
+    params = [greedy() for _ in PROMPTS]
+    plain, _ = run(tiny_llama, None, params)
+    spec, llm = run(tiny_llama, NGRAM, params)
+    assert spec == plain
+    st = llm.engine.get_stats()
+    assert st.spec_decode_num_drafts > 0 and st.spec_decode_num_accepted_tokens > 0
+    assert st.spec_decode_num_accepted_tokens <= st.spec_decode_num_draft_tokens
+    assert 1.0 < st.spec_decode_mean_acceptance_length <= 5.0
+    per_pos = st.spec_decode_num_accepted_tokens_per_pos
+    assert all(a >= b for a, b in zip(per_pos, per_pos[1:]))  # a later draft is accepted only after earlier ones
+    assert st.generation_tokens == sum(len(t) for t in spec)
+    assert llm.engine.kv.num_free_blocks == llm.engine.num_blocks
+
+
+def test_unchanged_under_preemption_chunked_prefill_and_prefix_hits(tiny_llama) -> None:
+    params = [greedy(60) for _ in range(4)] * 2
+    prompts = PROMPTS[:4] * 2  # the repeats hit the prefix cache
+    tight = dict(num_kv_blocks=24, block_size=4, max_num_batched_tokens=8)  # preempts, chunks every prompt
+
+    def gen(spec):
+        llm = LLM(str(tiny_llama), dtype="float32", speculative_config=spec, **tight)
+        outs = llm.generate(prompts, params)
+        return [o.outputs[0].token_ids for o in outs], llm
+
+    plain, _ = gen(None)
+    spec, llm = gen(NGRAM)
+    assert spec == plain
+    st = llm.engine.get_stats()
+    assert st.num_preemptions > 0 and st.spec_decode_num_accepted_tokens > 0 and st.prefix_cache_hits > 0
+    assert llm.engine.kv.num_free_blocks == llm.engine.num_blocks
+
+
+def test_stops_and_max_tokens_inside_a_draft(tiny_llama) -> None:
+    plain, _ = run(tiny_llama, None, [greedy(40), greedy(40)])
+    stop_tok = plain[1][17]  # prompt 1 stops there at the latest
+    params = [greedy(23), greedy(40, stop_token_ids=[stop_tok]), greedy(40, min_tokens=9),
+              SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, presence_penalty=0.5)]
+    a, _ = run(tiny_llama, None, params)
+    b, llm = run(tiny_llama, NGRAM, params)
+    assert a == b and len(b[0]) == 23 and b[1][-1] == stop_tok
+    assert llm.engine.kv.num_free_blocks == llm.engine.num_blocks
+
+
+def test_seeded_sampling_repeats_with_speculation(tiny_llama) -> None:
+    params = [SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_tokens=30, ignore_eos=True)] * 3
+    first, _ = run(tiny_llama, NGRAM, params)
+    again, _ = run(tiny_llama, NGRAM, params)
+    assert first == again and all(len(t) == 30 for t in first)
+
+
+def test_who_speculates() -> None:
+    assert speculation_allowed(SamplingParams(), 0)
+    assert not speculation_allowed(SamplingParams(repetition_penalty=1.2), 5)
+    assert not speculation_allowed(SamplingParams(min_tokens=4), 3)
+    assert speculation_allowed(SamplingParams(min_tokens=4), 4)
+    assert not speculation_allowed(SamplingParams(logprobs=1), 0)
+
+
+def test_drafts_stay_inside_max_tokens_and_the_context() -> None:
+    drafter = NgramDrafter(SpeculativeConfig.from_dict(NGRAM))
+    req = Request("r", [1, 2, 3, 1, 2, 3, 1, 2], SamplingParams(), max_tokens=3, arrival_time=0.0)
+    drafter.propose([req], max_model_len=100)
+    assert req.spec_token_ids == [3, 1]  # 3 tokens left: 2 drafts + the step's own token
+    req.max_tokens = 50
+    drafter.propose([req], max_model_len=10)
+    assert req.spec_token_ids == [3]  # 8 tokens of a 10-token context
+
+
+def test_unbuilt_methods_and_bad_configs_are_refused(tiny_llama) -> None:
+    with pytest.raises(InvalidParameterError, match="not built yet") as err:
+        LLM(str(tiny_llama), speculative_config={"method": "eagle", "model": "x", "num_speculative_tokens": 2})
+    assert err.value.param == "method"
+    with pytest.raises(InvalidParameterError) as err:
+        LLM(str(tiny_llama), speculative_config={"method": "ngram", "num_speculative_tokens": 0,
+                                                 "prompt_lookup_max": 2})
+    assert err.value.param == "num_speculative_tokens"
