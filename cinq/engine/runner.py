@@ -21,8 +21,6 @@ from cinq.sampling_params import SamplingParams
 from cinq.spec.rejection import DraftBatch, rejection_sample
 
 log = logging.getLogger(__name__)
-# Query rows of a decode-like sequence; a speculative verify step would use k + 1 (the kernels take any).
-DECODE_QUERY_LEN = 1
 
 
 @dataclass(slots=True)
@@ -32,6 +30,17 @@ class _RequestState:
     generator: torch.Generator | None = None
     output_counts: torch.Tensor | None = None  # [V] int32, for penalties
     seen_mask: torch.Tensor | None = None  # [V] bool, prompt + output tokens
+
+
+def decode_query_len(seqs: list[ScheduledSeq]) -> int:
+    """The query length the decode kernel batches this step: the most common one among decode-like sequences
+    (every row produces logits: plain decodes, 1; speculative verifies, k + 1), the shorter on a tie; 1 if none.
+    The rest take the backends' chunk path, which is exact for any sequence too."""
+    counts: dict[int, int] = {}
+    for s in seqs:
+        if s.num_logit_rows == len(s.token_ids):
+            counts[s.num_logit_rows] = counts.get(s.num_logit_rows, 0) + 1
+    return min(counts, key=lambda q: (-counts[q], q)) if counts else 1
 
 
 class ModelRunner:
@@ -73,9 +82,10 @@ class ModelRunner:
         out = RunnerOutput()
         if not sched.seqs:
             return out
-        # Decodes first: the attention backends batch them.
-        seqs = sorted(sched.seqs, key=lambda s: len(s.token_ids) != DECODE_QUERY_LEN)
-        meta, input_ids, positions = self._prepare(seqs)
+        # Decode-like sequences first: the attention backends batch them in their decode kernel.
+        ql = decode_query_len(sched.seqs)
+        seqs = sorted(sched.seqs, key=lambda s: len(s.token_ids) != ql)
+        meta, input_ids, positions = self._prepare(seqs, ql)
         hidden = self.model(input_ids, positions, meta)
         starts = meta.query_start_loc.tolist()
         plain = [i for i, s in enumerate(seqs) if s.num_logit_rows == 1]
@@ -107,7 +117,7 @@ class ModelRunner:
             state.seen_mask[prompt[prompt < self.vocab_size]] = True
         return state
 
-    def _prepare(self, seqs: list[ScheduledSeq]) -> tuple[AttentionMetadata, torch.Tensor, torch.Tensor]:
+    def _prepare(self, seqs: list[ScheduledSeq], ql: int) -> tuple[AttentionMetadata, torch.Tensor, torch.Tensor]:
         dev = self.device
         q_lens = [len(s.token_ids) for s in seqs]
         start_pos = [s.start_pos for s in seqs]
@@ -123,13 +133,13 @@ class ModelRunner:
         for i, s in enumerate(seqs):
             tables[i, :len(s.block_ids)] = torch.tensor(s.block_ids, dtype=torch.int32)
         slots = tables[seq_idx, positions // self.block_size].long() * self.block_size + positions % self.block_size
-        num_decodes = next((i for i, n in enumerate(q_lens) if n != DECODE_QUERY_LEN), len(q_lens))
+        num_decodes = next((i for i, n in enumerate(q_lens) if n != ql), len(q_lens))
         meta = AttentionMetadata(
             slot_mapping=slots.to(dev), query_start_loc=cu.to(dev),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev), block_tables=tables.to(dev),
             query_lens_cpu=q_lens, seq_lens_cpu=seq_lens, num_decodes=num_decodes,
             max_query_len=max(q_lens), max_seq_len=max(seq_lens), block_size=self.block_size,
-            decode_query_len=DECODE_QUERY_LEN)
+            decode_query_len=ql)
         return meta, input_ids.to(dev), positions.to(dev)
 
     def _sample(self, logits: torch.Tensor, seqs: list[ScheduledSeq], out: RunnerOutput) -> None:
