@@ -32,6 +32,18 @@ class _RequestState:
     seen_mask: torch.Tensor | None = None  # [V] bool, prompt + output tokens
 
 
+def token_logprobs(logprobs: torch.Tensor, tokens: list[int], k: int) -> list[TokenLogprobs]:
+    """Row j of ``logprobs`` [n, V] scored ``tokens[j]``: its logprob, its rank and the top ``k``."""
+    targets = torch.tensor(tokens, device=logprobs.device)
+    chosen = logprobs.gather(1, targets[:, None]).squeeze(1)
+    ranks = ((logprobs > chosen[:, None]).sum(-1) + 1).tolist()
+    top_vals, top_ids = logprobs.topk(k, dim=-1) if k else (None, None)
+    top_ids_l = top_ids.tolist() if k else [[]] * len(tokens)
+    top_vals_l = top_vals.tolist() if k else [[]] * len(tokens)
+    return [TokenLogprobs(t, c, r, i, v) for t, c, r, i, v in zip(tokens, chosen.tolist(), ranks, top_ids_l,
+                                                                   top_vals_l)]
+
+
 def decode_query_len(seqs: list[ScheduledSeq]) -> int:
     """The query length the decode kernel batches this step: the most common one among decode-like sequences
     (every row produces logits: plain decodes, 1; speculative verifies, k + 1), the shorter on a tie; 1 if none.
@@ -178,8 +190,13 @@ class ModelRunner:
         greedy = torch.tensor([st.params.greedy for st in states], device=self.device)
         gens = {i: st.generator for i, st in enumerate(states) if st.generator is not None}
         result = rejection_sample(probs, DraftBatch(ks, drafts), greedy, gens, self.generator)
-        for seq, tokens in zip(seqs, result.token_ids):
+        row = 0
+        for seq, st, k, tokens in zip(seqs, states, ks, result.token_ids):
             out.sampled[seq.request_id] = tokens
+            if st.params.logprobs is not None:  # raw, as without drafts: emitted token j comes from row j
+                raw = logits[row:row + len(tokens)].float().log_softmax(-1)
+                out.logprobs[seq.request_id] = token_logprobs(raw, tokens, st.params.logprobs)
+            row += k + 1
 
     def _sampling_metadata(self, states: list[_RequestState], num_outputs: list[int]) -> SamplingMetadata:
         dev = self.device
@@ -223,15 +240,7 @@ class ModelRunner:
         if n <= 0:
             return
         logprobs = self.model.compute_logits(hidden[:n]).log_softmax(-1)
-        targets = torch.tensor(prompt[seq.start_pos + 1:seq.start_pos + 1 + n], device=self.device)
-        chosen = logprobs.gather(1, targets[:, None]).squeeze(1)
-        ranks = ((logprobs > chosen[:, None]).sum(-1) + 1).tolist()
-        k = st.params.prompt_logprobs
-        top_vals, top_ids = logprobs.topk(k, dim=-1) if k else (None, None)
-        chosen_l, targets_l = chosen.tolist(), targets.tolist()
-        top_ids_l = top_ids.tolist() if k else [[]] * n
-        top_vals_l = top_vals.tolist() if k else [[]] * n
+        targets = prompt[seq.start_pos + 1:seq.start_pos + 1 + n]
         entries = out.prompt_logprobs.setdefault(seq.request_id, [])
-        for j in range(n):
-            entries.append((seq.start_pos + j + 1,
-                            TokenLogprobs(targets_l[j], chosen_l[j], ranks[j], top_ids_l[j], top_vals_l[j])))
+        for j, tl in enumerate(token_logprobs(logprobs, targets, st.params.prompt_logprobs)):
+            entries.append((seq.start_pos + j + 1, tl))

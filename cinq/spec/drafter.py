@@ -19,9 +19,9 @@ if TYPE_CHECKING:
 
 def speculation_allowed(params: SamplingParams, num_output_tokens: int) -> bool:
     """Whether a request may speculate now. Not yet exact here, so such requests decode plainly: repetition /
-    presence / frequency penalties (each verified row would need the drafts before it as history), min_tokens
-    not reached yet (its bans depend on the row), and logprobs (reported per emitted token only without drafts)."""
-    return not params.has_penalties and num_output_tokens >= params.min_tokens and params.logprobs is None
+    presence / frequency penalties (each verified row would need the drafts before it as history) and
+    min_tokens not reached yet (its bans depend on the row). Logprobs are kept: the target's, per emitted token."""
+    return not params.has_penalties and num_output_tokens >= params.min_tokens
 
 
 class Drafter(Protocol):

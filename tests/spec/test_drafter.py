@@ -70,6 +70,23 @@ def test_stops_and_max_tokens_inside_a_draft(tiny_llama) -> None:
     assert llm.engine.kv.num_free_blocks == llm.engine.num_blocks
 
 
+def test_logprobs_are_the_targets_for_every_emitted_token(tiny_llama) -> None:
+    params = [greedy(30, logprobs=2), greedy(30, logprobs=0)]
+    llm_a = LLM(str(tiny_llama), dtype="float32")
+    llm_b = LLM(str(tiny_llama), dtype="float32", speculative_config=NGRAM)
+    a = llm_a.generate(PROMPTS[:2], params)
+    b = llm_b.generate(PROMPTS[:2], params)
+    assert llm_b.engine.get_stats().spec_decode_num_accepted_tokens > 0
+    for x, y in zip(a, b):
+        cx, cy = x.outputs[0], y.outputs[0]
+        assert cx.token_ids == cy.token_ids and len(cy.logprobs) == len(cy.token_ids)
+        assert cx.cumulative_logprob == pytest.approx(cy.cumulative_logprob, abs=1e-4)
+        for px, py in zip(cx.logprobs, cy.logprobs):
+            assert px.keys() == py.keys()
+            assert all(px[t].logprob == pytest.approx(py[t].logprob, abs=1e-4) and px[t].rank == py[t].rank
+                       for t in px)
+
+
 def test_seeded_sampling_repeats_with_speculation(tiny_llama) -> None:
     params = [SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_tokens=30, ignore_eos=True)] * 3
     first, _ = run(tiny_llama, NGRAM, params)
@@ -82,7 +99,7 @@ def test_who_speculates() -> None:
     assert not speculation_allowed(SamplingParams(repetition_penalty=1.2), 5)
     assert not speculation_allowed(SamplingParams(min_tokens=4), 3)
     assert speculation_allowed(SamplingParams(min_tokens=4), 4)
-    assert not speculation_allowed(SamplingParams(logprobs=1), 0)
+    assert speculation_allowed(SamplingParams(logprobs=1), 0)
 
 
 def test_drafts_stay_inside_max_tokens_and_the_context() -> None:
