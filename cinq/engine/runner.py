@@ -179,14 +179,25 @@ class ModelRunner:
     def _verify(self, logits: torch.Tensor, seqs: list[ScheduledSeq], out: RunnerOutput) -> None:
         """Rejection-sample each sequence's drafts (its last ``num_logit_rows - 1`` tokens) against the target's
         distributions at those rows; emits the accepted drafts and one closing token per sequence."""
+        raw_logits = logits
         states = [self.states[s.request_id] for s in seqs]
         ks = [s.num_logit_rows - 1 for s in seqs]
+        draft_lists = [s.token_ids[len(s.token_ids) - k:] for s, k in zip(seqs, ks)]
+        # Row j of a sequence scores the token after its first j drafts: to min_tokens bans and penalties those
+        # drafts are output already, exactly as if they had been decoded one by one.
         row_states = [st for st, k in zip(states, ks) for _ in range(k + 1)]
-        row_outputs = [s.num_output_tokens for s, k in zip(seqs, ks) for _ in range(k + 1)]
+        row_outputs = [s.num_output_tokens + j for s, k in zip(seqs, ks) for j in range(k + 1)]
+        row_history = [d[:j] for d, k in zip(draft_lists, ks) for j in range(k + 1)]
         meta = self._sampling_metadata(row_states, row_outputs)
-        probs = Sampler.processed_probs(logits.float(), meta)
-        drafts = torch.tensor([t for s, k in zip(seqs, ks) for t in s.token_ids[len(s.token_ids) - k:]],
-                              dtype=torch.long, device=self.device)
+        if meta.penalty_rows is not None:
+            for n, r in enumerate(meta.penalty_rows.tolist()):
+                if row_history[r]:
+                    prev = torch.tensor(row_history[r], device=self.device)
+                    meta.output_counts[n].index_add_(0, prev, torch.ones_like(prev, dtype=torch.int32))
+                    meta.seen_mask[n, prev] = True
+        logits = Sampler.apply_bans_and_penalties(logits.float(), meta)
+        probs = Sampler.processed_probs(logits, meta)
+        drafts = torch.tensor([t for d in draft_lists for t in d], dtype=torch.long, device=self.device)
         greedy = torch.tensor([st.params.greedy for st in states], device=self.device)
         gens = {i: st.generator for i, st in enumerate(states) if st.generator is not None}
         result = rejection_sample(probs, DraftBatch(ks, drafts), greedy, gens, self.generator)
@@ -194,8 +205,12 @@ class ModelRunner:
         for seq, st, k, tokens in zip(seqs, states, ks, result.token_ids):
             out.sampled[seq.request_id] = tokens
             if st.params.logprobs is not None:  # raw, as without drafts: emitted token j comes from row j
-                raw = logits[row:row + len(tokens)].float().log_softmax(-1)
+                raw = raw_logits[row:row + len(tokens)].float().log_softmax(-1)
                 out.logprobs[seq.request_id] = token_logprobs(raw, tokens, st.params.logprobs)
+            if st.output_counts is not None:
+                emitted = torch.tensor(tokens, device=self.device)
+                st.output_counts.index_add_(0, emitted, torch.ones_like(emitted, dtype=torch.int32))
+                st.seen_mask[emitted] = True
             row += k + 1
 
     def _sampling_metadata(self, states: list[_RequestState], num_outputs: list[int]) -> SamplingMetadata:

@@ -51,12 +51,7 @@ class Sampler(nn.Module):
         logits = logits.float()
         out = SamplerOutput(token_ids=torch.empty(0, dtype=torch.long))
         raw_logprobs = logits.log_softmax(-1) if meta.max_num_logprobs is not None else None
-        if meta.banned:
-            logits = logits.clone()
-            for row, ids in meta.banned:
-                logits[row, ids] = float("-inf")
-        if meta.penalty_rows is not None:
-            logits = apply_penalties(logits, meta)
+        logits = self.apply_bans_and_penalties(logits, meta)
         greedy_tokens = logits.argmax(-1)
         if meta.all_greedy:
             out.token_ids = greedy_tokens
@@ -69,6 +64,17 @@ class Sampler(nn.Module):
             if k:
                 out.logprobs, out.logprob_token_ids = raw_logprobs.topk(k, dim=-1)
         return out
+
+    @staticmethod
+    def apply_bans_and_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        """min_tokens bans (-inf), then repetition / frequency / presence penalties; a new tensor when any."""
+        if meta.banned:
+            logits = logits.clone()
+            for row, ids in meta.banned:
+                logits[row, ids] = float("-inf")
+        if meta.penalty_rows is not None:
+            logits = apply_penalties(logits, meta)
+        return logits
 
     @staticmethod
     def processed_probs(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:

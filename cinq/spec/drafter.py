@@ -1,27 +1,20 @@
 """Drafters: propose the draft tokens each running request verifies in its next step.
 
 The scheduler calls ``propose`` for its decoding requests before it fills a step; a drafter writes
-``request.spec_token_ids``. Only requests whose sampling stays exact under speculation get drafts (see
-``speculation_allowed``); the others decode one token per step as before, in the same batch.
+``request.spec_token_ids``. Every sampling feature stays exact under speculation (the runner scores row j of a
+verify step with the first j drafts as output history: penalties, min_tokens bans, logprobs), so any decoding
+request may get drafts; one without a match decodes one token, in the same batch.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from cinq.sampling_params import SamplingParams
 from cinq.spec.config import SpeculativeConfig
 from cinq.spec.ngram import NgramProposer
 
 if TYPE_CHECKING:
     from cinq.engine.request import Request
-
-
-def speculation_allowed(params: SamplingParams, num_output_tokens: int) -> bool:
-    """Whether a request may speculate now. Not yet exact here, so such requests decode plainly: repetition /
-    presence / frequency penalties (each verified row would need the drafts before it as history) and
-    min_tokens not reached yet (its bans depend on the row). Logprobs are kept: the target's, per emitted token."""
-    return not params.has_penalties and num_output_tokens >= params.min_tokens
 
 
 class Drafter(Protocol):
@@ -41,7 +34,7 @@ class NgramDrafter:
         k = self.config.k_for_batch_size(len(requests))
         for req in requests:
             req.spec_token_ids = []
-            if k == 0 or not speculation_allowed(req.sampling_params, req.num_output_tokens):
+            if k == 0:
                 continue
             # the step emits accepted drafts + 1 token: stay within max_tokens and the context
             limit = min(k, req.max_tokens - req.num_output_tokens - 1, max_model_len - req.num_tokens - 1)

@@ -9,7 +9,7 @@ from cinq import LLM, SamplingParams
 from cinq.engine.request import Request
 from cinq.errors import InvalidParameterError
 from cinq.spec.config import SpeculativeConfig
-from cinq.spec.drafter import NgramDrafter, speculation_allowed
+from cinq.spec.drafter import NgramDrafter
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 # the tiny random model loops quickly under greedy decoding: n-gram lookups hit and most drafts are accepted
@@ -59,14 +59,21 @@ def test_unchanged_under_preemption_chunked_prefill_and_prefix_hits(tiny_llama) 
     assert llm.engine.kv.num_free_blocks == llm.engine.num_blocks
 
 
-def test_stops_and_max_tokens_inside_a_draft(tiny_llama) -> None:
+def test_stops_max_tokens_min_tokens_and_penalties_inside_a_draft(tiny_llama) -> None:
     plain, _ = run(tiny_llama, None, [greedy(40), greedy(40)])
     stop_tok = plain[1][17]  # prompt 1 stops there at the latest
-    params = [greedy(23), greedy(40, stop_token_ids=[stop_tok]), greedy(40, min_tokens=9),
-              SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, presence_penalty=0.5)]
+    params = [greedy(23), greedy(40, stop_token_ids=[stop_tok]), greedy(40, min_tokens=30, stop_token_ids=[stop_tok])]
     a, _ = run(tiny_llama, None, params)
     b, llm = run(tiny_llama, NGRAM, params)
     assert a == b and len(b[0]) == 23 and b[1][-1] == stop_tok
+    # penalised requests alone: their verify rows must see the drafts before them as output history
+    penalised = [SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, presence_penalty=0.3),
+                 SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, frequency_penalty=0.1,
+                                repetition_penalty=1.05)]
+    a, _ = run(tiny_llama, None, penalised)
+    b, llm = run(tiny_llama, NGRAM, penalised)
+    assert a == b
+    assert llm.engine.get_stats().spec_decode_num_accepted_tokens > 0
     assert llm.engine.kv.num_free_blocks == llm.engine.num_blocks
 
 
@@ -92,14 +99,6 @@ def test_seeded_sampling_repeats_with_speculation(tiny_llama) -> None:
     first, _ = run(tiny_llama, NGRAM, params)
     again, _ = run(tiny_llama, NGRAM, params)
     assert first == again and all(len(t) == 30 for t in first)
-
-
-def test_who_speculates() -> None:
-    assert speculation_allowed(SamplingParams(), 0)
-    assert not speculation_allowed(SamplingParams(repetition_penalty=1.2), 5)
-    assert not speculation_allowed(SamplingParams(min_tokens=4), 3)
-    assert speculation_allowed(SamplingParams(min_tokens=4), 4)
-    assert speculation_allowed(SamplingParams(logprobs=1), 0)
 
 
 def test_drafts_stay_inside_max_tokens_and_the_context() -> None:
