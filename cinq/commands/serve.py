@@ -8,6 +8,10 @@ import os
 from pathlib import Path
 
 
+DEFAULT_REQUEST_TIMEOUT = 30.0  # cinq.server.connections' defaults, without importing uvicorn for --help
+DEFAULT_LIMIT_CONCURRENCY = 512
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from cinq.commands.engine_args import add_engine_args
     p = sub.add_parser("serve", help="OpenAI-compatible server with a web playground",
@@ -18,12 +22,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
     s.add_argument("--port", type=int, default=8000, help="port (default %(default)s; 0 picks a free one)")
     s.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' on /v1/* (default: $CINQ_API_KEY, else no auth)")
+                   help="require 'Authorization: Bearer KEY' on every route but /health and the playground page "
+                        "(default: $CINQ_API_KEY, else no auth)")
+    s.add_argument("--metrics-require-api-key", action="store_true",
+                   help="with --api-key, guard /metrics too (default: open, as vLLM leaves it for scrapers)")
     s.add_argument("--served-model-name", nargs="+", default=None,
                    help="model name(s) clients send in 'model' (default: the model path; the embedded "
                         "model's folder name, e.g. cinq-tiny, when no path is given)")
     s.add_argument("--max-waiting-requests", type=int, default=1024,
                    help="waiting sequences beyond which requests get 503 + Retry-After (default %(default)s)")
+    s.add_argument("--request-body-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT, metavar="SECONDS",
+                   help="seconds a client has to send a request whole, headers and body, from its first byte; "
+                        "then 408 and the connection is closed (default %(default)s)")
+    s.add_argument("--limit-concurrency", type=int, default=DEFAULT_LIMIT_CONCURRENCY, metavar="N",
+                   help="open connections + requests in flight beyond which uvicorn answers 503 "
+                        "(default %(default)s; 0: no cap)")
     s.add_argument("--uvicorn-log-level", default="warning",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
     p.set_defaults(run=run)
@@ -39,9 +52,12 @@ def run(args: argparse.Namespace) -> int:
     from cinq.engine.engine import LLMEngine
     from cinq.errors import InvalidParameterError
     from cinq.server.app import build_app
+    from cinq.server.connections import ConnectionLimits, uvicorn_config
 
     if not 0 <= args.port <= 65535:
         raise InvalidParameterError(f"--port must be in [0, 65535], got {args.port}", "port")
+    limits = ConnectionLimits(args.request_body_timeout, args.limit_concurrency or None)
+    limits.validate()  # before the model loads
     # Bind first: a taken port fails in a second, not after loading the model; --port 0 reports the real port.
     family, kind, proto, _, addr = socket.getaddrinfo(args.host, args.port, type=socket.SOCK_STREAM)[0]
     sock = socket.socket(family, kind, proto)
@@ -59,17 +75,18 @@ def run(args: argparse.Namespace) -> int:
     # No model given: the embedded one, served under its own name (e.g. "cinq-tiny"), as vLLM serves a path.
     names = args.served_model_name or [args.model or Path(config.model).name]
     api_key = args.api_key if args.api_key is not None else os.environ.get("CINQ_API_KEY") or None
-    app = build_app(llm, names, config.model, api_key)
+    app = build_app(llm, names, config.model, api_key, args.metrics_require_api_key)
     url_host = f"[{host}]" if ":" in host else host
     mcfg = engine.model_config
     print(f"cinq serve: model {config.model} ({mcfg.architecture}, {config.dtype}, "
           f"{config.device}) served as {names[0]!r}; max_model_len {engine.max_model_len}", flush=True)
     print(f"cinq serve: KV cache {engine.num_blocks} blocks x {config.block_size} tokens "
           f"= {engine.num_blocks * config.block_size} tokens; max {config.max_num_seqs} running, "
-          f"{args.max_waiting_requests} waiting; auth {'on' if api_key else 'off'}", flush=True)
+          f"{args.max_waiting_requests} waiting; auth {'on' if api_key else 'off'}; request timeout "
+          f"{limits.request_timeout:g} s, concurrency cap {limits.limit_concurrency or 'none'}", flush=True)
     print(f"cinq serve: listening on http://{url_host}:{port}  (OpenAI API at /v1, playground at /, "
           f"metrics at /metrics)", flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=args.uvicorn_log_level, timeout_graceful_shutdown=5))
+    server = uvicorn.Server(uvicorn_config(app, limits, args.uvicorn_log_level))
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its graceful shutdown: that is a clean exit

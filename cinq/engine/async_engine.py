@@ -11,8 +11,14 @@ Guarantees the server relies on:
   (a ``cinq.errors.CinqError``), before any output;
 - an abort (``abort`` or a consumer that stops iterating / is cancelled) reaches the engine before its next step,
   so the request's KV blocks are freed within one step;
-- an unexpected exception in a step is logged and fails only the requests in flight at that moment
+- an exception in one request's own processing (``LLMEngine.step`` isolates it) fails that request alone with
+  ``RequestFailedError`` on its stream; the others in the step go on;
+- an unexpected exception in a whole step is logged and fails only the requests in flight at that moment
   (``RequestFailedError``); the loop keeps going and serves later requests;
+- the engine thread never holds its command lock while working on a command (tokenizing, validating), so the
+  event loop, which takes that lock to queue commands, never waits on it;
+- ``shutdown_async()`` stops the engine thread without blocking the event loop; ``shutdown()`` called on the
+  event loop only signals the thread (it stops after its current step) instead of joining it;
 - the number of waiting requests is bounded: past ``max_waiting_requests`` new requests are refused with
   ``EngineOverloadedError`` instead of queueing without limit.
 """
@@ -83,7 +89,8 @@ class AsyncLLM:
         self.finished_callbacks: list[Callable[[RequestOutput], None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()  # guards _commands, _pending_adds, _num_waiting
+        self._stopped_thread: threading.Thread | None = None  # shut down, possibly still ending its last step
+        self._lock = threading.Lock()  # guards _commands, _pending_adds, _num_waiting; held only briefly
         self._wake = threading.Event()
         self._commands: deque[_Add | _Abort] = deque()
         self._pending_adds = 0  # sequences queued as commands, not yet in the engine
@@ -104,20 +111,45 @@ class AsyncLLM:
         """Start the engine thread; call from inside the event loop that will consume the outputs."""
         if self._thread is not None:
             return
+        if self._stopped_thread is not None:  # a shut-down thread finishing its last step must not overlap
+            self._stopped_thread.join()
+            self._stopped_thread = None
         self._loop = asyncio.get_running_loop()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="cinq-engine", daemon=True)
         self._thread.start()
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        """Stop the engine thread (after its current step) and fail every request still waiting for output."""
+        """Stop the engine thread (after its current step) and fail every request still waiting for output.
+
+        From any thread but the event loop's it waits up to ``timeout`` s for the thread to end. On the event
+        loop it does not wait (a step may take long and the loop must keep serving): the thread ends by itself
+        after its current step; ``await shutdown_async()`` to wait for it there."""
+        thread = self._signal_stop()
+        if thread is not None and not self._on_loop():
+            thread.join(timeout)
+
+    async def shutdown_async(self, timeout: float = 10.0) -> None:
+        """``shutdown()`` for the event loop: waits for the engine thread in a worker thread, not on the loop."""
+        thread = self._signal_stop()
+        if thread is not None:
+            await asyncio.to_thread(thread.join, timeout)
+
+    def _signal_stop(self) -> threading.Thread | None:
         self._stopping = True
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
+        thread, self._thread = self._thread, None
+        if thread is not None and thread.is_alive():
+            self._stopped_thread = thread
         for rid in list(self._queues):
             self._queues.pop(rid).put_nowait(EngineDeadError("the engine was shut down"))
+        return thread
+
+    def _on_loop(self) -> bool:
+        try:
+            return asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            return False
 
     @property
     def is_running(self) -> bool:
@@ -246,22 +278,31 @@ class AsyncLLM:
         for out in outputs:
             if out.finished:
                 self._live.discard(out.request_id)
+        failed = engine.failed_requests
+        if failed:  # the engine ended these alone: their streams get the error, not an "error" output
+            outputs = [o for o in outputs if o.request_id not in failed]
         if outputs:
             self._to_loop(self._deliver, outputs)
+        if failed:
+            for rid, error in failed.items():
+                self._to_loop(self._fail, [rid], RequestFailedError(f"request {rid} failed in the engine: {error}"))
         self._publish_stats()
 
     def _drain(self) -> None:
+        # Take the commands under the lock, apply them outside it: an add tokenizes and validates, which can
+        # take a while for a long prompt, and the event loop takes the same lock to queue the next command.
         with self._lock:
             commands = list(self._commands)
             self._commands.clear()
-            for cmd in commands:
-                if isinstance(cmd, _Add):
+        for cmd in commands:
+            if isinstance(cmd, _Add):
+                self._apply_add(cmd)
+                # Moved from "pending" to the engine's queue in one go, so the waiting bound never undercounts.
+                with self._lock:
                     self._pending_adds -= cmd.params.n
-                    self._apply_add(cmd)
-                else:
-                    self._apply_abort(cmd.request_id)
-            if commands:
-                self._num_waiting = self.engine.num_waiting
+                    self._num_waiting = self.engine.num_waiting
+            else:
+                self._apply_abort(cmd.request_id)
 
     def _apply_add(self, cmd: _Add) -> None:
         error: BaseException | None = None

@@ -58,6 +58,9 @@ class LLMEngine:
             make_drafter(config.speculative_config))
         self.output_processor = OutputProcessor(self.tokenizer)
         self.stats = EngineStats(num_kv_blocks=self.num_blocks)
+        # Requests that failed alone in the last step: request id -> "ErrorType: message" (AsyncLLM turns them
+        # into RequestFailedError on their streams). Replaced every step, so it never grows.
+        self.failed_requests: dict[str, str] = {}
         self.eos_token_ids = list(dict.fromkeys(self.tokenizer.eos_token_ids + mcfg.eos_token_ids))
         kv_gib = self.num_blocks * self.executor.kv_bytes_per_block(config.block_size) / 2**30
         log.info("loaded %s (%s, %s, attention=%s) in %.1fs; KV cache: %d blocks x %d tokens = %d tokens (%.3f GiB); "
@@ -190,16 +193,28 @@ class LLMEngine:
 
     # ---- the loop ---------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one scheduler step and return the outputs it produced."""
+        """Run one scheduler step and return the outputs it produced.
+
+        A request whose own processing raised (a bug in detokenizing or stop checking it, say) is finished alone:
+        its final output has finish_reason ``"error"``, its blocks are freed, ``failed_requests`` maps its id to
+        the error for this step, and every other request goes on. An error in the batched forward pass itself
+        still raises from here (no single request to blame).
+        """
+        self.failed_requests = {}
         sched = self.scheduler.schedule()
         run = self.executor.execute_model(sched)  # an empty step still drops finished requests' runner state
         if sched.is_empty:
             return []
         core_outputs = self.scheduler.update(sched, run)
-        outputs, stopped = self.output_processor.process(core_outputs,
-                                                         [n.request_id for n in sched.new_requests])
+        outputs, stopped, failures = self.output_processor.process(core_outputs,
+                                                                   [n.request_id for n in sched.new_requests])
         if stopped:
             self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
+        for failure in failures:
+            self.scheduler.finish_requests(failure.child_ids, RequestStatus.FINISHED_ERROR)
+            self.failed_requests[failure.request_id] = failure.error
+            log.error("request %s failed inside the engine and was ended alone: %s", failure.request_id,
+                      failure.error)
         self._count(sched, run, outputs, core_outputs)
         return outputs
 

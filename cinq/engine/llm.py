@@ -25,6 +25,7 @@ class LLM:
             model = default_model_path()
         self.engine = LLMEngine(EngineConfig.from_kwargs(str(model), **engine_args))
         self._ids = itertools.count()
+        self.errors: dict[str, str] = {}  # request id -> error, for requests of the last call that failed alone
 
     @property
     def tokenizer(self):
@@ -38,7 +39,9 @@ class LLM:
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
         """Generate for every prompt (strings, token-id lists, or {"prompt"/"prompt_token_ids": ...} dicts);
-        returns final outputs in prompt order."""
+        returns final outputs in prompt order. A request whose own processing failed inside the engine comes back
+        with finish_reason ``"error"`` on its unfinished completions (text so far; the error is logged and in
+        ``self.errors``); the other requests are unaffected."""
         prompts = _normalize_prompts(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params or SamplingParams()] * len(prompts)
@@ -76,8 +79,11 @@ class LLM:
         if use_tqdm:
             from tqdm import tqdm
             bar = tqdm(total=len(ids), desc="requests", unit="req")
+        self.errors = {}
         while len(results) < len(ids) and self.engine.has_unfinished_requests():
             for out in self.engine.step():
+                if out.request_id in self.engine.failed_requests:
+                    self.errors[out.request_id] = self.engine.failed_requests[out.request_id]
                 if out.finished:
                     results[out.request_id] = out
                     if bar is not None:

@@ -146,8 +146,20 @@ class OutputProcessor:
         comp.changed = True
         if parent.num_cached_tokens == 0:
             parent.num_cached_tokens = core.num_cached_tokens
+        new_logprobs = core.new_logprobs
+        if comp.finish_reason is None and new:
+            before = len(comp.detok.tokens)
+            hit = comp.detok.update(new)
+            if hit is not None:  # a stop string ends the request, even one that also ended on a token
+                comp.finish_reason, comp.stop_reason = "stop", hit
+                if not core.finished:
+                    stopped.append(core.request_id)
+                # Several tokens may arrive in one step (speculative decoding): those after the one that
+                # completed the stop string are dropped, as if decoding had stopped there.
+                used = len(comp.detok.tokens) - before
+                new, new_logprobs = new[:used], new_logprobs[:used]
         comp.token_ids.extend(new)
-        for tl in core.new_logprobs:
+        for tl in new_logprobs:
             comp.logprobs.append(self._logprob_dict(tl))
             comp.cumulative_logprob += tl.logprob
         m = parent.metrics
@@ -157,12 +169,6 @@ class OutputProcessor:
             m.first_token_time = m.first_token_time or now
             m.last_token_time = now
             m.num_generation_tokens += len(new)
-        if comp.finish_reason is None and new:
-            hit = comp.detok.update(new)
-            if hit is not None:  # a stop string ends the request, even one that also ended on a token
-                comp.finish_reason, comp.stop_reason = "stop", hit
-                if not core.finished:
-                    stopped.append(core.request_id)
         if comp.finish_reason is None and core.finished:
             comp.finish_reason, comp.stop_reason = core.finish_reason, core.stop_reason
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from cinq.engine.io import NewRequestData, RunnerOutput, ScheduledSeq, SchedulerOutput, TokenLogprobs
+from cinq.engine.shape_buckets import MAX_PAD_ROWS, bucket_rows
 from cinq.kernels.metadata import AttentionMetadata
 from cinq.layers.sampler import Sampler, SamplingMetadata
 from cinq.model.llama import LlamaForCausalLM
@@ -21,6 +22,7 @@ from cinq.sampling_params import SamplingParams
 from cinq.spec.rejection import DraftBatch, rejection_sample
 
 log = logging.getLogger(__name__)
+_PAD_ID = "\x00pad"  # the padding sequence's id: no request has it, no state, never sampled
 
 
 @dataclass(slots=True)
@@ -70,9 +72,12 @@ class ModelRunner:
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
         cfg = model.config
+        # Past the pool's num_blocks: scratch blocks for the padding tokens that round a step's rows up to a
+        # bucket (shape_buckets.py); the KV manager never hands them out.
+        self.pad_block_ids = list(range(num_blocks, num_blocks + -(-MAX_PAD_ROWS // block_size)))
         self.kv_caches = [
-            torch.zeros(2, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim, dtype=kv_dtype,
-                        device=device)
+            torch.zeros(2, num_blocks + len(self.pad_block_ids), block_size, cfg.num_key_value_heads,
+                        cfg.head_dim, dtype=kv_dtype, device=device)
             for _ in range(cfg.num_hidden_layers)
         ]
         for attn, cache in zip(model.attention_layers(), self.kv_caches):
@@ -97,7 +102,11 @@ class ModelRunner:
         # Decode-like sequences first: the attention backends batch them in their decode kernel.
         ql = decode_query_len(sched.seqs)
         seqs = sorted(sched.seqs, key=lambda s: len(s.token_ids) != ql)
-        meta, input_ids, positions = self._prepare(seqs, ql)
+        num_tokens = sum(len(s.token_ids) for s in seqs)
+        pad = bucket_rows(num_tokens) - num_tokens
+        # A padding sequence last (its own scratch blocks, no logits) keeps the GEMM shapes to a few buckets.
+        padded = seqs + [ScheduledSeq(_PAD_ID, [0] * pad, 0, self.pad_block_ids, 0)] if pad else seqs
+        meta, input_ids, positions = self._prepare(padded, ql)
         hidden = self.model(input_ids, positions, meta)
         starts = meta.query_start_loc.tolist()
         plain = [i for i, s in enumerate(seqs) if s.num_logit_rows == 1]
@@ -106,7 +115,7 @@ class ModelRunner:
             rows = [starts[i + 1] - 1 for i in plain]
             for i in spec:
                 rows.extend(range(starts[i + 1] - seqs[i].num_logit_rows, starts[i + 1]))
-            logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+            logits = self._compute_logits(hidden, rows)
             if plain:
                 self._sample(logits[:len(plain)], [seqs[i] for i in plain], out)
             if spec:
@@ -115,6 +124,11 @@ class ModelRunner:
             if self.states[seq.request_id].params.prompt_logprobs is not None:
                 self._prompt_logprobs(hidden[starts[i]:starts[i + 1]], seq, out)
         return out
+
+    def _compute_logits(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        """LM-head logits of ``hidden[rows]``, computed over a bucketed number of rows (the last one repeated)."""
+        idx = rows + [rows[-1]] * (bucket_rows(len(rows)) - len(rows))
+        return self.model.compute_logits(hidden[torch.tensor(idx, device=self.device)])[:len(rows)]
 
     def _new_state(self, new: NewRequestData) -> _RequestState:
         params = new.sampling_params
@@ -254,7 +268,7 @@ class ModelRunner:
         n = min(len(seq.token_ids), len(prompt) - 1 - seq.start_pos)
         if n <= 0:
             return
-        logprobs = self.model.compute_logits(hidden[:n]).log_softmax(-1)
+        logprobs = self._compute_logits(hidden, list(range(n))).log_softmax(-1)
         targets = prompt[seq.start_pos + 1:seq.start_pos + 1 + n]
         entries = out.prompt_logprobs.setdefault(seq.request_id, [])
         for j, tl in enumerate(token_logprobs(logprobs, targets, st.params.prompt_logprobs)):

@@ -37,14 +37,23 @@ class CheckpointTensor:
         return cls(name, tuple(tensor.shape), lambda index: tensor if index is None else tensor[index])
 
     @classmethod
-    def from_safetensors(cls, handle: object, name: str) -> CheckpointTensor:
-        """A tensor of an open ``safetensors.safe_open`` handle; valid while the handle is open."""
-        shape = tuple(handle.get_slice(name).get_shape())  # type: ignore[attr-defined]
+    def from_safetensors(cls, handle: object, name: str, file: str = "") -> CheckpointTensor:
+        """A tensor of an open ``safetensors.safe_open`` handle; valid while the handle is open. Read errors
+        (safetensors' own exception type, an I/O error, a file changed since it was checked) become
+        ModelLoadError naming the tensor and ``file``."""
+        where = f"{file}: " if file else ""
+        try:
+            shape = tuple(handle.get_slice(name).get_shape())  # type: ignore[attr-defined]
+        except Exception as e:  # noqa: BLE001 - SafetensorError derives from Exception only
+            raise ModelLoadError(f"{where}checkpoint tensor '{name}': cannot be read: {e}") from None
 
         def read(index: tuple[slice, ...] | None) -> torch.Tensor:
-            if index is None:
-                return handle.get_tensor(name)  # type: ignore[attr-defined]
-            return handle.get_slice(name)[index]  # type: ignore[attr-defined]
+            try:
+                if index is None:
+                    return handle.get_tensor(name)  # type: ignore[attr-defined]
+                return handle.get_slice(name)[index]  # type: ignore[attr-defined]
+            except Exception as e:  # noqa: BLE001 - as above
+                raise ModelLoadError(f"{where}checkpoint tensor '{name}': cannot be read: {e}") from None
 
         return cls(name, shape, read)
 

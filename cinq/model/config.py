@@ -6,12 +6,13 @@ are fields here (qkv bias, q/k norm, tied embeddings), never separate model clas
 
 from __future__ import annotations
 
-import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cinq.errors import ModelLoadError
+from cinq.model.folder_files import exists, read_json
 
 # architecture name in config.json -> (qkv bias by default, q/k RMSNorm)
 SUPPORTED_ARCHITECTURES: dict[str, tuple[bool, bool]] = {
@@ -58,57 +59,64 @@ class ModelConfig:
         return self.num_key_value_heads * self.head_dim
 
     @classmethod
-    def from_dict(cls, cfg: dict[str, Any]) -> ModelConfig:
-        """Build from a parsed HF config dict; raises ModelLoadError naming what is wrong."""
+    def from_dict(cls, cfg: dict[str, Any], source: str = "config.json") -> ModelConfig:
+        """Build from a parsed HF config dict; raises ModelLoadError naming ``source``, the field and the limit."""
+        if not isinstance(cfg, dict):
+            raise ModelLoadError(f"{source}: must hold a JSON object, got {type(cfg).__name__}")
+        fields = _Fields(cfg, source)
         archs = cfg.get("architectures") or []
-        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        arch = next((a for a in archs if isinstance(a, str) and a in SUPPORTED_ARCHITECTURES), None) \
+            if isinstance(archs, list) else None
         if arch is None:
-            model_type = cfg.get("model_type", "")
             by_type = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                        "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
-            arch = by_type.get(model_type)
+            arch = by_type.get(cfg.get("model_type")) if isinstance(cfg.get("model_type"), str) else None
         if arch is None:
-            raise ModelLoadError(
-                f"unsupported architecture {archs or cfg.get('model_type')!r}: "
-                f"cinq supports {sorted(SUPPORTED_ARCHITECTURES)}")
+            found = archs or cfg.get("model_type")
+            detail = f"found {found!r}" if found else "neither is set"
+            raise ModelLoadError(f"{source}: no supported 'architectures' or 'model_type' ({detail}): cinq supports "
+                                 f"{sorted(SUPPORTED_ARCHITECTURES)}")
         default_bias, qk_norm = SUPPORTED_ARCHITECTURES[arch]
-        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                    "num_attention_heads"):
-            if not isinstance(cfg.get(key), int) or cfg[key] <= 0:
-                raise ModelLoadError(f"config.json: '{key}' must be a positive integer, got {cfg.get(key)!r}")
-        heads = cfg["num_attention_heads"]
-        kv_heads = cfg.get("num_key_value_heads") or heads
+        sizes = {key: fields.positive_int(key, limit) for key, limit in SIZE_LIMITS.items()
+                 if key not in ("num_key_value_heads", "head_dim", "max_position_embeddings")}
+        heads = sizes["num_attention_heads"]
+        kv_heads = fields.positive_int("num_key_value_heads", SIZE_LIMITS["num_key_value_heads"], default=heads)
         if heads % kv_heads:
-            raise ModelLoadError(
-                f"config.json: num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})")
-        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+            raise ModelLoadError(f"{source}: num_attention_heads ({heads}) must be a multiple of "
+                                 f"num_key_value_heads ({kv_heads})")
+        if cfg.get("head_dim") is None and sizes["hidden_size"] < heads:
+            raise ModelLoadError(f"{source}: 'head_dim' is missing and hidden_size ({sizes['hidden_size']}) / "
+                                 f"num_attention_heads ({heads}) is below 1")
+        head_dim = fields.positive_int("head_dim", SIZE_LIMITS["head_dim"], default=sizes["hidden_size"] // heads)
         # transformers >= 5 writes rope_parameters (theta inside); older files use rope_theta + rope_scaling.
-        rope_params = dict(cfg.get("rope_parameters") or {})
-        rope_theta = float(rope_params.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
-        rope_scaling = rope_params or cfg.get("rope_scaling")
+        rope_params = dict(fields.dict_or_none("rope_parameters") or {})
+        rope_theta = fields.positive_float("rope_theta", rope_params.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
+        rope_scaling = rope_params or fields.dict_or_none("rope_scaling")
         if rope_scaling:
             rope_scaling = dict(rope_scaling)
             rope_type = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
             rope_scaling["rope_type"] = rope_type
             if rope_type == "default":
                 rope_scaling = None
-        eos = cfg.get("eos_token_id")
-        eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
         act = cfg.get("hidden_act", "silu")
         if act not in ("silu", "gelu", "gelu_pytorch_tanh"):
-            raise ModelLoadError(f"config.json: hidden_act {act!r} is not supported (silu, gelu, gelu_pytorch_tanh)")
-        sliding = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
+            raise ModelLoadError(f"{source}: hidden_act {act!r} is not supported (silu, gelu, gelu_pytorch_tanh)")
+        # 0 and null both mean "no window" in released configs; the window only ever caps the context.
+        sliding = fields.positive_int("sliding_window", 1 << 62, default=None) \
+            if cfg.get("use_sliding_window", True) and cfg.get("sliding_window") != 0 else None
+        torch_dtype = cfg.get("torch_dtype") or cfg.get("dtype")
         return cls(
             architecture=arch,
-            vocab_size=cfg["vocab_size"],
-            hidden_size=cfg["hidden_size"],
-            intermediate_size=cfg["intermediate_size"],
-            num_hidden_layers=cfg["num_hidden_layers"],
+            vocab_size=sizes["vocab_size"],
+            hidden_size=sizes["hidden_size"],
+            intermediate_size=sizes["intermediate_size"],
+            num_hidden_layers=sizes["num_hidden_layers"],
             num_attention_heads=heads,
             num_key_value_heads=kv_heads,
             head_dim=head_dim,
-            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            max_position_embeddings=fields.positive_int(
+                "max_position_embeddings", SIZE_LIMITS["max_position_embeddings"], default=2048),
+            rms_norm_eps=fields.positive_float("rms_norm_eps", cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
@@ -117,10 +125,11 @@ class ModelConfig:
             mlp_bias=bool(cfg.get("mlp_bias", False)),
             hidden_act=act,
             sliding_window=sliding,
-            bos_token_id=cfg.get("bos_token_id"),
-            eos_token_ids=eos_ids,
-            torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
-            quantization_config=cfg.get("quantization_config"),
+            bos_token_id=fields.token_ids("bos_token_id", single=True)[0] if cfg.get("bos_token_id") is not None
+            else None,
+            eos_token_ids=fields.token_ids("eos_token_id"),
+            torch_dtype=torch_dtype if isinstance(torch_dtype, str) else None,
+            quantization_config=fields.dict_or_none("quantization_config"),
         )
 
     @classmethod
@@ -128,18 +137,73 @@ class ModelConfig:
         """Read ``config.json`` (and eos ids from ``generation_config.json``) in a model folder."""
         path = Path(path)
         cfg_file = path / "config.json"
-        if not cfg_file.is_file():
+        if not exists(cfg_file):
             raise ModelLoadError(f"{path}: no config.json (is this a Hugging Face model folder?)")
-        try:
-            cfg = json.loads(cfg_file.read_text())
-        except json.JSONDecodeError as e:
-            raise ModelLoadError(f"{cfg_file}: invalid JSON: {e}") from e
-        config = cls.from_dict(cfg)
+        config = cls.from_dict(read_json(cfg_file), source=str(cfg_file))
         gen_file = path / "generation_config.json"
-        if gen_file.is_file():
-            gen = json.loads(gen_file.read_text())
-            eos = gen.get("eos_token_id")
-            if eos is not None:
-                extra = [eos] if isinstance(eos, int) else list(eos)
-                config.eos_token_ids = list(dict.fromkeys(config.eos_token_ids + extra))
+        if exists(gen_file):
+            extra = _Fields(read_json(gen_file), str(gen_file)).token_ids("eos_token_id")
+            config.eos_token_ids = list(dict.fromkeys(config.eos_token_ids + extra))
         return config
+
+
+# Plausibility limits, each several times what any released model has (Llama-3.1-405B: hidden 16384,
+# intermediate 53248, 126 layers, 128 heads; the largest vocabularies ~256k; contexts up to ~10M). A value past
+# one is a corrupted or hostile config.json: refused before any work sized by it (building a million layers,
+# allocating a 10^9-wide embedding). What fits within them is checked against memory (cinq/model/memory.py).
+SIZE_LIMITS: dict[str, int] = {
+    "vocab_size": 1 << 22,
+    "hidden_size": 1 << 16,
+    "intermediate_size": 1 << 20,
+    "num_hidden_layers": 1024,
+    "num_attention_heads": 1024,
+    "num_key_value_heads": 1024,
+    "head_dim": 1024,
+    "max_position_embeddings": 1 << 24,
+}
+
+_MISSING = object()
+
+
+class _Fields:
+    """Typed reads of a config dict; every error names the file, the field, the value and the limit."""
+
+    def __init__(self, cfg: dict[str, Any], source: str) -> None:
+        self.cfg, self.source = cfg, source
+
+    def positive_int(self, key: str, limit: int, default: Any = _MISSING) -> Any:
+        value = self.cfg.get(key)
+        if value is None:
+            if default is _MISSING:
+                raise ModelLoadError(f"{self.source}: '{key}' is missing (a positive integer)")
+            if default is None:
+                return None
+            value = default
+        # bool is an int in Python: "vocab_size": true is no size.
+        if type(value) is not int or value <= 0:
+            raise ModelLoadError(f"{self.source}: '{key}' must be a positive integer, got {value!r}")
+        if value > limit:
+            raise ModelLoadError(f"{self.source}: '{key}' is {value}, above the limit {limit} (far beyond any "
+                                 f"released model: is the file corrupted?)")
+        return value
+
+    def positive_float(self, key: str, value: Any) -> float:
+        if type(value) not in (int, float) or not math.isfinite(value) or value <= 0:
+            raise ModelLoadError(f"{self.source}: '{key}' must be a positive number, got {value!r}")
+        return float(value)
+
+    def dict_or_none(self, key: str) -> dict[str, Any] | None:
+        value = self.cfg.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise ModelLoadError(f"{self.source}: '{key}' must be an object, got {type(value).__name__}")
+        return value
+
+    def token_ids(self, key: str, single: bool = False) -> list[int]:
+        value = self.cfg.get(key)
+        ids = [] if value is None else [value] if type(value) is int else value
+        if not isinstance(ids, list) or not all(type(i) is int and 0 <= i < SIZE_LIMITS["vocab_size"] for i in ids) \
+                or (single and len(ids) != 1):
+            kind = "a token id" if single else "a token id or a list of token ids"
+            raise ModelLoadError(f"{self.source}: '{key}' must be {kind} (integers in [0, "
+                                 f"{SIZE_LIMITS['vocab_size']})), got {value!r}")
+        return list(ids)

@@ -5,27 +5,37 @@ Loading never unpickles. Each checkpoint tensor goes, unread until then, to the 
 through the model's ``stacked_params_mapping`` (cinq/model/checkpoint_names.py), so q/k/v and gate/up fill the
 shards of the merged projections. Every expected tensor must be present with the expected shape; errors name
 the tensor. Quantized folders are recognised from ``quantization_config`` with no flag.
+
+A folder may be hostile: before any storage is allocated, every file is vetted (regular files under a size cap,
+cinq/model/folder_files.py; safetensors headers against their file's size, cinq/model/checkpoint_files.py) and
+the model's bytes, counted on its meta-device skeleton, are checked against the memory available
+(cinq/model/memory.py). Every refusal is a ``ModelLoadError`` naming the file.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from cinq.errors import ModelLoadError
 from cinq.layers.quantization.format import QuantFormat
 from cinq.layers.quantization.linear import QuantizedLinear
 from cinq.layers.weight_loader import CheckpointTensor, check_and_copy
+from cinq.model.checkpoint_files import check_safetensors_file, checkpoint_files
 from cinq.model.checkpoint_names import expected_checkpoint_names, mapping_of, resolve
 from cinq.model.config import ModelConfig
 from cinq.model.llama import LlamaForCausalLM
+from cinq.model.memory import check_fits
+
+# checkpoint_files is re-exported: the offline tools find a folder's shards through this module.
+__all__ = ["checkpoint_files", "iter_checkpoint", "load_model", "load_tensors", "load_weights", "build_empty_model",
+           "parse_dtype", "quant_factory"]
 
 log = logging.getLogger(__name__)
 
@@ -33,33 +43,20 @@ log = logging.getLogger(__name__)
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-def checkpoint_files(path: Path) -> list[Path]:
-    """The safetensors files of a model folder (sharded via model.safetensors.index.json, or single)."""
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
-        files = sorted({path / f for f in weight_map.values()})
-        missing = [f.name for f in files if not f.is_file()]
-        if missing:
-            raise ModelLoadError(f"{index}: shard(s) {missing} listed in weight_map are missing")
-        return files
-    single = path / "model.safetensors"
-    if single.is_file():
-        return [single]
-    others = sorted(path.glob("*.safetensors"))
-    if others:
-        return others
-    if any(path.glob("*.bin")) or any(path.glob("*.pt")):
-        raise ModelLoadError(f"{path}: only pickled weights (.bin/.pt) found; cinq loads safetensors only")
-    raise ModelLoadError(f"{path}: no model.safetensors or model.safetensors.index.json")
-
-
 def iter_checkpoint(path: Path) -> Iterator[CheckpointTensor]:
-    """Every tensor of every shard, unread until its ``load()`` (valid until the next one is yielded)."""
-    for file in checkpoint_files(path):
-        with safe_open(str(file), framework="pt", device="cpu") as f:
+    """Every tensor of every shard, unread until its ``load()`` (valid until the next one is yielded). Each
+    file's header is vetted first (cinq/model/checkpoint_files.py): safetensors never sees a hostile one."""
+    files = checkpoint_files(path)
+    for file in files:
+        check_safetensors_file(file)
+    for file in files:
+        try:
+            handle = safe_open(str(file), framework="pt", device="cpu")
+        except (SafetensorError, OSError) as e:  # what the header check cannot see (overlapping tensors ...)
+            raise ModelLoadError(f"{file}: not a readable safetensors file: {e}") from None
+        with handle as f:
             for name in f.keys():
-                yield CheckpointTensor.from_safetensors(f, name)
+                yield CheckpointTensor.from_safetensors(f, name, str(file))
 
 
 @contextlib.contextmanager
@@ -72,18 +69,28 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(old)
 
 
-def quant_factory(config: ModelConfig) -> QuantFormat | None:
-    """The linear factory for a quantized checkpoint, or None for a dense one."""
+def quant_factory(config: ModelConfig, source: str | Path = "config.json") -> QuantFormat | None:
+    """The linear factory for a quantized checkpoint, or None for a dense one (errors name ``source``)."""
     if not config.quantization_config:
         return None
-    return QuantFormat.from_hf(config.quantization_config)
+    try:
+        return QuantFormat.from_hf(config.quantization_config)
+    except ModelLoadError as e:
+        raise ModelLoadError(f"{source}: {e}", e.param) from None
+    except (TypeError, ValueError) as e:  # int("four"), int(None): a field of the wrong type
+        raise ModelLoadError(f"{source}: quantization_config: {e}", "quantization_config") from None
 
 
 def build_empty_model(config: ModelConfig, dtype: torch.dtype, device: torch.device | str,
-                      attention_backend: str = "sdpa") -> LlamaForCausalLM:
-    """The model with uninitialised storage on ``device`` (fill it with ``load_weights``)."""
+                      attention_backend: str = "sdpa", path: Path | None = None) -> LlamaForCausalLM:
+    """The model with uninitialised storage on ``device`` (fill it with ``load_weights``). With ``path`` (the
+    folder it comes from), refuses first a model that cannot fit in the device's available memory."""
     with default_dtype(dtype), torch.device("meta"):
-        model = LlamaForCausalLM(config, quant_factory(config), attention_backend, dtype=dtype)
+        quant = quant_factory(config, path / "config.json" if path is not None else "config.json")
+        model = LlamaForCausalLM(config, quant, attention_backend, dtype=dtype)
+    if path is not None:
+        model.tie_weights()  # count a tied embedding once
+        check_fits(model, dtype, device, path)
     model = model.to_empty(device=device)
     model.tie_weights()
     return model
@@ -147,6 +154,9 @@ def load_model(path: str | Path, dtype: str | torch.dtype = "bfloat16", device: 
     """Load a Hugging Face model folder into a ready-to-run ``LlamaForCausalLM`` in eval mode."""
     path = Path(path)
     config = ModelConfig.from_pretrained(path)
-    model = build_empty_model(config, parse_dtype(dtype), device, attention_backend)
+    dtype = parse_dtype(dtype)
+    for file in checkpoint_files(path):  # a hostile file is refused before memory is allocated for the model
+        check_safetensors_file(file)
+    model = build_empty_model(config, dtype, device, attention_backend, path)
     load_weights(model, path)
     return model.eval()

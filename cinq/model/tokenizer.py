@@ -14,6 +14,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
 from cinq.errors import InvalidParameterError, ModelLoadError
+from cinq.model.folder_files import (MAX_TOKENIZER_BYTES, MAX_TOKENIZER_CONFIG_BYTES, exists, read_json,
+                                     regular_file_size)
 
 
 def _token_str(value: Any) -> str | None:
@@ -23,10 +25,29 @@ def _token_str(value: Any) -> str | None:
     return value
 
 
+def check_tokenizer_config(config: dict[str, Any], source: str = "tokenizer_config.json") -> None:
+    """Refuse the fields this class reads when they have the wrong type (a hostile or corrupted file must not
+    surface later as a TypeError deep in the `tokenizers` library); errors name ``source`` and the field."""
+    for key in ("bos_token", "eos_token", "pad_token"):
+        value = config.get(key)
+        if value is not None and not isinstance(value, str) \
+                and not (isinstance(value, dict) and isinstance(value.get("content"), str)):
+            raise ModelLoadError(f"{source}: '{key}' must be a string or an AddedToken object "
+                                 f"{{\"content\": ...}}, got {value!r}")
+    template = config.get("chat_template")
+    named_ok = isinstance(template, list) and bool(template) and all(
+        isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str)
+        for t in template)
+    if template is not None and not isinstance(template, str) and not named_ok:
+        raise ModelLoadError(f"{source}: 'chat_template' must be a string or a non-empty list of "
+                             f"{{\"name\", \"template\"}} objects, got {template!r:.80}")
+
+
 class Tokenizer:
     """Encode/decode and chat formatting for one model folder."""
 
     def __init__(self, tokenizer: HFTokenizer, config: dict[str, Any], eos_token_ids: list[int] | None = None) -> None:
+        check_tokenizer_config(config)
         self._tok = tokenizer
         self.config = config
         self.bos_token = _token_str(config.get("bos_token"))
@@ -44,17 +65,27 @@ class Tokenizer:
 
     @classmethod
     def from_pretrained(cls, path: str | Path, eos_token_ids: list[int] | None = None) -> Tokenizer:
-        """Load ``tokenizer.json`` + ``tokenizer_config.json`` (+ a ``chat_template.jinja`` if present)."""
+        """Load ``tokenizer.json`` + ``tokenizer_config.json`` (+ a ``chat_template.jinja`` if present); a file
+        that is missing, too large, not a regular file or corrupted is a ModelLoadError naming it."""
         path = Path(path)
         tok_file = path / "tokenizer.json"
-        if not tok_file.is_file():
+        if not exists(tok_file):
             raise ModelLoadError(f"{path}: no tokenizer.json (cinq needs a fast-tokenizer file)")
-        tok = HFTokenizer.from_file(str(tok_file))
+        regular_file_size(tok_file, MAX_TOKENIZER_BYTES)
+        try:
+            tok = HFTokenizer.from_file(str(tok_file))
+        except Exception as e:  # noqa: BLE001 - `tokenizers` raises a bare Exception for every parse error
+            raise ModelLoadError(f"{tok_file}: cannot be read by the tokenizers library: {e}") from None
         cfg_file = path / "tokenizer_config.json"
-        config = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+        config = read_json(cfg_file, MAX_TOKENIZER_CONFIG_BYTES) if exists(cfg_file) else {}
+        check_tokenizer_config(config, str(cfg_file))
         jinja = path / "chat_template.jinja"
-        if jinja.is_file() and not config.get("chat_template"):
-            config["chat_template"] = jinja.read_text()
+        if exists(jinja) and not config.get("chat_template"):
+            regular_file_size(jinja, MAX_TOKENIZER_CONFIG_BYTES)
+            try:
+                config["chat_template"] = jinja.read_text(encoding="utf-8")
+            except UnicodeDecodeError as e:
+                raise ModelLoadError(f"{jinja}: not UTF-8 text ({e.reason} at byte {e.start})") from None
         return cls(tok, config, eos_token_ids)
 
     @property

@@ -2,43 +2,51 @@
 live engine stats and the playground page.
 
 Request bodies are parsed by hand (not by FastAPI's signature magic) so that every malformed body — bad JSON,
-wrong types, out-of-range values — becomes a 400 with an OpenAI-shaped error naming the field.
+wrong types, out-of-range values, text that is not valid Unicode — becomes a 4xx with an OpenAI-shaped error
+naming the field; the OpenAPI document that FastAPI can therefore not infer is built by server/openapi.py.
 """
 
 from __future__ import annotations
 
-import hmac
-import json
 import logging
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TypeVar
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel
+from starlette.requests import ClientDisconnect
 
+from cinq import __version__
 from cinq.engine.async_engine import AsyncLLM
+from cinq.server.auth import APIKeyMiddleware
+from cinq.server.body import read_json_object
 from cinq.server.chat import create_chat_completion, render_chat_prompt
 from cinq.server.completions import create_completion
 from cinq.server.context import ServerContext
 from cinq.server.errors import APIError, install_error_handlers, to_api_error
+from cinq.server.messages import template_messages
 from cinq.server.metrics import CONTENT_TYPE, ServerMetrics
+from cinq.server.openapi import build_openapi
 from cinq.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from cinq.server.streams import ClientDisconnected
 
 log = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
-MAX_BODY_BYTES = 64 << 20
 M = TypeVar("M", bound=BaseModel)
 
 
-def build_app(llm: AsyncLLM, model_names: list[str], model_path: str, api_key: str | None = None) -> FastAPI:
-    """The server for ``llm``; the engine loop starts and stops with the app's lifespan."""
+def build_app(llm: AsyncLLM, model_names: list[str], model_path: str, api_key: str | None = None,
+              metrics_require_api_key: bool = False) -> FastAPI:
+    """The server for ``llm``; the engine loop starts and stops with the app's lifespan. With ``api_key`` every
+    route but ``/health`` and the playground page needs it (``/metrics`` only with ``metrics_require_api_key``)."""
     metrics = ServerMetrics(model_names[0], llm.get_stats)
     llm.finished_callbacks.append(metrics.observe_finished)
     ctx = ServerContext(llm, list(model_names), model_path, metrics, api_key or None)
+    schema = build_openapi(ctx.vocab_size, ctx.max_model_len, ctx.api_key is not None, metrics_require_api_key,
+                           empty_text_ok=bool(ctx.tokenizer.encode("")), version=__version__)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -46,33 +54,27 @@ def build_app(llm: AsyncLLM, model_names: list[str], model_path: str, api_key: s
         try:
             yield
         finally:
-            llm.shutdown()
+            await llm.shutdown_async()  # waits for the engine thread off the event loop
 
     app = FastAPI(title="cinq", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ctx = ctx
     install_error_handlers(app)
+    if ctx.api_key is not None:
+        app.add_middleware(APIKeyMiddleware, api_key=ctx.api_key, metrics_require_key=metrics_require_api_key)
 
-    def authorized(request: Request) -> None:
-        """Bearer auth on /v1/*, compared in constant time."""
-        if ctx.api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), ctx.api_key.encode()):
-            raise APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'", None,
-                           "invalid_api_key")
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi() -> dict:
+        return schema
 
-    guarded = [Depends(authorized)]
-
-    @app.post("/v1/completions", dependencies=guarded)
+    @app.post("/v1/completions")
     async def completions(raw: Request) -> Response:
         return await _serve(raw, CompletionRequest, lambda req: create_completion(ctx, req, raw))
 
-    @app.post("/v1/chat/completions", dependencies=guarded)
+    @app.post("/v1/chat/completions")
     async def chat_completions(raw: Request) -> Response:
         return await _serve(raw, ChatCompletionRequest, lambda req: create_chat_completion(ctx, req, raw))
 
-    @app.get("/v1/models", dependencies=guarded)
+    @app.get("/v1/models")
     async def models() -> dict:
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": ctx.created, "owned_by": "cinq", "root": ctx.model_path,
@@ -85,7 +87,7 @@ def build_app(llm: AsyncLLM, model_names: list[str], model_path: str, api_key: s
             if (req.prompt is None) == (req.messages is None):
                 raise APIError(400, "send exactly one of prompt or messages", "prompt", "invalid_value")
             if req.messages is not None:
-                msgs = [m.to_template(i) for i, m in enumerate(req.messages)]
+                msgs = template_messages(req.messages)
                 ids = (await render_chat_prompt(ctx, msgs, req.add_generation_prompt, None)).token_ids
             else:
                 ids = await ctx.encode(req.prompt, req.add_special_tokens)  # type: ignore[arg-type]
@@ -132,27 +134,11 @@ def build_app(llm: AsyncLLM, model_names: list[str], model_path: str, api_key: s
 async def _serve(raw: Request, model: type[M], handler) -> Response:
     """Parse the body into ``model``, run ``handler`` and turn every failure into an OpenAI error response."""
     try:
-        req = model.model_validate(await _json_body(raw))
+        req = model.model_validate(await read_json_object(raw))
         result = await handler(req)
         return result if isinstance(result, Response) else JSONResponse(result)
-    except ClientDisconnected:
+    except (ClientDisconnected, ClientDisconnect):  # gone mid-body (or timed out) or before the answer
         return Response(status_code=499)  # nobody is listening; nginx's code for it
     except Exception as e:
         return to_api_error(e).response()
 
-
-async def _json_body(raw: Request) -> object:
-    length = raw.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-        raise APIError(413, f"request body is {length} bytes; the limit is {MAX_BODY_BYTES}", None, "too_large")
-    body = await raw.body()
-    if len(body) > MAX_BODY_BYTES:
-        raise APIError(413, f"request body is {len(body)} bytes; the limit is {MAX_BODY_BYTES}", None, "too_large")
-    try:
-        data = json.loads(body)
-    except (ValueError, RecursionError) as e:
-        raise APIError(400, f"Invalid JSON body: {e}", None, "invalid_json") from None
-    if not isinstance(data, dict):
-        raise APIError(400, f"the request body must be a JSON object, got {type(data).__name__}", None,
-                       "invalid_json")
-    return data

@@ -34,8 +34,11 @@ async def create_chat_completion(ctx: ServerContext, req: ChatCompletionRequest,
     streams = await ctx.add_all(request_id, [prompt], params)
     job = _Chat(ctx, req, request_id, prompt)
     if req.stream:
-        return SSEResponse(job.stream(streams), streams)
-    (out,) = await unless_disconnected(raw, final_outputs(streams))
+        return SSEResponse(job.stream(streams), streams, ctx.release)
+    try:
+        (out,) = await unless_disconnected(raw, final_outputs(streams))
+    finally:
+        ctx.release(streams)
     return JSONResponse(job.response(out.outputs))
 
 

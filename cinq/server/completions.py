@@ -36,8 +36,11 @@ async def create_completion(ctx: ServerContext, req: CompletionRequest, raw: Req
     streams = await ctx.add_all(request_id, prompts, params)
     job = _Completion(ctx, req, request_id, prompts)
     if req.stream:
-        return SSEResponse(job.stream(streams), streams)
-    outputs = await unless_disconnected(raw, final_outputs(streams))
+        return SSEResponse(job.stream(streams), streams, ctx.release)
+    try:
+        outputs = await unless_disconnected(raw, final_outputs(streams))
+    finally:
+        ctx.release(streams)
     return JSONResponse(job.response(outputs))
 
 

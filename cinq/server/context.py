@@ -81,7 +81,15 @@ class ServerContext:
                 if not isinstance(r, BaseException):
                     r.abort()
             raise errors[0]
+        for rid in ids:
+            self.metrics.track(rid, params.n)
         return list(results)
+
+    def release(self, streams: list[RequestStream]) -> None:
+        """Abort what is unfinished and drop the per-request state kept for metrics (every route ends here)."""
+        for s in streams:
+            s.abort()
+            self.metrics.release(s.request_id)
 
 
 def new_id(prefix: str) -> str:

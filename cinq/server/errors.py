@@ -55,11 +55,19 @@ def to_api_error(exc: BaseException) -> APIError:
 
 
 def _from_validation(errors: list[dict]) -> APIError:
-    """The first pydantic error, with its location as a dotted field path (union branch names removed)."""
+    """The most specific pydantic error, with its location as a dotted field path (union branch names removed).
+
+    Most specific = deepest location: for a value that fits no branch of a union (``content`` as a list of parts
+    with a bad part), the branch that got furthest says what is wrong (``content[0].text: field required``),
+    not the first branch tried (``content: not a string``)."""
     if not errors:
         return APIError(400, "invalid request body", None, "invalid_type")
-    err = errors[0]
-    parts = [p for p in err.get("loc", ()) if p != "body" and not _is_branch_name(p)]
+
+    def location(e: dict) -> list:
+        return [p for p in e.get("loc", ()) if p != "body" and not _is_branch_name(p)]
+
+    err = max(errors, key=lambda e: len(location(e)))  # max keeps the first of equals: pydantic's order
+    parts = location(err)
     path = ""
     for p in parts:
         path += f"[{p}]" if isinstance(p, int) else (f".{p}" if path else str(p))
@@ -93,7 +101,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return APIError(exc.status_code, str(exc.detail), None, code).response()
+        # Starlette puts the 405's Allow header on the exception; RFC 9110 requires it on the answer.
+        return APIError(exc.status_code, str(exc.detail), None, code, headers=exc.headers).response()
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -56,6 +56,15 @@ class _EngineCollector(Collector):
         yield counter("num_preemptions", "Preemptions (a running sequence's blocks taken back).", s.num_preemptions)
         yield counter("prompt_tokens", "Prompt tokens computed (prefix-cache hits excluded).", s.prompt_tokens)
         yield counter("generation_tokens", "Tokens generated.", s.generation_tokens)
+        yield counter("spec_decode_num_drafts", "Speculative verify steps that carried drafts.",
+                      s.spec_decode_num_drafts)
+        yield counter("spec_decode_num_draft_tokens", "Draft tokens proposed.", s.spec_decode_num_draft_tokens)
+        yield counter("spec_decode_num_accepted_tokens", "Draft tokens accepted.", s.spec_decode_num_accepted_tokens)
+        per_pos = CounterMetricFamily(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+                                      "Draft tokens accepted, by position in the draft.", labels=labels + ["position"])
+        for pos, n in enumerate(s.spec_decode_num_accepted_tokens_per_pos):
+            per_pos.add_metric(values + [str(pos)], n)
+        yield per_pos
         success = CounterMetricFamily(PREFIX + "request_success", "Finished requests by finish reason.",
                                       labels=labels + ["finished_reason"])
         for reason in sorted(set(FINISH_REASONS) | set(s.finished_by_reason)):
@@ -80,6 +89,17 @@ class ServerMetrics:
                          "Mean time between a request's output tokens after the first.", TPOT_BUCKETS)
         self.e2e = hist("e2e_request_latency_seconds", "Arrival to finish.", REQUEST_BUCKETS)
         self.queue = hist("request_queue_time_seconds", "Arrival to first scheduling.", REQUEST_BUCKETS)
+        # Sequences per request (n) for requests with n > 1, from add to finish or release: a streamed request's
+        # final output holds only the completions that changed in its last step, so its n cannot be read there.
+        self._num_seqs: dict[str, int] = {}
+
+    def track(self, request_id: str, n: int) -> None:
+        """Remember a request's ``n`` until it finishes (or ``release`` drops it: aborted, never finishes)."""
+        if n > 1:
+            self._num_seqs[request_id] = n
+
+    def release(self, request_id: str) -> None:
+        self._num_seqs.pop(request_id, None)
 
     def observe_finished(self, out: RequestOutput) -> None:
         """Record the latencies of a finished request (hooked to AsyncLLM.finished_callbacks)."""
@@ -92,8 +112,10 @@ class ServerMetrics:
             self.ttft.observe(max(m.first_token_time - m.arrival_time, 0.0))
         if m.finished_time is not None:
             self.e2e.observe(max(m.finished_time - m.arrival_time, 0.0))
-        # Per sequence: n completions decode side by side, so their tokens share the same wall time.
-        per_seq = m.num_generation_tokens / max(len(out.outputs), 1)
+        # Per sequence: n completions decode side by side, so their tokens share the same wall time. n is the
+        # request's, not len(out.outputs): a streamed (delta) final output lists only what changed last.
+        n = self._num_seqs.pop(out.request_id, None) or max(len(out.outputs), 1)
+        per_seq = m.num_generation_tokens / n
         if m.first_token_time is not None and m.last_token_time is not None and per_seq > 1:
             self.tpot.observe(max(m.last_token_time - m.first_token_time, 0.0) / (per_seq - 1))
 

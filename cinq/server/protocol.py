@@ -1,21 +1,39 @@
 """OpenAI request schemas (pydantic) for the routes cinq serves, with the vLLM extras that tools rely on.
 
 Types are strict (``"5"`` is not an integer, ``true`` is not a number) so that a wrong type is reported as the
-field it is in; value ranges are checked once, by ``SamplingParams``, so the server and the offline API agree.
-Fields that OpenAI defines and cinq cannot honour are rejected by name rather than silently ignored; unknown
-fields are ignored, as OpenAI does.
+field it is in; value ranges are checked once, by ``SamplingParams``, so the server and the offline API agree,
+and are *stated* here (``_schema``) for the OpenAPI document (server/openapi.py). Fields that OpenAI defines and
+cinq cannot honour are rejected by name rather than silently ignored; unknown top-level fields are ignored, as
+OpenAI does; chat messages (server/messages.py) allow exactly their role's keys, as OpenAI does.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from cinq.errors import InvalidParameterError
 from cinq.sampling_params import MAX_LOGPROBS, OutputKind, SamplingParams
+from cinq.server.messages import ChatMessage, template_messages
 
 _STRICT = ConfigDict(strict=True, extra="ignore")
+# Markers the OpenAPI builder (server/openapi.py) replaces with this server's limits, known when the app is built.
+TOKEN_ID_MARK, MAX_TOKENS_MARK, TEXT_PROMPT_MARK = "x-cinq-token-id", "x-cinq-max-tokens", "x-cinq-text-prompt"
+
+
+def _schema(default: Any = None, **constraints: Any) -> Any:
+    """A field whose range is *documented* in the schema but checked by ``SamplingParams`` (one check, one
+    message, shared with the offline API); tests/server/test_openapi.py holds the two to the same bounds."""
+    return Field(default, json_schema_extra=constraints)
+
+
+TokenId = Annotated[int, Field(json_schema_extra={"minimum": 0, TOKEN_ID_MARK: True})]
+TokenIds = Annotated[list[TokenId], Field(json_schema_extra={"minItems": 1})]
+NonEmptyStr = Annotated[str, Field(json_schema_extra={"minLength": 1})]
+TextPrompt = Annotated[str, Field(json_schema_extra={TEXT_PROMPT_MARK: True})]  # minLength 1 unless BOS is added
+_STREAM_ONLY = {"if": {"required": ["stream_options"], "properties": {"stream_options": {"type": "object"}}},
+                "then": {"required": ["stream"], "properties": {"stream": {"const": True}}}}
 
 
 class StreamOptions(BaseModel):
@@ -29,26 +47,26 @@ class _SamplingRequest(BaseModel):
 
     model_config = _STRICT
     model: str | None = None
-    n: int = 1
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    n: int = _schema(1, minimum=1, maximum=128)
+    temperature: float | None = _schema(minimum=0, maximum=100)
+    top_p: float | None = _schema(exclusiveMinimum=0, maximum=1)
+    top_k: int | None = _schema(minimum=-1, maximum=1 << 30)
+    min_p: float | None = _schema(minimum=0, maximum=1)
+    presence_penalty: float | None = _schema(minimum=-2, maximum=2)
+    frequency_penalty: float | None = _schema(minimum=-2, maximum=2)
+    repetition_penalty: float | None = _schema(exclusiveMinimum=0, maximum=100)
+    seed: int | None = _schema(minimum=-(1 << 63), maximum=(1 << 63) - 1)
+    stop: NonEmptyStr | Annotated[list[NonEmptyStr], Field(json_schema_extra={"maxItems": 16})] | None = None
+    stop_token_ids: list[Annotated[int, Field(json_schema_extra={"minimum": 0})]] | None = None
     ignore_eos: bool = False
-    min_tokens: int = 0
+    min_tokens: int = _schema(0, minimum=0, maximum=1 << 24, description="at most max_tokens")
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    logit_bias: dict[str, float] | None = None
-    best_of: int | None = None
+    logit_bias: dict[str, float] | None = _schema(maxProperties=0, description="not supported: omit, null or {}")
+    best_of: int | None = _schema(description="not supported other than equal to n")
 
     def _check_common(self) -> None:
         if self.stream_options is not None and not self.stream:
@@ -82,11 +100,13 @@ class _SamplingRequest(BaseModel):
 class CompletionRequest(_SamplingRequest):
     """POST /v1/completions."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16
-    logprobs: int | None = None
+    model_config = ConfigDict(strict=True, extra="ignore", json_schema_extra=_STREAM_ONLY)
+    prompt: (TextPrompt | Annotated[list[TextPrompt], Field(json_schema_extra={"minItems": 1})] | TokenIds
+             | Annotated[list[TokenIds], Field(json_schema_extra={"minItems": 1})])
+    max_tokens: int | None = _schema(16, minimum=0, **{MAX_TOKENS_MARK: True})
+    logprobs: int | None = _schema(minimum=0, maximum=MAX_LOGPROBS)
     echo: bool = False
-    suffix: str | None = None
+    suffix: str | None = _schema(maxLength=0, description="not supported: omit, null or ''")
 
     def to_sampling_params(self) -> SamplingParams:
         self._check_common()
@@ -100,55 +120,29 @@ class CompletionRequest(_SamplingRequest):
         p = self.prompt
         if isinstance(p, str):
             return [p]
-        if not p:
-            raise InvalidParameterError("prompt must not be empty", "prompt")
+        if not p or any(isinstance(q, list) and not q for q in p):
+            raise InvalidParameterError("prompt must not be empty (nor hold an empty token list)", "prompt")
         if isinstance(p[0], int):
             return [list(p)]  # type: ignore[arg-type]
         return list(p)  # type: ignore[arg-type]
 
 
-class ContentPart(BaseModel):
-    model_config = ConfigDict(strict=True, extra="allow")
-    type: str
-    text: str | None = None
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(strict=True, extra="allow")  # name, tool_call_id... reach the template as given
-    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: str | list[ContentPart] | None = None
-
-    def to_template(self, index: int) -> dict[str, Any]:
-        """The message as the chat template sees it: content parts of type text joined into one string."""
-        msg = self.model_dump(exclude_none=True)
-        content = self.content
-        if isinstance(content, list):
-            texts = []
-            for j, part in enumerate(content):
-                if part.type != "text" or part.text is None:
-                    raise InvalidParameterError(
-                        f"messages[{index}].content[{j}]: content parts of type {part.type!r} are not supported "
-                        f"(only 'text')", "messages")
-                texts.append(part.text)
-            msg["content"] = "".join(texts)
-        elif content is None:
-            msg["content"] = ""
-        return msg
-
-
 class ResponseFormat(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
-    type: str = "text"
+    type: str = _schema("text", enum=["text"])
 
 
 class ChatCompletionRequest(_SamplingRequest):
     """POST /v1/chat/completions."""
 
-    messages: list[ChatMessage]
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    model_config = ConfigDict(strict=True, extra="ignore", json_schema_extra={"allOf": [_STREAM_ONLY, {
+        "if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer"}}},
+        "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}}]})
+    messages: Annotated[list[ChatMessage], Field(json_schema_extra={"minItems": 1})]
+    max_tokens: int | None = _schema(minimum=0, **{MAX_TOKENS_MARK: True})
+    max_completion_tokens: int | None = _schema(minimum=0, **{MAX_TOKENS_MARK: True})
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = _schema(minimum=0, maximum=MAX_LOGPROBS)
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     response_format: ResponseFormat | None = None
@@ -176,16 +170,20 @@ class ChatCompletionRequest(_SamplingRequest):
         return self._sampling_params(max_tokens, logprobs, None)
 
     def template_messages(self) -> list[dict[str, Any]]:
-        return [m.to_template(i) for i, m in enumerate(self.messages)]
+        return template_messages(self.messages)
 
 
 class TokenizeRequest(BaseModel):
     """POST /tokenize: either ``prompt`` or ``messages`` (rendered with the chat template)."""
 
-    model_config = _STRICT
+    model_config = ConfigDict(strict=True, extra="ignore", json_schema_extra={"oneOf": [
+        {"required": [given], "properties": {given: {"type": kind}},
+         "not": {"required": [other], "properties": {other: {"type": other_kind}}}}  # null counts as absent
+        for given, kind, other, other_kind in (("prompt", "string", "messages", "array"),
+                                               ("messages", "array", "prompt", "string"))]})
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: Annotated[list[ChatMessage], Field(json_schema_extra={"minItems": 1})] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
 
@@ -195,4 +193,4 @@ class DetokenizeRequest(BaseModel):
 
     model_config = _STRICT
     model: str | None = None
-    tokens: list[int] = Field(default_factory=list)
+    tokens: list[TokenId] = Field(default_factory=list)

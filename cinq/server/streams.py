@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 from starlette.requests import Request
@@ -26,10 +26,12 @@ class SSEResponse(StreamingResponse):
     """A server-sent-events response that aborts its engine requests however it ends — including when the client
     disconnects before the first chunk, when the body generator never even starts."""
 
-    def __init__(self, content: AsyncIterator[str], streams: list[RequestStream]) -> None:
+    def __init__(self, content: AsyncIterator[str], streams: list[RequestStream],
+                 release: Callable[[list[RequestStream]], None] | None = None) -> None:
         super().__init__(content, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self.streams = streams
+        self.release = release  # ServerContext.release: aborts and drops per-request state
 
     async def __call__(self, scope, receive, send) -> None:  # type: ignore[override]
         try:
@@ -37,6 +39,8 @@ class SSEResponse(StreamingResponse):
         finally:
             for s in self.streams:
                 s.abort()
+            if self.release is not None:
+                self.release(self.streams)
 
 
 def sse(payload: dict) -> str:

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
 from cinq import LLM, SamplingParams
 from cinq.config import EngineConfig
-from cinq.engine.async_engine import AsyncLLM, EngineOverloadedError, RequestFailedError
+from cinq.engine.async_engine import AsyncLLM, EngineDeadError, EngineOverloadedError, RequestFailedError
 from cinq.engine.engine import LLMEngine
 from cinq.errors import InvalidParameterError, PromptTooLongError
 from cinq.sampling_params import OutputKind
@@ -209,3 +210,90 @@ def test_waiting_queue_is_bounded(tiny_llama):
 def test_rejects_bad_bound():
     with pytest.raises(InvalidParameterError, match="max_waiting_requests"):
         AsyncLLM(engine=None, max_waiting_requests=0)  # type: ignore[arg-type]
+
+
+def test_tokenizing_does_not_hold_the_command_lock(tiny_llama):
+    """A long prompt tokenized on the engine thread must not block the event loop queueing other commands."""
+    llm = make(tiny_llama)
+    tok = llm.engine.tokenizer
+    real_encode = tok.encode
+    inside, release = threading.Event(), threading.Event()
+
+    def slow_encode(text, *args, **kwargs):
+        if text.startswith("SLOW"):
+            inside.set()
+            release.wait(30)
+        return real_encode(text, *args, **kwargs)
+
+    tok.encode = slow_encode
+    small = SamplingParams(max_tokens=2, ignore_eos=True, output_kind=OutputKind.DELTA)
+
+    async def go():
+        slow = asyncio.ensure_future(llm.add_request("slow", "SLOW hello", small))
+        await asyncio.to_thread(inside.wait, 30)  # the engine thread is tokenizing now
+        t0 = asyncio.get_running_loop().time()
+        waiting = llm.num_waiting  # takes the command lock
+        other = asyncio.ensure_future(llm.add_request("other", PROMPT, small))  # queues under the lock
+        await asyncio.sleep(0)
+        blocked_for = asyncio.get_running_loop().time() - t0
+        release.set()
+        streams = [await slow, await other]
+        outs = [[o async for o in s] for s in streams]
+        return waiting, blocked_for, outs
+
+    waiting, blocked_for, outs = run(llm, go)
+    assert blocked_for < 0.5, f"the event loop waited {blocked_for:.2f}s on the engine's lock"
+    assert waiting >= 0 and all(o[-1].finished for o in outs)
+
+
+def test_shutdown_does_not_block_the_event_loop(tiny_llama):
+    llm = make(tiny_llama)
+    engine = llm.engine
+    real_step = engine.step
+    in_step = threading.Event()
+
+    def slow_step():
+        in_step.set()
+        time.sleep(1.0)
+        return real_step()
+
+    engine.step = slow_step
+    params = SamplingParams(max_tokens=50, ignore_eos=True, output_kind=OutputKind.DELTA)
+
+    async def go():
+        llm.start()
+        stream = await llm.add_request("r", PROMPT, params)
+        await asyncio.to_thread(in_step.wait, 30)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        llm.shutdown()  # on the loop: signals, does not join the thread in its 1 s step
+        sync_s = loop.time() - t0
+        with pytest.raises(EngineDeadError):
+            async for _ in stream:
+                pass
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.02)
+                ticks += 1
+
+        tick = asyncio.ensure_future(ticker())
+        llm2 = make(tiny_llama)
+        llm2.start()
+        llm2.engine.step = slow_step
+        await llm2.add_request("r2", PROMPT, params)
+        in_step.clear()
+        await asyncio.to_thread(in_step.wait, 30)
+        t1 = loop.time()
+        await llm2.shutdown_async()  # waits for the thread, off the loop
+        async_s = loop.time() - t1
+        tick.cancel()
+        return sync_s, async_s, ticks, llm2
+
+    sync_s, async_s, ticks, llm2 = asyncio.run(go())
+    assert sync_s < 0.2, f"shutdown() blocked the loop for {sync_s:.2f}s"
+    assert async_s > 0.3 and ticks >= 10  # it did wait for the step, and the loop kept running meanwhile
+    assert not llm.is_running and not llm2.is_running
+    assert llm2._stopped_thread is None or not llm2._stopped_thread.is_alive()

@@ -90,3 +90,27 @@ def test_quantized_folder_loads_without_a_flag_and_skips_stray_biases(tiny_llama
     assert type(q.model.layers[0].self_attn.qkv_proj).__name__ == "GPTQLinear"
     ref = logits(load_model(tiny_llama, "float32"))
     assert (logits(q) - ref).abs().max() < 0.1 * ref.abs().max()
+
+
+def test_hugging_face_cache_layout_with_linked_files_loads(tiny_llama, tmp_path):
+    # The HF hub cache links every snapshot file to ../../blobs/<hash>: the loader's "stay inside the folder"
+    # and "regular files only" checks look at names and link targets' kinds, so this layout still loads.
+    blobs, snap = tmp_path / "blobs", tmp_path / "snapshots" / "rev"
+    blobs.mkdir()
+    snap.mkdir(parents=True)
+    tensors = load_file(tiny_llama / "model.safetensors")
+    names = sorted(tensors)
+    save_file({k: tensors[k] for k in names[:5]}, blobs / "a")
+    save_file({k: tensors[k] for k in names[5:]}, blobs / "b")
+    weight_map = {k: "model-00001-of-00002.safetensors" for k in names[:5]}
+    weight_map |= {k: "model-00002-of-00002.safetensors" for k in names[5:]}
+    (blobs / "index").write_text(json.dumps({"weight_map": weight_map}))
+    links = {"model-00001-of-00002.safetensors": "a", "model-00002-of-00002.safetensors": "b",
+             "model.safetensors.index.json": "index"}
+    for f in tiny_llama.iterdir():
+        shutil.copy(f, blobs / f.name)
+        if f.name != "model.safetensors":
+            links[f.name] = f.name
+    for name, blob in links.items():
+        (snap / name).symlink_to(f"../../blobs/{blob}")
+    assert torch.equal(logits(load_model(snap, "float32")), logits(load_model(tiny_llama, "float32")))

@@ -21,6 +21,8 @@ class RunningServer:
     url: str
     llm: object  # AsyncLLM
     model_path: Path
+    server: object = None  # the uvicorn.Server (its server_state counts connections and tasks)
+    app: object = None  # the FastAPI app (app.state.ctx: the ServerContext)
 
     @property
     def engine(self):
@@ -47,22 +49,26 @@ class RunningServer:
 
 @contextmanager
 def serve(model: Path, api_key: str | None = None, max_waiting_requests: int | None = None,
+          limits: object | None = None, metrics_require_api_key: bool = False,
           **engine_args: object) -> Iterator[RunningServer]:
+    """A live server as `cinq serve` builds it (same app, same uvicorn config); ``limits``: a
+    ``ConnectionLimits`` (default: cinq serve's defaults)."""
     import uvicorn
 
     from cinq.config import EngineConfig
     from cinq.engine.async_engine import AsyncLLM
     from cinq.engine.engine import LLMEngine
     from cinq.server.app import build_app
+    from cinq.server.connections import ConnectionLimits, uvicorn_config
 
     args = {"dtype": "float32", "num_kv_blocks": 512, "block_size": 16, **engine_args}
     llm = AsyncLLM(LLMEngine(EngineConfig.from_kwargs(str(model), **args)), max_waiting_requests)
-    app = build_app(llm, [MODEL_NAME], str(model), api_key)
+    app = build_app(llm, [MODEL_NAME], str(model), api_key, metrics_require_api_key)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
-    sock.listen(256)
+    sock.listen(1024)
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
+    server = uvicorn.Server(uvicorn_config(app, limits or ConnectionLimits(), graceful_shutdown=2))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -71,7 +77,7 @@ def serve(model: Path, api_key: str | None = None, max_waiting_requests: int | N
             raise RuntimeError("the test server did not start")
         time.sleep(0.02)
     try:
-        yield RunningServer(f"http://127.0.0.1:{port}", llm, model)
+        yield RunningServer(f"http://127.0.0.1:{port}", llm, model, server, app)
     finally:
         server.should_exit = True
         thread.join(15)

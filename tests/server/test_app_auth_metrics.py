@@ -1,4 +1,5 @@
-"""API-key auth on /v1/*, Prometheus metrics under vLLM's names, the health and stats routes."""
+"""Prometheus metrics under vLLM's names (TPOT per sequence, n > 1 included), the health and stats routes. API-key
+auth is tested in tests/reliability/test_api_key.py."""
 
 from __future__ import annotations
 
@@ -59,28 +60,71 @@ def test_health_and_stats(server):
     assert s["num_kv_blocks"] == server.engine.num_blocks and s["model"] == MODEL_NAME
 
 
-@pytest.fixture(scope="module")
-def secured(tiny_llama):
-    with serve(tiny_llama, api_key="s3cret-key", num_kv_blocks=64) as srv:
-        yield srv
+def _completion_capturing(server, body: dict):
+    """POST a completion; return the finished engine output(s) seen by the metrics hook, and the scrape delta."""
+    finished = []
+    server.llm.finished_callbacks.append(finished.append)
+    try:
+        server.wait_idle()
+        before = scrape(server.url)
+        r = httpx.post(server.url + "/v1/completions", json={"model": MODEL_NAME, **body}, timeout=60)
+        assert r.status_code == 200, r.text
+        server.wait_idle()
+        after = scrape(server.url)
+    finally:
+        server.llm.finished_callbacks.remove(finished.append)
+    return finished, {k: after[k] - before.get(k, 0.0) for k in after}
 
 
-@pytest.mark.parametrize("header", [None, "Bearer wrong", "s3cret-key", "Basic s3cret-key", "Bearer",
-                                    "Bearer s3cret-keyX"])
-def test_api_key_rejects(secured, header):
-    headers = {"Authorization": header} if header is not None else {}
-    for method, path in [("GET", "/v1/models"), ("POST", "/v1/completions"), ("POST", "/v1/chat/completions")]:
-        r = httpx.request(method, secured.url + path, headers=headers, json={"prompt": "x"})
-        assert r.status_code == 401, (path, r.text)
-        err = r.json()["error"]
-        assert err["code"] == "invalid_api_key" and err["type"] == "invalid_request_error"
+def _stop_token_for_first_choice(server) -> tuple[int, int, int]:
+    """(seed, token, position): with this seed, choice 0 of n = 2 generates ``token`` first at ``position`` < 7
+    and choice 1 never does, so stopping on it ends choice 0 steps before choice 1."""
+    for seed in range(20):
+        (out,), _ = _completion_capturing(server, {"prompt": "tpot", "max_tokens": 8, "n": 2, "seed": seed,
+                                                   "ignore_eos": True})
+        a, b = (c.token_ids for c in sorted(out.outputs, key=lambda c: c.index))
+        for pos, tok in enumerate(a[:6]):
+            if tok not in b and tok not in a[:pos]:
+                return seed, tok, pos
+    raise AssertionError("no seed found where the two choices differ")
 
 
-def test_api_key_accepts_openai_client(secured):
-    client = openai.OpenAI(base_url=secured.api, api_key="s3cret-key", max_retries=0)
-    assert client.completions.create(model=MODEL_NAME, prompt="x", max_tokens=2).usage.prompt_tokens > 0
-    bad = openai.OpenAI(base_url=secured.api, api_key="nope", max_retries=0)
-    with pytest.raises(openai.AuthenticationError):
-        bad.models.list()
-    for path in ("/health", "/metrics", "/stats", "/"):  # only /v1 is guarded, as in vLLM
-        assert httpx.get(secured.url + path).status_code == 200
+@pytest.mark.parametrize("stream", [False, True])
+def test_tpot_is_per_sequence_for_n_choices(server, stream):
+    """n = 2 choices, one stopped early: TPOT is (last - first token time) / (tokens per sequence - 1). A streamed
+    request's final output holds only the choice that changed last, so n must not be read from it (it was:
+    TPOT came out about half the truth for streamed n > 1 requests)."""
+    seed, tok, pos = _stop_token_for_first_choice(server)
+    (out,), delta = _completion_capturing(server, {
+        "prompt": "tpot", "max_tokens": 8, "n": 2, "seed": seed, "ignore_eos": True, "stop_token_ids": [tok],
+        "stream": stream, "temperature": 1.0})
+    m = out.metrics
+    assert m.num_generation_tokens == pos + 1 + 8
+    if stream:
+        assert len(out.outputs) == 1  # what made the old count wrong
+    expected = (m.last_token_time - m.first_token_time) / (m.num_generation_tokens / 2 - 1)
+    assert delta[("cinq:time_per_output_token_seconds_count", ())] == 1
+    assert delta[("cinq:time_per_output_token_seconds_sum", ())] == pytest.approx(expected, rel=1e-6)
+
+
+def test_metrics_keep_no_state_for_finished_or_aborted_requests(server):
+    """The n kept per request for TPOT is dropped on finish and on abort (else it grows under soak)."""
+    _completion_capturing(server, {"prompt": "x", "max_tokens": 3, "n": 3, "ignore_eos": True, "stream": True})
+    with httpx.Client(timeout=30) as client:
+        with client.stream("POST", server.url + "/v1/completions", json={
+                "model": MODEL_NAME, "prompt": "y", "max_tokens": 400, "n": 2, "ignore_eos": True,
+                "stream": True}) as r:
+            next(r.iter_lines())  # first event, then hang up mid-stream
+    server.wait_idle()
+    assert server.app.state.ctx.metrics._num_seqs == {}
+
+
+def test_speculative_counters_use_vllms_names() -> None:
+    from cinq.outputs import EngineStats
+    from cinq.server.metrics import ServerMetrics
+    stats = EngineStats(spec_decode_num_drafts=4, spec_decode_num_draft_tokens=12,
+                        spec_decode_num_accepted_tokens=7, spec_decode_num_accepted_tokens_per_pos=[4, 2, 1])
+    text = ServerMetrics("m", lambda: stats).render().decode()
+    assert 'cinq:spec_decode_num_drafts_total{model_name="m"} 4.0' in text
+    assert 'cinq:spec_decode_num_accepted_tokens_total{model_name="m"} 7.0' in text
+    assert 'cinq:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="2"} 1.0' in text

@@ -79,3 +79,20 @@ def test_cinq_serve_reports_a_taken_port(tiny_llama):
                             "--num-kv-blocks", "16"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert "cannot bind" in r.stderr and str(port) in r.stderr
+
+
+def test_cinq_serve_connection_flags(tiny_llama):
+    proc, url, banner = _start([str(tiny_llama), "--num-kv-blocks", "16", "--request-body-timeout", "0.5",
+                                "--limit-concurrency", "64"])
+    try:
+        assert "request timeout 0.5 s, concurrency cap 64" in banner
+        import socket
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{\"pro")
+            assert s.recv(100).startswith(b"HTTP/1.1 408")  # the flag reached the server
+    finally:
+        assert _stop(proc) == 0
+    r = subprocess.run([sys.executable, "-m", "cinq.cli", "serve", str(tiny_llama), "--request-body-timeout", "0"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "request_body_timeout must be > 0" in r.stderr

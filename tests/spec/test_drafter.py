@@ -66,6 +66,14 @@ def test_stops_max_tokens_min_tokens_and_penalties_inside_a_draft(tiny_llama) ->
     a, _ = run(tiny_llama, None, params)
     b, llm = run(tiny_llama, NGRAM, params)
     assert a == b and len(b[0]) == 23 and b[1][-1] == stop_tok
+    # a stop string completed inside an accepted draft: the same text and tokens as decoding one by one
+    llm = LLM(str(tiny_llama), dtype="float32")
+    text = llm.generate(PROMPTS[:1], [greedy(40)])[0].outputs[0].text
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    with_stop = [greedy(40, stop=[stop])]
+    a = LLM(str(tiny_llama), dtype="float32").generate(PROMPTS[:1], with_stop)[0].outputs[0]
+    b = LLM(str(tiny_llama), dtype="float32", speculative_config=NGRAM).generate(PROMPTS[:1], with_stop)[0].outputs[0]
+    assert (a.text, a.token_ids, a.finish_reason) == (b.text, b.token_ids, b.finish_reason) and a.finish_reason == "stop"
     # penalised requests alone: their verify rows must see the drafts before them as output history
     penalised = [SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, presence_penalty=0.3),
                  SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, frequency_penalty=0.1,
