@@ -127,3 +127,16 @@ def test_unbuilt_methods_and_bad_configs_are_refused(tiny_llama) -> None:
         LLM(str(tiny_llama), speculative_config={"method": "ngram", "num_speculative_tokens": 0,
                                                  "prompt_lookup_max": 2})
     assert err.value.param == "num_speculative_tokens"
+
+
+def test_kv_accounting_after_many_speculative_requests_with_rejections_and_preemptions(tiny_llama) -> None:
+    llm = LLM(str(tiny_llama), dtype="float32", speculative_config=NGRAM, num_kv_blocks=24, block_size=4,
+              max_num_batched_tokens=64)
+    prompts = [PROMPTS[i % len(PROMPTS)] + str(i % 7) for i in range(64)]
+    params = [SamplingParams(temperature=0.9, seed=i, max_tokens=8 + i % 17, ignore_eos=True) for i in range(64)]
+    outs = llm.generate(prompts, params)
+    st = llm.engine.get_stats()
+    assert all(len(o.outputs[0].token_ids) == 8 + i % 17 for i, o in enumerate(outs))
+    assert st.num_preemptions > 0
+    assert st.spec_decode_num_draft_tokens > st.spec_decode_num_accepted_tokens > 0  # rejections happened
+    assert llm.engine.kv.num_free_blocks == llm.engine.num_blocks
