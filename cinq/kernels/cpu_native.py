@@ -24,6 +24,7 @@ _SOURCES = Path(__file__).with_name("cpu")
 _lock = threading.Lock()
 _modules: dict[str, Any] = {}
 SMALL_M_MAX_ROWS = 4
+_NO_TREE = torch.empty(0, dtype=torch.bool)  # "causal among the new rows": one shared tensor, nothing per call
 
 
 def native_module(name: str) -> Any | None:
@@ -75,17 +76,21 @@ def warm_native_kernels() -> None:
 
 
 def paged_decode_native(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
-                        seq_lens: torch.Tensor, scale: float, query_len: int = 1) -> torch.Tensor | None:
+                        seq_lens: torch.Tensor, scale: float, query_len: int = 1,
+                        tree_mask: torch.Tensor | None = None) -> torch.Tensor | None:
     """Decode attention [nd * query_len, Hq, D] (query dtype) straight from the pages, or None if the kernel is
-    unavailable. Sequence s owns query rows s * query_len ...; row r sees keys up to seq_len - query_len + r."""
+    unavailable. Sequence s owns query rows s * query_len ...; row r sees keys up to seq_len - query_len + r,
+    or with ``tree_mask`` (bool [query_len, query_len], tree verification) the cached context and the new rows
+    ``tree_mask[r]`` marks."""
     if query.device.type != "cpu" or not kv_cache.is_contiguous():
         return None
     mod = native_module("paged_decode")
     if mod is None:
         return None
     nd = query.shape[0] // query_len
+    tree = _NO_TREE if tree_mask is None else tree_mask.to(torch.bool).contiguous()
     out = mod.paged_decode(query.float().contiguous(), kv_cache, block_tables[:nd].to(torch.int32).contiguous(),
-                           seq_lens[:nd].to(torch.int32).contiguous(), float(scale), int(query_len))
+                           seq_lens[:nd].to(torch.int32).contiguous(), float(scale), int(query_len), tree)
     return out.to(query.dtype)
 
 

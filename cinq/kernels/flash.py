@@ -41,8 +41,12 @@ KVTileLoader = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
 
 
 def _attend(q: torch.Tensor, load_kv: KVTileLoader, kv_len: int, num_kv_heads: int, scale: float, causal: bool,
-            block_m: int, block_n: int, out: torch.Tensor, lse: torch.Tensor) -> None:
-    """One sequence: q [Lq, Hq, D] are the last Lq positions of kv_len keys. Writes out [Lq, Hq, D], lse [Hq, Lq]."""
+            block_m: int, block_n: int, out: torch.Tensor, lse: torch.Tensor,
+            tree: torch.Tensor | None = None) -> None:
+    """One sequence: q [Lq, Hq, D] are the last Lq positions of kv_len keys. Writes out [Lq, Hq, D], lse [Hq, Lq].
+
+    ``tree`` (bool [Lq, Lq], with ``causal``): query row i sees the keys before the queries and, of the queries'
+    own keys, those ``tree[i]`` marks (tree verification)."""
     lq, hq, d = q.shape
     group = hq // num_kv_heads
     acc_dtype = torch.promote_types(q.dtype, torch.float32)  # statistics and accumulator: fp32 at least
@@ -63,14 +67,24 @@ def _attend(q: torch.Tensor, load_kv: KVTileLoader, kv_len: int, num_kv_heads: i
             n1 = min(n0 + block_n, kv_end)
             kt, vt = load_kv(n0, n1)  # [n, Hkv, D]
             s = torch.bmm(qt, kt.to(acc_dtype).permute(1, 2, 0))  # [Hkv, group*m, n]: one score tile
-            if causal and n1 - 1 > offset + m0:  # tile crosses the diagonal: hide keys after each query
-                future = torch.arange(n0, n1, device=q.device)[None, :] > q_pos[:, None]  # [m, n]
-                s.view(num_kv_heads, group, m, n1 - n0).masked_fill_(future, float("-inf"))
+            in_tree = tree is not None and n1 > offset  # the tile holds some of the tree rows' own keys
+            if causal and (n1 - 1 > offset + m0 or in_tree):  # crosses the diagonal: hide keys after each query
+                k_pos = torch.arange(n0, n1, device=q.device)
+                hidden = k_pos[None, :] > q_pos[:, None]  # [m, n]
+                if in_tree:  # and, among the tree rows, the non-ancestors
+                    rel = k_pos - offset
+                    hidden |= (rel >= 0)[None, :] & ~tree[m0:m1][:, rel.clamp(min=0)]
+                s.view(num_kv_heads, group, m, n1 - n0).masked_fill_(hidden, float("-inf"))
             # Row 0 of every tile sees key 0 in the first KV tile, so new_max is finite from then on and a row
             # fully masked in a later tile just contributes exp(-inf) = 0.
             new_max = torch.maximum(row_max, s.amax(dim=-1))
-            p = s.sub_(new_max[..., None]).exp_()
-            correction = torch.exp(row_max - new_max)  # re-weight what was summed under the old maximum
+            ref_max = new_max
+            if tree is not None:
+                # a tree row need not see key 0 (the cache may hold only the tree, and a row need not see the
+                # root); until its first visible key its max stays -inf: subtract 0 then, not -inf (NaN)
+                ref_max = torch.where(new_max == float("-inf"), 0.0, new_max)
+            p = s.sub_(ref_max[..., None]).exp_()
+            correction = torch.exp(row_max - ref_max)  # re-weight what was summed under the old maximum
             row_sum = row_sum * correction + p.sum(dim=-1)
             acc = acc * correction[..., None] + torch.bmm(p, vt.to(acc_dtype).transpose(0, 1))
             row_max = new_max
@@ -131,6 +145,7 @@ def flash_attention_paged(query: torch.Tensor, kv_cache: torch.Tensor, meta: Att
                           block_n: int = DEFAULT_BLOCK_N) -> tuple[torch.Tensor, torch.Tensor]:
     """The serving step with K/V read through block tables: each KV tile is gathered slot by slot from the pages,
     exactly as a paged kernel computes its addresses. query [T, Hq, D]; kv_cache [2, blocks, block_size, Hkv, D].
+    The decode-like sequences of a tree step see their context and their tree ancestors (``meta.tree_mask``).
     """
     _check_tiles(block_m, block_n)
     _, num_blocks, block_size, num_kv_heads, d = kv_cache.shape
@@ -147,5 +162,7 @@ def flash_attention_paged(query: torch.Tensor, kv_cache: torch.Tensor, meta: Att
         def load_kv(a: int, b: int, slots: torch.Tensor = slots) -> tuple[torch.Tensor, torch.Tensor]:
             return keys[slots[a:b]], values[slots[a:b]]
 
-        _attend(query[s:e], load_kv, seq_len, num_kv_heads, scale, True, block_m, block_n, out[s:e], lse[:, s:e])
+        tree = meta.tree_mask if i < meta.num_decodes else None
+        _attend(query[s:e], load_kv, seq_len, num_kv_heads, scale, True, block_m, block_n, out[s:e], lse[:, s:e],
+                tree)
     return out, lse

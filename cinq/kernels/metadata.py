@@ -6,6 +6,13 @@ A step is a flat, variable-length batch of T new tokens from B sequences. Sequen
 first ``num_decodes`` each have exactly ``decode_query_len`` new tokens (1 for plain decoding, k + 1 when a
 speculative step verifies k draft tokens), so backends batch them in their decode kernel, causal within those
 rows; the rest are (chunked) prefills.
+
+Tree verification (Medusa / EAGLE-2 candidate trees): the ``decode_query_len`` rows of each decode-like sequence
+are then a flattened tree (row 0 the root, every node after its parent) and ``tree_mask`` ([q, q] bool, shared
+by all decode-like sequences of the step) says which of them each row sees: row i attends to the whole cached
+context (positions < seq_len - q) and to the rows j with ``tree_mask[i, j]`` (its ancestors and itself). Row r
+still sits at KV position seq_len - q + r; the tree rows' rope positions (depths) are the caller's business.
+Sequences past ``num_decodes`` are always causal.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ class AttentionMetadata:
     max_seq_len: int
     block_size: int
     decode_query_len: int = 1  # query rows of each decode-like sequence
+    # [q, q] bool on the step's device, or None (causal among the rows): tree_mask[i, j] = decode row i sees row j
+    tree_mask: torch.Tensor | None = None
 
     @property
     def num_decode_tokens(self) -> int:
@@ -47,16 +56,21 @@ class AttentionMetadata:
 
     @classmethod
     def from_lens(cls, query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]], block_size: int,
-                  device: torch.device | str = "cpu", decode_query_len: int = 1) -> AttentionMetadata:
+                  device: torch.device | str = "cpu", decode_query_len: int = 1,
+                  tree_mask: torch.Tensor | None = None) -> AttentionMetadata:
         """Build the metadata of one step from host lists (tests, benchmarks, simple callers).
 
         Sequences must already be ordered decodes first; ``num_decodes`` counts the leading sequences with
-        ``query_len == decode_query_len``.
+        ``query_len == decode_query_len``. ``tree_mask`` (see the module docstring) is checked with
+        ``check_tree_mask`` and moved to ``device``.
         """
         if not isinstance(decode_query_len, int) or decode_query_len < 1:
             raise InvalidParameterError(
                 f"metadata: decode_query_len must be an integer >= 1, got {decode_query_len!r}",
                 param="decode_query_len")
+        if tree_mask is not None:
+            check_tree_mask(tree_mask, decode_query_len)
+            tree_mask = tree_mask.to(device)
         if not (len(query_lens) == len(seq_lens) == len(block_tables)):
             raise InvalidParameterError(
                 f"metadata: query_lens ({len(query_lens)}), seq_lens ({len(seq_lens)}) and block_tables "
@@ -88,4 +102,43 @@ class AttentionMetadata:
             max_seq_len=max(seq_lens, default=0),
             block_size=block_size,
             decode_query_len=decode_query_len,
+            tree_mask=tree_mask,
         )
+
+
+def check_tree_mask(tree_mask: torch.Tensor, decode_query_len: int) -> None:
+    """Raise ``InvalidParameterError`` (param ``tree_mask``) unless ``tree_mask`` is a bool [q, q] tensor,
+    q = ``decode_query_len``, True on the diagonal and False above it (a row sees only itself and earlier rows).
+
+    Reads the mask's values: on a GPU that is a device sync, so callers check once per tree, not per layer.
+    """
+    if not isinstance(tree_mask, torch.Tensor) or tree_mask.dtype != torch.bool:
+        what = tree_mask.dtype if isinstance(tree_mask, torch.Tensor) else type(tree_mask).__name__
+        raise InvalidParameterError(f"metadata: tree_mask must be a bool tensor, got {what}", param="tree_mask")
+    q = decode_query_len
+    if tuple(tree_mask.shape) != (q, q):
+        raise InvalidParameterError(
+            f"metadata: tree_mask must be [decode_query_len, decode_query_len] = [{q}, {q}], got "
+            f"{list(tree_mask.shape)}", param="tree_mask")
+    host = tree_mask.cpu()
+    if not bool(host.diagonal().all()):
+        raise InvalidParameterError("metadata: tree_mask must be True on the diagonal (every row sees itself)",
+                                    param="tree_mask")
+    if bool(host.triu(diagonal=1).any()):
+        raise InvalidParameterError(
+            "metadata: tree_mask must be False above the diagonal (a row sees only itself and earlier rows: "
+            "a node's parent comes before it)", param="tree_mask")
+
+
+def tree_mask_from_parents(parents: list[int], device: torch.device | str = "cpu") -> torch.Tensor:
+    """The [q, q] ``tree_mask`` of a flattened tree: ``parents[i]`` is row i's parent row (< i), -1 for the root
+    (row 0). Row i sees itself and its ancestors."""
+    if not parents or parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i):
+        raise InvalidParameterError(
+            f"metadata: parents must start with -1 (the root) and have 0 <= parents[i] < i, got {parents}",
+            param="parents")
+    q = len(parents)
+    mask = torch.eye(q, dtype=torch.bool)
+    for i in range(1, q):  # parents come first, so their rows are complete
+        mask[i] |= mask[parents[i]]
+    return mask.to(device)

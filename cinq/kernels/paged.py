@@ -46,6 +46,14 @@ def causal_mask(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
     return torch.ones(q_len, kv_len, dtype=torch.bool, device=device).tril(diagonal=kv_len - q_len)
 
 
+def tree_context_mask(tree_mask: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """Boolean mask [q, kv_len] of q tree rows that are the last q of kv_len keys: every row sees the cached
+    context (keys 0..kv_len - q - 1), and of the tree rows those ``tree_mask`` [q, q] lets it see."""
+    q = tree_mask.shape[0]
+    context = torch.ones(q, kv_len - q, dtype=torch.bool, device=tree_mask.device)
+    return torch.cat([context, tree_mask], dim=1)
+
+
 def check_inputs(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
                  key: torch.Tensor | None = None, value: torch.Tensor | None = None,
                  out: torch.Tensor | None = None) -> None:
@@ -91,6 +99,12 @@ def check_inputs(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMet
         raise InvalidParameterError(
             f"attention: {meta.num_decodes} decode-like sequences of {meta.decode_query_len} query rows each do "
             f"not fit in {query.shape[0]} tokens", param="decode_query_len")
+    tree = meta.tree_mask
+    if tree is not None and (tuple(tree.shape) != (meta.decode_query_len,) * 2 or tree.dtype != torch.bool
+                             or tree.device != query.device):
+        raise InvalidParameterError(
+            f"attention: tree_mask must be bool [{meta.decode_query_len}, {meta.decode_query_len}] on "
+            f"{query.device}, got {tree.dtype} {list(tree.shape)} on {tree.device}", param="tree_mask")
     if meta.block_tables.dim() != 2 or meta.block_tables.shape[0] < meta.num_seqs:
         raise InvalidParameterError(
             f"attention: block_tables must be [num_seqs >= {meta.num_seqs}, max_blocks], "

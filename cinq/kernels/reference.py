@@ -3,7 +3,8 @@
 Positions follow the serving convention: a sequence's ``Lq`` queries are the *last* ``Lq`` of its ``Lk`` keys,
 so query ``i`` sits at position ``Lk - Lq + i`` and (causally) sees keys ``0 .. Lk - Lq + i``. With ``Lq == Lk``
 this is ordinary causal self-attention; with ``Lq == 1`` it is a decode step; in between, a prefill chunk
-after a cached prefix.
+after a cached prefix. A tree-verification step (``AttentionMetadata.tree_mask``) replaces the causal mask of
+its decode-like sequences by an explicit one.
 """
 
 from __future__ import annotations
@@ -12,18 +13,23 @@ import torch
 
 from cinq.errors import InvalidParameterError
 from cinq.kernels.metadata import AttentionMetadata
-from cinq.kernels.paged import causal_mask, gather_context
+from cinq.kernels.paged import causal_mask, gather_context, tree_context_mask
 
 
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                        causal: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                        causal: bool = True, attn_mask: torch.Tensor | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of one sequence. q: [Lq, Hq, D]; k, v: [Lk, Hkv, D] with Hq a multiple of Hkv (GQA).
 
+    ``attn_mask`` (bool [Lq, Lk], True = visible; every row must see a key), when given, replaces ``causal``.
     Returns ``(out [Lq, Hq, D], lse [Hq, Lq])`` in float64; ``lse`` is the log-sum-exp of each query's scaled
     scores, the quantity FlashAttention keeps to merge partial results.
     """
     lq, lk = q.shape[0], k.shape[0]
-    if causal and lq > lk:
+    if attn_mask is not None and tuple(attn_mask.shape) != (lq, lk):
+        raise InvalidParameterError(
+            f"attention: attn_mask must be [{lq}, {lk}], got {list(attn_mask.shape)}", param="attn_mask")
+    if attn_mask is None and causal and lq > lk:
         raise InvalidParameterError(f"attention: causal needs query length ({lq}) <= key length ({lk})", param="q")
     if q.shape[1] % k.shape[1]:
         raise InvalidParameterError(
@@ -32,7 +38,9 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale
     kd = k.double().repeat_interleave(group, dim=1)  # [Lk, Hq, D]
     vd = v.double().repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q.double(), kd).mul_(scale)  # [Hq, Lq, Lk]: the N x N matrix
-    if causal:
+    if attn_mask is not None:
+        scores.masked_fill_(~attn_mask.to(q.device), float("-inf"))
+    elif causal:
         scores.masked_fill_(~causal_mask(lq, lk, q.device), float("-inf"))
     # softmax in place, so that the peak is one score matrix (the benchmark's N^2 column)
     row_max = scores.amax(dim=-1, keepdim=True)
@@ -60,7 +68,8 @@ def varlen_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 
 def paged_attention_reference(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
                               scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The serving step: each sequence's new queries attend causally to its context read through its block table.
+    """The serving step: each sequence's new queries attend causally to its context read through its block table
+    (the decode-like sequences of a tree step: to the context and their tree ancestors, ``meta.tree_mask``).
 
     query: [T, Hq, D]; kv_cache: [2, num_blocks, block_size, Hkv, D]. Returns float64 ``(out, lse)``.
     """
@@ -70,5 +79,8 @@ def paged_attention_reference(query: torch.Tensor, kv_cache: torch.Tensor, meta:
     for i in range(meta.num_seqs):
         s, e = starts[i], starts[i + 1]
         k, v = gather_context(kv_cache, meta.block_tables[i], meta.seq_lens_cpu[i])
-        out[s:e], lse[:, s:e] = attention_reference(query[s:e], k, v, scale, causal=True)
+        mask = None
+        if meta.tree_mask is not None and i < meta.num_decodes:
+            mask = tree_context_mask(meta.tree_mask, meta.seq_lens_cpu[i])
+        out[s:e], lse[:, s:e] = attention_reference(query[s:e], k, v, scale, causal=True, attn_mask=mask)
     return out, lse

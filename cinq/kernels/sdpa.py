@@ -58,7 +58,9 @@ def sdpa_decode(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
     [nd * ql, Hq, D]. On the CPU the native kernel reads the pages directly (no gathered copy of the contexts);
     elsewhere, or if it cannot be built, one SDPA call."""
     nd, ql = meta.num_decodes, meta.decode_query_len
-    native = paged_decode_native(query, kv_cache, meta.block_tables[:nd], meta.seq_lens[:nd], scale, ql)
+    # positional arguments: tests stand in for the native kernel with ``lambda *a: None``
+    native = paged_decode_native(query, kv_cache, meta.block_tables[:nd], meta.seq_lens[:nd], scale, ql,
+                                 meta.tree_mask)
     if native is not None:
         return native
     _, hq, d = query.shape
@@ -80,10 +82,23 @@ def sdpa_decode(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
     else:
         # rows (r, g) of kv head h: query token r of the sequence, head h * group + g
         q = query.reshape(nd, ql, hkv, group, d).permute(0, 2, 1, 3, 4).reshape(nd, hkv, ql * group, d)
-        last = seq_lens - ql + torch.arange(ql, device=query.device)  # [nd, ql]: position of query row r
-        mask = pos[None, None, :] <= last[:, :, None]  # [nd, ql, L]; implies < seq_len
+        if meta.tree_mask is None:
+            last = seq_lens - ql + torch.arange(ql, device=query.device)  # [nd, ql]: position of query row r
+            mask = pos[None, None, :] <= last[:, :, None]  # [nd, ql, L]; implies < seq_len
+        else:
+            mask = _tree_rows_mask(meta.tree_mask, pos, seq_lens - ql)
         mask = mask.repeat_interleave(group, dim=1)[:, None]  # [nd, 1, ql * group, L]
     o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     if ql == 1:
         return o.reshape(nd, hq, d)
     return o.reshape(nd, hkv, ql, group, d).permute(0, 2, 1, 3, 4).reshape(nd * ql, hq, d)
+
+
+def _tree_rows_mask(tree_mask: torch.Tensor, pos: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+    """[nd, ql, L] visibility of tree rows: key positions ``pos`` [L] before a sequence's first new row
+    (``first`` [nd, 1]) are its cached context, seen by every row; of the ql new rows, row r sees those
+    ``tree_mask[r]`` marks; positions past the sequence (padding) none."""
+    ql = tree_mask.shape[0]
+    rel = pos[None, :] - first  # [nd, L]: index of the new row at each position (< 0: cached, >= ql: padding)
+    tree = tree_mask[:, rel.clamp(0, ql - 1)].transpose(0, 1)  # [nd, ql, L]: tree_mask[r, rel]
+    return (rel < 0)[:, None, :] | ((rel < ql)[:, None, :] & tree)

@@ -36,8 +36,10 @@ class PagedCase:
 
 def make_paged_case(query_lens: list[int], seq_lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int,
                     dtype: torch.dtype = torch.float32, block_size: int = 16, seed: int = 0,
-                    device: str = "cpu", decode_query_len: int = 1) -> PagedCase:
-    """Random step whose sequences own randomly scattered (non-contiguous, shuffled) blocks.
+                    device: str = "cpu", decode_query_len: int = 1,
+                    tree_mask: torch.Tensor | None = None) -> PagedCase:
+    """Random step whose sequences own randomly scattered (non-contiguous, shuffled) blocks; ``tree_mask``
+    makes it a tree-verification step (see ``AttentionMetadata``).
 
     Cache slots no sequence owns, and the tails of partially filled last blocks, are NaN: a kernel that reads
     past a context or outside its block table turns its output NaN.
@@ -50,7 +52,8 @@ def make_paged_case(query_lens: list[int], seq_lens: list[int], num_heads: int, 
     for n in need:
         tables.append(perm[at:at + n])
         at += n
-    meta = AttentionMetadata.from_lens(query_lens, seq_lens, tables, block_size, device, decode_query_len)
+    meta = AttentionMetadata.from_lens(query_lens, seq_lens, tables, block_size, device, decode_query_len,
+                                       tree_mask)
     cache = torch.full((2, num_blocks, block_size, num_kv_heads, head_dim), float("nan"), dtype=dtype)
     flat = cache.view(2, num_blocks * block_size, num_kv_heads, head_dim)
     for table, seq_len in zip(tables, seq_lens):  # the cached prefix (and, overwritten below, the new tokens)

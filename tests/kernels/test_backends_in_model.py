@@ -22,9 +22,7 @@ LENGTHS = {"a": 14, "b": 8, "c": 2}
 TABLES = {"a": [9, 2, 5, 11], "b": [0, 7], "c": [4]}  # scattered, shuffled blocks
 
 
-# "triton" runs compiled on CUDA, interpreted on CPU (tests/kernels/conftest.py sets TRITON_INTERPRET)
-@pytest.mark.parametrize("backend", available_backends())
-def test_paged_steps_reproduce_the_plain_forward(backend: str) -> None:
+def _tiny_model(backend: str):
     config = ModelConfig.from_dict({
         "architectures": ["LlamaForCausalLM"], "vocab_size": 97, "hidden_size": 64, "intermediate_size": 96,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
@@ -32,6 +30,13 @@ def test_paged_steps_reproduce_the_plain_forward(backend: str) -> None:
     })
     model = init_random_model(config, seed=0, std=0.2).eval()
     model.set_attention_backend(backend)
+    return model
+
+
+# "triton" runs compiled on CUDA, interpreted on CPU (tests/kernels/conftest.py sets TRITON_INTERPRET)
+@pytest.mark.parametrize("backend", available_backends())
+def test_paged_steps_reproduce_the_plain_forward(backend: str) -> None:
+    model = _tiny_model(backend)
     g = torch.Generator().manual_seed(1)
     tokens = {name: torch.randint(0, 97, (n,), generator=g) for name, n in LENGTHS.items()}
     with torch.inference_mode():
@@ -47,3 +52,46 @@ def test_paged_steps_reproduce_the_plain_forward(backend: str) -> None:
             expect = torch.cat([plain[name][s:e] for name, s, e in step])
             err = (hidden - expect).abs().max() / expect.abs().max()
             assert err < 1e-5, f"{backend}: step {step} relative error {err:.2e}"
+
+
+# A candidate tree under each of two sequences: row 0 is the root (the last committed token), parents first.
+TREE_PARENTS = [-1, 0, 0, 1, 1, 2, 3]
+TREE_CONTEXT = {"a": 9, "b": 2}  # tokens already in the cache before the root
+
+
+@pytest.mark.parametrize("backend", available_backends())
+def test_tree_rows_reproduce_the_plain_forward_of_their_paths(backend: str) -> None:
+    # tree verification end to end: row i, at position context + depth(i), must give the hidden state of the
+    # plain forward of context + the tokens on the root-to-i path
+    from cinq.kernels.metadata import tree_mask_from_parents
+
+    model = _tiny_model(backend)
+    q, depth = len(TREE_PARENTS), [0]
+    for p in TREE_PARENTS[1:]:
+        depth.append(depth[p] + 1)
+    g = torch.Generator().manual_seed(2)
+    context = {name: torch.randint(0, 97, (n,), generator=g) for name, n in TREE_CONTEXT.items()}
+    nodes = {name: torch.randint(0, 97, (q,), generator=g) for name in TREE_CONTEXT}
+    tables = {"a": [5, 1, 8, 3], "b": [2, 10, 6]}
+    with torch.inference_mode():
+        for attn in model.attention_layers():
+            attn.kv_cache = torch.full((2, 12, BLOCK, 2, 16), float("nan"))
+        names = list(TREE_CONTEXT)
+        prefill = AttentionMetadata.from_lens([TREE_CONTEXT[n] for n in names], [TREE_CONTEXT[n] for n in names],
+                                              [tables[n] for n in names], BLOCK)
+        model(torch.cat([context[n] for n in names]),
+              torch.cat([torch.arange(TREE_CONTEXT[n]) for n in names]), prefill)
+        meta = AttentionMetadata.from_lens([q, q], [TREE_CONTEXT[n] + q for n in names], [tables[n] for n in names],
+                                           BLOCK, decode_query_len=q, tree_mask=tree_mask_from_parents(TREE_PARENTS))
+        positions = torch.cat([TREE_CONTEXT[n] + torch.tensor(depth) for n in names])
+        hidden = model(torch.cat([nodes[n] for n in names]), positions, meta)
+        for s, name in enumerate(names):
+            for i in range(q):
+                path, j = [], i
+                while j >= 0:
+                    path.insert(0, j)
+                    j = TREE_PARENTS[j]
+                plain = model(torch.cat([context[name], nodes[name][path]])[None])[0, -1]
+                got = hidden[s * q + i]
+                err = (got - plain).abs().max() / plain.abs().max()
+                assert err < 1e-5, f"{backend}: sequence {name} row {i} relative error {err:.2e}"

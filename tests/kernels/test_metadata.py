@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from cinq.errors import InvalidParameterError
-from cinq.kernels.metadata import AttentionMetadata
+from cinq.kernels.metadata import AttentionMetadata, tree_mask_from_parents
 
 
 def test_from_lens_slots_follow_block_tables() -> None:
@@ -34,3 +34,41 @@ def test_from_lens_rejects_inconsistent_lengths(query_lens: list[int], seq_lens:
                                                 tables: list[list[int]]) -> None:
     with pytest.raises(InvalidParameterError):
         AttentionMetadata.from_lens(query_lens, seq_lens, tables, block_size=16)
+
+
+def test_tree_mask_from_parents_marks_ancestors() -> None:
+    mask = tree_mask_from_parents([-1, 0, 0, 1, 2, 3])
+    assert mask.dtype == torch.bool and mask.int().tolist() == [
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [1, 0, 1, 0, 0, 0],  # a sibling of row 1: does not see it
+        [1, 1, 0, 1, 0, 0],
+        [1, 0, 1, 0, 1, 0],
+        [1, 1, 0, 1, 0, 1],
+    ]
+    assert torch.equal(tree_mask_from_parents([-1, 0, 1, 2]), torch.ones(4, 4, dtype=torch.bool).tril())  # chain
+    with pytest.raises(InvalidParameterError, match="parents") as err:
+        tree_mask_from_parents([-1, 0, 2])  # a parent that is not earlier
+    assert err.value.param == "parents"
+
+
+def test_from_lens_takes_a_tree_mask_and_defaults_to_none() -> None:
+    assert AttentionMetadata.from_lens([3], [9], [[0]], 16, decode_query_len=3).tree_mask is None
+    mask = tree_mask_from_parents([-1, 0, 0])
+    meta = AttentionMetadata.from_lens([3, 3, 1], [9, 3, 4], [[0], [1], [2]], 16, decode_query_len=3,
+                                       tree_mask=mask)
+    assert meta.num_decodes == 2 and torch.equal(meta.tree_mask, mask)
+
+
+@pytest.mark.parametrize("mask,why", [
+    (torch.ones(3, 3, dtype=torch.bool).tril()[:2], r"\[3, 3\]"),  # wrong shape
+    (torch.ones(2, 2, dtype=torch.bool).tril(), r"\[3, 3\]"),  # another query length's mask
+    (torch.ones(3, 3).tril(), "bool"),  # not bool
+    ([[True, False, False], [True, True, False], [True, True, True]], "bool"),  # not a tensor
+    (torch.tensor([[1, 0, 0], [1, 0, 0], [1, 1, 1]], dtype=torch.bool), "diagonal"),  # row 1 does not see itself
+    (torch.ones(3, 3, dtype=torch.bool), "above the diagonal"),  # row 0 sees later rows
+])
+def test_from_lens_rejects_bad_tree_masks(mask, why: str) -> None:
+    with pytest.raises(InvalidParameterError, match=why) as err:
+        AttentionMetadata.from_lens([3], [9], [[0]], 16, decode_query_len=3, tree_mask=mask)
+    assert err.value.param == "tree_mask" and "tree_mask" in str(err.value)

@@ -48,3 +48,26 @@ def test_only_the_decode_rows_are_written(paged_case) -> None:
 
 def test_split_count_is_one_off_gpu() -> None:
     assert choose_num_splits(1, 1, 100_000, torch.device("cpu")) == 1
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_tree_decode_matches_reference(num_splits: int, paged_case, rel_err) -> None:
+    # tree verification: row r sees the context and its ancestors only; with splits, a row's later splits may
+    # hold only tree keys it must not see (seq_len 6: the tree is the whole context)
+    from cinq.kernels.metadata import tree_mask_from_parents
+
+    tree = tree_mask_from_parents([-1, 0, 0, 1, 2, 2]).to(DEVICE)
+    case = paged_case([6, 6, 6], [70, 6, 33], 8, 2, 32, seed=num_splits, device=DEVICE, decode_query_len=6,
+                      tree_mask=tree)
+    out = torch.full_like(case.query, float("nan"))
+    paged_decode(case.query, case.kv_cache, case.meta, case.scale, out, num_splits=num_splits)
+    ref, _ = paged_attention_reference(case.query.cpu(), case.kv_cache.cpu(), case.meta, case.scale)
+    assert rel_err(out.cpu(), ref) <= 1e-5
+    # a causal tree mask is no mask at all
+    case.meta.tree_mask = torch.ones(6, 6, dtype=torch.bool, device=DEVICE).tril()
+    causal = torch.full_like(out, float("nan"))
+    paged_decode(case.query, case.kv_cache, case.meta, case.scale, causal, num_splits=num_splits)
+    case.meta.tree_mask = None
+    plain = torch.full_like(out, float("nan"))
+    paged_decode(case.query, case.kv_cache, case.meta, case.scale, plain, num_splits=num_splits)
+    assert torch.equal(causal, plain) and rel_err(plain.cpu(), ref) > 1e-2

@@ -4,7 +4,8 @@ verify k draft tokens), K/V read through its block table, split-K.
 Decode is bandwidth bound: every cached key and value is read once per step and used for a handful of flops.
 So one program serves all ``group`` query heads that share a kv head, for every query token of the sequence
 (``QLEN * group`` rows stacked as the M dimension of the dot, padded to 16; row r sees the keys up to
-``seq_len - QLEN + r``), and long contexts are cut into ``num_splits`` key ranges processed by separate programs
+``seq_len - QLEN + r``; a tree verification step instead lets row r see the cached context and the new rows its
+``tree_mask`` row marks), and long contexts are cut into ``num_splits`` key ranges processed by separate programs
 to keep the GPU busy when the batch is small (FlashDecoding). Each split keeps the usual online-softmax
 state and writes its normalised partial output with its log-sum-exp; a second small kernel merges the splits:
 ``out = sum_s exp(lse_s - max) * out_s / sum_s exp(lse_s - max)``.
@@ -29,14 +30,15 @@ MIN_SPLIT_TOKENS = 256  # below this a split's fixed cost outweighs the parallel
 
 
 @triton.jit
-def _decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, part_o_ptr, part_lse_ptr, seq_lens_ptr, block_tables_ptr,
+def _decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, part_o_ptr, part_lse_ptr, seq_lens_ptr, block_tables_ptr, tree_ptr,
                    qk_scale, split_len,
                    stride_qt, stride_qh, stride_ot, stride_oh,
                    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_bt,
                    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
                    GROUP: tl.constexpr, QLEN: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
                    BLOCK_D: tl.constexpr,
-                   BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, SPLIT: tl.constexpr, FP32_DOT: tl.constexpr):
+                   BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, SPLIT: tl.constexpr, FP32_DOT: tl.constexpr,
+                   TREE: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -72,7 +74,13 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, part_o_ptr, part_lse_ptr, seq_len
         else:
             s = tl.dot(q, kt.to(q.dtype))
         # with one query it sees the whole context; later query rows see later keys
-        s = tl.where(n_mask[None, :] & (offs_n[None, :] <= last[:, None]), s * qk_scale, float("-inf"))
+        keep = n_mask[None, :] & (offs_n[None, :] <= last[:, None])
+        if TREE:  # of the new rows' own keys, only those the row's tree_mask row ([QLEN, QLEN] int8) marks
+            rel = offs_n - (seq_len - QLEN)  # < 0: cached context
+            own = keep & (rel >= 0)[None, :] & g_mask[:, None]  # padding rows past QLEN read nothing
+            seen = tl.load(tree_ptr + (offs_m // GROUP)[:, None] * QLEN + rel[None, :], mask=own, other=0)
+            keep = keep & ((rel < 0)[None, :] | (seen != 0))
+        s = tl.where(keep, s * qk_scale, float("-inf"))
         v = tl.load(v_base + v_rows[:, None] + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0)
         m_i, l_i, acc = online_softmax_update(s, v, m_i, l_i, acc, q, FP32_DOT)
 
@@ -118,7 +126,7 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: t
 def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
                  out: torch.Tensor, num_decodes: int | None = None, num_splits: int | None = None) -> torch.Tensor:
     """Decode attention of the first ``num_decodes`` sequences (default ``meta.num_decodes``),
-    ``meta.decode_query_len`` queries each.
+    ``meta.decode_query_len`` queries each (causal among them, or as ``meta.tree_mask`` says).
 
     query, out: [>= num_decodes * ql, Hq, D] (the first num_decodes * ql rows are used); kv_cache
     [2, blocks, block_size, Hkv, D].
@@ -155,8 +163,12 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMet
         part_lse = torch.empty(nd * ql, hq, num_splits, dtype=torch.float32, device=query.device)
     else:
         part_o = part_lse = out  # unused
+    tree = meta.tree_mask
+    if tree is not None:
+        tree = tree.to(torch.int8).contiguous()  # a byte per entry: bool pointers are not portable across versions
     _decode_kernel[(nd, hkv, num_splits)](
-        query, k, v, out, part_o, part_lse, meta.seq_lens, meta.block_tables, scale * LOG2E, split_len,
+        query, k, v, out, part_o, part_lse, meta.seq_lens, meta.block_tables, tree if tree is not None else out,
+        scale * LOG2E, split_len,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), meta.block_tables.stride(0),
         part_o.stride(0) if split else 0, part_o.stride(1) if split else 0, part_o.stride(2) if split else 0,
@@ -165,7 +177,7 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMet
         BLOCK_N=block_n,
         PAGE_SIZE=page_size, SPLIT=split,
         FP32_DOT=INTERPRETED or query.dtype == torch.float32 or kv_cache.dtype == torch.float32,
-        num_warps=4, num_stages=1 if INTERPRETED else 2)
+        TREE=tree is not None, num_warps=4, num_stages=1 if INTERPRETED else 2)
     if split:
         _merge_kernel[(nd * ql, hq)](
             out, part_o, part_lse, out.stride(0), out.stride(1), part_o.stride(0), part_o.stride(1),
