@@ -47,6 +47,7 @@ class RequestMetrics:
     num_generation_tokens: int = 0
     num_draft_tokens: int = 0  # speculative decoding: tokens proposed for this request, and of them accepted
     num_accepted_tokens: int = 0
+    num_drafts: int = 0  # verify steps that carried drafts (tau = 1 + accepted / drafts)
 
 
 @dataclass(slots=True)
@@ -61,6 +62,26 @@ class RequestOutput:
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
+
+
+@dataclass(slots=True)
+class SpecDecodingStats:
+    """vLLM's speculative-decoding counters for one slice of the traffic (here: one language tag)."""
+
+    num_drafts: int = 0  # verify steps that carried drafts
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+
+    def observe(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        """Count one verify step of one sequence."""
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted_tokens
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """tau = 1 + accepted / drafts (0 before any draft)."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
 
 
 @dataclass(slots=True)
@@ -83,6 +104,9 @@ class EngineStats:
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0
     spec_decode_num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+    # the same counters for requests tagged with a language (untagged requests are only in the totals above);
+    # past MAX_LANGUAGES tags (cinq.engine.spec_metrics) new ones are counted together under "*"
+    spec_decode_by_language: dict[str, SpecDecodingStats] = field(default_factory=dict)
 
     @property
     def spec_decode_mean_acceptance_length(self) -> float:

@@ -69,6 +69,7 @@ class _Add:
     arrival_time: float
     prompt_text: str | None
     future: asyncio.Future
+    language: str | None = None
 
 
 @dataclass(slots=True)
@@ -157,18 +158,20 @@ class AsyncLLM:
 
     # ---- the event-loop side ------------------------------------------------------------------------------------
     async def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                          prompt_text: str | None = None, arrival_time: float | None = None) -> RequestStream:
+                          prompt_text: str | None = None, arrival_time: float | None = None,
+                          language: str | None = None) -> RequestStream:
         """Queue a request and wait until the engine accepted it; raises its validation error (a
-        ``CinqError``) or ``EngineOverloadedError`` instead. Iterate the returned stream for the outputs."""
-        queue = await self._add(request_id, prompt, params, prompt_text, arrival_time or time.time())
+        ``CinqError``) or ``EngineOverloadedError`` instead. Iterate the returned stream for the outputs.
+        ``language``: the tag of its speculative-decoding counters (``LLMEngine.add_request``)."""
+        queue = await self._add(request_id, prompt, params, prompt_text, arrival_time or time.time(), language)
         return RequestStream(request_id, queue, self, params.output_kind is OutputKind.DELTA)
 
     async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str,
-                       prompt_text: str | None = None, arrival_time: float | None = None
-                       ) -> AsyncGenerator[RequestOutput, None]:
+                       prompt_text: str | None = None, arrival_time: float | None = None,
+                       language: str | None = None) -> AsyncGenerator[RequestOutput, None]:
         """Add a request and yield its outputs until it finishes. Leaving the loop early (break, cancellation,
         ``aclose()``) aborts the request."""
-        stream = await self.add_request(request_id, prompt, params, prompt_text, arrival_time)
+        stream = await self.add_request(request_id, prompt, params, prompt_text, arrival_time, language)
         try:
             async for out in stream:
                 yield out
@@ -176,7 +179,7 @@ class AsyncLLM:
             stream.abort()
 
     async def _add(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                   prompt_text: str | None, arrival_time: float) -> asyncio.Queue:
+                   prompt_text: str | None, arrival_time: float, language: str | None = None) -> asyncio.Queue:
         if not self.is_running:
             raise EngineDeadError("the engine loop is not running")
         if request_id in self._queues:
@@ -194,7 +197,7 @@ class AsyncLLM:
                     f"{params.n} (limit {limit}); retry later", retry_after=1)
             self._pending_adds += params.n
             self._queues[request_id] = queue
-            self._commands.append(_Add(request_id, prompt, params, arrival_time, prompt_text, future))
+            self._commands.append(_Add(request_id, prompt, params, arrival_time, prompt_text, future, language))
         self._wake.set()
         try:
             await future
@@ -307,7 +310,8 @@ class AsyncLLM:
     def _apply_add(self, cmd: _Add) -> None:
         error: BaseException | None = None
         try:
-            self.engine.add_request(cmd.request_id, cmd.prompt, cmd.params, cmd.arrival_time, cmd.prompt_text)
+            self.engine.add_request(cmd.request_id, cmd.prompt, cmd.params, cmd.arrival_time, cmd.prompt_text,
+                                    cmd.language)
             self._live.add(cmd.request_id)
         except CinqError as e:
             error = e

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from cinq.engine.kv_cache import KVCacheManager
 from cinq.engine.output_processor import OutputProcessor
 from cinq.engine.request import Request, RequestStatus
 from cinq.engine.scheduler import Scheduler, SchedulerConfig
+from cinq.engine.spec_metrics import check_language, count_language
 from cinq.errors import InvalidParameterError, PromptTooLongError
 from cinq.model.config import ModelConfig
 from cinq.model.tokenizer import Tokenizer
@@ -130,9 +132,14 @@ class LLMEngine:
 
     # ---- requests ---------------------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
-                    arrival_time: float | None = None, prompt_text: str | None = None) -> None:
-        """Queue a request (text or token ids). Validates everything first: a bad request changes nothing."""
+                    arrival_time: float | None = None, prompt_text: str | None = None,
+                    language: str | None = None) -> None:
+        """Queue a request (text or token ids). Validates everything first: a bad request changes nothing.
+
+        ``language``: an optional tag (<= 32 of ``[A-Za-z0-9_-]``) under which this request's speculative-decoding
+        counters are also counted (``EngineStats.spec_decode_by_language``)."""
         params = params or SamplingParams()
+        language = check_language(language)
         if request_id in self.output_processor.parents:
             raise InvalidParameterError(f"request_id {request_id!r} is already in use", "request_id")
         if isinstance(prompt, str):
@@ -145,7 +152,7 @@ class LLMEngine:
         params = params.clone(eos_token_ids=self.eos_token_ids) if not params.eos_token_ids else params
         arrival = arrival_time or time.time()
         child_ids = [request_id] if params.n == 1 else [f"{i}_{request_id}" for i in range(params.n)]
-        self.output_processor.add_request(request_id, prompt_text, prompt_ids, params, child_ids, arrival)
+        self.output_processor.add_request(request_id, prompt_text, prompt_ids, params, child_ids, arrival, language)
         for i, cid in enumerate(child_ids):
             child_params = params
             if params.n > 1 and params.seed is not None:
@@ -224,6 +231,7 @@ class LLMEngine:
         st.num_steps += 1
         st.prompt_tokens += sched.num_prompt_tokens
         st.generation_tokens += run.num_sampled_tokens
+        languages = self.output_processor.step_languages  # this step's tagged requests, finished ones included
         for core in core_outputs:
             if core.num_draft_tokens:
                 st.spec_decode_num_drafts += 1
@@ -233,6 +241,10 @@ class LLMEngine:
                 per_pos.extend([0] * (core.num_draft_tokens - len(per_pos)))
                 for pos in range(core.num_accepted_tokens):
                     per_pos[pos] += 1
+                language = languages.get(core.request_id)
+                if language is not None:
+                    count_language(st.spec_decode_by_language, language, core.num_draft_tokens,
+                                   core.num_accepted_tokens)
         for out in outputs:
             if out.finished:
                 for c in out.outputs:
@@ -249,4 +261,9 @@ class LLMEngine:
         st.prefix_cache_queries = kv.stats.queries
         st.prefix_cache_hits = kv.stats.hits
         st.num_preemptions = self.scheduler.num_preemptions
-        return EngineStats(**{name: getattr(st, name) for name in st.__dataclass_fields__})
+        snap = EngineStats(**{name: getattr(st, name) for name in st.__dataclass_fields__})
+        # The engine keeps counting into its own containers; a snapshot read on another thread must not move.
+        snap.finished_by_reason = dict(st.finished_by_reason)
+        snap.spec_decode_num_accepted_tokens_per_pos = list(st.spec_decode_num_accepted_tokens_per_pos)
+        snap.spec_decode_by_language = {k: dataclasses.replace(v) for k, v in st.spec_decode_by_language.items()}
+        return snap

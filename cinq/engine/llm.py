@@ -9,6 +9,7 @@ from typing import Any
 
 from cinq.config import EngineConfig
 from cinq.engine.engine import LLMEngine
+from cinq.engine.spec_metrics import check_language
 from cinq.errors import InvalidParameterError
 from cinq.outputs import RequestOutput
 from cinq.sampling_params import OutputKind, SamplingParams
@@ -37,11 +38,15 @@ class LLM:
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
+                 use_tqdm: bool = False, language: str | Sequence[str | None] | None = None
+                 ) -> list[RequestOutput]:
         """Generate for every prompt (strings, token-id lists, or {"prompt"/"prompt_token_ids": ...} dicts);
         returns final outputs in prompt order. A request whose own processing failed inside the engine comes back
         with finish_reason ``"error"`` on its unfinished completions (text so far; the error is logged and in
-        ``self.errors``); the other requests are unaffected."""
+        ``self.errors``); the other requests are unaffected.
+
+        ``language``: a tag for every prompt, or one per prompt (None: untagged), labelling their
+        speculative-decoding counters in ``engine.get_stats().spec_decode_by_language``."""
         prompts = _normalize_prompts(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params or SamplingParams()] * len(prompts)
@@ -50,13 +55,21 @@ class LLM:
             if len(params_list) != len(prompts):
                 raise InvalidParameterError(
                     f"sampling_params: got {len(params_list)} for {len(prompts)} prompts", "sampling_params")
+        if isinstance(language, (list, tuple)):
+            languages = list(language)
+            if len(languages) != len(prompts):
+                raise InvalidParameterError(f"language: got {len(languages)} for {len(prompts)} prompts", "language")
+        else:
+            languages = [language] * len(prompts)
+        languages = [check_language(tag) for tag in languages]  # before anything is queued
         ids = []
         try:
-            for prompt, params in zip(prompts, params_list):
+            for prompt, params, lang in zip(prompts, params_list, languages):
                 rid = f"llm-{next(self._ids)}"
                 text, tokens = _split_prompt(prompt)
                 self.engine.add_request(rid, tokens if tokens is not None else text,
-                                        params.clone(output_kind=OutputKind.FINAL_ONLY), prompt_text=text)
+                                        params.clone(output_kind=OutputKind.FINAL_ONLY), prompt_text=text,
+                                        language=lang)
                 ids.append(rid)
         except ValueError:
             self.engine.abort_request(ids)  # all or nothing
@@ -65,13 +78,14 @@ class LLM:
 
     def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
              sampling_params: SamplingParams | None = None, add_generation_prompt: bool = True,
-             use_tqdm: bool = False) -> list[RequestOutput]:
-        """Render each conversation with the model's chat template and generate the assistant's reply."""
+             use_tqdm: bool = False, language: str | Sequence[str | None] | None = None) -> list[RequestOutput]:
+        """Render each conversation with the model's chat template and generate the assistant's reply
+        (``language``: as in ``generate``, one tag or one per conversation)."""
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         tok = self.tokenizer
         prompts = [{"prompt_token_ids": tok.encode(tok.apply_chat_template(conv, add_generation_prompt),
                                                    add_special_tokens=False)} for conv in conversations]
-        return self.generate(prompts, sampling_params, use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm, language)
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         results: dict[str, RequestOutput] = {}

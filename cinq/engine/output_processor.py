@@ -54,6 +54,7 @@ class _Parent:
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     prompt_logprobs_sent: bool = False
     num_cached_tokens: int = 0
+    language: str | None = None  # the tag its speculative-decoding counters are labelled with
 
     @property
     def finished(self) -> bool:
@@ -67,12 +68,16 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.parents: dict[str, _Parent] = {}
         self.children: dict[str, tuple[_Parent, _Completion]] = {}
+        # Child id -> language tag of the tagged requests in the last process() call, read by the engine's
+        # stats after it: a request that finished in that step has no state left by then. Replaced every step.
+        self.step_languages: dict[str, str] = {}
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
-                    child_ids: list[str], arrival_time: float) -> None:
+                    child_ids: list[str], arrival_time: float, language: str | None = None) -> None:
         completions = [_Completion(i, IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params))
                        for i in range(len(child_ids))]
-        parent = _Parent(request_id, prompt, prompt_token_ids, params, completions, RequestMetrics(arrival_time))
+        parent = _Parent(request_id, prompt, prompt_token_ids, params, completions, RequestMetrics(arrival_time),
+                         language=language)
         if params.logprobs is not None:
             for c in completions:
                 c.logprobs, c.cumulative_logprob = [], 0.0
@@ -106,7 +111,11 @@ class OutputProcessor:
                 parent.metrics.first_scheduled_time = now
         stopped: list[str] = []
         failures: dict[str, RequestFailure] = {}
+        self.step_languages = languages = {}
         for core in core_outputs:
+            entry = self.children.get(core.request_id)
+            if entry is not None and entry[0].language is not None:
+                languages[core.request_id] = entry[0].language
             # One request's failure (a detokenizer bug, a fault injected by cinq.engine.faults, or an error the
             # scheduler passed on) fails that request alone; the others in the step go on.
             try:
@@ -165,6 +174,7 @@ class OutputProcessor:
         m = parent.metrics
         m.num_draft_tokens += core.num_draft_tokens
         m.num_accepted_tokens += core.num_accepted_tokens
+        m.num_drafts += 1 if core.num_draft_tokens else 0
         if new:
             m.first_token_time = m.first_token_time or now
             m.last_token_time = now

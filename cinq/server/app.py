@@ -20,6 +20,7 @@ from starlette.requests import ClientDisconnect
 
 from cinq import __version__
 from cinq.engine.async_engine import AsyncLLM
+from cinq.outputs import EngineStats
 from cinq.server.auth import APIKeyMiddleware
 from cinq.server.body import read_json_object
 from cinq.server.chat import create_chat_completion, render_chat_prompt
@@ -31,6 +32,7 @@ from cinq.server.metrics import CONTENT_TYPE, ServerMetrics
 from cinq.server.openapi import build_openapi
 from cinq.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from cinq.server.streams import ClientDisconnected
+from cinq.spec.config import SpeculativeConfig
 
 log = logging.getLogger(__name__)
 
@@ -122,13 +124,30 @@ def build_app(llm: AsyncLLM, model_names: list[str], model_path: str, api_key: s
                 "prompt_tokens": s.prompt_tokens, "generation_tokens": s.generation_tokens,
                 "num_steps": s.num_steps, "num_preemptions": s.num_preemptions,
                 "prefix_cache_hit_rate": s.prefix_cache_hit_rate, "finished_by_reason": s.finished_by_reason,
-                "step_failures": llm.num_step_failures}
+                "step_failures": llm.num_step_failures,
+                "spec_decode": _spec_decode_stats(s, llm.engine.config.speculative_config)}
 
     @app.get("/", response_class=HTMLResponse)
     async def playground() -> HTMLResponse:
         return HTMLResponse((STATIC_DIR / "index.html").read_text(encoding="utf-8"))
 
     return app
+
+
+def _spec_decode_stats(s: EngineStats, spec: SpeculativeConfig | None) -> dict | None:
+    """Speculative decoding for the playground: None when the server does not speculate, else vLLM's counters
+    and tau (mean acceptance length), overall and per language tag."""
+    if spec is None:
+        return None
+
+    def counts(drafts: int, draft_tokens: int, accepted: int) -> dict:
+        return {"num_drafts": drafts, "num_draft_tokens": draft_tokens, "num_accepted_tokens": accepted,
+                "mean_acceptance_length": 1 + accepted / drafts if drafts else 0.0}
+
+    return {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens,
+            **counts(s.spec_decode_num_drafts, s.spec_decode_num_draft_tokens, s.spec_decode_num_accepted_tokens),
+            "by_language": {lang: counts(c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens)
+                            for lang, c in sorted(s.spec_decode_by_language.items())}}
 
 
 async def _serve(raw: Request, model: type[M], handler) -> Response:

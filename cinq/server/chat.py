@@ -31,7 +31,7 @@ async def create_chat_completion(ctx: ServerContext, req: ChatCompletionRequest,
     prompt = await render_chat_prompt(ctx, req.template_messages(), req.add_generation_prompt,
                                       req.chat_template_kwargs)
     request_id = new_id("chatcmpl")
-    streams = await ctx.add_all(request_id, [prompt], params)
+    streams = await ctx.add_all(request_id, [prompt], params, req.language)
     job = _Chat(ctx, req, request_id, prompt)
     if req.stream:
         return SSEResponse(job.stream(streams), streams, ctx.release)

@@ -33,7 +33,7 @@ async def create_completion(ctx: ServerContext, req: CompletionRequest, raw: Req
             ctx.check_token_ids(p, "prompt")
             prompts.append(Prompt(p, None))
     request_id = new_id("cmpl")
-    streams = await ctx.add_all(request_id, prompts, params)
+    streams = await ctx.add_all(request_id, prompts, params, req.language)
     job = _Completion(ctx, req, request_id, prompts)
     if req.stream:
         return SSEResponse(job.stream(streams), streams, ctx.release)

@@ -67,13 +67,14 @@ class ServerContext:
         if bad is not None:
             raise APIError(400, f"{param}: token id {bad} is out of range [0, {vocab})", param, "invalid_value")
 
-    async def add_all(self, request_id: str, prompts: list[Prompt], params: SamplingParams
-                      ) -> list[RequestStream]:
-        """Add one engine request per prompt; if any is refused, abort the ones already added and raise."""
+    async def add_all(self, request_id: str, prompts: list[Prompt], params: SamplingParams,
+                      language: str | None = None) -> list[RequestStream]:
+        """Add one engine request per prompt (all tagged ``language``); if any is refused, abort the ones
+        already added and raise."""
         arrival = time.time()
         ids = [request_id] if len(prompts) == 1 else [f"{request_id}-{i}" for i in range(len(prompts))]
         # All adds are queued before the engine's next drain, so a batch of prompts starts in one step.
-        results = await asyncio.gather(*(self.llm.add_request(rid, p.token_ids, params, p.text, arrival)
+        results = await asyncio.gather(*(self.llm.add_request(rid, p.token_ids, params, p.text, arrival, language)
                                          for rid, p in zip(ids, prompts)), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:

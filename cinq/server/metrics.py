@@ -3,6 +3,12 @@ find-and-replace of the prefix.
 
 Engine state and counters are read from the engine's stats snapshot at scrape time (no double bookkeeping);
 latency histograms are observed once per finished request from its ``RequestMetrics``.
+
+The speculative-decoding counters ``spec_decode_num_drafts`` / ``_num_draft_tokens`` / ``_num_accepted_tokens``
+carry, besides the series without a language (all requests, as vLLM has it), one series per language tag that
+requests were sent with (``language="de"``; "*" gathers the tags past the engine's cap). Untagged requests are in
+the unlabelled series only, so select ``{language=""}`` for the totals: summing over every series counts tagged
+requests twice. tau per language = 1 + accepted / drafts of that language's series.
 """
 
 from __future__ import annotations
@@ -56,10 +62,19 @@ class _EngineCollector(Collector):
         yield counter("num_preemptions", "Preemptions (a running sequence's blocks taken back).", s.num_preemptions)
         yield counter("prompt_tokens", "Prompt tokens computed (prefix-cache hits excluded).", s.prompt_tokens)
         yield counter("generation_tokens", "Tokens generated.", s.generation_tokens)
-        yield counter("spec_decode_num_drafts", "Speculative verify steps that carried drafts.",
-                      s.spec_decode_num_drafts)
-        yield counter("spec_decode_num_draft_tokens", "Draft tokens proposed.", s.spec_decode_num_draft_tokens)
-        yield counter("spec_decode_num_accepted_tokens", "Draft tokens accepted.", s.spec_decode_num_accepted_tokens)
+        def by_language(name: str, doc: str, total: int, attr: str) -> CounterMetricFamily:
+            c = counter(name, doc + " Without language: all requests; with it: those sent with that tag.", total)
+            for language, counts in sorted(s.spec_decode_by_language.items()):
+                c.add_sample(c.name + "_total", {"model_name": self.model_name, "language": language},
+                             getattr(counts, attr))
+            return c
+
+        yield by_language("spec_decode_num_drafts", "Speculative verify steps that carried drafts.",
+                          s.spec_decode_num_drafts, "num_drafts")
+        yield by_language("spec_decode_num_draft_tokens", "Draft tokens proposed.", s.spec_decode_num_draft_tokens,
+                          "num_draft_tokens")
+        yield by_language("spec_decode_num_accepted_tokens", "Draft tokens accepted.",
+                          s.spec_decode_num_accepted_tokens, "num_accepted_tokens")
         per_pos = CounterMetricFamily(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
                                       "Draft tokens accepted, by position in the draft.", labels=labels + ["position"])
         for pos, n in enumerate(s.spec_decode_num_accepted_tokens_per_pos):

@@ -71,8 +71,10 @@ RESPONSES: dict[str, dict] = {
                                              "kv_cache_usage", "num_kv_blocks"]},
 }
 
-_SSE = {"text/event-stream": {"schema": {"type": "string", "description":
-                                         "server-sent events: `data: {chunk JSON}` ... then `data: [DONE]`"}}}
+# Before OpenAPI 3.2 (no itemSchema) a text/event-stream schema describes each event, as schemathesis reads it.
+_SSE = {"text/event-stream": {"schema": {
+    "type": "object", "required": ["data"], "properties": {"data": {"type": "string"}},
+    "description": "one server-sent event: `data: {chunk JSON}` ... then `data: [DONE]`"}}}
 _STATUS_TEXT = {
     400: "invalid request: the error's param names the field (context_length_exceeded: prompt + max_tokens)",
     401: "missing or wrong API key", 404: "model not found", 408: "request not received whole in time",

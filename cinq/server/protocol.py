@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from cinq.engine.spec_metrics import MAX_LANGUAGE_LEN, check_language
 from cinq.errors import InvalidParameterError
 from cinq.sampling_params import MAX_LOGPROBS, OutputKind, SamplingParams
 from cinq.server.messages import ChatMessage, template_messages
@@ -67,6 +68,10 @@ class _SamplingRequest(BaseModel):
     user: str | None = None
     logit_bias: dict[str, float] | None = _schema(maxProperties=0, description="not supported: omit, null or {}")
     best_of: int | None = _schema(description="not supported other than equal to n")
+    # cinq's extra: labels this request's speculative-decoding counters in /metrics and /stats
+    language: str | None = _schema(minLength=1, maxLength=MAX_LANGUAGE_LEN, pattern="^[A-Za-z0-9_-]+$",
+                                   description="a tag (e.g. 'de', 'python') labelling this request's "
+                                               "speculative-decoding acceptance metrics")
 
     def _check_common(self) -> None:
         if self.stream_options is not None and not self.stream:
@@ -76,6 +81,7 @@ class _SamplingRequest(BaseModel):
         if self.best_of is not None and self.best_of != self.n:
             raise InvalidParameterError(f"best_of ({self.best_of}) other than n ({self.n}) is not supported",
                                         "best_of")
+        check_language(self.language)
 
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None
                          ) -> SamplingParams:

@@ -120,11 +120,17 @@ def test_metrics_keep_no_state_for_finished_or_aborted_requests(server):
 
 
 def test_speculative_counters_use_vllms_names() -> None:
-    from cinq.outputs import EngineStats
+    from cinq.outputs import EngineStats, SpecDecodingStats
     from cinq.server.metrics import ServerMetrics
     stats = EngineStats(spec_decode_num_drafts=4, spec_decode_num_draft_tokens=12,
-                        spec_decode_num_accepted_tokens=7, spec_decode_num_accepted_tokens_per_pos=[4, 2, 1])
+                        spec_decode_num_accepted_tokens=7, spec_decode_num_accepted_tokens_per_pos=[4, 2, 1],
+                        spec_decode_by_language={"de": SpecDecodingStats(3, 9, 5)})
     text = ServerMetrics("m", lambda: stats).render().decode()
     assert 'cinq:spec_decode_num_drafts_total{model_name="m"} 4.0' in text
     assert 'cinq:spec_decode_num_accepted_tokens_total{model_name="m"} 7.0' in text
     assert 'cinq:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="2"} 1.0' in text
+    # per language: the same names with a language label, beside the unlabelled totals
+    assert 'cinq:spec_decode_num_drafts_total{language="de",model_name="m"} 3.0' in text
+    assert 'cinq:spec_decode_num_draft_tokens_total{language="de",model_name="m"} 9.0' in text
+    assert 'cinq:spec_decode_num_accepted_tokens_total{language="de",model_name="m"} 5.0' in text
+    assert text.count("# TYPE cinq:spec_decode_num_drafts_total counter") == 1
