@@ -80,15 +80,18 @@ def paged_decode_native(query: torch.Tensor, kv_cache: torch.Tensor, block_table
                         tree_mask: torch.Tensor | None = None) -> torch.Tensor | None:
     """Decode attention [nd * query_len, Hq, D] (query dtype) straight from the pages, or None if the kernel is
     unavailable. Sequence s owns query rows s * query_len ...; row r sees keys up to seq_len - query_len + r,
-    or with ``tree_mask`` (bool [query_len, query_len], tree verification) the cached context and the new rows
-    ``tree_mask[r]`` marks."""
+    or with ``tree_mask`` (tree verification: bool [query_len, query_len] shared by all sequences, or
+    [>= nd, query_len, query_len] with sequence s using ``tree_mask[s]``) the cached context and the new rows
+    its tree row marks."""
     if query.device.type != "cpu" or not kv_cache.is_contiguous():
         return None
     mod = native_module("paged_decode")
     if mod is None:
         return None
     nd = query.shape[0] // query_len
-    tree = _NO_TREE if tree_mask is None else tree_mask.to(torch.bool).contiguous()
+    tree = _NO_TREE
+    if tree_mask is not None:  # [nd, ql, ql]: the kernel steps ql * ql per sequence; [ql, ql]: all read it
+        tree = (tree_mask[:nd] if tree_mask.dim() == 3 else tree_mask).to(torch.bool).contiguous()
     out = mod.paged_decode(query.float().contiguous(), kv_cache, block_tables[:nd].to(torch.int32).contiguous(),
                            seq_lens[:nd].to(torch.int32).contiguous(), float(scale), int(query_len), tree)
     return out.to(query.dtype)

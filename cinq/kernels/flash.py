@@ -145,7 +145,8 @@ def flash_attention_paged(query: torch.Tensor, kv_cache: torch.Tensor, meta: Att
                           block_n: int = DEFAULT_BLOCK_N) -> tuple[torch.Tensor, torch.Tensor]:
     """The serving step with K/V read through block tables: each KV tile is gathered slot by slot from the pages,
     exactly as a paged kernel computes its addresses. query [T, Hq, D]; kv_cache [2, blocks, block_size, Hkv, D].
-    The decode-like sequences of a tree step see their context and their tree ancestors (``meta.tree_mask``).
+    The decode-like sequences of a tree step see their context and their tree ancestors (``meta.tree_mask``,
+    shared or per sequence).
     """
     _check_tiles(block_m, block_n)
     _, num_blocks, block_size, num_kv_heads, d = kv_cache.shape
@@ -162,7 +163,6 @@ def flash_attention_paged(query: torch.Tensor, kv_cache: torch.Tensor, meta: Att
         def load_kv(a: int, b: int, slots: torch.Tensor = slots) -> tuple[torch.Tensor, torch.Tensor]:
             return keys[slots[a:b]], values[slots[a:b]]
 
-        tree = meta.tree_mask if i < meta.num_decodes else None
         _attend(query[s:e], load_kv, seq_len, num_kv_heads, scale, True, block_m, block_n, out[s:e], lse[:, s:e],
-                tree)
+                meta.seq_tree_mask(i))
     return out, lse

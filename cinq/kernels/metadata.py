@@ -8,11 +8,13 @@ speculative step verifies k draft tokens), so backends batch them in their decod
 rows; the rest are (chunked) prefills.
 
 Tree verification (Medusa / EAGLE-2 candidate trees): the ``decode_query_len`` rows of each decode-like sequence
-are then a flattened tree (row 0 the root, every node after its parent) and ``tree_mask`` ([q, q] bool, shared
-by all decode-like sequences of the step) says which of them each row sees: row i attends to the whole cached
-context (positions < seq_len - q) and to the rows j with ``tree_mask[i, j]`` (its ancestors and itself). Row r
-still sits at KV position seq_len - q + r; the tree rows' rope positions (depths) are the caller's business.
-Sequences past ``num_decodes`` are always causal.
+are then a flattened tree (row 0 the root, every node after its parent) and ``tree_mask`` says which of them each
+row sees: row i attends to the whole cached context (positions < seq_len - q) and to the rows j with
+``tree_mask[i, j]`` (its ancestors and itself). Two forms: ``[q, q]`` bool, one tree shared by all decode-like
+sequences of the step (a static Medusa tree), or ``[num_decodes, q, q]`` bool, sequence s using ``tree_mask[s]``
+(EAGLE-2 dynamic trees: every request its own shape, all with the same node count q). Row r still sits at KV position
+seq_len - q + r; the tree rows' rope positions (depths) are the caller's business. Sequences past
+``num_decodes`` are always causal.
 """
 
 from __future__ import annotations
@@ -39,12 +41,20 @@ class AttentionMetadata:
     max_seq_len: int
     block_size: int
     decode_query_len: int = 1  # query rows of each decode-like sequence
-    # [q, q] bool on the step's device, or None (causal among the rows): tree_mask[i, j] = decode row i sees row j
+    # bool on the step's device, [q, q] (shared) or [num_decodes, q, q] (per sequence), or None (causal among the
+    # rows): tree_mask[(s,) i, j] = row i of decode-like sequence s sees its row j
     tree_mask: torch.Tensor | None = None
 
     @property
     def num_decode_tokens(self) -> int:
         return self.num_decodes * self.decode_query_len
+
+    def seq_tree_mask(self, seq: int) -> torch.Tensor | None:
+        """Sequence ``seq``'s [q, q] tree mask (a view, no copy), or None: no tree step, or not decode-like."""
+        tree = self.tree_mask
+        if tree is None or seq >= self.num_decodes:
+            return None
+        return tree[seq] if tree.dim() == 3 else tree
 
     @property
     def num_seqs(self) -> int:
@@ -61,16 +71,13 @@ class AttentionMetadata:
         """Build the metadata of one step from host lists (tests, benchmarks, simple callers).
 
         Sequences must already be ordered decodes first; ``num_decodes`` counts the leading sequences with
-        ``query_len == decode_query_len``. ``tree_mask`` (see the module docstring) is checked with
-        ``check_tree_mask`` and moved to ``device``.
+        ``query_len == decode_query_len``. ``tree_mask`` ([q, q] or [num_decodes, q, q], see the module
+        docstring) is checked with ``check_tree_mask`` and moved to ``device``.
         """
         if not isinstance(decode_query_len, int) or decode_query_len < 1:
             raise InvalidParameterError(
                 f"metadata: decode_query_len must be an integer >= 1, got {decode_query_len!r}",
                 param="decode_query_len")
-        if tree_mask is not None:
-            check_tree_mask(tree_mask, decode_query_len)
-            tree_mask = tree_mask.to(device)
         if not (len(query_lens) == len(seq_lens) == len(block_tables)):
             raise InvalidParameterError(
                 f"metadata: query_lens ({len(query_lens)}), seq_lens ({len(seq_lens)}) and block_tables "
@@ -90,6 +97,9 @@ class AttentionMetadata:
         num_decodes = 0
         while num_decodes < len(query_lens) and query_lens[num_decodes] == decode_query_len:
             num_decodes += 1
+        if tree_mask is not None:
+            check_tree_mask(tree_mask, decode_query_len, num_decodes)
+            tree_mask = tree_mask.to(device)
         return cls(
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
             query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
@@ -106,9 +116,10 @@ class AttentionMetadata:
         )
 
 
-def check_tree_mask(tree_mask: torch.Tensor, decode_query_len: int) -> None:
-    """Raise ``InvalidParameterError`` (param ``tree_mask``) unless ``tree_mask`` is a bool [q, q] tensor,
-    q = ``decode_query_len``, True on the diagonal and False above it (a row sees only itself and earlier rows).
+def check_tree_mask(tree_mask: torch.Tensor, decode_query_len: int, num_decodes: int | None = None) -> None:
+    """Raise ``InvalidParameterError`` (param ``tree_mask``) unless ``tree_mask`` is a bool tensor [q, q] (shared)
+    or [n, q, q] (per sequence; n == ``num_decodes`` when that is given), q = ``decode_query_len``, every [q, q]
+    slice True on the diagonal and False above it (a row sees only itself and earlier rows).
 
     Reads the mask's values: on a GPU that is a device sync, so callers check once per tree, not per layer.
     """
@@ -116,18 +127,30 @@ def check_tree_mask(tree_mask: torch.Tensor, decode_query_len: int) -> None:
         what = tree_mask.dtype if isinstance(tree_mask, torch.Tensor) else type(tree_mask).__name__
         raise InvalidParameterError(f"metadata: tree_mask must be a bool tensor, got {what}", param="tree_mask")
     q = decode_query_len
-    if tuple(tree_mask.shape) != (q, q):
+    shape = tuple(tree_mask.shape)
+    if shape[-2:] != (q, q) or tree_mask.dim() not in (2, 3):
         raise InvalidParameterError(
-            f"metadata: tree_mask must be [decode_query_len, decode_query_len] = [{q}, {q}], got "
-            f"{list(tree_mask.shape)}", param="tree_mask")
-    host = tree_mask.cpu()
-    if not bool(host.diagonal().all()):
-        raise InvalidParameterError("metadata: tree_mask must be True on the diagonal (every row sees itself)",
-                                    param="tree_mask")
-    if bool(host.triu(diagonal=1).any()):
+            f"metadata: tree_mask must be [decode_query_len, decode_query_len] = [{q}, {q}] (shared) or "
+            f"[num_decodes, {q}, {q}] (per sequence), got {list(shape)}", param="tree_mask")
+    if tree_mask.dim() == 3 and num_decodes is not None and shape[0] != num_decodes:
+        raise InvalidParameterError(
+            f"metadata: a per-sequence tree_mask needs one [{q}, {q}] slice per decode-like sequence: "
+            f"[{num_decodes}, {q}, {q}], got {list(shape)}", param="tree_mask")
+    host = tree_mask.cpu().reshape(-1, q, q)
+
+    def where(bad: torch.Tensor) -> str:  # [n] bool: which slice is wrong, for a per-sequence mask
+        return f" (sequence {int(bad.nonzero()[0])})" if tree_mask.dim() == 3 else ""
+
+    blind = ~host.diagonal(dim1=-2, dim2=-1).all(dim=-1)  # [n]: some row does not see itself
+    if bool(blind.any()):
+        raise InvalidParameterError(
+            f"metadata: tree_mask must be True on the diagonal (every row sees itself){where(blind)}",
+            param="tree_mask")
+    ahead = host.triu(diagonal=1).flatten(1).any(dim=-1)  # [n]: some row sees a later row
+    if bool(ahead.any()):
         raise InvalidParameterError(
             "metadata: tree_mask must be False above the diagonal (a row sees only itself and earlier rows: "
-            "a node's parent comes before it)", param="tree_mask")
+            f"a node's parent comes before it){where(ahead)}", param="tree_mask")
 
 
 def tree_mask_from_parents(parents: list[int], device: torch.device | str = "cpu") -> torch.Tensor:
@@ -142,3 +165,15 @@ def tree_mask_from_parents(parents: list[int], device: torch.device | str = "cpu
     for i in range(1, q):  # parents come first, so their rows are complete
         mask[i] |= mask[parents[i]]
     return mask.to(device)
+
+
+def tree_masks_from_parents(parents_per_seq: list[list[int]], device: torch.device | str = "cpu") -> torch.Tensor:
+    """The per-sequence [n, q, q] ``tree_mask`` of n flattened trees, one parent array each (see
+    ``tree_mask_from_parents``); all must have the same length q, the step's ``decode_query_len`` (EAGLE-2
+    keeps the same number of nodes for every request; only the shapes differ)."""
+    lengths = {len(p) for p in parents_per_seq}
+    if len(lengths) != 1:
+        raise InvalidParameterError(
+            f"metadata: parents_per_seq must hold at least one parent array, all of one length, got lengths "
+            f"{[len(p) for p in parents_per_seq]}", param="parents")
+    return torch.stack([tree_mask_from_parents(p) for p in parents_per_seq]).to(device)

@@ -48,7 +48,8 @@ def causal_mask(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
 
 def tree_context_mask(tree_mask: torch.Tensor, kv_len: int) -> torch.Tensor:
     """Boolean mask [q, kv_len] of q tree rows that are the last q of kv_len keys: every row sees the cached
-    context (keys 0..kv_len - q - 1), and of the tree rows those ``tree_mask`` [q, q] lets it see."""
+    context (keys 0..kv_len - q - 1), and of the tree rows those ``tree_mask`` [q, q] (one sequence's) lets it
+    see."""
     q = tree_mask.shape[0]
     context = torch.ones(q, kv_len - q, dtype=torch.bool, device=tree_mask.device)
     return torch.cat([context, tree_mask], dim=1)
@@ -100,11 +101,13 @@ def check_inputs(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMet
             f"attention: {meta.num_decodes} decode-like sequences of {meta.decode_query_len} query rows each do "
             f"not fit in {query.shape[0]} tokens", param="decode_query_len")
     tree = meta.tree_mask
-    if tree is not None and (tuple(tree.shape) != (meta.decode_query_len,) * 2 or tree.dtype != torch.bool
-                             or tree.device != query.device):
-        raise InvalidParameterError(
-            f"attention: tree_mask must be bool [{meta.decode_query_len}, {meta.decode_query_len}] on "
-            f"{query.device}, got {tree.dtype} {list(tree.shape)} on {tree.device}", param="tree_mask")
+    if tree is not None:
+        ql, nd = meta.decode_query_len, meta.num_decodes
+        if tuple(tree.shape) not in ((ql, ql), (nd, ql, ql)) or tree.dtype != torch.bool or tree.device != query.device:
+            raise InvalidParameterError(
+                f"attention: tree_mask must be bool [{ql}, {ql}] (shared) or [{nd}, {ql}, {ql}] (per decode-like "
+                f"sequence) on {query.device}, got {tree.dtype} {list(tree.shape)} on {tree.device}",
+                param="tree_mask")
     if meta.block_tables.dim() != 2 or meta.block_tables.shape[0] < meta.num_seqs:
         raise InvalidParameterError(
             f"attention: block_tables must be [num_seqs >= {meta.num_seqs}, max_blocks], "

@@ -79,8 +79,7 @@ def paged_attention_reference(query: torch.Tensor, kv_cache: torch.Tensor, meta:
     for i in range(meta.num_seqs):
         s, e = starts[i], starts[i + 1]
         k, v = gather_context(kv_cache, meta.block_tables[i], meta.seq_lens_cpu[i])
-        mask = None
-        if meta.tree_mask is not None and i < meta.num_decodes:
-            mask = tree_context_mask(meta.tree_mask, meta.seq_lens_cpu[i])
+        tree = meta.seq_tree_mask(i)
+        mask = None if tree is None else tree_context_mask(tree, meta.seq_lens_cpu[i])
         out[s:e], lse[:, s:e] = attention_reference(query[s:e], k, v, scale, causal=True, attn_mask=mask)
     return out, lse

@@ -96,9 +96,11 @@ def sdpa_decode(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
 
 def _tree_rows_mask(tree_mask: torch.Tensor, pos: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
     """[nd, ql, L] visibility of tree rows: key positions ``pos`` [L] before a sequence's first new row
-    (``first`` [nd, 1]) are its cached context, seen by every row; of the ql new rows, row r sees those
-    ``tree_mask[r]`` marks; positions past the sequence (padding) none."""
-    ql = tree_mask.shape[0]
+    (``first`` [nd, 1]) are its cached context, seen by every row; of the ql new rows, row r of sequence s sees
+    those its tree row marks (``tree_mask`` [ql, ql] shared, or [nd, ql, ql]); positions past the sequence
+    (padding) none."""
+    nd, ql = first.shape[0], tree_mask.shape[-1]
     rel = pos[None, :] - first  # [nd, L]: index of the new row at each position (< 0: cached, >= ql: padding)
-    tree = tree_mask[:, rel.clamp(0, ql - 1)].transpose(0, 1)  # [nd, ql, L]: tree_mask[r, rel]
+    idx = rel.clamp(0, ql - 1)[:, None, :].expand(nd, ql, -1)
+    tree = tree_mask.expand(nd, ql, ql).gather(2, idx)  # [nd, ql, L]: tree_mask[s, r, rel[s]]; expand: a view
     return (rel < 0)[:, None, :] | ((rel < ql)[:, None, :] & tree)

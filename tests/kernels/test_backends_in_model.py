@@ -56,19 +56,24 @@ def test_paged_steps_reproduce_the_plain_forward(backend: str) -> None:
 
 # A candidate tree under each of two sequences: row 0 is the root (the last committed token), parents first.
 TREE_PARENTS = [-1, 0, 0, 1, 1, 2, 3]
+OTHER_PARENTS = [-1, 0, 1, 0, 3, 3, 2]  # the second sequence's own tree, when trees are per sequence (EAGLE-2)
 TREE_CONTEXT = {"a": 9, "b": 2}  # tokens already in the cache before the root
 
 
+@pytest.mark.parametrize("per_seq", [False, True])
 @pytest.mark.parametrize("backend", available_backends())
-def test_tree_rows_reproduce_the_plain_forward_of_their_paths(backend: str) -> None:
+def test_tree_rows_reproduce_the_plain_forward_of_their_paths(backend: str, per_seq: bool) -> None:
     # tree verification end to end: row i, at position context + depth(i), must give the hidden state of the
     # plain forward of context + the tokens on the root-to-i path
-    from cinq.kernels.metadata import tree_mask_from_parents
+    from cinq.kernels.metadata import tree_mask_from_parents, tree_masks_from_parents
 
     model = _tiny_model(backend)
-    q, depth = len(TREE_PARENTS), [0]
-    for p in TREE_PARENTS[1:]:
-        depth.append(depth[p] + 1)
+    trees = {"a": TREE_PARENTS, "b": OTHER_PARENTS if per_seq else TREE_PARENTS}
+    q, depth = len(TREE_PARENTS), {}
+    for name, parents in trees.items():
+        depth[name] = [0]
+        for p in parents[1:]:
+            depth[name].append(depth[name][p] + 1)
     g = torch.Generator().manual_seed(2)
     context = {name: torch.randint(0, 97, (n,), generator=g) for name, n in TREE_CONTEXT.items()}
     nodes = {name: torch.randint(0, 97, (q,), generator=g) for name in TREE_CONTEXT}
@@ -81,16 +86,17 @@ def test_tree_rows_reproduce_the_plain_forward_of_their_paths(backend: str) -> N
                                               [tables[n] for n in names], BLOCK)
         model(torch.cat([context[n] for n in names]),
               torch.cat([torch.arange(TREE_CONTEXT[n]) for n in names]), prefill)
+        mask = tree_masks_from_parents([trees[n] for n in names]) if per_seq else tree_mask_from_parents(TREE_PARENTS)
         meta = AttentionMetadata.from_lens([q, q], [TREE_CONTEXT[n] + q for n in names], [tables[n] for n in names],
-                                           BLOCK, decode_query_len=q, tree_mask=tree_mask_from_parents(TREE_PARENTS))
-        positions = torch.cat([TREE_CONTEXT[n] + torch.tensor(depth) for n in names])
+                                           BLOCK, decode_query_len=q, tree_mask=mask)
+        positions = torch.cat([TREE_CONTEXT[n] + torch.tensor(depth[n]) for n in names])
         hidden = model(torch.cat([nodes[n] for n in names]), positions, meta)
         for s, name in enumerate(names):
             for i in range(q):
                 path, j = [], i
                 while j >= 0:
                     path.insert(0, j)
-                    j = TREE_PARENTS[j]
+                    j = trees[name][j]
                 plain = model(torch.cat([context[name], nodes[name][path]])[None])[0, -1]
                 got = hidden[s * q + i]
                 err = (got - plain).abs().max() / plain.abs().max()

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from cinq.errors import InvalidParameterError
-from cinq.kernels.metadata import AttentionMetadata, tree_mask_from_parents
+from cinq.kernels.metadata import AttentionMetadata, check_tree_mask, tree_mask_from_parents, tree_masks_from_parents
 
 
 def test_from_lens_slots_follow_block_tables() -> None:
@@ -72,3 +72,55 @@ def test_from_lens_rejects_bad_tree_masks(mask, why: str) -> None:
     with pytest.raises(InvalidParameterError, match=why) as err:
         AttentionMetadata.from_lens([3], [9], [[0]], 16, decode_query_len=3, tree_mask=mask)
     assert err.value.param == "tree_mask" and "tree_mask" in str(err.value)
+
+
+def test_tree_masks_from_parents_stacks_one_tree_per_sequence() -> None:
+    trees = [[-1, 0, 0, 1], [-1, 0, 1, 2], [-1, 0, 0, 0]]
+    masks = tree_masks_from_parents(trees)
+    assert masks.shape == (3, 4, 4) and masks.dtype == torch.bool
+    for s, parents in enumerate(trees):
+        assert torch.equal(masks[s], tree_mask_from_parents(parents))
+    for bad in ([[-1, 0], [-1, 0, 0]], []):  # lengths differ; no tree at all
+        with pytest.raises(InvalidParameterError, match="parents") as err:
+            tree_masks_from_parents(bad)
+        assert err.value.param == "parents"
+    with pytest.raises(InvalidParameterError, match="parents"):
+        tree_masks_from_parents([[-1, 0, 0], [-1, 2, 0]])  # the second tree's parent is not earlier
+
+
+def test_from_lens_takes_a_per_sequence_tree_mask() -> None:
+    masks = tree_masks_from_parents([[-1, 0, 0], [-1, 0, 1]])
+    meta = AttentionMetadata.from_lens([3, 3, 1], [9, 3, 4], [[0], [1], [2]], 16, decode_query_len=3,
+                                       tree_mask=masks)
+    assert meta.num_decodes == 2 and torch.equal(meta.tree_mask, masks)
+    assert torch.equal(meta.seq_tree_mask(1), masks[1]) and meta.seq_tree_mask(2) is None  # 2: a prefill
+    shared = AttentionMetadata.from_lens([3, 3], [9, 3], [[0], [1]], 16, decode_query_len=3, tree_mask=masks[0])
+    assert shared.seq_tree_mask(1) is shared.tree_mask
+
+
+def _per_seq(*slices: list[list[int]]) -> torch.Tensor:
+    return torch.tensor(slices, dtype=torch.bool)
+
+
+CHAIN = [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
+
+
+@pytest.mark.parametrize("mask,why", [
+    (tree_masks_from_parents([[-1, 0, 0]] * 3), r"\[2, 3, 3\], got \[3, 3, 3\]"),  # a slice per decode: 2, not 3
+    (tree_masks_from_parents([[-1, 0, 0]]), r"\[2, 3, 3\], got \[1, 3, 3\]"),
+    (torch.ones(2, 2, 2, dtype=torch.bool).tril(), r"\[3, 3\]"),  # another query length
+    (torch.ones(1, 2, 3, 3, dtype=torch.bool).tril(), r"\[3, 3\]"),  # 4-D
+    (_per_seq(CHAIN, [[1, 0, 0], [1, 0, 0], [1, 1, 1]]), r"diagonal.*sequence 1"),
+    (_per_seq([[1, 0, 1], [1, 1, 0], [1, 1, 1]], CHAIN), r"above the diagonal.*sequence 0"),
+])
+def test_from_lens_rejects_bad_per_sequence_tree_masks(mask: torch.Tensor, why: str) -> None:
+    with pytest.raises(InvalidParameterError, match=why) as err:
+        AttentionMetadata.from_lens([3, 3, 5], [9, 3, 5], [[0], [1], [2]], 16, decode_query_len=3, tree_mask=mask)
+    assert err.value.param == "tree_mask" and "tree_mask" in str(err.value)
+
+
+def test_check_tree_mask_without_a_sequence_count_takes_any_number_of_slices() -> None:
+    check_tree_mask(tree_masks_from_parents([[-1, 0]] * 5), 2)
+    check_tree_mask(tree_mask_from_parents([-1, 0]), 2, num_decodes=7)  # the shared form fits any count
+    with pytest.raises(InvalidParameterError, match="tree_mask"):
+        check_tree_mask(tree_masks_from_parents([[-1, 0]] * 5), 2, num_decodes=4)

@@ -71,3 +71,31 @@ def test_tree_decode_matches_reference(num_splits: int, paged_case, rel_err) -> 
     plain = torch.full_like(out, float("nan"))
     paged_decode(case.query, case.kv_cache, case.meta, case.scale, plain, num_splits=num_splits)
     assert torch.equal(causal, plain) and rel_err(plain.cpu(), ref) > 1e-2
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_per_sequence_tree_decode_matches_reference(num_splits: int, paged_case, rel_err) -> None:
+    # one tree per sequence ([3, 6, 6]): each program must read its own sequence's slice
+    from cinq.kernels.metadata import tree_mask_from_parents, tree_masks_from_parents
+
+    trees = [[-1, 0, 0, 1, 2, 2], [-1, 0, 1, 1, 0, 4], [-1, 0, 0, 0, 0, 0]]
+    masks = tree_masks_from_parents(trees, DEVICE)
+    case = paged_case([6, 6, 6], [70, 6, 33], 8, 2, 32, seed=num_splits, device=DEVICE, decode_query_len=6,
+                      tree_mask=masks)
+    out = torch.full_like(case.query, float("nan"))
+    paged_decode(case.query, case.kv_cache, case.meta, case.scale, out, num_splits=num_splits)
+    ref, _ = paged_attention_reference(case.query.cpu(), case.kv_cache.cpu(), case.meta, case.scale)
+    assert rel_err(out.cpu(), ref) <= 1e-5
+    # the first sequence's tree for all: right for it, wrong for the others
+    case.meta.tree_mask = masks[0]
+    first = torch.full_like(out, float("nan"))
+    paged_decode(case.query, case.kv_cache, case.meta, case.scale, first, num_splits=num_splits)
+    assert torch.equal(first[:6], out[:6]) and rel_err(first[6:].cpu(), ref[6:]) > 1e-2
+    # identical slices are the shared form, bit for bit
+    case.meta.tree_mask = tree_mask_from_parents(trees[1], DEVICE)[None].expand(3, 6, 6)  # not contiguous either
+    same = torch.full_like(out, float("nan"))
+    paged_decode(case.query, case.kv_cache, case.meta, case.scale, same, num_splits=num_splits)
+    case.meta.tree_mask = tree_mask_from_parents(trees[1], DEVICE)
+    shared = torch.full_like(out, float("nan"))
+    paged_decode(case.query, case.kv_cache, case.meta, case.scale, shared, num_splits=num_splits)
+    assert torch.equal(same, shared)

@@ -1,8 +1,9 @@
 // Paged decode attention for the CPU: the query tokens of each decode-like sequence (one for plain decoding,
 // k + 1 when a speculative step verifies k drafts) read their K/V straight from the pages; query row r of a
 // sequence with ql rows sees the keys up to position seq_len - ql + r (causal among the new rows). A tree
-// verification step passes tree_mask [ql, ql]: row r then sees the cached context and, of the new rows, those
-// with tree_mask[r][j] (its ancestors in the candidate tree, and itself).
+// verification step passes tree_mask [ql, ql] (one tree for all sequences) or [nd, ql, ql] (sequence s: slice
+// s): row r then sees the cached context and, of the new rows, those with tree_mask[r][j] (its ancestors in
+// the candidate tree, and itself).
 //
 // Why a native kernel: in PyTorch, decode attention over a paged cache needs a gather of every context into a
 // contiguous copy (one extra write and read of the whole KV cache per layer per step) followed by a matmul
@@ -42,7 +43,7 @@ inline void load_row(const T* src, float* dst, int64_t d) {
 }
 
 // Whether query row r sees the key rel positions after the first new row (rel < 0: the cached context). Causal
-// among the new rows; with a tree mask ([ql, ql] row-major), only the rows it marks.
+// among the new rows; with a tree mask (this sequence's [ql, ql], row-major), only the rows it marks.
 inline bool visible(int64_t rel, int64_t r, int64_t ql, const bool* tree) {
   if (rel < 0) return true;
   return rel <= r && (tree == nullptr || tree[r * ql + rel]);
@@ -65,8 +66,8 @@ inline std::vector<float> exp_rows(float* scores, const float* mx, int64_t nq, i
 
 template <typename T>
 void decode_kernel(const float* q, const T* cache, const int32_t* tables, const int32_t* seq_lens, const bool* tree,
-                   float* out, int64_t nd, int64_t ql, int64_t hq, int64_t hkv, int64_t d, int64_t block_size,
-                   int64_t max_blocks, int64_t value_offset, float scale) {
+                   int64_t tree_stride, float* out, int64_t nd, int64_t ql, int64_t hq, int64_t hkv, int64_t d,
+                   int64_t block_size, int64_t max_blocks, int64_t value_offset, float scale) {
   const int64_t group = hq / hkv;
   const int64_t row = hkv * d;  // one token's K (or V) for all kv heads: contiguous in the page
   const int64_t block_stride = block_size * row;
@@ -85,6 +86,7 @@ void decode_kernel(const float* q, const T* cache, const int32_t* tables, const 
       const int64_t len = seq_lens[s], nqh = nh * group, nq = ql * nqh;
       const int32_t* table = tables + s * max_blocks;
       const float* qs = q + (s * ql * hq + h0 * group) * d;
+      const bool* ts = tree == nullptr ? nullptr : tree + s * tree_stride;
       scores.resize(nq * len);
       std::vector<float> mx(nq, -std::numeric_limits<float>::infinity());
       for (int64_t t = 0; t < len; ++t) {
@@ -92,7 +94,7 @@ void decode_kernel(const float* q, const T* cache, const int32_t* tables, const 
         load_row(kp, buf.data(), nh * d);
         for (int64_t jr = 0; jr < nq; ++jr) {
           const int64_t r = jr / nqh, j = jr % nqh;
-          if (!visible(t - (len - ql), r, ql, tree)) {
+          if (!visible(t - (len - ql), r, ql, ts)) {
             scores[jr * len + t] = -std::numeric_limits<float>::infinity();
             continue;
           }
@@ -130,8 +132,9 @@ void decode_kernel(const float* q, const T* cache, const int32_t* tables, const 
 // bf16 cache, head_dim a multiple of 32: q.k with vdpbf16ps straight on the bf16 rows (the query came in as bf16,
 // so rounding it back is exact) and V rows widened 16 lanes at a time. Same two passes as the generic kernel.
 void decode_kernel_bf16(const float* q, const c10::BFloat16* cache_t, const int32_t* tables, const int32_t* seq_lens,
-                        const bool* tree, float* out, int64_t nd, int64_t ql, int64_t hq, int64_t hkv, int64_t d,
-                        int64_t block_size, int64_t max_blocks, int64_t value_offset, float scale) {
+                        const bool* tree, int64_t tree_stride, float* out, int64_t nd, int64_t ql, int64_t hq,
+                        int64_t hkv, int64_t d, int64_t block_size, int64_t max_blocks, int64_t value_offset,
+                        float scale) {
   const uint16_t* cache = reinterpret_cast<const uint16_t*>(cache_t);
   const int64_t group = hq / hkv;
   const int64_t row = hkv * d;
@@ -149,6 +152,7 @@ void decode_kernel_bf16(const float* q, const c10::BFloat16* cache_t, const int3
       const int64_t len = seq_lens[s], nqh = nh * group, nq = ql * nqh;  // rows as in decode_kernel
       const int32_t* table = tables + s * max_blocks;
       const float* qs = q + (s * ql * hq + h0 * group) * d;
+      const bool* ts = tree == nullptr ? nullptr : tree + s * tree_stride;
       qb.resize(nq * d);
       for (int64_t jr = 0; jr < nq; ++jr) {
         const float* src = qs + ((jr / nqh) * hq + jr % nqh) * d;
@@ -162,7 +166,7 @@ void decode_kernel_bf16(const float* q, const c10::BFloat16* cache_t, const int3
       for (int64_t t = 0; t < len; ++t) {
         const uint16_t* kp = cache + table[t / block_size] * block_stride + (t % block_size) * row + h0 * d;
         for (int64_t jr = 0; jr < nq; ++jr) {
-          if (!visible(t - (len - ql), jr / nqh, ql, tree)) {
+          if (!visible(t - (len - ql), jr / nqh, ql, ts)) {
             scores[jr * len + t] = -std::numeric_limits<float>::infinity();
             continue;
           }
@@ -210,7 +214,8 @@ void decode_kernel_bf16(const float* q, const c10::BFloat16* cache_t, const int3
 
 // query [nd * ql, hq, d] float32 (sequence s owns rows s * ql ...); kv_cache [2, num_blocks, block_size, hkv, d]
 // (float32 / bf16 / fp16, contiguous); block_tables [>= nd, max_blocks] int32; seq_lens [>= nd] int32 (>= ql);
-// tree_mask: empty (causal among the new rows) or contiguous bool [ql, ql]. Returns [nd * ql, hq, d] float32.
+// tree_mask: empty (causal among the new rows), or contiguous bool [ql, ql] (shared by all sequences) or
+// [nd, ql, ql] (one per sequence). Returns [nd * ql, hq, d] float32.
 torch::Tensor paged_decode(torch::Tensor query, torch::Tensor kv_cache, torch::Tensor block_tables,
                            torch::Tensor seq_lens, double scale, int64_t ql, torch::Tensor tree_mask) {
   TORCH_CHECK(query.dim() == 3 && query.scalar_type() == torch::kFloat32 && query.is_contiguous(),
@@ -222,11 +227,15 @@ torch::Tensor paged_decode(torch::Tensor query, torch::Tensor kv_cache, torch::T
               "paged_decode: block_tables must be contiguous int32");
   TORCH_CHECK(seq_lens.scalar_type() == torch::kInt32 && seq_lens.is_contiguous(),
               "paged_decode: seq_lens must be contiguous int32");
-  TORCH_CHECK(tree_mask.numel() == 0 || (tree_mask.scalar_type() == torch::kBool && tree_mask.is_contiguous() &&
-                                          tree_mask.dim() == 2 && tree_mask.size(0) == ql && tree_mask.size(1) == ql),
-              "paged_decode: tree_mask must be empty or contiguous bool [ql, ql]");
-  const bool* tree = tree_mask.numel() ? tree_mask.data_ptr<bool>() : nullptr;
   const int64_t nd = query.size(0) / ql, hq = query.size(1), d = query.size(2);
+  const int64_t tdim = tree_mask.dim();
+  TORCH_CHECK(tree_mask.numel() == 0 ||
+                  (tree_mask.scalar_type() == torch::kBool && tree_mask.is_contiguous() && (tdim == 2 || tdim == 3) &&
+                   (tdim == 2 || tree_mask.size(0) == nd) && tree_mask.size(tdim - 2) == ql &&
+                   tree_mask.size(tdim - 1) == ql),
+              "paged_decode: tree_mask must be empty or contiguous bool [ql, ql] or [nd, ql, ql]");
+  const bool* tree = tree_mask.numel() ? tree_mask.data_ptr<bool>() : nullptr;
+  const int64_t tree_stride = tdim == 3 ? ql * ql : 0;  // the shared mask: every sequence reads slice 0
   const int64_t block_size = kv_cache.size(2), hkv = kv_cache.size(3);
   TORCH_CHECK(kv_cache.size(4) == d && hq % hkv == 0, "paged_decode: head shapes do not match");
   auto out = torch::empty_like(query);
@@ -236,26 +245,26 @@ torch::Tensor paged_decode(torch::Tensor query, torch::Tensor kv_cache, torch::T
   switch (kv_cache.scalar_type()) {
     case torch::kFloat32:
       decode_kernel(query.data_ptr<float>(), kv_cache.data_ptr<float>(), block_tables.data_ptr<int32_t>(),
-                    seq_lens.data_ptr<int32_t>(), tree, out.data_ptr<float>(), nd, ql, hq, hkv, d, block_size,
-                    max_blocks, value_offset, sc);
+                    seq_lens.data_ptr<int32_t>(), tree, tree_stride, out.data_ptr<float>(), nd, ql, hq, hkv, d,
+                    block_size, max_blocks, value_offset, sc);
       break;
     case torch::kBFloat16:
 #if defined(__AVX512BF16__)
       if (d % 32 == 0) {
         decode_kernel_bf16(query.data_ptr<float>(), kv_cache.data_ptr<c10::BFloat16>(),
-                           block_tables.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), tree,
+                           block_tables.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), tree, tree_stride,
                            out.data_ptr<float>(), nd, ql, hq, hkv, d, block_size, max_blocks, value_offset, sc);
         break;
       }
 #endif
       decode_kernel(query.data_ptr<float>(), kv_cache.data_ptr<c10::BFloat16>(), block_tables.data_ptr<int32_t>(),
-                    seq_lens.data_ptr<int32_t>(), tree, out.data_ptr<float>(), nd, ql, hq, hkv, d, block_size,
-                    max_blocks, value_offset, sc);
+                    seq_lens.data_ptr<int32_t>(), tree, tree_stride, out.data_ptr<float>(), nd, ql, hq, hkv, d,
+                    block_size, max_blocks, value_offset, sc);
       break;
     case torch::kHalf:
       decode_kernel(query.data_ptr<float>(), kv_cache.data_ptr<c10::Half>(), block_tables.data_ptr<int32_t>(),
-                    seq_lens.data_ptr<int32_t>(), tree, out.data_ptr<float>(), nd, ql, hq, hkv, d, block_size,
-                    max_blocks, value_offset, sc);
+                    seq_lens.data_ptr<int32_t>(), tree, tree_stride, out.data_ptr<float>(), nd, ql, hq, hkv, d,
+                    block_size, max_blocks, value_offset, sc);
       break;
     default:
       TORCH_CHECK(false, "paged_decode: unsupported kv_cache dtype");

@@ -5,9 +5,10 @@ Decode is bandwidth bound: every cached key and value is read once per step and 
 So one program serves all ``group`` query heads that share a kv head, for every query token of the sequence
 (``QLEN * group`` rows stacked as the M dimension of the dot, padded to 16; row r sees the keys up to
 ``seq_len - QLEN + r``; a tree verification step instead lets row r see the cached context and the new rows its
-``tree_mask`` row marks), and long contexts are cut into ``num_splits`` key ranges processed by separate programs
-to keep the GPU busy when the batch is small (FlashDecoding). Each split keeps the usual online-softmax
-state and writes its normalised partial output with its log-sum-exp; a second small kernel merges the splits:
+``tree_mask`` row marks, one tree for all sequences or one per sequence), and long contexts are cut into
+``num_splits`` key ranges processed by separate programs to keep the GPU busy when the batch is small
+(FlashDecoding). Each split keeps the usual online-softmax state and writes its normalised partial output with its
+log-sum-exp; a second small kernel merges the splits:
 ``out = sum_s exp(lse_s - max) * out_s / sum_s exp(lse_s - max)``.
 """
 
@@ -31,7 +32,7 @@ MIN_SPLIT_TOKENS = 256  # below this a split's fixed cost outweighs the parallel
 
 @triton.jit
 def _decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, part_o_ptr, part_lse_ptr, seq_lens_ptr, block_tables_ptr, tree_ptr,
-                   qk_scale, split_len,
+                   qk_scale, split_len, stride_tree,
                    stride_qt, stride_qh, stride_ot, stride_oh,
                    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_bt,
                    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
@@ -78,7 +79,9 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, part_o_ptr, part_lse_ptr, seq_len
         if TREE:  # of the new rows' own keys, only those the row's tree_mask row ([QLEN, QLEN] int8) marks
             rel = offs_n - (seq_len - QLEN)  # < 0: cached context
             own = keep & (rel >= 0)[None, :] & g_mask[:, None]  # padding rows past QLEN read nothing
-            seen = tl.load(tree_ptr + (offs_m // GROUP)[:, None] * QLEN + rel[None, :], mask=own, other=0)
+            # this sequence's tree: stride_tree = QLEN * QLEN per sequence, 0 when one tree is shared
+            tree_row = tree_ptr + b.to(tl.int64) * stride_tree + (offs_m // GROUP) * QLEN
+            seen = tl.load(tree_row[:, None] + rel[None, :], mask=own, other=0)
             keep = keep & ((rel < 0)[None, :] | (seen != 0))
         s = tl.where(keep, s * qk_scale, float("-inf"))
         v = tl.load(v_base + v_rows[:, None] + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0)
@@ -126,7 +129,8 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: t
 def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
                  out: torch.Tensor, num_decodes: int | None = None, num_splits: int | None = None) -> torch.Tensor:
     """Decode attention of the first ``num_decodes`` sequences (default ``meta.num_decodes``),
-    ``meta.decode_query_len`` queries each (causal among them, or as ``meta.tree_mask`` says).
+    ``meta.decode_query_len`` queries each (causal among them, or as ``meta.tree_mask`` says: [ql, ql] shared,
+    or [num_decodes, ql, ql] per sequence).
 
     query, out: [>= num_decodes * ql, Hq, D] (the first num_decodes * ql rows are used); kv_cache
     [2, blocks, block_size, Hkv, D].
@@ -164,11 +168,14 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMet
     else:
         part_o = part_lse = out  # unused
     tree = meta.tree_mask
+    stride_tree = 0  # shared [ql, ql] tree (or none): every sequence reads the same one
     if tree is not None:
         tree = tree.to(torch.int8).contiguous()  # a byte per entry: bool pointers are not portable across versions
+        if tree.dim() == 3:
+            stride_tree = tree.stride(0)
     _decode_kernel[(nd, hkv, num_splits)](
         query, k, v, out, part_o, part_lse, meta.seq_lens, meta.block_tables, tree if tree is not None else out,
-        scale * LOG2E, split_len,
+        scale * LOG2E, split_len, stride_tree,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), meta.block_tables.stride(0),
         part_o.stride(0) if split else 0, part_o.stride(1) if split else 0, part_o.stride(2) if split else 0,
