@@ -1,13 +1,18 @@
-"""Speculative decoding: plain decoding vs each built method, same model, same prompts, one run.
+"""Speculative decoding: plain decoding vs every method, same target, same prompts, one run.
 
-Built so far: n-gram (prompt lookup). Workloads on the embedded cinq-tiny (bf16, greedy, batch 1 and 8):
-``copy`` asks the model to continue a passage it has just seen in the prompt (the output repeats the prompt,
-where prompt lookup pays), ``text`` continues held-out-style prose (little to look up). Reports output tokens/s,
-the speedup over plain decoding measured in the same run, tau (mean tokens per verify step) and the share of
-requests' tokens that came from accepted drafts.
+Target: the embedded cinq-tiny (bf16, and a GPTQ int4 g128 copy made here from corpus calibration text).
+Methods: n-gram (prompt lookup), draft model (cinq-tiny-student), Medusa, EAGLE and EAGLE-3 heads shipped in
+cinq/assets (chain drafts; trees where built), each with a fixed k and adaptive. Greedy decoding, so that
+"identical" can be checked against plain decoding in the same run.
 
-    python benchmarks/speculative.py            # writes benchmarks/results/speculative.{md,json}
-    python benchmarks/speculative.py --quick    # smoke run, writes nothing
+Tables (benchmarks/results/speculative.{md,json} + speculative.png):
+* batch sweep 1 / 4 / 16 / 32 on held-out multilingual prompts (corpus test split, all languages mixed):
+  output tokens/s, speedup over plain at the same batch, tau, acceptance per position, draft overhead share;
+* per language at batch 1: tau and speedup for en/de/es/it/ru/pl/cs/zh, and the worst/best tau ratio;
+* the copy workload (the answer repeats the prompt) where prompt lookup pays.
+
+    python benchmarks/speculative.py               # writes the results
+    python benchmarks/speculative.py --quick       # smoke run, writes nothing
 """
 
 from __future__ import annotations
@@ -30,9 +35,16 @@ set_omp_wait_policy()
 import torch  # noqa: E402
 
 from cinq import LLM, SamplingParams  # noqa: E402
+from cinq.assets import ASSETS_DIR, shipped_model_path  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-PASSAGES = [
+CACHE = ROOT / ".cache" / "bench"
+TARGET = shipped_model_path("cinq-tiny")
+# a static tree of 3 drafts (two candidates for the next token, one after the best): with its root that is 4 rows,
+# the most this CPU's native small-M GEMM takes per sequence before oneDNN (measured slower per row) takes over
+TREE = [[0], [1], [0, 0]]
+LANGUAGES = ("en", "de", "es", "it", "ru", "pl", "cs", "zh")  # the corpus's natural languages, high to low resource
+COPY_PASSAGES = [
     "The river runs north through the valley, past the old mill and the stone bridge, and into the lake where "
     "the fishermen wait each morning for the mist to lift.",
     "To build the project, install the compiler, run the configure script, and then call make with the number "
@@ -42,76 +54,156 @@ PASSAGES = [
 ]
 
 
-def workloads() -> dict[str, list[str]]:
-    copy = [f"{p}\n\nAgain, word for word:\n\n{p[:40]}" for p in PASSAGES]
-    text = [p[:60] for p in PASSAGES]
-    return {"copy": copy, "text": text}
+def methods(k: int) -> dict[str, dict]:
+    """name -> speculative_config, for what is shipped (a head folder missing: that method is skipped)."""
+    out = {"ngram": {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
+           "draft_model": {"method": "draft_model", "model": "cinq-tiny-student", "num_speculative_tokens": k}}
+    for method in ("medusa", "eagle", "eagle3"):
+        folder = shipped_model_path(f"cinq-tiny-{method}")
+        if folder is not None:
+            out[method] = {"method": method, "model": str(folder), "num_speculative_tokens": k}
+            out[f"{method}-tree"] = {"method": method, "model": str(folder), "num_speculative_tokens": len(TREE),
+                                     "speculative_token_tree": TREE}
+    return out
 
 
-def run(spec: dict | None, prompts: list[str], batch: int, max_tokens: int) -> dict:
-    llm = LLM(None, dtype="bfloat16", speculative_config=spec, kv_cache_memory=0.5)
+def corpus_dir() -> Path:
+    """The corpus test split's prompts (`cinq data build`, ~40 s, built once into .cache)."""
+    data = CACHE / "corpus"
+    if not (data / "test.tokens.npy").is_file():  # written last
+        from cinq.train.build import build_dataset
+        from cinq.train.corpus import CorpusSettings
+        from cinq.train.sources import debian_sources
+        build_dataset(debian_sources(), data, CorpusSettings(), 8192, str(ASSETS_DIR / "tokenizer"))
+    return data
+
+
+def language_prompts(per_lang: int) -> dict[str, list[list[int]]]:
+    from cinq.train.seqkd import balanced_prompts
+    pairs = balanced_prompts(corpus_dir(), per_lang * 16, seed=11, max_prompt=24, split="test")
+    out: dict[str, list[list[int]]] = {lang: [] for lang in LANGUAGES}
+    for lang, prompt in pairs:
+        if lang in out and len(out[lang]) < per_lang:
+            out[lang].append(prompt)
+    return {lang: ps for lang, ps in out.items() if ps}
+
+
+def int4_target() -> Path:
+    """cinq-tiny quantized with GPTQ (int4, groups of 128) on corpus text, made once into .cache."""
+    out = CACHE / "cinq-tiny-gptq-int4"
+    if (out / "config.json").is_file():
+        return out
+    from cinq.quant.calibration import calibration_windows
+    from cinq.quant.config import QuantConfig
+    from cinq.quant.pipeline import quantize_model
+    from cinq.train.data import TokenSplit
+    stream = TokenSplit.load(corpus_dir(), "train").stream(max_tokens=200_000)
+    calib = calibration_windows(list(stream), 64, 256, 0)
+    quantize_model(TARGET, out, QuantConfig(method="gptq", bits=4, group_size=128), calib, progress=False)
+    return out
+
+
+class DraftTimer:
+    """Wall time spent proposing: the runner's proposer, or the scheduler's drafter (n-gram)."""
+
+    def __init__(self, llm: LLM) -> None:
+        self.seconds = 0.0
+        obj = llm.engine.executor.proposer or llm.engine.scheduler.drafter
+        if obj is None:
+            return
+        real = obj.propose
+
+        def timed(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return real(*a, **kw)
+            finally:
+                self.seconds += time.perf_counter() - t0
+
+        obj.propose = timed
+
+
+def run(target: Path, spec: dict | None, prompts: list[list[int]], batch: int, max_tokens: int) -> dict:
+    llm = LLM(str(target), dtype="bfloat16", speculative_config=spec, kv_cache_memory=0.5)
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    todo = (prompts * (batch // len(prompts) + 1))[:batch] if batch > len(prompts) else prompts[:batch]
+    todo = [prompts[i % len(prompts)] for i in range(max(batch, len(prompts)))]
     llm.generate(todo[:1], SamplingParams(temperature=0, max_tokens=4))  # warm-up: kernels, allocator
-    t0 = time.perf_counter()
-    outs = llm.generate(todo, params)
+    timer = DraftTimer(llm)
+    before = llm.engine.get_stats()
+    outs, t0 = [], time.perf_counter()
+    for at in range(0, len(todo), batch):  # waves of `batch` requests decoding together
+        outs += llm.generate(todo[at:at + batch], params)
     elapsed = time.perf_counter() - t0
-    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     st = llm.engine.get_stats()
-    drafts = st.spec_decode_num_drafts
+    drafts = st.spec_decode_num_drafts - before.spec_decode_num_drafts
+    accepted = st.spec_decode_num_accepted_tokens - before.spec_decode_num_accepted_tokens
+    per_pos = [a - (before.spec_decode_num_accepted_tokens_per_pos[i]
+                    if i < len(before.spec_decode_num_accepted_tokens_per_pos) else 0)
+               for i, a in enumerate(st.spec_decode_num_accepted_tokens_per_pos)]
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     return {"tok_s": tokens / elapsed, "seconds": elapsed, "tokens": tokens,
-            "tau": st.spec_decode_mean_acceptance_length if drafts else None,
-            "accepted_share": st.spec_decode_num_accepted_tokens / st.generation_tokens if drafts else 0.0,
-            "outputs": [o.outputs[0].token_ids for o in outs]}
+            "tau": 1 + accepted / drafts if drafts else None,
+            "accept_per_pos": [round(a / drafts, 3) for a in per_pos] if drafts else [],
+            "draft_share": timer.seconds / elapsed, "outputs": [o.outputs[0].token_ids for o in outs]}
+
+
+def compare(rows: list[dict], label: dict, base: dict, r: dict) -> None:
+    same = r.pop("outputs") == base["outputs"]
+    rows.append({**label, "plain_tok_s": base["tok_s"], "spec_tok_s": r["tok_s"], "speedup": r["tok_s"] / base["tok_s"],
+                 "tau": r["tau"], "accept_per_pos": r["accept_per_pos"], "draft_share": r["draft_share"],
+                 "greedy_identical": same})
+    print(" ".join(f"{k}={v}" for k, v in label.items()),
+          f"{base['tok_s']:.1f} -> {r['tok_s']:.1f} tok/s (RATIO {rows[-1]['speedup']:.2f}x) tau "
+          f"{r['tau'] or 0:.2f} draft {100 * r['draft_share']:.0f}% identical={same}", flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--max-tokens", type=int, default=128)
-    # k = 3: a batch-1 verify step is then 4 rows, which the native small-M linear still takes (k = 4 measured
-    # 1.49x on copy against 1.94x for k = 3, though its tau is higher: 5 rows fall to oneDNN)
+    ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--k", type=int, default=3, help="num_speculative_tokens")
+    ap.add_argument("--batches", default="1,4,16,32")
+    ap.add_argument("--per-lang", type=int, default=4, help="held-out prompts per language")
+    ap.add_argument("--methods", default=None, help="comma list (default: every shipped method)")
     args = ap.parse_args()
-    max_tokens = 24 if args.quick else args.max_tokens
-    methods = {"ngram": {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": 4,
-                         "prompt_lookup_min": 2}}
-    rows = []
-    for wname, prompts in workloads().items():
-        for batch in (1, 8):
-            base = run(None, prompts, batch, max_tokens)
-            for mname, spec in methods.items():
-                r = run(spec, prompts, batch, max_tokens)
-                same = r.pop("outputs") == base["outputs"]
-                rows.append({"workload": wname, "batch": batch, "method": mname, "plain_tok_s": base["tok_s"],
-                             "spec_tok_s": r["tok_s"], "speedup": r["tok_s"] / base["tok_s"], "tau": r["tau"],
-                             "accepted_share": r["accepted_share"], "greedy_identical": same})
-                print(f"{wname:5s} b{batch:<2d} {mname}: {base['tok_s']:.1f} -> {r['tok_s']:.1f} tok/s "
-                      f"(RATIO {rows[-1]['speedup']:.2f}x), tau {r['tau'] or 0:.2f}, identical={same}", flush=True)
-            base.pop("outputs")
+    max_tokens = 16 if args.quick else args.max_tokens
+    batches = [1, 4] if args.quick else [int(b) for b in args.batches.split(",")]
+    specs = methods(args.k)
+    if args.methods:
+        specs = {m: specs[m] for m in args.methods.split(",")}
+    by_lang = language_prompts(1 if args.quick else args.per_lang)
+    mixed = [p for ps in zip(*by_lang.values()) for p in ps]
+    targets = {"bf16": TARGET} if args.quick else {"bf16": TARGET, "int4": int4_target()}
+    sweep, lang_rows, copy_rows = [], [], []
+    for tname, target in targets.items():
+        for batch in batches:
+            base = run(target, None, mixed, batch, max_tokens)
+            for mname, spec in specs.items():
+                for adaptive in (False, True):
+                    r = run(target, {**spec, "adaptive": adaptive}, mixed, batch, max_tokens)
+                    compare(sweep, {"target": tname, "batch": batch, "method": mname, "adaptive": adaptive}, base, r)
+    for lang, prompts in by_lang.items():
+        base = run(TARGET, None, prompts, 1, max_tokens)
+        for mname, spec in specs.items():
+            compare(lang_rows, {"lang": lang, "method": mname}, base, run(TARGET, spec, prompts, 1, max_tokens))
+    from cinq.model.tokenizer import Tokenizer
+    tok = Tokenizer.from_pretrained(TARGET)
+    copy = [tok.encode(f"{p}\n\nAgain, word for word:\n\n{p[:40]}") for p in COPY_PASSAGES]
+    base = run(TARGET, None, copy, 1, max_tokens)
+    for mname, spec in specs.items():
+        compare(copy_rows, {"workload": "copy", "method": mname}, base, run(TARGET, spec, copy, 1, max_tokens))
     if not args.quick:
-        write(rows, max_tokens, args.k)
+        write(sweep, lang_rows, copy_rows, max_tokens, args.k)
 
 
-def write(rows: list[dict], max_tokens: int, k: int) -> None:
+def write(sweep: list[dict], lang_rows: list[dict], copy_rows: list[dict], max_tokens: int, k: int) -> None:
+    from benchmarks.speculative_report import render
     RESULTS.mkdir(parents=True, exist_ok=True)
     meta = {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
             "torch": torch.__version__, "loadavg_at_end": os.getloadavg(), "max_tokens": max_tokens, "k": k}
-    (RESULTS / "speculative.json").write_text(json.dumps({"machine": meta, "rows": rows}, indent=2) + "\n")
-    lines = ["# Speculative decoding vs plain decoding (same model, same prompts, one run)", "",
-             f"cinq-tiny, bf16, greedy, {max_tokens} new tokens per request, k = {k}; CPU threads {meta['threads']}, "
-             f"load average at end {meta['loadavg_at_end']}. Only n-gram (prompt lookup) is built so far.", "",
-             "| workload | batch | method | plain tok/s | speculative tok/s | speedup | tau | tokens from drafts | "
-             "greedy identical |", "|---|---:|---|---:|---:|---:|---:|---:|---|"]
-    for r in rows:
-        lines.append(f"| {r['workload']} | {r['batch']} | {r['method']} | {r['plain_tok_s']:.1f} | "
-                     f"{r['spec_tok_s']:.1f} | **{r['speedup']:.2f}x** | {r['tau'] or 0:.2f} | "
-                     f"{100 * r['accepted_share']:.0f}% | {r['greedy_identical']} |")
-    lines += ["", "\"greedy identical\" compares the token ids with plain decoding in bf16: a verify step computes its rows "
-              "in other kernels and batch shapes, so near-ties can flip (in float32 the test suite asserts identity for "
-              "every feature). No adaptive k yet: at batch 8 speculation costs more than it saves here, so a server "
-              "should set num_speculative_tokens_per_batch_size to turn it off at larger batches."]
-    (RESULTS / "speculative.md").write_text("\n".join(lines) + "\n")
+    data = {"machine": meta, "batch_sweep": sweep, "languages": lang_rows, "copy": copy_rows}
+    (RESULTS / "speculative.json").write_text(json.dumps(data, indent=2) + "\n")
+    render(data, RESULTS / "speculative.md", RESULTS / "speculative.png")
     print(f"wrote {RESULTS / 'speculative.md'}")
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from cinq.errors import InvalidParameterError
-from cinq.spec.config import SpeculativeConfig
+from cinq.spec.config import BUILT_METHODS, SpeculativeConfig
 
 DTYPES = ("bfloat16", "float32", "float16")
 _DTYPE_ALIASES = ("bf16", "fp32", "fp16")
@@ -111,10 +111,10 @@ class EngineConfig:
             raise InvalidParameterError(
                 f"speculative_config must be a JSON object, got {type(self.speculative_config).__name__}",
                 "speculative_config")
-        if self.speculative_config is not None and self.speculative_config.method != "ngram":
+        if self.speculative_config is not None and self.speculative_config.method not in BUILT_METHODS:
             raise InvalidParameterError(
-                f"speculative_config.method {self.speculative_config.method!r} is not built yet (only 'ngram')",
-                "method")
+                f"speculative_config.method {self.speculative_config.method!r} is not built yet (built: "
+                f"{list(BUILT_METHODS)})", "method")
 
     @property
     def parallel_config(self) -> ParallelConfig:

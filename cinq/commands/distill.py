@@ -1,6 +1,10 @@
 """`cinq distill`: distil a teacher into a student (losses: ce, fkl, rkl, gjsd, skl, srkl, tv, hidden_mse,
 hidden_cos and weighted sums; regimes: offpolicy, seqkd, onpolicy, cot), optionally train the CE-only baseline
-with the same budget and write the comparison table."""
+with the same budget and write the comparison table.
+
+`cinq distill --heads eagle|eagle3|medusa --target T`: train speculative-decoding heads for the frozen target T
+on sequences T writes itself (cinq/train/spec_heads.py); the head folder lands in ``<out>/head``, ``--export``
+copies it with a model card."""
 
 from __future__ import annotations
 
@@ -10,9 +14,10 @@ from cinq.commands.threads_arg import add_threads_arg, apply_threads
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("distill", help="knowledge distillation into a smaller model",
-                              description="Distil --teacher into --student. Rerun the same command to resume.")
-    p.add_argument("--teacher", required=True, help="teacher model folder (e.g. cinq/assets/cinq-tiny)")
+    p = subparsers.add_parser("distill", help="knowledge distillation into a smaller model or speculative heads",
+                              description="Distil --teacher into --student, or (--heads) train speculative-decoding "
+                                          "heads for --target. Rerun the same command to resume.")
+    p.add_argument("--teacher", default=None, help="teacher model folder (e.g. cinq/assets/cinq-tiny)")
     p.add_argument("--student", default="cinq-tiny-student",
                    help="student shape (preset or config.json) or a model folder to continue from")
     p.add_argument("--data", required=True, help="corpus folder from `cinq data build`")
@@ -55,8 +60,66 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="evaluate teacher and students, write PREFIX.md/.json/.png")
     p.add_argument("--arith-problems", type=int, default=300, help="held-out arithmetic problems in the report")
     p.add_argument("--export", default=None, metavar="DIR",
-                   help="when finished: copy the distilled model to DIR, evaluate it and write its model card")
+                   help="when finished: copy the distilled model (or head folder) to DIR, evaluate it and write its "
+                        "model card")
+    h = p.add_argument_group("speculative heads (--heads)")
+    h.add_argument("--heads", default=None, choices=["eagle", "eagle3", "medusa"],
+                   help="train this kind of draft head for --target instead of distilling a student")
+    h.add_argument("--target", default=None, help="the served target the heads draft for (a model folder)")
+    h.add_argument("--train-prompts", type=int, default=1100,
+                   help="corpus prompts the target continues for training data (balanced across languages)")
+    h.add_argument("--eval-prompts", type=int, default=110, help="held-out (test split) prompts for acceptance")
+    h.add_argument("--max-prompt", type=int, default=24, help="prompt tokens at most")
+    h.add_argument("--max-tokens", type=int, default=128, help="tokens the target writes per training prompt")
+    h.add_argument("--eval-max-tokens", type=int, default=96, help="tokens the target writes per held-out prompt")
+    h.add_argument("--generated", default=None, metavar="DIR",
+                   help="folder caching the target's sequences (default: --out); runs sharing it generate once")
+    h.add_argument("--unroll", type=int, default=3, help="eagle3: training-time-test steps")
+    h.add_argument("--num-heads", type=int, default=4, help="medusa: heads (= draft tokens)")
+    h.add_argument("--medusa-lm-head", default="own", choices=["own", "target"],
+                   help="medusa: a trainable LM head per head (Medusa-1), or the target's, shared and frozen "
+                        "(vLLM's original_lm_head: a far smaller folder)")
+    h.add_argument("--feature-layers", default=None,
+                   help="eagle3: comma-separated target states to fuse (default: low, middle, high)")
+    h.add_argument("--feature-noise", type=float, default=0.1, help="eagle: uniform noise on input features")
+    h.add_argument("--draft-k", type=int, default=4, help="draft length of the acceptance measurement")
     p.set_defaults(run=run)
+
+
+def run_heads(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from cinq.train.spec_heads import HeadJob, train_heads
+
+    if not args.target:
+        from cinq.errors import InvalidParameterError
+        raise InvalidParameterError("--heads needs --target (the model folder the heads draft for)", "target")
+    layers = tuple(int(i) for i in args.feature_layers.split(",")) if args.feature_layers else None
+    # the flags shared with student distillation (--tokens, --batch-size, --lr, --warmup, --seed,
+    # --sample-temperature, --generator, --eval-every ...) keep their meaning and defaults
+    job = HeadJob(
+        method=args.heads, target=args.target, data_dir=args.data, out_dir=args.out, token_budget=int(args.tokens),
+        batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup, seed=args.seed,
+        train_prompts=args.train_prompts, eval_prompts=args.eval_prompts, max_prompt=args.max_prompt,
+        max_tokens=args.max_tokens, eval_max_tokens=args.eval_max_tokens,
+        sample_temperature=args.sample_temperature, generator=args.generator, generated_dir=args.generated,
+        unroll_steps=args.unroll, num_heads=args.num_heads, medusa_lm_head=args.medusa_lm_head, feature_layers=layers,
+        feature_noise=args.feature_noise, draft_k=args.draft_k, eval_every=args.eval_every,
+        ckpt_every_s=args.ckpt_every, max_run_s=args.max_run_time, progress=not args.no_progress)
+    summary = train_heads(job)
+    print(json.dumps({k: v for k, v in summary.items() if k not in ("job", "evals")}, indent=2))
+    if not summary["finished"]:
+        return 3
+    if args.export:
+        from cinq.train.model_card import command_line, data_command
+        from cinq.train.spec_head_card import ship_head
+        commands = [data_command(args.data)]
+        info = Path(args.target) / "training.json"
+        if info.is_file():  # how the target itself was made, when it is a shipped cinq model
+            commands += json.loads(info.read_text()).get("commands", [])[1:]
+        ship_head(args.out, args.export, commands + [command_line()])
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,6 +131,11 @@ def run(args: argparse.Namespace) -> int:
     from cinq.train.eval_runs import report_runs
 
     apply_threads(args.threads)
+    if args.heads:
+        return run_heads(args)
+    if not args.teacher:
+        from cinq.errors import InvalidParameterError
+        raise InvalidParameterError("distill needs --teacher (or --heads with --target)", "teacher")
     job = DistillJob(
         teacher=args.teacher, student=args.student, data_dir=args.data, out_dir=args.out, loss=args.loss,
         regime=args.regime, temperature=args.temperature, beta=args.beta, lam=args.lam,

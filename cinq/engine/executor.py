@@ -26,6 +26,8 @@ from cinq.kernels.cpu_native import warm_native_kernels
 from cinq.model.config import ModelConfig
 from cinq.model.llama import LlamaForCausalLM
 from cinq.model.loader import load_model, parse_dtype
+from cinq.spec.proposer import Proposer
+from cinq.spec.proposer_loader import load_proposer
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +58,9 @@ class UniProcExecutor:
         self.attention_backend = config.attention_backend or default_backend_name(self.device)
         self.model: LlamaForCausalLM = load_model(config.model, self.dtype, self.device, self.attention_backend)
         self.model_config: ModelConfig = self.model.config
+        # a draft model or heads (speculative decoding) runs next to the target, over its block tables
+        self.proposer: Proposer | None = load_proposer(config.speculative_config, config.model, self.model,
+                                                       self.dtype, self.device, self.attention_backend, config.seed)
         self.runner: ModelRunner | None = None
 
     def _init_device(self) -> None:
@@ -68,13 +73,14 @@ class UniProcExecutor:
             warm_native_kernels()  # build them now (once per machine) rather than stall the first request
 
     def kv_bytes_per_block(self, block_size: int) -> int:
-        """Bytes one KV block takes over all layers (K and V)."""
-        return ModelRunner.kv_bytes_per_block(self.model, block_size, self.dtype)
+        """Bytes one KV block takes over all layers (K and V), the proposer's own layers included."""
+        extra = self.proposer.kv_bytes_per_block(block_size) if self.proposer is not None else 0
+        return ModelRunner.kv_bytes_per_block(self.model, block_size, self.dtype) + extra
 
     def initialize_cache(self, num_blocks: int) -> None:
         """Allocate ``num_blocks`` KV blocks and the runner that owns them."""
         self.runner = ModelRunner(self.model, num_blocks, self.config.block_size, self.device, self.dtype,
-                                  seed=self.config.seed)
+                                  seed=self.config.seed, proposer=self.proposer)
 
     def execute_model(self, sched: SchedulerOutput) -> RunnerOutput:
         """Run one step (also for an empty one: it still drops finished requests' runner state)."""

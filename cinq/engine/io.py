@@ -39,6 +39,10 @@ class ScheduledSeq:
     block_ids: list[int]
     num_logit_rows: int
     num_output_tokens: int = 0  # the request's output length before this step (min_tokens bans read it)
+    # Draft positions after ``token_ids`` that the runner's proposer fills before the forward (a draft model or
+    # head); their slots and budget are reserved and ``num_logit_rows`` counts them. 0 for n-gram drafts, which
+    # the scheduler puts in ``token_ids`` itself.
+    num_draft_slots: int = 0
 
 
 @dataclass(slots=True)
@@ -76,6 +80,7 @@ class RunnerOutput:
     logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # one entry per sampled token
     # prompt logprobs computed this step: request -> [(prompt position, TokenLogprobs)], position >= 1
     prompt_logprobs: dict[str, list[tuple[int, TokenLogprobs]]] = field(default_factory=dict)
+    elapsed_s: float = 0.0  # wall time of the step's execution (adaptive speculation learns its costs from it)
 
     @property
     def num_sampled_tokens(self) -> int:

@@ -41,6 +41,7 @@ class Request:
     stop_reason: int | str | None = None
     num_preemptions: int = 0
     spec_token_ids: list[int] = field(default_factory=list)  # drafts to verify in the next step (not output yet)
+    num_draft_slots: int = 0  # drafts the runner's proposer will fill in the next step (model-based proposers)
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:

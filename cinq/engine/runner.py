@@ -1,28 +1,32 @@
 """ModelRunner: owns the model and the KV tensors; turns a SchedulerOutput into one flat varlen forward pass
-and sampled tokens.
+and sampled tokens (inputs built by cinq/engine/batch_inputs.py).
 
-Inputs are built with tensor ops over the whole batch (no per-token Python loops): positions from the
-per-sequence start and cumulative lengths, slot mapping by gathering the block tables.
+With a runner-side proposer (cinq/spec/proposer.py: a draft model, EAGLE or Medusa heads) a step first lets it
+fill each speculating sequence's reserved draft slots, verifies the drafts in the target's forward, then
+commits what was kept back to the proposer.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
 
+from cinq.engine.batch_inputs import BatchInputs, TreeGroup, build_batch
 from cinq.engine.io import NewRequestData, RunnerOutput, ScheduledSeq, SchedulerOutput, TokenLogprobs
 from cinq.engine.shape_buckets import MAX_PAD_ROWS, bucket_rows
-from cinq.kernels.metadata import AttentionMetadata
 from cinq.layers.sampler import Sampler, SamplingMetadata
 from cinq.model.llama import LlamaForCausalLM
 from cinq.sampling_params import SamplingParams
+from cinq.spec.proposer import DraftSampling, Proposals, Proposer, StepView
 from cinq.spec.rejection import DraftBatch, rejection_sample
+from cinq.spec.tree import verify_tree
 
 log = logging.getLogger(__name__)
-_PAD_ID = "\x00pad"  # the padding sequence's id: no request has it, no state, never sampled
 
 
 @dataclass(slots=True)
@@ -32,6 +36,7 @@ class _RequestState:
     generator: torch.Generator | None = None
     output_counts: torch.Tensor | None = None  # [V] int32, for penalties
     seen_mask: torch.Tensor | None = None  # [V] bool, prompt + output tokens
+    token_ids: list[int] | None = None  # prompt + emitted tokens, kept only for a proposer (its catch-up reads them)
 
 
 def token_logprobs(logprobs: torch.Tensor, tokens: list[int], k: int) -> list[TokenLogprobs]:
@@ -46,22 +51,11 @@ def token_logprobs(logprobs: torch.Tensor, tokens: list[int], k: int) -> list[To
                                                                    top_vals_l)]
 
 
-def decode_query_len(seqs: list[ScheduledSeq]) -> int:
-    """The query length the decode kernel batches this step: the most common one among decode-like sequences
-    (every row produces logits: plain decodes, 1; speculative verifies, k + 1), the shorter on a tie; 1 if none.
-    The rest take the backends' chunk path, which is exact for any sequence too."""
-    counts: dict[int, int] = {}
-    for s in seqs:
-        if s.num_logit_rows == len(s.token_ids):
-            counts[s.num_logit_rows] = counts.get(s.num_logit_rows, 0) + 1
-    return min(counts, key=lambda q: (-counts[q], q)) if counts else 1
-
-
 class ModelRunner:
     """Runs the model over scheduled sequences and samples."""
 
     def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, device: torch.device,
-                 kv_dtype: torch.dtype, seed: int = 0) -> None:
+                 kv_dtype: torch.dtype, seed: int = 0, proposer: Proposer | None = None) -> None:
         self.model = model
         self.device = device
         self.block_size = block_size
@@ -83,6 +77,9 @@ class ModelRunner:
         for attn, cache in zip(model.attention_layers(), self.kv_caches):
             attn.kv_cache = cache
         self.states: dict[str, _RequestState] = {}
+        self.proposer = proposer
+        if proposer is not None:
+            proposer.initialize_cache(num_blocks + len(self.pad_block_ids), block_size, self.pad_block_ids)
 
     @staticmethod
     def kv_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
@@ -90,25 +87,39 @@ class ModelRunner:
         elem = torch.empty((), dtype=dtype).element_size()
         return 2 * cfg.num_hidden_layers * block_size * cfg.num_key_value_heads * cfg.head_dim * elem
 
-    @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
+        t0 = time.perf_counter()
+        out = self._execute(sched)
+        out.elapsed_s = time.perf_counter() - t0
+        return out
+
+    @torch.inference_mode()
+    def _execute(self, sched: SchedulerOutput) -> RunnerOutput:
         for rid in sched.finished_request_ids:
             self.states.pop(rid, None)
+            if self.proposer is not None:
+                self.proposer.forget(rid)
         for new in sched.new_requests:
             self.states[new.request_id] = self._new_state(new)
         out = RunnerOutput()
         if not sched.seqs:
             return out
-        # Decode-like sequences first: the attention backends batch them in their decode kernel.
-        ql = decode_query_len(sched.seqs)
-        seqs = sorted(sched.seqs, key=lambda s: len(s.token_ids) != ql)
-        num_tokens = sum(len(s.token_ids) for s in seqs)
-        pad = bucket_rows(num_tokens) - num_tokens
-        # A padding sequence last (its own scratch blocks, no logits) keeps the GEMM shapes to a few buckets.
-        padded = seqs + [ScheduledSeq(_PAD_ID, [0] * pad, 0, self.pad_block_ids, 0)] if pad else seqs
-        meta, input_ids, positions = self._prepare(padded, ql)
-        hidden = self.model(input_ids, positions, meta)
-        starts = meta.query_start_loc.tolist()
+        seqs, proposals, kept = sched.seqs, None, {}
+        if self.proposer is not None:
+            proposals = self._propose(seqs)
+            seqs = [dataclasses.replace(s, token_ids=s.token_ids + proposals.token_ids.get(s.request_id, []))
+                    if s.num_draft_slots else s for s in seqs]
+        # Decode-like sequences first: the attention backends batch them in their decode kernel. A padding
+        # sequence last (its own scratch blocks, no logits) keeps the GEMM shapes to a few buckets.
+        tree = TreeGroup(proposals.parents) if proposals is not None and proposals.parents else None
+        batch = build_batch(seqs, self.block_size, self.pad_block_ids, self.device, tree=tree)
+        layer_states = None
+        if self.proposer is not None and self.proposer.needs_layer_states:
+            hidden, layer_states = self.model.model(batch.input_ids, batch.positions, batch.meta,
+                                                    output_hidden_states=True)
+        else:
+            hidden = self.model(batch.input_ids, batch.positions, batch.meta)
+        seqs, starts = batch.seqs, batch.starts
         plain = [i for i, s in enumerate(seqs) if s.num_logit_rows == 1]
         spec = [i for i, s in enumerate(seqs) if s.num_logit_rows > 1]  # last token + drafts to verify
         if plain or spec:
@@ -119,11 +130,38 @@ class ModelRunner:
             if plain:
                 self._sample(logits[:len(plain)], [seqs[i] for i in plain], out)
             if spec:
-                self._verify(logits[len(plain):], [seqs[i] for i in spec], out)
+                kept = self._verify(logits[len(plain):], [seqs[i] for i in spec], out, proposals)
+                if proposals is not None and proposals.parents:
+                    self._move_accepted_kv(batch, kept)
         for i, seq in enumerate(seqs):
             if self.states[seq.request_id].params.prompt_logprobs is not None:
                 self._prompt_logprobs(hidden[starts[i]:starts[i + 1]], seq, out)
+        if self.proposer is not None:
+            self._commit(batch, hidden, layer_states, out, kept)
         return out
+
+    def _propose(self, seqs: list[ScheduledSeq]) -> Proposals:
+        assert self.proposer is not None
+        history = {s.request_id: self.states[s.request_id].token_ids or [] for s in seqs}
+        sampling = {s.request_id: DraftSampling(self.states[s.request_id].params, self.states[s.request_id].generator)
+                    for s in seqs if s.num_draft_slots}
+        proposals = self.proposer.propose(seqs, history, sampling)
+        for s in seqs:  # a proposer fills every reserved slot: the scheduler counted them in the step
+            got = len(proposals.token_ids.get(s.request_id, []))
+            if got != s.num_draft_slots:
+                raise RuntimeError(f"proposer gave {got} drafts for {s.num_draft_slots} slots of {s.request_id}")
+        return proposals
+
+    def _commit(self, batch: BatchInputs, hidden: torch.Tensor, layer_states: list[torch.Tensor] | None,
+                out: RunnerOutput, kept: dict[str, list[int]]) -> None:
+        """Keep the proposer's state and the token history in step with what the target kept."""
+        assert self.proposer is not None
+        accepted = {rid: len(rows) - 1 for rid, rows in kept.items()}
+        self.proposer.commit(StepView(batch, hidden, layer_states, out.sampled, accepted, kept))
+        for rid, tokens in out.sampled.items():
+            history = self.states[rid].token_ids
+            if history is not None:
+                history.extend(tokens)
 
     def _compute_logits(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
         """LM-head logits of ``hidden[rows]``, computed over a bucketed number of rows (the last one repeated)."""
@@ -133,6 +171,8 @@ class ModelRunner:
     def _new_state(self, new: NewRequestData) -> _RequestState:
         params = new.sampling_params
         state = _RequestState(params, new.prompt_token_ids)
+        if self.proposer is not None:
+            state.token_ids = list(new.prompt_token_ids)
         if params.seed is not None and not params.greedy:
             state.generator = torch.Generator(device=self.device)
             state.generator.manual_seed(params.seed)
@@ -142,31 +182,6 @@ class ModelRunner:
             prompt = torch.tensor(new.prompt_token_ids, device=self.device)
             state.seen_mask[prompt[prompt < self.vocab_size]] = True
         return state
-
-    def _prepare(self, seqs: list[ScheduledSeq], ql: int) -> tuple[AttentionMetadata, torch.Tensor, torch.Tensor]:
-        dev = self.device
-        q_lens = [len(s.token_ids) for s in seqs]
-        start_pos = [s.start_pos for s in seqs]
-        seq_lens = [a + b for a, b in zip(start_pos, q_lens)]
-        input_ids = torch.tensor(list(itertools.chain.from_iterable(s.token_ids for s in seqs)), dtype=torch.long)
-        q_lens_t = torch.tensor(q_lens, dtype=torch.int32)
-        cu = torch.zeros(len(seqs) + 1, dtype=torch.int32)
-        torch.cumsum(q_lens_t, 0, out=cu[1:])
-        seq_idx = torch.repeat_interleave(torch.arange(len(seqs)), q_lens_t)
-        positions = torch.arange(len(input_ids)) - cu[:-1].long()[seq_idx] + torch.tensor(start_pos)[seq_idx]
-        max_blocks = max(len(s.block_ids) for s in seqs)
-        tables = torch.zeros(len(seqs), max_blocks, dtype=torch.int32)
-        for i, s in enumerate(seqs):
-            tables[i, :len(s.block_ids)] = torch.tensor(s.block_ids, dtype=torch.int32)
-        slots = tables[seq_idx, positions // self.block_size].long() * self.block_size + positions % self.block_size
-        num_decodes = next((i for i, n in enumerate(q_lens) if n != ql), len(q_lens))
-        meta = AttentionMetadata(
-            slot_mapping=slots.to(dev), query_start_loc=cu.to(dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev), block_tables=tables.to(dev),
-            query_lens_cpu=q_lens, seq_lens_cpu=seq_lens, num_decodes=num_decodes,
-            max_query_len=max(q_lens), max_seq_len=max(seq_lens), block_size=self.block_size,
-            decode_query_len=ql)
-        return meta, input_ids.to(dev), positions.to(dev)
 
     def _sample(self, logits: torch.Tensor, seqs: list[ScheduledSeq], out: RunnerOutput) -> None:
         states = [self.states[s.request_id] for s in seqs]
@@ -190,18 +205,30 @@ class ModelRunner:
             out.logprobs[seqs[i].request_id] = [TokenLogprobs(
                 tokens[i], lp[i], rank[i], top_ids[i][:k] if top_ids else [], top_vals[i][:k] if top_vals else [])]
 
-    def _verify(self, logits: torch.Tensor, seqs: list[ScheduledSeq], out: RunnerOutput) -> None:
-        """Rejection-sample each sequence's drafts (its last ``num_logit_rows - 1`` tokens) against the target's
-        distributions at those rows; emits the accepted drafts and one closing token per sequence."""
+    def _verify(self, logits: torch.Tensor, seqs: list[ScheduledSeq], out: RunnerOutput,
+                proposals: Proposals | None = None) -> dict[str, list[int]]:
+        """Verify each sequence's drafts (its last ``num_logit_rows - 1`` tokens: a chain, or a flattened tree
+        when the proposer gave its parents) against the target's distributions at those rows; emits the accepted
+        drafts and one closing token per sequence. Returns, per request, the rows the target kept (the root and
+        the accepted path)."""
         raw_logits = logits
         states = [self.states[s.request_id] for s in seqs]
         ks = [s.num_logit_rows - 1 for s in seqs]
         draft_lists = [s.token_ids[len(s.token_ids) - k:] for s, k in zip(seqs, ks)]
-        # Row j of a sequence scores the token after its first j drafts: to min_tokens bans and penalties those
-        # drafts are output already, exactly as if they had been decoded one by one.
+        trees = proposals.parents if proposals is not None else {}
+        parents = [trees.get(s.request_id) or list(range(-1, k)) for s, k in zip(seqs, ks)]
+        # Row j scores the token after the path to node j (chain: the first j drafts): to min_tokens bans and
+        # penalties that path is output already, exactly as if it had been decoded one token at a time.
+        row_history: list[list[int]] = []
+        for d, par in zip(draft_lists, parents):
+            paths: list[list[int]] = [[]]
+            for j in range(1, len(par)):
+                paths.append(paths[par[j]] + [d[j - 1]])
+            row_history += paths
         row_states = [st for st, k in zip(states, ks) for _ in range(k + 1)]
-        row_outputs = [s.num_output_tokens + j for s, k in zip(seqs, ks) for j in range(k + 1)]
-        row_history = [d[:j] for d, k in zip(draft_lists, ks) for j in range(k + 1)]
+        offsets = [0, *itertools.accumulate(k + 1 for k in ks)]
+        row_outputs = [s.num_output_tokens + len(row_history[r]) for i, s in enumerate(seqs)
+                       for r in range(offsets[i], offsets[i + 1])]
         meta = self._sampling_metadata(row_states, row_outputs)
         if meta.penalty_rows is not None:
             for n, r in enumerate(meta.penalty_rows.tolist()):
@@ -210,22 +237,72 @@ class ModelRunner:
                     meta.output_counts[n].index_add_(0, prev, torch.ones_like(prev, dtype=torch.int32))
                     meta.seen_mask[n, prev] = True
         logits = Sampler.apply_bans_and_penalties(logits.float(), meta)
-        probs = Sampler.processed_probs(logits, meta)
-        drafts = torch.tensor([t for d in draft_lists for t in d], dtype=torch.long, device=self.device)
-        greedy = torch.tensor([st.params.greedy for st in states], device=self.device)
-        gens = {i: st.generator for i, st in enumerate(states) if st.generator is not None}
-        result = rejection_sample(probs, DraftBatch(ks, drafts), greedy, gens, self.generator)
-        row = 0
-        for seq, st, k, tokens in zip(seqs, states, ks, result.token_ids):
+        # greedy rows only compare drafts with the argmax: temperature / top-k / top-p cannot move it
+        probs = logits if meta.all_greedy else Sampler.processed_probs(logits, meta)
+        emitted: dict[int, list[int]] = {}
+        kept: dict[int, list[int]] = {}
+        chain = [i for i, s in enumerate(seqs) if s.request_id not in trees]
+        tree = [i for i, s in enumerate(seqs) if s.request_id in trees]
+        if chain:
+            rows = torch.tensor([r for i in chain for r in range(offsets[i], offsets[i + 1])], device=self.device)
+            sub = probs if len(chain) == len(seqs) else probs[rows]
+            cks = [ks[i] for i in chain]
+            drafts = torch.tensor([t for i in chain for t in draft_lists[i]], dtype=torch.long, device=self.device)
+            greedy = torch.tensor([states[i].params.greedy for i in chain], device=self.device)
+            gens = {n: states[i].generator for n, i in enumerate(chain) if states[i].generator is not None}
+            q = (self._draft_probs([seqs[i] for i in chain], cks, drafts, proposals)
+                 if proposals is not None and proposals.probs else None)
+            result = rejection_sample(sub, DraftBatch(cks, drafts, q), greedy, gens, self.generator)
+            for i, tokens in zip(chain, result.token_ids):
+                emitted[i], kept[i] = tokens, list(range(len(tokens)))
+        if tree:
+            rows = torch.tensor([r for i in tree for r in range(offsets[i], offsets[i + 1])], device=self.device)
+            gens = {n: states[i].generator for n, i in enumerate(tree) if states[i].generator is not None}
+            result = verify_tree(probs[rows], [[-1] + draft_lists[i] for i in tree], [parents[i] for i in tree],
+                                 [states[i].params.greedy for i in tree], gens, self.generator)
+            for i, tokens, path in zip(tree, result.token_ids, result.accepted_rows):
+                emitted[i], kept[i] = tokens, [0] + path
+        for i, (seq, st) in enumerate(zip(seqs, states)):
+            tokens = emitted[i]
             out.sampled[seq.request_id] = tokens
-            if st.params.logprobs is not None:  # raw, as without drafts: emitted token j comes from row j
-                raw = raw_logits[row:row + len(tokens)].float().log_softmax(-1)
+            if st.params.logprobs is not None:  # raw, as without drafts: emitted token j comes from kept row j
+                at = torch.tensor([offsets[i] + r for r in kept[i]], device=self.device)
+                raw = raw_logits[at].float().log_softmax(-1)
                 out.logprobs[seq.request_id] = token_logprobs(raw, tokens, st.params.logprobs)
             if st.output_counts is not None:
-                emitted = torch.tensor(tokens, device=self.device)
-                st.output_counts.index_add_(0, emitted, torch.ones_like(emitted, dtype=torch.int32))
-                st.seen_mask[emitted] = True
-            row += k + 1
+                new = torch.tensor(tokens, device=self.device)
+                st.output_counts.index_add_(0, new, torch.ones_like(new, dtype=torch.int32))
+                st.seen_mask[new] = True
+        return {seqs[i].request_id: rows_kept for i, rows_kept in kept.items()}
+
+    def _move_accepted_kv(self, batch: BatchInputs, kept: dict[str, list[int]]) -> None:
+        """A tree's accepted path lies at scattered rows; the committed tokens must sit in consecutive slots
+        (the scheduler advances by the accepted count): copy their K/V down, in every layer."""
+        src, dst = [], []
+        for s, start in zip(batch.seqs, batch.starts):
+            for j, r in enumerate(kept.get(s.request_id, [])):
+                if r != j:
+                    src.append(start + r)
+                    dst.append(start + j)
+        if not src:
+            return
+        slots = batch.meta.slot_mapping
+        src_t, dst_t = slots[torch.tensor(src, device=self.device)], slots[torch.tensor(dst, device=self.device)]
+        for cache in self.kv_caches:
+            flat = cache.view(2, -1, *cache.shape[3:])
+            flat[:, dst_t] = flat[:, src_t]
+
+    def _draft_probs(self, seqs: list[ScheduledSeq], ks: list[int], drafts: torch.Tensor,
+                     proposals: Proposals) -> torch.Tensor:
+        """The proposer's q at every draft row; one-hot where it drew greedily (or the drafts are not its own)."""
+        q = torch.nn.functional.one_hot(drafts.clamp(0, self.vocab_size - 1), self.vocab_size).float()
+        at = 0
+        for s, k in zip(seqs, ks):
+            p = proposals.probs.get(s.request_id)
+            if p is not None and p.shape[0] == k:
+                q[at:at + k] = p.to(q.dtype)
+            at += k
+        return q
 
     def _sampling_metadata(self, states: list[_RequestState], num_outputs: list[int]) -> SamplingMetadata:
         dev = self.device

@@ -77,7 +77,7 @@ class Scheduler:
             if req.status != RequestStatus.RUNNING:  # preempted earlier in this loop
                 continue
             # a decoding request verifies its drafts too: k + 1 slots and budget (fewer drafts when short)
-            n = min(req.num_tokens - req.num_computed_tokens + len(req.spec_token_ids), budget)
+            n = min(req.num_tokens - req.num_computed_tokens + len(req.spec_token_ids) + req.num_draft_slots, budget)
             while not self.kv.allocate_slots(req, n):
                 victim = self._pick_victim(scheduled, req)
                 self._preempt(victim)
@@ -118,6 +118,7 @@ class Scheduler:
         past a stop (several may arrive in one step) are dropped along with their logprobs.
         """
         outputs = []
+        drafted, accepted = [], []
         for seq in out.seqs:
             # One request's failure (a bug, or a fault injected by cinq.engine.faults) must not take the batch
             # down: that request alone finishes with "error" and its blocks are freed. try costs nothing when
@@ -128,6 +129,11 @@ class Scheduler:
                 core = self._fail_request(seq.request_id, e)
             if core is not None:
                 outputs.append(core)
+                if seq.num_logit_rows:
+                    drafted.append(core.num_draft_tokens)
+                    accepted.append(core.num_accepted_tokens)
+        if self.drafter is not None and out.num_prompt_tokens == 0 and drafted:
+            self.drafter.observe(run.elapsed_s, drafted, accepted)  # a decode-only step: its cost is clean
         return outputs
 
     def _update_seq(self, seq: ScheduledSeq, run: RunnerOutput) -> EngineCoreOutput | None:
@@ -137,8 +143,9 @@ class Scheduler:
         # rejected ones' slots are rewritten later; the emitted token is computed next step).
         num_drafts = seq.num_logit_rows - 1 if seq.num_logit_rows > 1 else 0
         num_accepted = len(tokens) - 1 if tokens and num_drafts else 0
-        req.num_computed_tokens += len(seq.token_ids) - (num_drafts - num_accepted)
+        req.num_computed_tokens += len(seq.token_ids) + seq.num_draft_slots - (num_drafts - num_accepted)
         req.spec_token_ids = []
+        req.num_draft_slots = 0
         prompt_lp = run.prompt_logprobs.get(seq.request_id, [])
         if not tokens:
             if prompt_lp:
@@ -195,14 +202,15 @@ class Scheduler:
         start = req.num_computed_tokens
         known = min(n, req.num_tokens - start)
         drafts = req.spec_token_ids[:n - known]
+        slots = min(req.num_draft_slots, n - known - len(drafts))
         out.num_prompt_tokens += max(0, min(start + known, req.num_prompt_tokens) - start)
         if req.request_id not in self._seen:
             self._seen.add(req.request_id)
             out.new_requests.append(NewRequestData(req.request_id, req.prompt_token_ids, req.sampling_params))
         reaches_end = start + known == req.num_tokens
         out.seqs.append(ScheduledSeq(req.request_id, req.all_token_ids[start:start + known] + drafts, start,
-                                     self.kv.block_ids(req.request_id), 1 + len(drafts) if reaches_end else 0,
-                                     req.num_output_tokens))
+                                     self.kv.block_ids(req.request_id),
+                                     1 + len(drafts) + slots if reaches_end else 0, req.num_output_tokens, slots))
 
     def _pick_victim(self, scheduled: set[str], current: Request) -> Request:
         # Newest first; a request already given work this step is never preempted (its blocks may have been
@@ -218,6 +226,7 @@ class Scheduler:
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         req.spec_token_ids = []
+        req.num_draft_slots = 0
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)

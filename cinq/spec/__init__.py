@@ -1,8 +1,9 @@
 """Speculative decoding: proposers guess tokens, the target verifies them in one forward, and rejection
 sampling keeps the output distribution exactly the target's.
 
-Built so far: the rejection sampler (``rejection.py``, used by the runner to verify drafts), the n-gram /
-prompt-lookup proposer (``ngram.py``) with its drafter (``drafter.py``, called by the scheduler), and
-``SpeculativeConfig`` (``config.py``, vLLM's field names). ``method: ngram`` works in the engine today; draft
-models, Medusa and EAGLE heads are not built yet.
+Proposers in the scheduler (``drafter.py``: n-gram lookup, ``ngram.py``; slot reservation for the others, with
+adaptive k in ``adaptive.py``) and in the runner (``proposer.py``: ``draft_model.py``, ``eagle_proposer.py`` over
+``eagle.py`` heads, ``medusa_proposer.py`` over ``medusa.py`` heads; loaded by ``proposer_loader.py``).
+Verification: ``rejection.py`` (chains) and ``tree.py`` (static and dynamic trees). ``SpeculativeConfig``
+(``config.py``) has vLLM's field names.
 """

@@ -26,8 +26,10 @@ class NgramProposer:
         self.max_n = prompt_lookup_max
 
     def propose(self, tokens: list[int] | np.ndarray) -> list[int]:
-        """The continuation of the most recent earlier occurrence of the longest matching suffix (longest n
-        first, from ``prompt_lookup_max`` down to ``prompt_lookup_min``)."""
+        """The continuation of the longest matching suffix (longest n first, from ``prompt_lookup_max`` down to
+        ``prompt_lookup_min``) at its most recent earlier occurrence that is followed by ``k`` tokens; when none
+        is, the one followed by the most. (The most recent occurrence alone fails on loops: in a repeating
+        pattern it sits just before the end, with one token after it.)"""
         t = np.asarray(tokens, dtype=np.int64)
         length = t.shape[0]
         for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
@@ -35,7 +37,8 @@ class NgramProposer:
             windows = sliding_window_view(t[:length - 1], n)
             hits = np.flatnonzero((windows == t[length - n:]).all(axis=1))
             if hits.size:
-                start = int(hits[-1]) + n
+                full = hits[hits + n + self.k <= length]
+                start = int(full[-1] if full.size else hits[0]) + n
                 return t[start:start + self.k].tolist()
         return []
 

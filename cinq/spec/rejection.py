@@ -149,6 +149,8 @@ def _draw(dist: torch.Tensor, greedy: torch.Tensor, generators: dict[int, torch.
           generator: torch.Generator | None) -> list[int]:
     """One token per row of the (unnormalised) ``dist``: argmax for greedy rows, else the exponential race
     argmax(dist / E) with E ~ Exp(1), which samples dist / sum(dist)."""
+    if bool(greedy.all()):  # no noise to draw (greedy verify steps are the common case)
+        return dist.argmax(-1).tolist()
     noise = torch.empty_like(dist).exponential_(generator=generator)
     for i, g in generators.items():
         noise[i].exponential_(generator=g)

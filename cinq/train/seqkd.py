@@ -16,6 +16,13 @@ from cinq.train.generation import generate_naive, generate_with_engine
 log = logging.getLogger(__name__)
 
 
+def _document_prompt(split: TokenSplit, d: int, max_prompt: int) -> list[int]:
+    """The first tokens of document ``d`` (bos included, at most ``max_prompt``, a quarter of a short one)."""
+    start, end = int(split.offsets[d]), int(split.offsets[d + 1])
+    k = max(2, min(max_prompt, (end - start) // 4))
+    return split.tokens[start:start + k].astype(np.int64).tolist()
+
+
 def corpus_prompts(data_dir: str | Path, n: int, seed: int, max_prompt: int = 16) -> list[list[int]]:
     """``n`` prompts: the first tokens (bos included, at most ``max_prompt``, a quarter of the document when it
     is short) of training documents drawn without replacement by ``seed``."""
@@ -23,11 +30,22 @@ def corpus_prompts(data_dir: str | Path, n: int, seed: int, max_prompt: int = 16
     n_docs = len(train.offsets) - 1
     rng = np.random.default_rng([seed, 7])
     picks = rng.choice(n_docs, size=min(n, n_docs), replace=False)
+    return [_document_prompt(train, d, max_prompt) for d in picks.tolist()]
+
+
+def balanced_prompts(data_dir: str | Path, n: int, seed: int, max_prompt: int = 16, split: str = "train"
+                     ) -> list[tuple[str, list[int]]]:
+    """About ``n`` (language, prompt) pairs, as ``corpus_prompts`` but the same number from every language of
+    ``split`` (fewer from a language with fewer documents), in language order."""
+    docs = TokenSplit.load(data_dir, split)
+    langs = docs.languages()
+    per_lang = max(1, n // max(1, len(langs)))
     out = []
-    for d in picks.tolist():
-        start, end = int(train.offsets[d]), int(train.offsets[d + 1])
-        k = max(2, min(max_prompt, (end - start) // 4))
-        out.append(train.tokens[start:start + k].astype(np.int64).tolist())
+    for li, lang in enumerate(langs):
+        ids = np.flatnonzero(np.array(docs.langs) == lang)
+        rng = np.random.default_rng([seed, 7, li])
+        picks = rng.choice(ids, size=min(per_lang, len(ids)), replace=False)
+        out += [(lang, _document_prompt(docs, int(d), max_prompt)) for d in picks.tolist()]
     return out
 
 

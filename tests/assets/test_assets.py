@@ -68,3 +68,23 @@ def test_shipped_model_path():
     assert shipped_model_path("no-such-model") is None
     folder = _folder("cinq-tiny-student")
     assert shipped_model_path("cinq-tiny-student") == folder
+
+
+@pytest.mark.parametrize("name,method", [("cinq-tiny-eagle", "eagle"), ("cinq-tiny-eagle3", "eagle3"),
+                                         ("cinq-tiny-medusa", "medusa")])
+def test_shipped_heads_load_onto_cinq_tiny_and_carry_a_card(name, method):
+    from cinq.spec.eagle import load_eagle_head
+    from cinq.spec.medusa import load_medusa_heads
+    folder = _folder(name)
+    target = load_model(_folder("cinq-tiny"), dtype="bfloat16")
+    if method == "medusa":
+        heads = load_medusa_heads(folder, target, torch.bfloat16, "cpu")
+        assert heads.num_heads == 4
+    else:
+        head = load_eagle_head(folder, target, torch.bfloat16, "cpu", "sdpa")
+        assert head.method == method
+    card = (folder / "README.md").read_text()
+    for section in ("## Use", "## Reproduce", "cinq data build", f"--heads {method}", "## Training",
+                    "training time", "## Held-out acceptance", "| **all** |"):
+        assert section in card, section
+    assert json.loads((folder / "config.json").read_text())["cinq_spec"]["target"]["name"] == "cinq-tiny"

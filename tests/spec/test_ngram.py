@@ -43,3 +43,10 @@ def test_a_long_history_is_searched_without_a_python_loop_per_token() -> None:
 def test_bad_settings_are_refused(k: int, lo: int, hi: int) -> None:
     with pytest.raises(ValueError):
         NgramProposer(k, lo, hi)
+
+
+def test_a_loop_gets_a_full_draft_from_an_earlier_occurrence() -> None:
+    # the most recent occurrence of the suffix sits just before the end, with one token after it
+    assert NgramProposer(3, 1, 1).propose([7, 7, 7, 7]) == [7, 7, 7]
+    assert NgramProposer(3, 2, 2).propose([1, 2, 3, 1, 2, 3, 1, 2]) == [3, 1, 2]
+    assert NgramProposer(4, 2, 2).propose([5, 1, 2, 9, 1, 2]) == [9, 1, 2]  # none followed by 4: the longest

@@ -1,0 +1,121 @@
+"""One step's flat varlen inputs: scheduled sequences -> (AttentionMetadata, input ids, positions).
+
+The target runner and every model-based proposer (a draft model, an EAGLE head) run forwards over the same paged
+block tables, so they build their inputs here, once: decode-like sequences first (the decode kernel batches
+them), a padding sequence on scratch blocks rounding the rows up to a GEMM-shape bucket, then tensor ops over the
+whole batch (no per-token Python loops): positions from the per-sequence starts and cumulative lengths, slots by
+gathering the block tables.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+from cinq.engine.io import ScheduledSeq
+from cinq.engine.shape_buckets import bucket_rows
+from cinq.kernels.metadata import AttentionMetadata, tree_mask_from_parents, tree_masks_from_parents
+from cinq.spec.tree import depths
+
+PAD_ID = "\x00pad"  # the padding sequence's id: no request has it, no state, never sampled
+
+
+@dataclass(slots=True)
+class BatchInputs:
+    """A step ready for ``model(input_ids, positions, meta)``; ``seqs`` in the order of the rows (no padding),
+    ``starts[i]:starts[i + 1]`` the rows of ``seqs[i]``."""
+
+    seqs: list[ScheduledSeq]
+    meta: AttentionMetadata
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    starts: list[int]
+
+    def last_rows(self) -> list[int]:
+        """The row of each sequence's last token."""
+        return [self.starts[i + 1] - 1 for i in range(len(self.seqs))]
+
+
+def decode_query_len(seqs: list[ScheduledSeq]) -> int:
+    """The query length the decode kernel batches this step: the most common one among decode-like sequences
+    (every row produces logits: plain decodes, 1; speculative verifies, k + 1), the shorter on a tie; 1 if none.
+    The rest take the backends' chunk path, which is exact for any sequence too."""
+    counts: dict[int, int] = {}
+    for s in seqs:
+        if s.num_logit_rows == len(s.token_ids):
+            counts[s.num_logit_rows] = counts.get(s.num_logit_rows, 0) + 1
+    return min(counts, key=lambda q: (-counts[q], q)) if counts else 1
+
+
+@dataclass(slots=True)
+class TreeGroup:
+    """Sequences verified (or drafted) as one flattened tree each, all with the same number of rows: they form the
+    step's decode group, attend with their tree's ancestor mask, and each row sits one position past its parent
+    (``parents[request_id]``: row 0 the root, parents first)."""
+
+    parents: dict[str, list[int]]
+
+
+def build_batch(seqs: list[ScheduledSeq], block_size: int, pad_block_ids: list[int], device: torch.device,
+                ql: int | None = None, tree: TreeGroup | None = None) -> BatchInputs:
+    """Order ``seqs`` (decode-like of length ``ql`` first; default: ``decode_query_len``; with ``tree``: its
+    sequences), pad, build inputs."""
+    if tree is not None:
+        ql = len(next(iter(tree.parents.values())))
+        ordered = sorted(seqs, key=lambda s: s.request_id not in tree.parents)
+    else:
+        ql = decode_query_len(seqs) if ql is None else ql
+        ordered = sorted(seqs, key=lambda s: len(s.token_ids) != ql)
+    num_tokens = sum(len(s.token_ids) for s in ordered)
+    pad = bucket_rows(num_tokens) - num_tokens
+    padded = ordered + [ScheduledSeq(PAD_ID, [0] * pad, 0, pad_block_ids, 0)] if pad else ordered
+    meta, input_ids, positions = prepare_inputs(padded, ql, block_size, device)
+    if tree is not None:
+        _apply_tree(tree, ordered[:len(tree.parents)], meta, positions, device)
+    starts = [0, *itertools.accumulate(len(s.token_ids) for s in ordered)]
+    return BatchInputs(ordered, meta, input_ids, positions, starts)
+
+
+def _apply_tree(tree: TreeGroup, seqs: list[ScheduledSeq], meta: AttentionMetadata, positions: torch.Tensor,
+                device: torch.device) -> None:
+    """The decode group's ancestor masks (one shared mask when every tree has the same shape) and positions by
+    depth (slots stay in row order: row r of a tree at slot start + r)."""
+    order = [tree.parents[s.request_id] for s in seqs]
+    meta.num_decodes = len(order)
+    if all(p == order[0] for p in order):
+        meta.tree_mask = tree_mask_from_parents(order[0], device)
+    else:
+        meta.tree_mask = tree_masks_from_parents(order, device)
+    q = len(order[0])
+    depth = torch.tensor([d for p in order for d in depths(p)], device=device)
+    start = torch.tensor([s.start_pos for s in seqs], device=device).repeat_interleave(q)
+    positions[:len(order) * q] = start + depth
+
+
+def prepare_inputs(seqs: list[ScheduledSeq], ql: int, block_size: int, device: torch.device
+                   ) -> tuple[AttentionMetadata, torch.Tensor, torch.Tensor]:
+    """Metadata, input ids and positions of ``seqs`` as ordered (decode-like of length ``ql`` first)."""
+    q_lens = [len(s.token_ids) for s in seqs]
+    start_pos = [s.start_pos for s in seqs]
+    seq_lens = [a + b for a, b in zip(start_pos, q_lens)]
+    input_ids = torch.tensor(list(itertools.chain.from_iterable(s.token_ids for s in seqs)), dtype=torch.long)
+    q_lens_t = torch.tensor(q_lens, dtype=torch.int32)
+    cu = torch.zeros(len(seqs) + 1, dtype=torch.int32)
+    torch.cumsum(q_lens_t, 0, out=cu[1:])
+    seq_idx = torch.repeat_interleave(torch.arange(len(seqs)), q_lens_t)
+    positions = torch.arange(len(input_ids)) - cu[:-1].long()[seq_idx] + torch.tensor(start_pos)[seq_idx]
+    max_blocks = max(len(s.block_ids) for s in seqs)
+    tables = torch.zeros(len(seqs), max_blocks, dtype=torch.int32)
+    for i, s in enumerate(seqs):
+        tables[i, :len(s.block_ids)] = torch.tensor(s.block_ids, dtype=torch.int32)
+    slots = tables[seq_idx, positions // block_size].long() * block_size + positions % block_size
+    num_decodes = next((i for i, n in enumerate(q_lens) if n != ql), len(q_lens))
+    meta = AttentionMetadata(
+        slot_mapping=slots.to(device), query_start_loc=cu.to(device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device), block_tables=tables.to(device),
+        query_lens_cpu=q_lens, seq_lens_cpu=seq_lens, num_decodes=num_decodes,
+        max_query_len=max(q_lens), max_seq_len=max(seq_lens), block_size=block_size,
+        decode_query_len=ql)
+    return meta, input_ids.to(device), positions.to(device)

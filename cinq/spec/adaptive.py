@@ -1,0 +1,73 @@
+"""Adaptive speculation length (``speculative_config.adaptive``): each step, the number of drafts k (0 = off)
+that maximises expected output tokens per second at this batch size, from what the engine measured.
+
+Expected tokens a request emits in a step with k drafts: 1 + sum_{i<k} a_i, where a_i is the measured rate at
+which a draft at position i is accepted (counted only when the step drafted that far: vLLM's per-position
+counters). A step's cost is measured, as wall time of the runner's execute, per (batch-size bucket, k), as an
+exponential moving average over decode-only steps (a prefill chunk in the step would blur it). Throughput is
+batch * tokens / cost; plain decoding (k = 0) is one of the arms, so the choice is never knowingly slower than
+it. Arms not yet measured in a bucket are tried once each, smallest k last so that a busy server settles on
+"off" quickly when drafting does not pay; every ``explore_every`` steps a neighbour of the best arm is re-tried
+so that a change in acceptance or load is noticed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def batch_bucket(batch_size: int) -> int:
+    """Batch sizes share measurements within a power of two (1, 2, 3-4, 5-8, ...)."""
+    return 1 << max(batch_size - 1, 0).bit_length()
+
+
+@dataclass(slots=True)
+class AdaptiveK:
+    """Chooses k in [0, k_max] per step; ``observe`` feeds back what the step cost and accepted."""
+
+    k_max: int
+    explore_every: int = 32
+    ema: float = 0.2  # weight of the newest step time
+    step_seconds: dict[tuple[int, int], float] = field(default_factory=dict)  # (bucket, k) -> EMA seconds
+    drafted_per_pos: list[int] = field(default_factory=list)
+    accepted_per_pos: list[int] = field(default_factory=list)
+    num_choices: int = 0
+
+    def __post_init__(self) -> None:
+        self.drafted_per_pos = [0] * self.k_max
+        self.accepted_per_pos = [0] * self.k_max
+
+    def acceptance(self, pos: int) -> float:
+        """Measured acceptance rate of a draft at ``pos`` (0-based); optimistic 1.0 before any evidence, so that
+        speculation gets measured at all."""
+        d = self.drafted_per_pos[pos]
+        return self.accepted_per_pos[pos] / d if d else 1.0
+
+    def expected_tokens(self, k: int) -> float:
+        return 1.0 + sum(self.acceptance(i) for i in range(k))
+
+    def choose(self, batch_size: int, k_cap: int | None = None) -> int:
+        """k for a step decoding ``batch_size`` requests (``k_cap``: an upper bound, e.g. from
+        ``num_speculative_tokens_per_batch_size``)."""
+        top = self.k_max if k_cap is None else min(self.k_max, k_cap)
+        bucket = batch_bucket(batch_size)
+        self.num_choices += 1
+        untried = [k for k in range(top, -1, -1) if (bucket, k) not in self.step_seconds]
+        if untried:
+            return untried[0]
+        best = max(range(top + 1), key=lambda k: self.expected_tokens(k) / self.step_seconds[(bucket, k)])
+        if self.num_choices % self.explore_every == 0:  # re-try a neighbour now and then
+            return min(top, best + 1) if (self.num_choices // self.explore_every) % 2 else max(0, best - 1)
+        return best
+
+    def observe(self, batch_size: int, k: int, seconds: float, drafted: list[int], accepted: list[int]) -> None:
+        """A decode-only step with ``k`` drafts per request took ``seconds``; ``drafted`` / ``accepted``: per
+        request, drafts verified and accepted (each request's accepted drafts are its first ones)."""
+        key = (batch_bucket(batch_size), k)
+        old = self.step_seconds.get(key)
+        self.step_seconds[key] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
+        for d, a in zip(drafted, accepted):
+            for pos in range(min(d, self.k_max)):
+                self.drafted_per_pos[pos] += 1
+                if pos < a:
+                    self.accepted_per_pos[pos] += 1

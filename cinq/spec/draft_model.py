@@ -1,0 +1,138 @@
+"""Draft-model proposer (``method: draft_model``): a second, smaller model with the target's vocabulary runs in
+the same runner, with its own paged KV tensors over the target's block tables.
+
+Its KV follows the target's committed tokens: every step it first runs over what the step schedules (prefill
+chunks, plain decodes, the first token of each verify) starting where its own KV stops being valid, which also
+yields each speculating request's first draft; then one batched step per further draft. A request's draft KV
+is valid up to the first position whose token the draft did not see: after a verify step that is the last
+committed draft it computed (a k-th accepted draft it never fed itself, so the next step re-feeds it). A fresh
+or preempted request trusts the positions the target trusts (prefix-cache hits included: whoever computed those
+blocks ran the draft over them too, except a block's last token when its request ended right after accepting
+it, which then only costs acceptance, never exactness).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from cinq.engine.batch_inputs import build_batch
+from cinq.engine.io import ScheduledSeq
+from cinq.errors import InvalidParameterError
+from cinq.model.config import ModelConfig
+from cinq.model.llama import LlamaForCausalLM
+from cinq.spec.proposer import DraftSampling, Proposals, StepView, draft_chains
+
+log = logging.getLogger(__name__)
+
+
+def check_draft_compatible(draft_dir: str | Path, target_dir: str | Path, draft: ModelConfig,
+                           target: ModelConfig) -> None:
+    """A draft must speak the target's tokens: same vocabulary size and, when both folders ship a tokenizer.json,
+    the same vocabulary. Raises InvalidParameterError naming ``speculative_config.model``."""
+    if draft.vocab_size != target.vocab_size:
+        raise InvalidParameterError(
+            f"speculative_config.model: the draft's vocab_size {draft.vocab_size} differs from the target's "
+            f"{target.vocab_size}; a draft must share the target's tokenizer", "model")
+    vocabs = [_tokenizer_vocab(Path(d)) for d in (draft_dir, target_dir)]
+    if vocabs[0] is not None and vocabs[1] is not None and vocabs[0] != vocabs[1]:
+        raise InvalidParameterError(
+            "speculative_config.model: the draft's tokenizer.json vocabulary differs from the target's; a draft "
+            "must share the target's tokenizer", "model")
+
+
+def _tokenizer_vocab(folder: Path) -> dict | None:
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    vocab = data.get("model", {}).get("vocab")
+    return vocab if isinstance(vocab, dict) else None
+
+
+class DraftModelProposer:
+    """Proposes with ``model``; ``probabilistic``: sample drafts from the draft's distribution (else argmax)."""
+
+    needs_layer_states = False
+
+    def __init__(self, model: LlamaForCausalLM, device: torch.device, kv_dtype: torch.dtype,
+                 probabilistic: bool, generator: torch.Generator) -> None:
+        self.model = model
+        self.device = device
+        self.kv_dtype = kv_dtype
+        self.probabilistic = probabilistic
+        self.generator = generator
+        self.block_size = 0
+        self.pad_block_ids: list[int] = []
+        self.kv_caches: list[torch.Tensor] = []
+        self.valid: dict[str, int] = {}  # request -> leading positions whose draft K/V is valid
+        self._drafted: dict[str, int] = {}  # request -> drafts fed to the draft this step (k - 1)
+
+    def kv_bytes_per_block(self, block_size: int) -> int:
+        cfg = self.model.config
+        elem = torch.empty((), dtype=self.kv_dtype).element_size()
+        return 2 * cfg.num_hidden_layers * block_size * cfg.num_key_value_heads * cfg.head_dim * elem
+
+    def initialize_cache(self, num_blocks: int, block_size: int, pad_block_ids: list[int]) -> None:
+        """KV tensors for ``num_blocks`` blocks (the target's pool plus its scratch blocks)."""
+        cfg = self.model.config
+        self.block_size, self.pad_block_ids = block_size, pad_block_ids
+        self.kv_caches = [torch.zeros(2, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim,
+                                      dtype=self.kv_dtype, device=self.device) for _ in range(cfg.num_hidden_layers)]
+        for attn, cache in zip(self.model.attention_layers(), self.kv_caches):
+            attn.kv_cache = cache
+
+    def forget(self, request_id: str) -> None:
+        self.valid.pop(request_id, None)
+
+    @torch.inference_mode()
+    def propose(self, seqs: list[ScheduledSeq], history: dict[str, list[int]],
+                sampling: dict[str, DraftSampling]) -> Proposals:
+        """Catch the draft's KV up on every sequence of the step and draft ``num_draft_slots`` tokens for those
+        that want them (one batched forward per draft position)."""
+        catch_up = []
+        for s in seqs:
+            d = min(self.valid.get(s.request_id, s.start_pos), s.start_pos)
+            catch_up.append(ScheduledSeq(s.request_id, history[s.request_id][d:s.start_pos] + s.token_ids, d,
+                                         s.block_ids, 1 if s.num_draft_slots else 0))
+        out = Proposals()
+        want = {s.request_id: s.num_draft_slots for s in seqs if s.num_draft_slots}
+        self._drafted = {rid: k - 1 for rid, k in want.items()}
+        batch = build_batch(catch_up, self.block_size, self.pad_block_ids, self.device)
+        hidden = self.model(batch.input_ids, batch.positions, batch.meta)
+        for s in batch.seqs:
+            if s.request_id not in want:  # its KV is written through the last scheduled token
+                self.valid[s.request_id] = s.start_pos + len(s.token_ids)
+        live = [(s, row) for s, row in zip(batch.seqs, batch.last_rows()) if s.request_id in want]
+        if not live:
+            return out
+        by_id = {s.request_id: s for s in seqs}
+        positions = {s.request_id: s.start_pos + len(s.token_ids) for s, _ in live}  # where the next draft goes
+        rows = hidden[torch.tensor([row for _, row in live], device=self.device)]
+
+        def step(keep: list[int], ids: list[str], j: int) -> torch.Tensor:
+            step_seqs = [ScheduledSeq(r, [out.token_ids[r][-1]], positions[r] + j, by_id[r].block_ids, 1)
+                         for r in ids]
+            batch = build_batch(step_seqs, self.block_size, self.pad_block_ids, self.device)
+            hidden = self.model(batch.input_ids, batch.positions, batch.meta)
+            order = {s.request_id: row for s, row in zip(batch.seqs, batch.last_rows())}
+            return self.model.compute_logits(hidden[torch.tensor([order[r] for r in ids], device=self.device)])
+
+        draft_chains([s.request_id for s, _ in live], want, sampling, self.model.compute_logits(rows), step,
+                     self.probabilistic, self.generator, out)
+        return out
+
+    def commit(self, view: StepView) -> None:
+        """After verification: the draft's KV stays valid through the drafts it fed that the target kept."""
+        for s in view.batch.seqs:
+            if s.num_logit_rows > 1:
+                k = s.num_logit_rows - 1
+                fed = self._drafted.get(s.request_id, k - 1)
+                last = s.start_pos + len(s.token_ids) - k - 1  # the position of the verify's known token
+                self.valid[s.request_id] = last + 1 + min(view.num_accepted.get(s.request_id, 0), fed)

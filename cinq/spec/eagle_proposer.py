@@ -1,0 +1,183 @@
+"""EAGLE / EAGLE-3 proposer: the head drafts from the target's features, in the runner, over paged KV.
+
+The head's K/V at position t comes from (x_{t+1}, f_t): the token after t and the target's (fused) feature at t.
+After each target step the runner commits the features of the positions the target kept (prefill chunks, plain
+decodes, a verify's known token and accepted drafts); the next step's propose first runs the head over them
+(true features overwrite whatever the head wrote there while drafting), and the last of those rows, at the last
+committed position, yields the first draft. Each further draft is one batched head step fed the head's own
+output feature and its previous draft, at the positions the scheduler reserved for this step's verification.
+Features wait one step, so a prefix-cache hit finds the head's K/V of a block written, except at most a block's
+last position when its request ended right after computing it (acceptance loss only, never exactness).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cinq.engine.batch_inputs import TreeGroup, build_batch
+from cinq.engine.io import ScheduledSeq
+from cinq.model.llama import LlamaForCausalLM
+from cinq.spec.eagle import EagleHead
+from cinq.spec.proposer import DraftSampling, Proposals, StepView, draft_chains
+from cinq.spec.eagle_tree import TreeRoots, dynamic_tree, static_tree
+from cinq.spec.tree import TreeShape
+
+
+class EagleProposer:
+    """Drafts with ``head`` on ``target``'s features (``method: eagle`` or ``eagle3``)."""
+
+    def __init__(self, head: EagleHead, target: LlamaForCausalLM, device: torch.device, kv_dtype: torch.dtype,
+                 probabilistic: bool, generator: torch.Generator, tree: TreeShape | None = None,
+                 tree_topk: int = 0, tree_depth: int = 0, tree_nodes: int = 0) -> None:
+        self.head = head
+        # a static tree, or EAGLE-2's dynamic one (tree_topk > 0: tree_nodes drafts, tree_depth levels)
+        self.tree = tree
+        self.tree_topk, self.tree_depth = tree_topk, tree_depth
+        self.tree_nodes = len(tree.paths) if tree is not None else tree_nodes if tree_topk else 0
+        self.target = target
+        self.device = device
+        self.kv_dtype = kv_dtype
+        self.probabilistic = probabilistic
+        self.generator = generator
+        self.needs_layer_states = head.method == "eagle3"
+        self.block_size = 0
+        self.pad_block_ids: list[int] = []
+        self.kv_caches: list[torch.Tensor] = []
+        # request -> (first position, fused target features [m, H]) committed last step, not yet fed to the head
+        self.pending: dict[str, tuple[int, torch.Tensor]] = {}
+
+    def kv_bytes_per_block(self, block_size: int) -> int:
+        cfg = self.head.config
+        elem = torch.empty((), dtype=self.kv_dtype).element_size()
+        return 2 * len(self.head.attention_layers()) * block_size * cfg.num_key_value_heads * cfg.head_dim * elem
+
+    def initialize_cache(self, num_blocks: int, block_size: int, pad_block_ids: list[int]) -> None:
+        cfg = self.head.config
+        self.block_size, self.pad_block_ids = block_size, pad_block_ids
+        self.kv_caches = [torch.zeros(2, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim,
+                                      dtype=self.kv_dtype, device=self.device) for _ in self.head.attention_layers()]
+        for attn, cache in zip(self.head.attention_layers(), self.kv_caches):
+            attn.kv_cache = cache
+
+    def forget(self, request_id: str) -> None:
+        self.pending.pop(request_id, None)
+
+    @torch.inference_mode()
+    def propose(self, seqs: list[ScheduledSeq], history: dict[str, list[int]],
+                sampling: dict[str, DraftSampling]) -> Proposals:
+        want = {s.request_id: s.num_draft_slots for s in seqs if s.num_draft_slots}
+        rows_in, feats, ids = [], [], []
+        for s in seqs:
+            entry = self.pending.pop(s.request_id, None)
+            if entry is None:
+                continue
+            first, feat = entry
+            # only what the target still trusts (a preempted request restarts before its old features)
+            m = min(feat.shape[0], s.start_pos - first)
+            if m <= 0:
+                continue
+            hist = history[s.request_id]
+            rows_in.append(ScheduledSeq(s.request_id, hist[first + 1:first + 1 + m], first, s.block_ids,
+                                        1 if s.request_id in want else 0))
+            feats.append(feat[:m])
+            ids.append(s.request_id)
+        out = Proposals()
+        if not rows_in:
+            return self._fallback(seqs, want, history, out)
+        batch = build_batch(rows_in, self.block_size, self.pad_block_ids, self.device)
+        by_id = dict(zip(ids, feats))
+        feature = _pad_rows(torch.cat([by_id[s.request_id] for s in batch.seqs]), batch.input_ids.shape[0])
+        next_feat, normed = self.head(batch.input_ids, feature, batch.positions, batch.meta)
+        live = [(s, row) for s, row in zip(batch.seqs, batch.last_rows()) if s.request_id in want]
+        block_ids = {s.request_id: s.block_ids for s in seqs}
+        n_tree = self.tree_nodes or -1
+        for is_tree in (False, True):
+            part = [(s, row) for s, row in live if (want[s.request_id] == n_tree) == is_tree]
+            if not part:
+                continue
+            rows = torch.tensor([row for _, row in part], dtype=torch.long, device=self.device)
+            ids = [s.request_id for s, _ in part]
+            # the next head position: just past the catch-up, i.e. the verify's known token
+            pos = {s.request_id: s.start_pos + len(s.token_ids) for s, _ in part}
+            if not is_tree:
+                self._draft_chains(ids, pos, block_ids, want, sampling, next_feat[rows], normed[rows], out)
+                continue
+            roots = TreeRoots(ids, {s.request_id: s.token_ids[-1] for s, _ in part}, feature[rows],
+                              next_feat[rows], self.target.compute_logits(normed[rows]).log_softmax(-1))
+
+            def level(tokens, parents, feats, ids=ids, pos=pos):  # noqa: ANN001, ANN202
+                return self._tree_level(ids, pos, block_ids, tokens, parents, feats)
+
+            if self.tree is not None:
+                drafts, parents = static_tree(roots, self.tree, level)
+                out.parents.update({r: parents for r in ids})
+            else:
+                drafts, per_request = dynamic_tree(roots, self.tree_topk, self.tree_depth, self.tree_nodes, level)
+                out.parents.update(per_request)
+            out.token_ids.update(drafts)
+        return self._fallback(seqs, want, history, out)
+
+    def _draft_chains(self, ids: list[str], pos: dict[str, int], block_ids: dict[str, list[int]],
+                      want: dict[str, int], sampling: dict[str, DraftSampling], cur_feat: torch.Tensor,
+                      cur_norm: torch.Tensor, out: Proposals) -> None:
+        """One batched head step per draft, each fed its previous draft and the head's own feature."""
+        feat = [cur_feat]
+
+        def step(keep: list[int], ids: list[str], j: int) -> torch.Tensor:
+            step_seqs = [ScheduledSeq(r, [out.token_ids[r][-1]], pos[r] + j, block_ids[r], 1) for r in ids]
+            batch = build_batch(step_seqs, self.block_size, self.pad_block_ids, self.device, ql=1)
+            sel = torch.tensor(keep, device=self.device)
+            f, n = self.head(batch.input_ids, _pad_rows(feat[0][sel], batch.input_ids.shape[0]), batch.positions,
+                             batch.meta)
+            feat[0] = f[:len(ids)]
+            return self.target.compute_logits(n[:len(ids)])
+
+        draft_chains(ids, want, sampling, self.target.compute_logits(cur_norm), step, self.probabilistic,
+                     self.generator, out)
+
+    def _tree_level(self, ids: list[str], pos: dict[str, int], block_ids: dict[str, list[int]],
+                    tokens: dict[str, list[int]], parents: dict[str, list[int]],
+                    feats: dict[str, list[torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One head step over every request's tree so far (root at the head position p0 - 1): output features
+        [n, q, H] and the draft's log-probabilities [n, q, V], in ``ids`` order."""
+        q = len(tokens[ids[0]])
+        level = [ScheduledSeq(r, tokens[r], pos[r] - 1, block_ids[r], q) for r in ids]
+        batch = build_batch(level, self.block_size, self.pad_block_ids, self.device,
+                            tree=TreeGroup({r: parents[r] for r in ids}))
+        feat_in = torch.stack([f for s in batch.seqs for f in feats[s.request_id]])
+        f, normed = self.head(batch.input_ids, _pad_rows(feat_in, batch.input_ids.shape[0]), batch.positions,
+                              batch.meta)
+        n = len(ids)
+        logprobs = self.target.compute_logits(normed[:n * q]).log_softmax(-1)
+        return f[:n * q].view(n, q, -1), logprobs.view(n, q, -1)
+
+    @staticmethod
+    def _fallback(seqs: list[ScheduledSeq], want: dict[str, int], history: dict[str, list[int]],
+                  out: Proposals) -> Proposals:
+        # A request with no committed features yet (none kept since a preemption) still gets its slots filled:
+        # repeating its last token is a poor but valid guess, and verification stays exact.
+        for rid, k in want.items():
+            got = out.token_ids.setdefault(rid, [])
+            if len(got) < k:
+                got.extend([history[rid][-1]] * (k - len(got)))
+                out.probs.pop(rid, None)
+        return out
+
+    def commit(self, view: StepView) -> None:
+        """Keep the fused features of the positions the target kept, for the head's next catch-up."""
+        if self.needs_layer_states:
+            assert view.layer_states is not None
+            fused = self.head.fuse([view.layer_states[i] for i in self.head.feature_layers])
+        else:
+            fused = view.hidden
+        for i, s in enumerate(view.batch.seqs):
+            rows = view.committed_rows(i)
+            if rows:
+                contiguous = rows[-1] - rows[0] + 1 == len(rows)
+                kept = fused[rows[0]:rows[-1] + 1] if contiguous else fused[torch.tensor(rows, device=fused.device)]
+                self.pending[s.request_id] = (s.start_pos, kept)
+
+
+def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """``x`` [n, H] with zero rows appended up to the batch's padded row count."""
+    return x if x.shape[0] == rows else torch.cat([x, x.new_zeros(rows - x.shape[0], x.shape[1])])

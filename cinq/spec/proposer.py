@@ -1,0 +1,123 @@
+"""Proposers that run in the model runner: a draft model, EAGLE heads, Medusa heads (vLLM v1's ``spec_decode``
+room). The n-gram drafter needs only token history and runs in the scheduler (cinq/spec/drafter.py).
+
+The scheduler reserves ``ScheduledSeq.num_draft_slots`` draft positions (KV slots and budget) for each decoding
+request; the runner asks its proposer to fill them before the target's forward, verifies the drafts in that same
+forward, then tells the proposer what was kept (``commit``) so that its own state (a draft model's paged KV, an
+EAGLE head's features) follows the committed tokens. Proposers write their K/V into the target's block tables
+(their own KV tensors, the same block ids), so prefix caching, preemption and block freeing need nothing of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+
+from cinq.engine.batch_inputs import BatchInputs
+from cinq.engine.io import ScheduledSeq
+from cinq.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class DraftSampling:
+    """How one request's drafts are drawn: greedy (argmax, one-hot q) or from the proposer's distribution."""
+
+    params: SamplingParams
+    generator: torch.Generator | None  # the request's own (seeded) generator, else the runner's
+
+
+@dataclass(slots=True)
+class Proposals:
+    """Per request id: the draft tokens, and the proposer's distribution q at each ([k, V]) when drafts were
+    sampled from it (absent: one-hot q)."""
+
+    token_ids: dict[str, list[int]] = field(default_factory=dict)
+    probs: dict[str, torch.Tensor] = field(default_factory=dict)
+    # requests whose drafts form a tree: its parent array over [root] + drafts (one shape for the whole step)
+    parents: dict[str, list[int]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class StepView:
+    """What the target computed this step, for a proposer's commit: the batch (drafts filled in), the target's
+    hidden states (final normed, and the per-layer states when the proposer asked for them), the emitted tokens,
+    accepted draft counts, and the rows each verify kept (root and accepted path, within its sequence; before
+    the runner moved a tree path's K/V down to consecutive slots)."""
+
+    batch: BatchInputs
+    hidden: torch.Tensor
+    layer_states: list[torch.Tensor] | None
+    emitted: dict[str, list[int]]
+    num_accepted: dict[str, int]
+    kept_rows: dict[str, list[int]] = field(default_factory=dict)
+
+    def committed_rows(self, i: int) -> list[int]:
+        """Rows (within the batch) of ``batch.seqs[i]`` whose tokens the target kept, in position order."""
+        s, start = self.batch.seqs[i], self.batch.starts[i]
+        rows = self.kept_rows.get(s.request_id)
+        if rows is None:
+            return list(range(start, start + len(s.token_ids)))
+        return [start + r for r in rows]
+
+
+class Proposer(Protocol):
+    """A runner-side proposer."""
+
+    needs_layer_states: bool  # the target's per-layer states in StepView (EAGLE-3)
+
+    def kv_bytes_per_block(self, block_size: int) -> int: ...
+
+    def initialize_cache(self, num_blocks: int, block_size: int, pad_block_ids: list[int]) -> None: ...
+
+    def propose(self, seqs: list[ScheduledSeq], history: dict[str, list[int]],
+                sampling: dict[str, DraftSampling]) -> Proposals: ...
+
+    def commit(self, view: StepView) -> None: ...
+
+    def forget(self, request_id: str) -> None: ...
+
+
+def draw_drafts(logits: torch.Tensor, sampling: list[DraftSampling], probabilistic: bool,
+                default_generator: torch.Generator) -> tuple[list[int], torch.Tensor | None]:
+    """One draft token per row of ``logits`` [n, V]: argmax (greedy drafting, or a greedy request), else a sample
+    from softmax(logits / temperature) — then q, those rows' distributions, comes back for the rejection sampler
+    (rows of greedy requests hold a one-hot q, which the greedy acceptance rule ignores)."""
+    greedy_ids = logits.argmax(-1)
+    if not probabilistic or all(s.params.greedy for s in sampling):
+        return greedy_ids.tolist(), None
+    temps = torch.tensor([s.params.temperature if not s.params.greedy else 1.0 for s in sampling],
+                         dtype=torch.float32, device=logits.device)
+    q = torch.softmax(logits.float() / temps[:, None], dim=-1)
+    noise = torch.empty_like(q).exponential_(generator=default_generator)
+    for i, s in enumerate(sampling):
+        if s.generator is not None:
+            noise[i].exponential_(generator=s.generator)
+    sampled = q.div(noise).argmax(-1)  # the exponential race: a sample of q per row
+    greedy = torch.tensor([s.params.greedy for s in sampling], device=logits.device)
+    ids = torch.where(greedy, greedy_ids, sampled)
+    q = torch.where(greedy[:, None], torch.nn.functional.one_hot(ids, q.shape[-1]).to(q.dtype), q)
+    return ids.tolist(), q
+
+
+def draft_chains(ids: list[str], want: dict[str, int], sampling: dict[str, DraftSampling], logits: torch.Tensor,
+                 step: Callable[[list[int], list[str], int], torch.Tensor], probabilistic: bool,
+                 generator: torch.Generator, out: Proposals) -> None:
+    """The chain loop every model proposer shares: draw one draft per request from ``logits`` [len(ids), V],
+    then ``step(keep, ids, j)`` (the indices of the requests that still want drafts, their ids, the step number)
+    feeds their newest drafts and returns their next logits. Drafts and q rows go into ``out``."""
+    q_rows: dict[str, list[torch.Tensor]] = {}
+    for j in range(max(want[r] for r in ids)):
+        tokens, q = draw_drafts(logits, [sampling[r] for r in ids], probabilistic, generator)
+        for i, (rid, tok) in enumerate(zip(ids, tokens)):
+            out.token_ids.setdefault(rid, []).append(tok)
+            if q is not None:
+                q_rows.setdefault(rid, []).append(q[i])
+        keep = [i for i, rid in enumerate(ids) if len(out.token_ids[rid]) < want[rid]]
+        if not keep:  # a request's last draft is never fed
+            break
+        ids = [ids[i] for i in keep]
+        logits = step(keep, ids, j)
+    out.probs.update({r: torch.stack(p) for r, p in q_rows.items()})

@@ -1,0 +1,300 @@
+"""Train speculative heads (EAGLE, EAGLE-3, Medusa) for a frozen target, on the target's own sequences.
+
+One loop for the three methods: the target's sequences (cinq/train/spec_head_data.py) are batched whole; each
+step the frozen target runs its training-mode forward (``forward_with_hidden_states``, no grad) and the loss
+compares the head's guesses with the target's next-token distributions there, forward KL(target || head):
+
+* ``eagle`` (Li et al. 2024): teacher-forced; smooth-L1 regression of the next feature f_{t+1} (weight
+  ``reg_weight``, 1.0) + the KL on x_{t+2} through the target's LM head (``cls_weight``, 0.1, the paper's);
+  uniform noise of +-``feature_noise`` on the input features, as the paper.
+* ``eagle3`` (Li et al. 2025): features fused from three layers, unrolled ``unroll_steps`` times over its own
+  outputs (training-time test, cinq/spec/eagle_unroll.py); KL at every step, weighted 0.8^j; no regression.
+* ``medusa`` (Cai et al. 2024, Medusa-1): head i's KL to the target's distribution of the token i + 2 ahead,
+  weighted 0.8^i; each head with its own LM head, or (``medusa_lm_head="target"``) the target's, frozen.
+
+The run folder holds the cached target sequences (or ``generated_dir`` does, to share them between runs), the
+resumable checkpoint (cinq/train/trainer.py: rerunning the same command resumes), ``head_job.json`` (a rerun
+with other settings is refused), ``history.json``, ``summary.json`` with the held-out acceptance, and, once
+finished, the head folder ``<out>/head``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from cinq.errors import InvalidParameterError
+from cinq.eval.spec_acceptance import Batch, measure, measure_ngram
+from cinq.spec.eagle import new_eagle_head, save_eagle_head
+from cinq.spec.eagle_unroll import unroll, valid_rows
+from cinq.spec.head_folder import TargetFingerprint
+from cinq.spec.medusa import new_medusa_heads, save_medusa_heads
+from cinq.train.distill import load_teacher
+from cinq.train.losses import forward_kl
+from cinq.train.model_card import _cpu_name
+from cinq.train.spec_head_data import GenerationSettings, SequenceSampler, TargetSequences, target_sequences
+from cinq.train.trainer import Trainer, TrainSettings
+
+log = logging.getLogger(__name__)
+HEAD_METHODS = ("eagle", "eagle3", "medusa")
+DEPTH_DECAY = 0.8  # weight of unrolled step / Medusa head j: 0.8^j (EAGLE-3's and Medusa's choice)
+# Settings a resumed run must share with its checkpoint: they change the objective or the data.
+_JOB_IDENTITY = ("method", "target", "data_dir", "batch_size", "lr", "seed", "train_prompts", "max_prompt",
+                 "max_tokens", "sample_temperature", "generator", "unroll_steps", "num_heads", "medusa_lm_head",
+                 "feature_layers", "reg_weight", "cls_weight", "feature_noise")
+
+
+@dataclass(slots=True)
+class HeadJob:
+    """One head-training run (see the module docstring)."""
+
+    method: str
+    target: str  # the target model folder
+    data_dir: str
+    out_dir: str
+    token_budget: int = 400_000  # padded tokens seen (batch_size x longest sequence of each batch, nominal)
+    batch_size: int = 16
+    lr: float = 3e-3
+    warmup_steps: int = 20
+    seed: int = 0
+    train_prompts: int = 1100
+    eval_prompts: int = 110
+    max_prompt: int = 24
+    max_tokens: int = 128
+    eval_max_tokens: int = 96
+    sample_temperature: float = 1.0
+    generator: str = "engine"
+    generated_dir: str | None = None  # where target sequences are cached (default: out_dir)
+    unroll_steps: int = 3
+    num_heads: int = 4
+    medusa_lm_head: str = "own"  # own: one trainable LM head per Medusa head; target: the target's, shared, frozen
+    feature_layers: tuple[int, ...] | None = None
+    reg_weight: float = 1.0
+    cls_weight: float = 0.1
+    feature_noise: float = 0.1
+    draft_k: int = 4
+    eval_every: int = 50
+    ckpt_every_s: float = 300.0
+    max_run_s: float | None = None
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.method not in HEAD_METHODS:
+            raise InvalidParameterError(f"heads must be one of {list(HEAD_METHODS)}, got {self.method!r}", "heads")
+        if self.generator not in ("engine", "naive"):
+            raise InvalidParameterError(f"generator must be engine or naive, got {self.generator!r}", "generator")
+        if self.medusa_lm_head not in ("own", "target"):
+            raise InvalidParameterError(f"medusa_lm_head must be own or target, got {self.medusa_lm_head!r}",
+                                        "medusa_lm_head")
+        for name, lo in (("unroll_steps", 1), ("num_heads", 1), ("draft_k", 1), ("train_prompts", 1),
+                         ("eval_prompts", 1), ("max_prompt", 2), ("max_tokens", 1), ("eval_max_tokens", 1)):
+            if getattr(self, name) < lo:
+                raise InvalidParameterError(f"{name} must be >= {lo}, got {getattr(self, name)}", name)
+        if self.feature_layers is not None:
+            self.feature_layers = tuple(int(i) for i in self.feature_layers)
+
+    @property
+    def seq_len(self) -> int:
+        """The longest sequence a batch can hold (prompt + continuation)."""
+        return self.max_prompt + self.max_tokens
+
+
+class HeadTrainer:
+    """Builds the head, the target's sequences, the loss and the evaluation, and runs the shared Trainer."""
+
+    def __init__(self, job: HeadJob) -> None:
+        self.job = job
+        torch.manual_seed(job.seed)
+        self.out = Path(job.out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self._check_same_job()
+        self.target_dir = Path(job.target)
+        self.target = load_teacher(self.target_dir)
+        self.fingerprint = TargetFingerprint.of(self.target, self.target_dir.name)
+        if job.method == "medusa":
+            self.head: Any = new_medusa_heads(self.target, job.num_heads, target_name=self.target_dir.name,
+                                              original_lm_head=job.medusa_lm_head == "target")
+        else:
+            self.head = new_eagle_head(self.target, job.method, job.feature_layers, job.seed,
+                                       target_name=self.target_dir.name)
+        self.eos = list(self.target.config.eos_token_ids)
+        cache = Path(job.generated_dir) if job.generated_dir else self.out
+        gen = GenerationSettings("train", job.train_prompts, job.max_prompt, job.max_tokens, job.sample_temperature,
+                                 job.seed, job.generator)
+        self.train_seqs = target_sequences(self.target_dir, self.target, job.data_dir, gen, cache,
+                                           self.fingerprint.fingerprint, self.eos)
+        # held out: the test split, greedy, float32 (the target's argmax as the training-mode forward computes it)
+        held = GenerationSettings("test", job.eval_prompts, job.max_prompt, job.eval_max_tokens, 0.0, job.seed,
+                                  job.generator, "float32")
+        self.eval_seqs = target_sequences(self.target_dir, self.target, job.data_dir, held, cache,
+                                          self.fingerprint.fingerprint, self.eos)
+        self.sampler = SequenceSampler(self.train_seqs, job.batch_size, job.seed)
+
+    def _check_same_job(self) -> None:
+        path = self.out / "head_job.json"
+        mine = {k: _jsonable(getattr(self.job, k)) for k in _JOB_IDENTITY}
+        if path.is_file():
+            saved = json.loads(path.read_text())
+            changed = sorted(k for k in _JOB_IDENTITY if k in saved and saved[k] != mine[k])
+            if changed:
+                raise InvalidParameterError(
+                    f"{self.out} holds a head run made with " + ", ".join(f"{k}={saved[k]}" for k in changed)
+                    + "; this run asks for " + ", ".join(f"{k}={mine[k]}" for k in changed)
+                    + ": rerun with the same settings to resume, or use a new --out", changed[0])
+        path.write_text(json.dumps(mine, indent=1) + "\n")
+
+    # -- the loss ----------------------------------------------------------------------------------------------
+    def loss(self, batch: tuple[torch.Tensor, torch.Tensor], step: int) -> tuple[torch.Tensor, dict[str, float]]:
+        tokens, lengths = batch
+        s = tokens.shape[1]
+        with torch.no_grad():
+            final, states = self.target.forward_with_hidden_states(tokens)
+            t_logits = self.target.compute_logits(final)
+        inside = torch.arange(s)[None, :] < lengths[:, None]  # [B, S]: real tokens, not padding
+        if self.job.method == "medusa":
+            return self._medusa_loss(final, t_logits, inside)
+        # row i: the head at position i, fed the token after i; its guess is scored against the target's
+        # distribution at i + 1 (of token i + 2), which exists for rows i + 1 < length
+        rows = inside[:, 1:]
+        labels = t_logits[:, 1:]
+        feats = self.head.fuse([states[i] for i in self.head.feature_layers])[:, :-1]
+        next_tokens = tokens[:, 1:]
+        if self.job.method == "eagle":
+            return self._eagle_loss(next_tokens, feats, final[:, 1:], labels, rows, step)
+        return self._eagle3_loss(next_tokens, feats, labels, rows)
+
+    def _eagle_loss(self, next_tokens: torch.Tensor, feats: torch.Tensor, next_feats: torch.Tensor,
+                    labels: torch.Tensor, rows: torch.Tensor, step: int) -> tuple[torch.Tensor, dict[str, float]]:
+        j = self.job
+        if j.feature_noise > 0:
+            gen = torch.Generator().manual_seed(int(np.random.default_rng([j.seed, step, 13]).integers(1 << 62)))
+            feats = feats + (torch.rand(feats.shape, generator=gen) * 2 - 1).to(feats) * j.feature_noise
+        positions = torch.arange(feats.shape[1]).expand(feats.shape[0], -1)
+        out, normed = self.head(next_tokens, feats, positions, None)
+        logits = self.target.compute_logits(normed)
+        kl = forward_kl(logits, labels, mask=rows)
+        per_row = F.smooth_l1_loss(out.float(), next_feats.float(), reduction="none").mean(-1)
+        reg = (per_row * rows).sum() / rows.sum().clamp_min(1)
+        total = j.reg_weight * reg + j.cls_weight * kl
+        return total, {"kl": float(kl.detach()), "reg": float(reg.detach()), "acc": _top1(logits, labels, rows)}
+
+    def _eagle3_loss(self, next_tokens: torch.Tensor, feats: torch.Tensor, labels: torch.Tensor,
+                     rows: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        total = torch.zeros(())
+        metrics: dict[str, float] = {}
+        for step, (_, normed) in enumerate(unroll(self.head, next_tokens, feats, self.job.unroll_steps)):
+            mask = rows & valid_rows(rows.shape[1], step)[None, :]
+            logits = self.target.compute_logits(normed)
+            kl = forward_kl(logits, labels, mask=mask)
+            total = total + DEPTH_DECAY ** step * kl
+            metrics[f"kl_{step}"] = float(kl.detach())
+            metrics[f"acc_{step}"] = _top1(logits, labels, mask)
+        return total, metrics
+
+    def _medusa_loss(self, final: torch.Tensor, t_logits: torch.Tensor, inside: torch.Tensor
+                     ) -> tuple[torch.Tensor, dict[str, float]]:
+        total = torch.zeros(())
+        metrics: dict[str, float] = {}
+        s = final.shape[1]
+        for i in range(self.head.num_heads):
+            n = s - 1 - i  # position t guesses token t + 2 + i: the target's distribution at t + 1 + i
+            if n <= 0:
+                break
+            logits = self.head.head_logits(final[:, :n], i)
+            labels, mask = t_logits[:, 1 + i:], inside[:, 1 + i:]
+            kl = forward_kl(logits, labels, mask=mask)
+            total = total + DEPTH_DECAY ** i * kl
+            metrics[f"kl_{i}"] = float(kl.detach())
+            metrics[f"acc_{i}"] = _top1(logits, labels, mask)
+        return total, metrics
+
+    # -- evaluation --------------------------------------------------------------------------------------------
+    def eval_batches(self, limit: int | None = None) -> list[Batch]:
+        """The held-out sequences in batches of 16 (``limit``: that many, spread over the languages)."""
+        seqs = self.eval_seqs
+        n = len(seqs) if limit is None else min(limit, len(seqs))
+        # spread a limited subset over the languages (the set is stored language by language)
+        order = np.linspace(0, len(seqs) - 1, n).round().astype(int).tolist() if limit else list(range(n))
+        out = []
+        for b in range(0, n, 16):
+            rows = order[b:b + 16]
+            tokens, lengths = seqs.padded(rows)
+            out.append((tokens, lengths, torch.from_numpy(seqs.prompt_lens[rows]), [str(seqs.langs[r]) for r in rows]))
+        return out
+
+    def acceptance(self, limit: int | None = None) -> dict[str, Any]:
+        return measure(self.head, self.target, self.eval_batches(limit), self._k())
+
+    def _k(self) -> int:
+        return min(self.job.draft_k, self.head.num_heads) if self.job.method == "medusa" else self.job.draft_k
+
+    def eval_fn(self) -> Any:
+        def evaluate() -> dict[str, float]:
+            r = self.acceptance(limit=44)["all"]
+            return {"tau": r["tau"], **{f"accept_{j + 1}": a for j, a in enumerate(r["accept_rate"])}}
+        return evaluate
+
+    # -- the run -----------------------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        j = self.job
+        steps = max(1, j.token_budget // (j.batch_size * j.seq_len))
+        n_params = sum(p.numel() for p in self.head.parameters())
+        settings = TrainSettings(
+            out_dir=j.out_dir, total_steps=steps, batch_size=j.batch_size, seq_len=j.seq_len, lr=j.lr,
+            warmup_steps=min(j.warmup_steps, steps), weight_decay=0.0, seed=j.seed, eval_every=j.eval_every,
+            ckpt_every_s=j.ckpt_every_s, max_run_s=j.max_run_s, progress=j.progress, log_every=5,
+            extra={"job": _jsonable(asdict(j)), "head_parameters": n_params})
+        trainer = Trainer(self.head, self.loss, self.sampler.batch, settings, eval_fn=self.eval_fn())
+        log.info("training %s heads for %s (%.2fM parameters): %d steps on %d target sequences (%d tokens)",
+                 j.method, j.target, n_params / 1e6, steps, len(self.train_seqs), self.train_seqs.num_tokens)
+        summary = trainer.run()
+        summary.update({"head_parameters": n_params, "job": _jsonable(asdict(j)),
+                        "train_data": _describe(self.train_seqs), "eval_data": _describe(self.eval_seqs),
+                        "cpu": _cpu_name(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__})
+        if summary["finished"]:
+            self.head.eval()
+            summary["acceptance"] = self.acceptance()
+            summary["acceptance_ngram"] = measure_ngram(self.eval_batches(), self._k())
+            self.head.spec.training = {k: summary[k] for k in (
+                "step", "tokens_seen", "elapsed_s", "final_loss", "train_data", "eval_data", "acceptance")}
+            self.head.spec.training["job"] = {k: v for k, v in summary["job"].items()
+                                              if k not in ("out_dir", "progress", "generated_dir")}
+            save = save_medusa_heads if j.method == "medusa" else save_eagle_head
+            summary["head_dir"] = str(save(self.head, self.out / "head", torch.bfloat16))
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        return summary
+
+
+def _top1(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> float:
+    """How often the head's top token is the target's, over ``mask``."""
+    with torch.no_grad():
+        same = (logits.argmax(-1) == labels.argmax(-1)) & mask
+        return float(same.sum()) / max(1, int(mask.sum()))
+
+
+def _describe(seqs: TargetSequences) -> dict[str, Any]:
+    langs, counts = np.unique(seqs.langs, return_counts=True)
+    return {"sequences": len(seqs), "tokens": seqs.num_tokens,
+            "generated_tokens": int(seqs.num_tokens - seqs.prompt_lens.sum()),
+            "per_language": {str(a): int(c) for a, c in zip(langs, counts)},
+            "generation_s": seqs.info.get("elapsed_s")}
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, tuple):
+        return list(v)
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    return v
+
+
+def train_heads(job: HeadJob) -> dict[str, Any]:
+    """Run one head-training job (resuming from ``out_dir`` when it holds a checkpoint)."""
+    return HeadTrainer(job).run()

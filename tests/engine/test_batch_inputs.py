@@ -1,0 +1,48 @@
+"""build_batch: decode-like sequences first, bucket padding on scratch blocks, and tree groups (ancestor masks,
+positions by depth, slots in row order)."""
+
+from __future__ import annotations
+
+import torch
+
+from cinq.engine.batch_inputs import PAD_ID, TreeGroup, build_batch, decode_query_len
+from cinq.engine.io import ScheduledSeq
+
+BS = 4
+PAD_BLOCKS = [90, 91]
+
+
+def test_decodes_come_first_and_padding_rounds_the_rows_up() -> None:
+    seqs = [ScheduledSeq("prefill", list(range(7)), 0, [0, 1], 1), ScheduledSeq("a", [5], 9, [2, 3, 4], 1),
+            ScheduledSeq("b", [6], 3, [5], 1)]
+    b = build_batch(seqs, BS, PAD_BLOCKS, torch.device("cpu"))
+    assert [s.request_id for s in b.seqs] == ["a", "b", "prefill"]
+    assert b.meta.num_decodes == 2 and b.meta.decode_query_len == 1
+    assert b.starts == [0, 1, 2, 9]
+    assert b.last_rows() == [0, 1, 8]
+    assert b.input_ids.shape[0] == 10 and b.meta.seq_lens_cpu[-1] == 1  # one padding row, on its own blocks
+    assert b.positions[:9].tolist() == [9, 3, 0, 1, 2, 3, 4, 5, 6]
+    assert b.meta.slot_mapping[:2].tolist() == [4 * BS + 1, 5 * BS + 3]  # position 9 in block 4, 3 in block 5
+    assert int(b.meta.slot_mapping[9]) // BS in PAD_BLOCKS and PAD_ID not in [s.request_id for s in b.seqs]
+
+
+def test_decode_query_len_is_the_most_common_verify_length() -> None:
+    seqs = [ScheduledSeq(str(i), [1] * q, 5, [0, 1], q) for i, q in enumerate([4, 4, 1, 2, 2, 2])]
+    assert decode_query_len(seqs) == 2
+    assert decode_query_len([ScheduledSeq("p", [1] * 8, 0, [0, 1], 1)]) == 1  # no decode-like sequence
+
+
+def test_a_tree_group_gets_masks_depth_positions_and_row_order_slots() -> None:
+    parents_a, parents_b = [-1, 0, 0, 1], [-1, 0, 1, 1]
+    seqs = [ScheduledSeq("plain", [3], 6, [7, 8], 1), ScheduledSeq("a", [1, 2, 3, 4], 8, [0, 1, 2], 4),
+            ScheduledSeq("b", [5, 6, 7, 8], 4, [3, 4], 4)]
+    b = build_batch(seqs, BS, PAD_BLOCKS, torch.device("cpu"), tree=TreeGroup({"a": parents_a, "b": parents_b}))
+    assert [s.request_id for s in b.seqs] == ["a", "b", "plain"]
+    assert b.meta.num_decodes == 2 and b.meta.decode_query_len == 4
+    assert b.meta.tree_mask.shape == (2, 4, 4)  # two shapes: one mask each
+    assert b.meta.tree_mask[0].tolist() == [[True, False, False, False], [True, True, False, False],
+                                            [True, False, True, False], [True, True, False, True]]
+    assert b.positions[:8].tolist() == [8, 9, 9, 10, 4, 5, 6, 6]  # start + depth
+    assert b.meta.slot_mapping[:4].tolist() == [2 * BS + 0, 2 * BS + 1, 2 * BS + 2, 2 * BS + 3]  # rows 8..11
+    same = build_batch(seqs, BS, PAD_BLOCKS, torch.device("cpu"), tree=TreeGroup({"a": parents_a, "b": parents_a}))
+    assert same.meta.tree_mask.shape == (4, 4)  # one shape: the shared form

@@ -1,0 +1,71 @@
+"""Adaptive k: on simulated step costs it settles on the throughput-best k per batch size (speculation at batch
+1 when drafts are cheap and accepted, off when the batch makes verification expensive); in the engine it keeps
+greedy output identical whatever it chooses."""
+
+from __future__ import annotations
+
+import random
+
+from cinq import LLM, SamplingParams
+from cinq.spec.adaptive import AdaptiveK, batch_bucket
+
+
+def simulate(adaptive: AdaptiveK, batch: int, cost, accept_rate: float, steps: int, seed: int = 0) -> list[int]:
+    """Run ``steps`` choose/observe rounds; a draft at position i is accepted with ``accept_rate`` given the
+    previous ones were."""
+    rng = random.Random(seed)
+    chosen = []
+    for _ in range(steps):
+        k = adaptive.choose(batch)
+        chosen.append(k)
+        accepted = []
+        for _ in range(batch):
+            a = 0
+            while a < k and rng.random() < accept_rate:
+                a += 1
+            accepted.append(a)
+        adaptive.observe(batch, k, cost(batch, k), [k] * batch, accepted)
+    return chosen
+
+
+def dispatch_bound(batch: int, k: int) -> float:
+    """A CPU-like step: a fixed dispatch cost, a draft cost per position, and compute per row."""
+    return 5e-3 + 3e-4 * k + 1e-4 * batch * (k + 1)
+
+
+def test_speculates_at_batch_one_and_turns_off_for_a_large_batch() -> None:
+    adaptive = AdaptiveK(k_max=4)
+    small = simulate(adaptive, 1, dispatch_bound, accept_rate=0.8, steps=200)
+    large = simulate(adaptive, 512, dispatch_bound, accept_rate=0.8, steps=200, seed=1)
+    # batch 1: a draft position costs 0.4 ms on a ~5 ms step and adds 0.8^i tokens: k = 4 is the best arm
+    assert max(set(small[-100:]), key=small[-100:].count) == 4
+    # batch 512: rows dominate (51 ms per extra position, for at most 0.8 more tokens on a 56 ms step): off
+    assert max(set(large[-100:]), key=large[-100:].count) == 0
+
+
+def test_low_acceptance_turns_speculation_off_even_at_batch_one() -> None:
+    chosen = simulate(AdaptiveK(k_max=4), 1, dispatch_bound, accept_rate=0.05, steps=200)
+    assert max(set(chosen[-100:]), key=chosen[-100:].count) == 0
+
+
+def test_every_arm_is_measured_before_choosing_and_re_explored() -> None:
+    adaptive = AdaptiveK(k_max=3, explore_every=10)
+    chosen = simulate(adaptive, 2, dispatch_bound, accept_rate=0.9, steps=100)
+    assert chosen[:4] == [3, 2, 1, 0]  # each arm once, largest first
+    assert len(set(chosen[4:])) > 1  # the periodic re-try of a neighbour
+    assert {(batch_bucket(2), k) for k in range(4)} <= set(adaptive.step_seconds)
+
+
+def test_batch_buckets_are_powers_of_two() -> None:
+    assert [batch_bucket(b) for b in (1, 2, 3, 4, 5, 8, 9, 32, 33)] == [1, 2, 4, 4, 8, 8, 16, 32, 64]
+
+
+def test_adaptive_engine_keeps_greedy_output(tiny_llama) -> None:
+    prompts = ["abcabcabc", "hello hello hello", "the cat and the cat and", "0101010101"]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    plain = [o.outputs[0].token_ids for o in LLM(str(tiny_llama), dtype="float32").generate(prompts, params)]
+    for spec in ({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "adaptive": True},
+                 {"model": str(tiny_llama), "num_speculative_tokens": 3, "adaptive": True}):
+        llm = LLM(str(tiny_llama), dtype="float32", speculative_config=spec)
+        assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == plain
+        assert llm.engine.kv.num_free_blocks == llm.engine.num_blocks

@@ -1,0 +1,121 @@
+"""Training speculative heads on the target's own sequences: the loss goes down for every method, a resumed run
+follows the uninterrupted one, other settings are refused on resume, generated sets are cached by their
+settings, and `cinq distill --heads ...` runs end to end (engine generation, export with a model card)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+import torch
+
+from cinq.cli import main
+from cinq.errors import InvalidParameterError
+from cinq.model.loader import load_model
+from cinq.spec.eagle import load_eagle_head
+from cinq.spec.medusa import load_medusa_heads
+from cinq.train import spec_head_data
+from cinq.train.seqkd import balanced_prompts
+from cinq.train.spec_head_data import GenerationSettings, target_sequences
+from cinq.train.spec_heads import HeadJob, HeadTrainer
+
+
+def job(teacher, corpus, out, method="eagle", **kw) -> HeadJob:
+    base = dict(method=method, target=str(teacher), data_dir=str(corpus), out_dir=str(out), token_budget=4 * 28 * 8,
+                batch_size=4, lr=1e-2, warmup_steps=2, train_prompts=12, eval_prompts=6, max_prompt=12,
+                max_tokens=16, eval_max_tokens=8, generator="naive", num_heads=2, eval_every=0, progress=False)
+    return HeadJob(**{**base, **kw})
+
+
+def test_balanced_prompts_draw_the_same_number_per_language(tiny_corpus) -> None:
+    pairs = balanced_prompts(tiny_corpus, 12, seed=0, max_prompt=8)
+    counts = Counter(lang for lang, _ in pairs)
+    assert len(counts) > 2 and len(set(counts.values())) == 1
+    assert all(2 <= len(p) <= 8 for _, p in pairs)
+    assert balanced_prompts(tiny_corpus, 12, seed=0, max_prompt=8) == pairs
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "medusa"])
+def test_a_few_steps_lower_the_loss(teacher, tiny_corpus, tmp_path, method: str) -> None:
+    trainer = HeadTrainer(job(teacher, tiny_corpus, tmp_path / "run", method, token_budget=30 * 4 * 28))
+    batch = trainer.sampler.batch(0)
+    with torch.no_grad():
+        before, metrics = trainer.loss(batch, 0)
+    summary = trainer.run()
+    with torch.no_grad():
+        after, _ = trainer.loss(batch, 0)
+    assert summary["finished"] and float(after) < 0.8 * float(before), (float(before), float(after))
+    assert set(summary["acceptance"]["all"]) >= {"tau", "accept_rate", "steps"}
+    assert summary["acceptance"]["all"]["tau"] >= 1.0 and (tmp_path / "run" / "head" / "config.json").is_file()
+    assert any(k.startswith("kl") for k in metrics)
+
+
+def test_resume_follows_the_uninterrupted_run(teacher, tiny_corpus, tmp_path) -> None:
+    shared = dict(generated_dir=str(tmp_path / "gen"), method="eagle3", token_budget=5 * 4 * 28)
+    straight = HeadTrainer(job(teacher, tiny_corpus, tmp_path / "a", **shared)).run()
+    first = HeadTrainer(job(teacher, tiny_corpus, tmp_path / "b", max_run_s=0.0, **shared)).run()
+    assert not first["finished"] and first["step"] == 1
+    resumed = HeadTrainer(job(teacher, tiny_corpus, tmp_path / "b", **shared)).run()
+    assert resumed["finished"] and resumed["step"] == straight["step"] == 5
+    target = load_model(teacher, torch.float32)
+    a = load_eagle_head(tmp_path / "a" / "head", target, torch.float32, "cpu", "sdpa").state_dict()
+    b = load_eagle_head(tmp_path / "b" / "head", target, torch.float32, "cpu", "sdpa").state_dict()
+    assert all(torch.allclose(a[k], b[k], atol=1e-2) for k in a)  # stored in bf16
+    assert resumed["acceptance"] == straight["acceptance"]
+
+
+def test_other_settings_are_refused_on_resume(teacher, tiny_corpus, tmp_path) -> None:
+    HeadTrainer(job(teacher, tiny_corpus, tmp_path, max_run_s=0.0)).run()
+    with pytest.raises(InvalidParameterError) as e:
+        HeadTrainer(job(teacher, tiny_corpus, tmp_path, lr=5e-3))
+    assert e.value.param == "lr"
+
+
+def test_generated_sets_are_cached_by_their_settings(teacher, tiny_corpus, tmp_path, monkeypatch) -> None:
+    target = load_model(teacher, torch.float32)
+    settings = GenerationSettings("train", 6, 8, 6, 0.0, 0, "naive")
+    first = target_sequences(teacher, target, tiny_corpus, settings, tmp_path, "fp", [6])
+    assert len(first) == len(set(first.langs.tolist())) > 2  # one prompt per language
+    assert all(len(first.sequence(i)) > first.prompt_lens[i] for i in range(len(first)))
+
+    def no_generation(*a, **kw):
+        raise AssertionError("regenerated a cached set")
+    monkeypatch.setattr(spec_head_data, "generate_naive", no_generation)
+    again = target_sequences(teacher, target, tiny_corpus, settings, tmp_path, "fp", [6])
+    assert again.tokens.tolist() == first.tokens.tolist() and again.langs.tolist() == first.langs.tolist()
+    monkeypatch.undo()
+    hotter = GenerationSettings("train", 6, 8, 6, 1.0, 0, "naive")
+    target_sequences(teacher, target, tiny_corpus, hotter, tmp_path, "fp", [6])
+    assert len(list(tmp_path.glob("target-train-*.npz"))) == 2
+
+
+@pytest.mark.parametrize("method,extra", [("eagle", []), ("eagle3", []), ("medusa", []),
+                                          ("medusa", ["--medusa-lm-head", "target"])])
+def test_cli_trains_exports_and_resumes(teacher, tiny_corpus, tmp_path, monkeypatch, method: str,
+                                        extra: list[str]) -> None:
+    monkeypatch.setattr("sys.argv", ["cinq"])
+    out, dest = tmp_path / "run", tmp_path / f"shipped-{method}"
+    argv = ["distill", "--heads", method, "--target", str(teacher), "--data", str(tiny_corpus), "--out", str(out),
+            "--tokens", str(4 * 4 * 24), "--batch-size", "4", "--warmup", "1", "--train-prompts", "8",
+            "--eval-prompts", "4", "--max-prompt", "8", "--max-tokens", "16", "--eval-max-tokens", "8",
+            "--num-heads", "2", "--no-progress", "--export", str(dest), *extra]
+    assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["finished"] and summary["step"] == 4
+    card = (dest / "README.md").read_text()
+    assert "Held-out acceptance" in card and "| **all** |" in card and method in card
+    target = load_model(teacher, torch.float32)
+    if method == "medusa":
+        heads = load_medusa_heads(dest, target, torch.float32, "cpu")
+        assert heads.num_heads == 2 and heads.original_lm_head == bool(extra)
+        assert ("drafting through the target's own LM head" in card) == bool(extra)
+    else:
+        assert load_eagle_head(dest, target, torch.float32, "cpu", "sdpa").method == method
+    assert main(argv) == 0  # the same command again: resumes a finished run, trains nothing more
+    assert json.loads((out / "summary.json").read_text())["step"] == 4
+
+
+def test_cli_heads_need_a_target(tiny_corpus, tmp_path) -> None:
+    assert main(["distill", "--heads", "eagle", "--data", str(tiny_corpus), "--out", str(tmp_path)]) == 2
+    assert main(["distill", "--data", str(tiny_corpus), "--out", str(tmp_path)]) == 2
