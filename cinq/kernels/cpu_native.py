@@ -5,7 +5,8 @@ build has no fast path for this CPU (``has_fast_path()`` false: no AVX512-BF16) 
 loop would be slower than PyTorch's. Builds use ``-march=native``, so the cache is keyed by the CPU's features.
 
 * ``paged_decode.cpp``: decode attention read straight from the KV pages (no gathered copy of the contexts).
-* ``small_m_gemm.cpp``: bf16 linear for 1-4 activation rows at memory bandwidth (decode at small batch).
+* ``small_m_gemm.cpp``: bf16 linear for 1-8 activation rows at memory bandwidth (decode at small batch, a
+  speculative verify of up to 7 drafts): AMX tiles where the CPU and OS allow them, AVX512-BF16 otherwise.
 * ``int4_linear.cpp``: GPTQ/AWQ int4 linear with bf16 activations (used by ``cinq.layers.quantization.kernels``).
 """
 
@@ -23,7 +24,8 @@ log = logging.getLogger(__name__)
 _SOURCES = Path(__file__).with_name("cpu")
 _lock = threading.Lock()
 _modules: dict[str, Any] = {}
-SMALL_M_MAX_ROWS = 4
+SMALL_M_MAX_ROWS = 8  # the most rows small_m_gemm.cpp takes; its fast_rows() may say fewer for this CPU
+_small_m_rows: int | None = None  # small_m_rows(), once known
 _NO_TREE = torch.empty(0, dtype=torch.bool)  # "causal among the new rows": one shared tensor, nothing per call
 
 
@@ -97,14 +99,24 @@ def paged_decode_native(query: torch.Tensor, kv_cache: torch.Tensor, block_table
     return out.to(query.dtype)
 
 
+def small_m_rows() -> int:
+    """The most activation rows a bf16 linear sends to the native kernel on this CPU: SMALL_M_MAX_ROWS with AMX;
+    with AVX512-BF16 alone the kernel's ``fast_rows()`` (past it oneDNN is faster); 0 without the kernel."""
+    global _small_m_rows
+    if _small_m_rows is None:
+        mod = native_module("small_m_gemm")
+        _small_m_rows = 0 if mod is None else min(SMALL_M_MAX_ROWS, int(mod.fast_rows()))
+    return _small_m_rows
+
+
 def small_m_linear_native(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
-    """``F.linear`` for bf16 inputs with at most SMALL_M_MAX_ROWS rows on the CPU without autograd, or None when
+    """``F.linear`` for bf16 inputs with at most ``small_m_rows()`` rows on the CPU without autograd, or None when
     the shape, dtype or mode does not qualify (or the kernel is unavailable)."""
     if (x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16 or x.device.type != "cpu"
             or torch.is_grad_enabled() or not weight.is_contiguous()):
         return None
     rows = x.numel() // x.shape[-1] if x.numel() else 0
-    if not 1 <= rows <= SMALL_M_MAX_ROWS:
+    if not 1 <= rows <= small_m_rows():
         return None
     mod = native_module("small_m_gemm")
     if mod is None:

@@ -38,7 +38,8 @@ class LinearFactory(Protocol):
 
 class DenseLinear(nn.Module):
     """y = x W^T + b with W [out_features, in_features] in the model dtype. Decode-sized bf16 inputs on the CPU
-    (at most SMALL_M_MAX_ROWS rows, no autograd) go through the native skinny kernel when it is available.
+    (at most ``small_m_rows()`` rows: 8 with AMX, no autograd) go through the native skinny kernel when it is
+    available: a few sequences' decode, or one sequence's speculative verify of up to 7 drafts.
 
     With ``output_shards`` it is a merged projection: W's rows are the shards' rows in order, each loaded from
     its own checkpoint tensor."""

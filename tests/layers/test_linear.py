@@ -41,7 +41,7 @@ def test_dense_bf16_decode_shapes_match_f_linear(rows):
         lin.bias.copy_(torch.randn(40, generator=gen))
     x = torch.randn(rows, 96, generator=gen).bfloat16()
     ref = (x.float() @ lin.weight.float().t() + lin.bias.float()).detach()
-    with torch.inference_mode():  # the path the engine takes (the native skinny kernel for <= 4 rows)
+    with torch.inference_mode():  # the path the engine takes (the native skinny kernel for <= 8 rows)
         y = lin(x)
     assert y.dtype == torch.bfloat16 and y.shape == (rows, 40)
     assert float((y.float() - ref).abs().max() / ref.abs().max()) < 1e-2

@@ -1,20 +1,48 @@
-// y[M, N] = x[M, K] @ w[N, K]^T (+ bias) for a handful of rows M, bf16 in and out, float32 accumulation.
+// y[M, N] = x[M, K] @ w[N, K]^T (+ bias) for a handful of rows M (1-8), bf16 in and out, float32 accumulation.
 //
-// Why: decoding a few sequences multiplies a few activation rows by every weight matrix, so the step is a
-// stream over the weights and should run at memory bandwidth. PyTorch's bf16 path for such skinny shapes reaches
-// about half of it on AVX512-BF16 CPUs. Here each weight row is read once for all M activation rows, with the
-// dot products done by AVX512-BF16 (`vdpbf16ps`) where the compiler targets it, and plain float code elsewhere.
+// Why: decoding a few sequences, or verifying a few speculative drafts of one, multiplies a few activation rows by
+// every weight matrix, so the step is a stream over the weights and should run at memory bandwidth whatever M is.
+// PyTorch's bf16 path (oneDNN) reaches a fraction of it on such skinny shapes.
+//
+// Two paths. AMX (where the CPU has it and Linux grants it), from 2 rows: one tile product per 16 weight rows x
+// 32 k, the weight tile loaded straight from w and the activations packed once per call; it does 16 x M x 32
+// multiply-adds per instruction, so M up to 16 costs what one row does and the weight stream bounds it.
+// AVX512-BF16 vector tiles otherwise (and for 1 row, and the last N % 16 outputs): NB weight rows x MB activation
+// rows with NB * MB <= 16; each weight vector is loaded once for all MB rows, and each of the tile's 16
+// accumulators (16 float partial sums of one output) collects all of K before one transpose-add tree reduces
+// the 16 together into one vector of outputs. (The previous kernel reduced each output on its own, ~8 shuffle/add
+// steps after a dozen `vdpbf16ps` for K = 384, one output at a time: 1.2-1.4x slower wherever compute bounds it.)
+// Past ~2 rows `vdpbf16ps` throughput, M dot products per weight vector, bounds the vector path, not memory.
+// Other CPUs get a plain float loop.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
 #endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace {
+
+constexpr int kMaxRows = 8;
+// Weight bytes below which one thread does the whole call: waking a sleeping (OMP_WAIT_POLICY=PASSIVE) worker
+// costs more than it saves on a weight this small.
+constexpr int64_t kMinParallelBytes = 256 << 10;
+// Rows from which AMX beats the vector tiles. One row streams from L3 at the same speed on both paths (with a
+// weight still in L2 either wins by ~10%, depending on the shape), so it keeps the path without tile setup.
+constexpr int64_t kAmxMinRows = 2;
+// Without AMX, the most rows the engine sends to the vector tiles (with AMX: kMaxRows). Measured on an AMX CPU
+// against oneDNN's AMX kernels, their margin thins to ~1.1x at 7-8 rows on the largest weights (it was below 1
+// before the prefetch), and other CPUs' `vdpbf16ps` throughput is unmeasured: 7-8 rows stay with oneDNN there.
+constexpr int kVectorFastRows = 6;
 
 inline float bf16_to_float(uint16_t v) {
   uint32_t bits = static_cast<uint32_t>(v) << 16;
@@ -23,42 +51,255 @@ inline float bf16_to_float(uint16_t v) {
   return f;
 }
 
+// Output rows per tile for MB activation rows: the most that keeps the tile's accumulators within one reduction.
 template <int MB>
-void rows_block(const uint16_t* x, const uint16_t* w, const float* bias, c10::BFloat16* y, int64_t K, int64_t N,
-                int64_t n0, int64_t n1) {
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint16_t* wr = w + n * K;
-    float sums[MB];
-    int64_t k = 0;
+constexpr int tile_rows() { return 16 / MB; }
+
 #if defined(__AVX512BF16__)
-    __m512 acc[MB];
-    for (int m = 0; m < MB; ++m) acc[m] = _mm512_setzero_ps();
-    for (; k + 32 <= K; k += 32) {
-      const __m512bh b = (__m512bh)_mm512_loadu_si512(wr + k);
-      for (int m = 0; m < MB; ++m)
-        acc[m] = _mm512_dpbf16_ps(acc[m], (__m512bh)_mm512_loadu_si512(x + m * K + k), b);
+
+// r[t] = sum of the 16 lanes of a[t], for t < 16, in about 3 shuffle/add steps per input (vs ~8 for one
+// _mm512_reduce_add_ps each). Pairs of inputs interleave into one vector, halving the vector count per level,
+// first within 128-bit lanes, then across them; the result comes out in input order.
+__attribute__((always_inline)) inline __m512 reduce16(const __m512 (&a)[16]) {
+  __m512 g[4];
+#pragma GCC unroll 4
+  for (int q = 0; q < 4; ++q) {  // g[q]: 128-bit lane l, element i = partial sum of a[4q + i] over its lane l
+    const __m512* p = a + 4 * q;
+    const __m512 s01 = _mm512_add_ps(_mm512_unpacklo_ps(p[0], p[1]), _mm512_unpackhi_ps(p[0], p[1]));
+    const __m512 s23 = _mm512_add_ps(_mm512_unpacklo_ps(p[2], p[3]), _mm512_unpackhi_ps(p[2], p[3]));
+    g[q] = _mm512_add_ps(
+        _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(s01), _mm512_castps_pd(s23))),
+        _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(s01), _mm512_castps_pd(s23))));
+  }
+  // h01: lanes [g0 (l0+l1), g0 (l2+l3), g1 (l0+l1), g1 (l2+l3)]; the last step leaves lane q = all of g[q]
+  const __m512 h01 = _mm512_add_ps(_mm512_shuffle_f32x4(g[0], g[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_f32x4(g[0], g[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 h23 = _mm512_add_ps(_mm512_shuffle_f32x4(g[2], g[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_f32x4(g[2], g[3], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(h01, h23, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(h01, h23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// Lane t of a tile's result vector holds output t % NB of its row: the bias index of each lane.
+template <int NB>
+struct LaneOutput {
+  alignas(64) int32_t j[16];
+  constexpr LaneOutput() : j() {
+    for (int t = 0; t < 16; ++t) j[t] = t % NB;
+  }
+};
+template <int NB>
+constexpr LaneOutput<NB> kLaneOutput{};
+
+// Outputs n0 .. n0 + NB - 1 (those below N) of all MB rows. Accumulator t = m * NB + j holds row m, output n0 + j.
+template <int MB>
+void tile_avx512(const uint16_t* x, const uint16_t* w, const float* bias, uint16_t* y, int64_t K, int64_t N,
+                 int64_t n0) {
+  constexpr int NB = tile_rows<MB>();
+  const int nvalid = static_cast<int>(std::min<int64_t>(NB, N - n0));
+  const uint16_t* wr[NB];
+  for (int j = 0; j < NB; ++j) wr[j] = w + std::min<int64_t>(n0 + j, N - 1) * K;  // past N: a row, ignored
+  __m512 acc[16];
+#pragma GCC unroll 16
+  for (int t = 0; t < 16; ++t) acc[t] = _mm512_setzero_ps();
+  const bool prefetch = n0 + 2 * NB <= N;  // the next tile's rows, NB * K elements on (each at its own k)
+  auto step = [&](int64_t k, __mmask32 mask) __attribute__((always_inline)) {
+    if (prefetch)
+#pragma GCC unroll 16
+      for (int j = 0; j < NB; ++j) _mm_prefetch(reinterpret_cast<const char*>(wr[j] + NB * K + k), _MM_HINT_T0);
+    __m512bh a[MB];
+#pragma GCC unroll 8
+    for (int m = 0; m < MB; ++m) a[m] = (__m512bh)_mm512_maskz_loadu_epi16(mask, x + m * K + k);
+#pragma GCC unroll 16
+    for (int j = 0; j < NB; ++j) {
+      const __m512bh b = (__m512bh)_mm512_maskz_loadu_epi16(mask, wr[j] + k);
+#pragma GCC unroll 8
+      for (int m = 0; m < MB; ++m) acc[m * NB + j] = _mm512_dpbf16_ps(acc[m * NB + j], a[m], b);
     }
-    for (int m = 0; m < MB; ++m) sums[m] = _mm512_reduce_add_ps(acc[m]);
+  };
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) step(k, ~__mmask32(0));
+  if (k < K) step(k, _cvtu32_mask32((1u << (K - k)) - 1));  // zeros past K add nothing
+  __m512 r = reduce16(acc);
+  if (bias) {  // lane m * NB + j wants bias[n0 + j]
+    const __m512 b = _mm512_maskz_loadu_ps(_cvtu32_mask16((1u << nvalid) - 1), bias + n0);
+    r = _mm512_add_ps(r, _mm512_permutexvar_ps(_mm512_load_si512(kLaneOutput<NB>.j), b));
+  }
+  alignas(32) uint16_t out[16];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(out), (__m256i)_mm512_cvtneps_pbh(r));
+  for (int m = 0; m < MB; ++m) {
+    if (nvalid == NB)
+      std::memcpy(y + m * N + n0, out + m * NB, NB * sizeof(uint16_t));
+    else
+      std::memcpy(y + m * N + n0, out + m * NB, nvalid * sizeof(uint16_t));
+  }
+}
+
+#endif  // __AVX512BF16__
+
+#if defined(__AVX512BF16__) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
+#define CINQ_SMALL_M_AMX 1
+
+// Linux gives a process AMX's tile state only when it asks (arch_prctl ARCH_REQ_XCOMP_PERM); until then the
+// first tile instruction raises SIGILL. Asked once; a refusal (old kernel, hypervisor) means: AVX512-BF16 only.
+bool amx_ready() {
+  static const bool ok = [] {
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtileData = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtileData) == 0;
+  }();
+  return ok;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};  // bytes per row of tile t
+  uint8_t rows[16] = {};
+};
+
+// Tile registers (literal numbers in the calls: GCC's _tile_* macros paste them into the instruction text).
+// tmm0: C, tmm1: W, tmm2: X.
+// C[16 outputs][M rows] (float) += W[16 weight rows][32 k] . X[16 k pairs][M rows][2]: one weight block in one
+// tile load straight from w (stride K), the activations packed once per call in the pair layout AMX wants.
+void amx_configure(int M) {
+  TileConfig cfg;
+  cfg.rows[0] = 16;
+  cfg.colsb[0] = static_cast<uint16_t>(M * 4);
+  cfg.rows[1] = 16;
+  cfg.colsb[1] = 64;
+  cfg.rows[2] = 16;
+  cfg.colsb[2] = static_cast<uint16_t>(M * 4);
+  _tile_loadconfig(&cfg);
+}
+
+// xp[k / 2][m][k % 2] = x[m][k], zero from K up to K rounded up to 32: the x rows' bf16 pairs (one 32-bit word
+// each) transposed, MB words per pair index; the pair loop outside, so every x row is read in order.
+template <int MB>
+std::vector<uint16_t> amx_pack_x(const uint16_t* x, int64_t K) {
+  const int64_t padded = (K + 31) / 32 * 32;
+  std::vector<uint16_t> xp(static_cast<size_t>(padded * MB), 0);
+  uint16_t* out = xp.data();
+  for (int64_t kp = 0; kp < K / 2; ++kp, out += 2 * MB)
+#pragma GCC unroll 8
+    for (int m = 0; m < MB; ++m) std::memcpy(out + 2 * m, x + m * K + 2 * kp, 2 * sizeof(uint16_t));
+  if (K & 1)
+    for (int m = 0; m < MB; ++m) out[2 * m] = x[m * K + K - 1];
+  return xp;
+}
+
+// Output blocks [b0, b1) (outputs 16 b ... 16 b + 15, all below N) of all M rows.
+void amx_blocks(const uint16_t* xp, const uint16_t* w, const float* bias, uint16_t* y, int M, int64_t K,
+                int64_t N, int64_t b0, int64_t b1) {
+  amx_configure(M);
+  alignas(64) float c[16 * kMaxRows];
+  alignas(64) uint16_t tail[16 * 32];
+  const int64_t kfull = K / 32 * 32;
+  const __m512i c_row = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                           _mm512_set1_epi32(M));  // c[i][m] for i = lane, at i * M + m
+  for (int64_t b = b0; b < b1; ++b) {
+    const uint16_t* wb = w + b * 16 * K;
+    const bool prefetch = b + 1 < b1;  // the next block, row by row at the same k: a stream the core asks for
+    _tile_zero(0);
+    for (int64_t k = 0; k < kfull; k += 32) {
+      if (prefetch)
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; ++i)
+          _mm_prefetch(reinterpret_cast<const char*>(wb + (16 + i) * K + k), _MM_HINT_T0);
+      _tile_loadd(1, wb + k, K * 2);
+      _tile_loadd(2, xp + k * M, M * 4);
+      _tile_dpbf16ps(0, 1, 2);
+    }
+    if (kfull < K) {  // the last k < 32 from a zero-padded copy: a tile load must not read past a row (or w)
+      std::memset(tail, 0, sizeof(tail));
+      for (int i = 0; i < 16; ++i) std::memcpy(tail + i * 32, wb + i * K + kfull, (K - kfull) * sizeof(uint16_t));
+      _tile_loadd(1, tail, 64);
+      _tile_loadd(2, xp + kfull * M, M * 4);
+      _tile_dpbf16ps(0, 1, 2);
+    }
+    _tile_stored(0, c, M * 4);
+    const __m512 bv = bias ? _mm512_loadu_ps(bias + b * 16) : _mm512_setzero_ps();
+    for (int m = 0; m < M; ++m) {
+      const __m512 v = _mm512_add_ps(_mm512_i32gather_ps(c_row, c + m, 4), bv);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + m * N + b * 16), (__m256i)_mm512_cvtneps_pbh(v));
+    }
+  }
+  _tile_release();  // back to the init state: a context switch then saves no tile data
+}
+
+#endif  // CINQ_SMALL_M_AMX
+
+// Tiles [t0, t1) of tile_rows<MB>() outputs each, outputs from n_begin on.
+template <int MB>
+void tiles(const uint16_t* x, const uint16_t* w, const float* bias, c10::BFloat16* y, int64_t K, int64_t N,
+           int64_t n_begin, int64_t t0, int64_t t1) {
+  constexpr int NB = tile_rows<MB>();
+#if defined(__AVX512BF16__)
+  for (int64_t t = t0; t < t1; ++t)
+    tile_avx512<MB>(x, w, bias, reinterpret_cast<uint16_t*>(y), K, N, n_begin + t * NB);
 #else
-    for (int m = 0; m < MB; ++m) sums[m] = 0.f;
-#endif
-    for (; k < K; ++k) {
+  for (int64_t n = n_begin + t0 * NB; n < std::min(n_begin + t1 * NB, N); ++n) {
+    const uint16_t* wr = w + n * K;
+    float sums[MB] = {};
+    for (int64_t k = 0; k < K; ++k) {
       const float wk = bf16_to_float(wr[k]);
       for (int m = 0; m < MB; ++m) sums[m] += bf16_to_float(x[m * K + k]) * wk;
     }
     for (int m = 0; m < MB; ++m) y[m * N + n] = c10::BFloat16(sums[m] + (bias ? bias[n] : 0.f));
   }
+#endif
+}
+
+// parallel_for over [0, count) units of unit_bytes of weight each, on one thread below kMinParallelBytes.
+template <typename F>
+void split(int64_t count, int64_t unit_bytes, const F& f) {
+  if (count * unit_bytes < kMinParallelBytes) {
+    f(0, count);
+    return;
+  }
+  // Grain: half of kMinParallelBytes per chunk at least, so no thread is woken for a sliver.
+  at::parallel_for(0, count, std::max<int64_t>(1, kMinParallelBytes / 2 / unit_bytes), f);
+}
+
+template <int MB>
+void run(const uint16_t* x, const uint16_t* w, const float* bias, c10::BFloat16* y, int64_t K, int64_t N,
+         bool amx) {
+  constexpr int NB = tile_rows<MB>();
+  const int64_t row_bytes = K * static_cast<int64_t>(sizeof(uint16_t));
+  int64_t n_begin = 0;  // the vector path's first output
+#if defined(CINQ_SMALL_M_AMX)
+  if (amx && N >= 16) {
+    const std::vector<uint16_t> xp = amx_pack_x<MB>(x, K);
+    auto* yp = reinterpret_cast<uint16_t*>(y);
+    split(N / 16, 16 * row_bytes,
+          [&](int64_t b0, int64_t b1) { amx_blocks(xp.data(), w, bias, yp, MB, K, N, b0, b1); });
+    n_begin = N / 16 * 16;  // the last N % 16 outputs: vector tiles
+  }
+#endif
+  split((N - n_begin + NB - 1) / NB, NB * row_bytes,
+        [&](int64_t t0, int64_t t1) { tiles<MB>(x, w, bias, y, K, N, n_begin, t0, t1); });
+}
+
+// The path for M rows: AMX where the CPU has it, the OS allows it and it is faster.
+bool use_amx(int64_t M, int64_t path) {
+#if defined(CINQ_SMALL_M_AMX)
+  if (path == 1) return false;
+  return amx_ready() && (path == 2 || M >= kAmxMinRows);
+#else
+  return false;
+#endif
 }
 
 }  // namespace
 
-// x [M, K] bf16 contiguous (M <= 4), w [N, K] bf16 contiguous, bias [N] float32 or empty. Returns [M, N] bf16.
-torch::Tensor small_m_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bias) {
+// x [M, K] bf16 contiguous (M <= 8), w [N, K] bf16 contiguous, bias [N] float32 or empty. Returns [M, N] bf16.
+// path: 0 the fastest for this CPU and M, 1 AVX512-BF16 vector tiles, 2 AMX where available (tests, benchmarks).
+torch::Tensor small_m_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bias, int64_t path) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "small_m_linear: shapes");
   TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && w.scalar_type() == torch::kBFloat16, "small_m_linear: bf16");
   TORCH_CHECK(x.is_contiguous() && w.is_contiguous(), "small_m_linear: contiguous inputs");
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  TORCH_CHECK(M >= 1 && M <= 4, "small_m_linear: 1 <= M <= 4");
+  TORCH_CHECK(M >= 1 && M <= kMaxRows, "small_m_linear: 1 <= M <= 8");
   const float* b = nullptr;
   if (bias.numel()) {
     TORCH_CHECK(bias.scalar_type() == torch::kFloat32 && bias.numel() == N, "small_m_linear: bias");
@@ -68,19 +309,32 @@ torch::Tensor small_m_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bia
   const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
   const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
   auto* yp = y.data_ptr<at::BFloat16>();
-  at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
-    switch (M) {
-      case 1: rows_block<1>(xp, wp, b, yp, K, N, n0, n1); break;
-      case 2: rows_block<2>(xp, wp, b, yp, K, N, n0, n1); break;
-      case 3: rows_block<3>(xp, wp, b, yp, K, N, n0, n1); break;
-      default: rows_block<4>(xp, wp, b, yp, K, N, n0, n1); break;
-    }
-  });
+  const bool amx = use_amx(M, path);
+  switch (M) {
+    case 1: run<1>(xp, wp, b, yp, K, N, amx); break;
+    case 2: run<2>(xp, wp, b, yp, K, N, amx); break;
+    case 3: run<3>(xp, wp, b, yp, K, N, amx); break;
+    case 4: run<4>(xp, wp, b, yp, K, N, amx); break;
+    case 5: run<5>(xp, wp, b, yp, K, N, amx); break;
+    case 6: run<6>(xp, wp, b, yp, K, N, amx); break;
+    case 7: run<7>(xp, wp, b, yp, K, N, amx); break;
+    default: run<8>(xp, wp, b, yp, K, N, amx); break;
+  }
   return y;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("small_m_linear", &small_m_linear, "skinny bf16 linear (CPU)");
+  m.def("small_m_linear", &small_m_linear, "skinny bf16 linear (CPU)", py::arg("x"), py::arg("w"),
+        py::arg("bias"), py::arg("path") = 0);
+  m.def("max_rows", [] { return kMaxRows; });
+#if defined(CINQ_SMALL_M_AMX)
+  m.def("has_amx", [] { return amx_ready(); });
+#else
+  m.def("has_amx", [] { return false; });
+#endif
+  m.def("fast_rows", [](int64_t path) { return use_amx(kMaxRows, path) ? kMaxRows : kVectorFastRows; },
+        "the most rows for which this kernel (path as in small_m_linear) beats oneDNN on this CPU",
+        py::arg("path") = 0);
   // Without AVX512-BF16 the portable loop does not beat oneDNN: the loader skips it then.
 #if defined(__AVX512BF16__)
   m.def("has_fast_path", [] { return true; });
