@@ -67,7 +67,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="train this kind of draft head for --target instead of distilling a student")
     h.add_argument("--target", default=None, help="the served target the heads draft for (a model folder)")
     h.add_argument("--train-prompts", type=int, default=1100,
-                   help="corpus prompts the target continues for training data (balanced across languages)")
+                   help="corpus prompts the target continues for training data (see --prompt-mix)")
+    h.add_argument("--prompt-mix", default="balanced", choices=["balanced", "natural"],
+                   help="training prompts: the same number per corpus language (balanced), or as many in total "
+                        "in the train split's natural document proportions (natural); held-out ones stay balanced")
     h.add_argument("--eval-prompts", type=int, default=110, help="held-out (test split) prompts for acceptance")
     h.add_argument("--max-prompt", type=int, default=24, help="prompt tokens at most")
     h.add_argument("--max-tokens", type=int, default=128, help="tokens the target writes per training prompt")
@@ -101,8 +104,8 @@ def run_heads(args: argparse.Namespace) -> int:
     job = HeadJob(
         method=args.heads, target=args.target, data_dir=args.data, out_dir=args.out, token_budget=int(args.tokens),
         batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup, seed=args.seed,
-        train_prompts=args.train_prompts, eval_prompts=args.eval_prompts, max_prompt=args.max_prompt,
-        max_tokens=args.max_tokens, eval_max_tokens=args.eval_max_tokens,
+        train_prompts=args.train_prompts, prompt_mix=args.prompt_mix, eval_prompts=args.eval_prompts,
+        max_prompt=args.max_prompt, max_tokens=args.max_tokens, eval_max_tokens=args.eval_max_tokens,
         sample_temperature=args.sample_temperature, generator=args.generator, generated_dir=args.generated,
         unroll_steps=args.unroll, num_heads=args.num_heads, medusa_lm_head=args.medusa_lm_head, feature_layers=layers,
         feature_noise=args.feature_noise, draft_k=args.draft_k, eval_every=args.eval_every,

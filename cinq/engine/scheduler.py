@@ -168,6 +168,8 @@ class Scheduler:
                     self._finish(req, status)
                     break
             core.new_logprobs = run.logprobs.get(req.request_id, [])[:len(core.new_token_ids)]
+            # drafts accepted past a stop are never emitted: they do not count as accepted either
+            core.num_accepted_tokens = min(num_accepted, len(core.new_token_ids))
             if num_drafts > num_accepted and not req.is_finished:
                 self.kv.trim(req.request_id, req.num_tokens)  # the rejected drafts' blocks go back
         core.finish_reason, core.stop_reason = req.finish_reason, req.stop_reason

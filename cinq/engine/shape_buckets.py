@@ -1,6 +1,6 @@
 """Bucketed row counts for the step's matrix multiplies, so a server sees a bounded set of GEMM shapes.
 
-oneDNN (which runs torch's bf16 linears on CPU past the native 1-4 row kernel) builds a primitive per distinct
+oneDNN (which runs torch's bf16 linears on CPU past the native small-row kernel) builds a primitive per distinct
 problem shape and caches it twice, in ideep's and in oneDNN's LRU caches (1024 entries each); every primitive
 holds its JIT code and buffers, about 0.3-0.8 MB on an AMX machine. A step's row count is its number of batched
 tokens, which under mixed traffic takes almost every value up to ``max_num_batched_tokens``, times five weight
@@ -14,7 +14,7 @@ stay cached.
 from __future__ import annotations
 
 MAX_PAD_ROWS = 128  # the runner's scratch KV room for padding tokens is sized from this
-_EXACT_BELOW = 5  # 1-4 rows run the native small-M kernel (no oneDNN primitive): no padding
+_EXACT_BELOW = 5  # few rows run the native small-M kernel (no oneDNN primitive): no padding
 
 
 def bucket_rows(n: int) -> int:

@@ -4,11 +4,11 @@ that maximises expected output tokens per second at this batch size, from what t
 Expected tokens a request emits in a step with k drafts: 1 + sum_{i<k} a_i, where a_i is the measured rate at
 which a draft at position i is accepted (counted only when the step drafted that far: vLLM's per-position
 counters). A step's cost is measured, as wall time of the runner's execute, per (batch-size bucket, k), as an
-exponential moving average over decode-only steps (a prefill chunk in the step would blur it). Throughput is
-batch * tokens / cost; plain decoding (k = 0) is one of the arms, so the choice is never knowingly slower than
-it. Arms not yet measured in a bucket are tried once each, smallest k last so that a busy server settles on
-"off" quickly when drafting does not pay; every ``explore_every`` steps a neighbour of the best arm is re-tried
-so that a change in acceptance or load is noticed.
+exponential moving average over decode-only steps (a prefill chunk in the step would blur it); an arm's first
+step in a bucket is not counted (new shapes build kernels and caches then). Throughput is batch * tokens /
+cost; plain decoding (k = 0) is one of the arms, so the choice is never knowingly slower than it. Arms not yet
+measured in a bucket are tried (twice: the first is the warm-up) before any is chosen; every ``explore_every``
+steps the next arm in turn is re-tried so that a change in acceptance or load is noticed.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ class AdaptiveK:
     explore_every: int = 32
     ema: float = 0.2  # weight of the newest step time
     step_seconds: dict[tuple[int, int], float] = field(default_factory=dict)  # (bucket, k) -> EMA seconds
+    warmed: set[tuple[int, int]] = field(default_factory=set)  # arms whose warm-up step was seen
     drafted_per_pos: list[int] = field(default_factory=list)
     accepted_per_pos: list[int] = field(default_factory=list)
     num_choices: int = 0
@@ -55,19 +56,21 @@ class AdaptiveK:
         untried = [k for k in range(top, -1, -1) if (bucket, k) not in self.step_seconds]
         if untried:
             return untried[0]
-        best = max(range(top + 1), key=lambda k: self.expected_tokens(k) / self.step_seconds[(bucket, k)])
-        if self.num_choices % self.explore_every == 0:  # re-try a neighbour now and then
-            return min(top, best + 1) if (self.num_choices // self.explore_every) % 2 else max(0, best - 1)
-        return best
+        if self.num_choices % self.explore_every == 0:  # re-measure every arm in turn, now and then
+            return (self.num_choices // self.explore_every) % (top + 1)
+        return max(range(top + 1), key=lambda k: self.expected_tokens(k) / self.step_seconds[(bucket, k)])
 
     def observe(self, batch_size: int, k: int, seconds: float, drafted: list[int], accepted: list[int]) -> None:
         """A decode-only step with ``k`` drafts per request took ``seconds``; ``drafted`` / ``accepted``: per
         request, drafts verified and accepted (each request's accepted drafts are its first ones)."""
-        key = (batch_bucket(batch_size), k)
-        old = self.step_seconds.get(key)
-        self.step_seconds[key] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
         for d, a in zip(drafted, accepted):
             for pos in range(min(d, self.k_max)):
                 self.drafted_per_pos[pos] += 1
                 if pos < a:
                     self.accepted_per_pos[pos] += 1
+        key = (batch_bucket(batch_size), k)
+        if key not in self.warmed:
+            self.warmed.add(key)
+            return
+        old = self.step_seconds.get(key)
+        self.step_seconds[key] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds

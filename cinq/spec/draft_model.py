@@ -1,14 +1,14 @@
 """Draft-model proposer (``method: draft_model``): a second, smaller model with the target's vocabulary runs in
 the same runner, with its own paged KV tensors over the target's block tables.
 
-Its KV follows the target's committed tokens: every step it first runs over what the step schedules (prefill
-chunks, plain decodes, the first token of each verify) starting where its own KV stops being valid, which also
-yields each speculating request's first draft; then one batched step per further draft. A request's draft KV
-is valid up to the first position whose token the draft did not see: after a verify step that is the last
-committed draft it computed (a k-th accepted draft it never fed itself, so the next step re-feeds it). A fresh
-or preempted request trusts the positions the target trusts (prefix-cache hits included: whoever computed those
-blocks ran the draft over them too, except a block's last token when its request ended right after accepting
-it, which then only costs acceptance, never exactness).
+Its KV follows the target's committed tokens lazily: when a request wants drafts, the draft first runs over
+its tokens from where its own KV stops being valid up to the verify's known token (one batched forward for
+every speculating request; the prompt too, the first time), which also yields the first draft; then one
+batched step per further draft. A step without drafts (speculation off) runs nothing. A request's draft KV is
+valid up to the first position whose token the draft did not see: after a verify step that is the last
+committed draft it computed (a k-th accepted draft it never fed itself, so the next catch-up re-feeds it). A
+fresh request trusts the positions the target trusts, prefix-cache hits included: blocks computed by a request
+whose draft never caught up over them then hold other K/V, which costs acceptance, never exactness.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from cinq.engine.io import ScheduledSeq
 from cinq.errors import InvalidParameterError
 from cinq.model.config import ModelConfig
 from cinq.model.llama import LlamaForCausalLM
-from cinq.spec.proposer import DraftSampling, Proposals, StepView, draft_chains
+from cinq.spec.proposer import DraftSampling, Proposals, StepView, bind_paged_kv, draft_chains, paged_kv_bytes
 
 log = logging.getLogger(__name__)
 
@@ -76,17 +76,14 @@ class DraftModelProposer:
 
     def kv_bytes_per_block(self, block_size: int) -> int:
         cfg = self.model.config
-        elem = torch.empty((), dtype=self.kv_dtype).element_size()
-        return 2 * cfg.num_hidden_layers * block_size * cfg.num_key_value_heads * cfg.head_dim * elem
+        return paged_kv_bytes(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, block_size, self.kv_dtype)
 
     def initialize_cache(self, num_blocks: int, block_size: int, pad_block_ids: list[int]) -> None:
         """KV tensors for ``num_blocks`` blocks (the target's pool plus its scratch blocks)."""
         cfg = self.model.config
         self.block_size, self.pad_block_ids = block_size, pad_block_ids
-        self.kv_caches = [torch.zeros(2, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim,
-                                      dtype=self.kv_dtype, device=self.device) for _ in range(cfg.num_hidden_layers)]
-        for attn, cache in zip(self.model.attention_layers(), self.kv_caches):
-            attn.kv_cache = cache
+        self.kv_caches = bind_paged_kv(self.model.attention_layers(), cfg.num_key_value_heads, cfg.head_dim,
+                                       num_blocks, block_size, self.kv_dtype, self.device)
 
     def forget(self, request_id: str) -> None:
         self.valid.pop(request_id, None)
@@ -96,22 +93,25 @@ class DraftModelProposer:
                 sampling: dict[str, DraftSampling]) -> Proposals:
         """Catch the draft's KV up on every sequence of the step and draft ``num_draft_slots`` tokens for those
         that want them (one batched forward per draft position)."""
-        catch_up = []
-        for s in seqs:
-            d = min(self.valid.get(s.request_id, s.start_pos), s.start_pos)
-            catch_up.append(ScheduledSeq(s.request_id, history[s.request_id][d:s.start_pos] + s.token_ids, d,
-                                         s.block_ids, 1 if s.num_draft_slots else 0))
         out = Proposals()
+        for s in seqs:
+            # first sighting: trust what the target trusts (prefix-cache hits included); later, a step that starts
+            # before the draft's valid end (recompute after preemption) takes the trust back to there
+            v = self.valid.get(s.request_id)
+            self.valid[s.request_id] = s.start_pos if v is None else min(v, s.start_pos)
         want = {s.request_id: s.num_draft_slots for s in seqs if s.num_draft_slots}
         self._drafted = {rid: k - 1 for rid, k in want.items()}
+        if not want:  # speculation is off this step: the draft catches up when it is next needed
+            return out
+        catch_up = []
+        for s in seqs:
+            if s.request_id in want:
+                d = self.valid[s.request_id]
+                catch_up.append(ScheduledSeq(s.request_id, history[s.request_id][d:s.start_pos] + s.token_ids, d,
+                                             s.block_ids, 1))
         batch = build_batch(catch_up, self.block_size, self.pad_block_ids, self.device)
         hidden = self.model(batch.input_ids, batch.positions, batch.meta)
-        for s in batch.seqs:
-            if s.request_id not in want:  # its KV is written through the last scheduled token
-                self.valid[s.request_id] = s.start_pos + len(s.token_ids)
-        live = [(s, row) for s, row in zip(batch.seqs, batch.last_rows()) if s.request_id in want]
-        if not live:
-            return out
+        live = list(zip(batch.seqs, batch.last_rows()))
         by_id = {s.request_id: s for s in seqs}
         positions = {s.request_id: s.start_pos + len(s.token_ids) for s, _ in live}  # where the next draft goes
         rows = hidden[torch.tensor([row for _, row in live], device=self.device)]

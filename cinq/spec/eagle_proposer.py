@@ -2,12 +2,13 @@
 
 The head's K/V at position t comes from (x_{t+1}, f_t): the token after t and the target's (fused) feature at t.
 After each target step the runner commits the features of the positions the target kept (prefill chunks, plain
-decodes, a verify's known token and accepted drafts); the next step's propose first runs the head over them
-(true features overwrite whatever the head wrote there while drafting), and the last of those rows, at the last
-committed position, yields the first draft. Each further draft is one batched head step fed the head's own
+decodes, a verify's known token and accepted drafts); they pile up until the request next wants drafts, when
+propose first runs the head over them (true features overwrite whatever the head wrote there while drafting),
+and the last of those rows, at the last committed position, yields the first draft. A step without drafts
+(speculation off) runs no head forward. Each further draft is one batched head step fed the head's own
 output feature and its previous draft, at the positions the scheduler reserved for this step's verification.
-Features wait one step, so a prefix-cache hit finds the head's K/V of a block written, except at most a block's
-last position when its request ended right after computing it (acceptance loss only, never exactness).
+A prefix-cache hit trusts the head's K/V in the shared blocks; where the request that computed them never caught
+the head up over them, that costs acceptance, never exactness.
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ from cinq.engine.batch_inputs import TreeGroup, build_batch
 from cinq.engine.io import ScheduledSeq
 from cinq.model.llama import LlamaForCausalLM
 from cinq.spec.eagle import EagleHead
-from cinq.spec.proposer import DraftSampling, Proposals, StepView, draft_chains
+from cinq.spec.proposer import DraftSampling, Proposals, StepView, bind_paged_kv, draft_chains, paged_kv_bytes
 from cinq.spec.eagle_tree import TreeRoots, dynamic_tree, static_tree
 from cinq.spec.tree import TreeShape
+
+
+MAX_PENDING = 4096  # committed positions whose features wait for the head, per request
 
 
 class EagleProposer:
@@ -48,16 +52,14 @@ class EagleProposer:
 
     def kv_bytes_per_block(self, block_size: int) -> int:
         cfg = self.head.config
-        elem = torch.empty((), dtype=self.kv_dtype).element_size()
-        return 2 * len(self.head.attention_layers()) * block_size * cfg.num_key_value_heads * cfg.head_dim * elem
+        return paged_kv_bytes(len(self.head.attention_layers()), cfg.num_key_value_heads, cfg.head_dim, block_size,
+                              self.kv_dtype)
 
     def initialize_cache(self, num_blocks: int, block_size: int, pad_block_ids: list[int]) -> None:
         cfg = self.head.config
         self.block_size, self.pad_block_ids = block_size, pad_block_ids
-        self.kv_caches = [torch.zeros(2, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim,
-                                      dtype=self.kv_dtype, device=self.device) for _ in self.head.attention_layers()]
-        for attn, cache in zip(self.head.attention_layers(), self.kv_caches):
-            attn.kv_cache = cache
+        self.kv_caches = bind_paged_kv(self.head.attention_layers(), cfg.num_key_value_heads, cfg.head_dim,
+                                       num_blocks, block_size, self.kv_dtype, self.device)
 
     def forget(self, request_id: str) -> None:
         self.pending.pop(request_id, None)
@@ -66,8 +68,13 @@ class EagleProposer:
     def propose(self, seqs: list[ScheduledSeq], history: dict[str, list[int]],
                 sampling: dict[str, DraftSampling]) -> Proposals:
         want = {s.request_id: s.num_draft_slots for s in seqs if s.num_draft_slots}
+        out = Proposals()
+        if not want:  # speculation is off this step: the features wait (off costs no head forward)
+            return out
         rows_in, feats, ids = [], [], []
         for s in seqs:
+            if s.request_id not in want:
+                continue
             entry = self.pending.pop(s.request_id, None)
             if entry is None:
                 continue
@@ -81,7 +88,6 @@ class EagleProposer:
                                         1 if s.request_id in want else 0))
             feats.append(feat[:m])
             ids.append(s.request_id)
-        out = Proposals()
         if not rows_in:
             return self._fallback(seqs, want, history, out)
         batch = build_batch(rows_in, self.block_size, self.pad_block_ids, self.device)
@@ -164,7 +170,9 @@ class EagleProposer:
         return out
 
     def commit(self, view: StepView) -> None:
-        """Keep the fused features of the positions the target kept, for the head's next catch-up."""
+        """Keep the fused features of the positions the target kept, for the head's next catch-up: they pile up
+        while a request does not speculate (up to ``MAX_PENDING`` positions; older ones then only cost
+        acceptance)."""
         if self.needs_layer_states:
             assert view.layer_states is not None
             fused = self.head.fuse([view.layer_states[i] for i in self.head.feature_layers])
@@ -172,10 +180,21 @@ class EagleProposer:
             fused = view.hidden
         for i, s in enumerate(view.batch.seqs):
             rows = view.committed_rows(i)
-            if rows:
-                contiguous = rows[-1] - rows[0] + 1 == len(rows)
-                kept = fused[rows[0]:rows[-1] + 1] if contiguous else fused[torch.tensor(rows, device=fused.device)]
-                self.pending[s.request_id] = (s.start_pos, kept)
+            if not rows:
+                continue
+            contiguous = rows[-1] - rows[0] + 1 == len(rows)
+            kept = fused[rows[0]:rows[-1] + 1] if contiguous else fused[torch.tensor(rows, device=fused.device)]
+            old = self.pending.get(s.request_id)
+            if old is not None and old[0] <= s.start_pos <= old[0] + old[1].shape[0]:
+                # what is still trusted of the old features (a preempted request may restart inside them)
+                kept = torch.cat([old[1][:s.start_pos - old[0]], kept])
+                first = old[0]
+            else:
+                first = s.start_pos
+            if kept.shape[0] > MAX_PENDING:
+                first += kept.shape[0] - MAX_PENDING
+                kept = kept[-MAX_PENDING:]
+            self.pending[s.request_id] = (first, kept)
 
 
 def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:

@@ -3,8 +3,8 @@
 
 Medusa's heads draft independently of each other's guesses; with greedy drafting (top-1 of each head) that is
 one chain, verified like any other; with ``speculative_token_tree`` the top candidates of each head form a static
-tree, verified in one forward with an ancestor mask. Drafts sampled from a head's distribution are independent of the previous
-draft, which the rejection rule allows (q_j is whatever distribution the draft was drawn from).
+tree, verified in one forward with an ancestor mask. Drafts sampled from a head's distribution are independent
+of the previous draft, which the rejection rule allows (q_j is whatever distribution the draft was drawn from).
 """
 
 from __future__ import annotations

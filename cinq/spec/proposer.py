@@ -121,3 +121,18 @@ def draft_chains(ids: list[str], want: dict[str, int], sampling: dict[str, Draft
         ids = [ids[i] for i in keep]
         logits = step(keep, ids, j)
     out.probs.update({r: torch.stack(p) for r, p in q_rows.items()})
+
+
+def paged_kv_bytes(num_layers: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one KV block takes over ``num_layers`` layers (K and V)."""
+    return 2 * num_layers * block_size * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+def bind_paged_kv(layers: list[torch.nn.Module], num_kv_heads: int, head_dim: int, num_blocks: int, block_size: int,
+                  dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
+    """A proposer's own KV tensors, one per attention layer, over the target's block ids; bound to ``layers``."""
+    caches = [torch.zeros(2, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
+              for _ in layers]
+    for attn, cache in zip(layers, caches):
+        attn.kv_cache = cache
+    return caches

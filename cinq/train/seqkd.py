@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from cinq.errors import InvalidParameterError
 from cinq.train.data import TokenSplit
 from cinq.train.generation import generate_naive, generate_with_engine
 
@@ -23,14 +24,24 @@ def _document_prompt(split: TokenSplit, d: int, max_prompt: int) -> list[int]:
     return split.tokens[start:start + k].astype(np.int64).tolist()
 
 
-def corpus_prompts(data_dir: str | Path, n: int, seed: int, max_prompt: int = 16) -> list[list[int]]:
-    """``n`` prompts: the first tokens (bos included, at most ``max_prompt``, a quarter of the document when it
-    is short) of training documents drawn without replacement by ``seed``."""
-    train = TokenSplit.load(data_dir, "train")
-    n_docs = len(train.offsets) - 1
+PROMPT_MIXES = ("balanced", "natural")  # how prompts are spread over the corpus languages (``mixed_prompts``)
+
+
+def natural_prompts(data_dir: str | Path, n: int, seed: int, max_prompt: int = 16, split: str = "train"
+                    ) -> list[tuple[str, list[int]]]:
+    """``n`` (language, prompt) pairs: the first tokens (bos included, at most ``max_prompt``, a quarter of the
+    document when it is short) of documents of ``split`` drawn without replacement by ``seed``, so the languages
+    come in the split's natural document proportions."""
+    docs = TokenSplit.load(data_dir, split)
+    n_docs = len(docs.offsets) - 1
     rng = np.random.default_rng([seed, 7])
     picks = rng.choice(n_docs, size=min(n, n_docs), replace=False)
-    return [_document_prompt(train, d, max_prompt) for d in picks.tolist()]
+    return [(docs.langs[d], _document_prompt(docs, d, max_prompt)) for d in picks.tolist()]
+
+
+def corpus_prompts(data_dir: str | Path, n: int, seed: int, max_prompt: int = 16) -> list[list[int]]:
+    """The prompts of ``natural_prompts`` over the train split (languages dropped)."""
+    return [p for _, p in natural_prompts(data_dir, n, seed, max_prompt)]
 
 
 def balanced_prompts(data_dir: str | Path, n: int, seed: int, max_prompt: int = 16, split: str = "train"
@@ -47,6 +58,16 @@ def balanced_prompts(data_dir: str | Path, n: int, seed: int, max_prompt: int = 
         picks = rng.choice(ids, size=min(per_lang, len(ids)), replace=False)
         out += [(lang, _document_prompt(docs, int(d), max_prompt)) for d in picks.tolist()]
     return out
+
+
+def mixed_prompts(data_dir: str | Path, n: int, seed: int, max_prompt: int = 16, split: str = "train",
+                  mix: str = "balanced") -> list[tuple[str, list[int]]]:
+    """(language, prompt) pairs in ``mix``: ``balanced`` is ``balanced_prompts``; ``natural`` draws as many
+    prompts as that would (so the two mixes hold the same number) with ``natural_prompts``."""
+    if mix not in PROMPT_MIXES:
+        raise InvalidParameterError(f"prompt mix must be one of {list(PROMPT_MIXES)}, got {mix!r}", "prompt_mix")
+    pairs = balanced_prompts(data_dir, n, seed, max_prompt, split)
+    return pairs if mix == "balanced" else natural_prompts(data_dir, len(pairs), seed, max_prompt, split)
 
 
 def teacher_token_stream(distiller: Any, n: int, max_tokens: int, cache: Path) -> np.ndarray:

@@ -60,6 +60,12 @@ def _shared_note(method: str, original_lm_head: bool) -> str:
     return "(one LM head per head included, initialised from the target's) |"
 
 
+def _mix_note(job: dict[str, Any]) -> str:
+    if job.get("prompt_mix", "balanced") == "natural":
+        return "prompts in the train split's natural language proportions"
+    return "the same number of prompts per language"
+
+
 def _generation_note(data: dict[str, Any]) -> str:
     seconds = data.get("generation_s")
     return f"; the target wrote the data beforehand in {seconds:.0f} s with cinq's engine" if seconds else ""
@@ -108,8 +114,7 @@ def render_head_card(dest: Path, summary: dict[str, Any], commands: list[str]) -
         "| field | value |", "|---|---|",
         f"| data | {train['sequences']} sequences the target wrote from corpus train-split prompts (at most "
         f"{job['max_prompt']} prompt tokens, {job['max_tokens']} new ones, temperature {job['sample_temperature']}; "
-        f"{train['tokens']:,} tokens, {train['generated_tokens']:,} of them generated), the same number of prompts "
-        f"per language: {per_lang} |",
+        f"{train['tokens']:,} tokens, {train['generated_tokens']:,} of them generated), {_mix_note(job)}: {per_lang} |",
         f"| steps | {summary['step']} x {job['batch_size']} whole sequences |",
         f"| training time | {minutes:.1f} min on {summary['cpu']} ({summary['torch_threads']} torch thread(s), "
         f"shared machine){_generation_note(train)} |",

@@ -1,11 +1,12 @@
 """What speculative heads learn from and are measured on: sequences the served target wrote itself.
 
 DistillSpec's lesson (Zhou et al. 2024): a drafter should be aligned to the target on the target's own outputs,
-since those are what it drafts for. The target continues prompts drawn from the corpus, the same number from
-every corpus language (cinq/train/seqkd.py ``balanced_prompts``), with cinq's own serving engine
+since those are what it drafts for. The target continues prompts drawn from the corpus, by default the same
+number from every corpus language (``prompt_mix`` balanced; natural: in the split's own document proportions,
+as many in total; cinq/train/seqkd.py ``mixed_prompts``), with cinq's own serving engine
 (cinq/train/generation.py); each sequence is kept whole (prompt + continuation, positions from 0 as served).
-A set is cached in the run folder under a key of everything that produced it (target, corpus, split, sampling
-settings), so a rerun reuses it and any change regenerates it.
+A set is cached in the run folder under a key of everything that produced it (target, corpus, split, prompt mix,
+sampling settings), so a rerun reuses it and any change regenerates it.
 
 Training sets sample from the target (``temperature``); held-out sets are its greedy continuations of prompts
 from the corpus test split, which neither the target nor the heads trained on.
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 
 from cinq.train.generation import generate_naive, generate_with_engine
-from cinq.train.seqkd import balanced_prompts
+from cinq.train.seqkd import mixed_prompts
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +43,13 @@ class GenerationSettings:
     seed: int
     generator: str = "engine"  # engine: cinq's serving engine; naive: in-memory sampling (tests)
     dtype: str = "bfloat16"  # the engine's compute dtype
+    prompt_mix: str = "balanced"  # balanced: as many prompts per language; natural: the split's proportions
 
     def key(self, target_fingerprint: str, corpus: dict[str, Any]) -> str:
-        blob = json.dumps({"settings": asdict(self), "target": target_fingerprint, "corpus": corpus},
-                          sort_keys=True)
+        settings = asdict(self)
+        if self.prompt_mix == "balanced":  # keyed as before the option existed, so older caches still match
+            del settings["prompt_mix"]
+        blob = json.dumps({"settings": settings, "target": target_fingerprint, "corpus": corpus}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -118,7 +122,8 @@ def target_sequences(target_dir: str | Path, target: Any, data_dir: str | Path, 
         seqs = TargetSequences.load(path)
         seqs.info = json.loads(sidecar.read_text()) if sidecar.is_file() else {}
         return seqs
-    pairs = balanced_prompts(data_dir, settings.num_prompts, settings.seed, settings.max_prompt, settings.split)
+    pairs = mixed_prompts(data_dir, settings.num_prompts, settings.seed, settings.max_prompt, settings.split,
+                          settings.prompt_mix)
     prompts = [p for _, p in pairs]
     t0 = time.perf_counter()
     if settings.generator == "engine":

@@ -12,6 +12,10 @@ compares the head's guesses with the target's next-token distributions there, fo
 * ``medusa`` (Cai et al. 2024, Medusa-1): head i's KL to the target's distribution of the token i + 2 ahead,
   weighted 0.8^i; each head with its own LM head, or (``medusa_lm_head="target"``) the target's, frozen.
 
+The training prompts are drawn language-balanced (``prompt_mix`` balanced, the default) or in the corpus
+train split's natural document proportions (natural, as many prompts); the held-out set is always balanced, so
+heads trained on either mix are measured alike.
+
 The run folder holds the cached target sequences (or ``generated_dir`` does, to share them between runs), the
 resumable checkpoint (cinq/train/trainer.py: rerunning the same command resumes), ``head_job.json`` (a rerun
 with other settings is refused), ``history.json``, ``summary.json`` with the held-out acceptance, and, once
@@ -39,6 +43,7 @@ from cinq.spec.medusa import new_medusa_heads, save_medusa_heads
 from cinq.train.distill import load_teacher
 from cinq.train.losses import forward_kl
 from cinq.train.model_card import _cpu_name
+from cinq.train.seqkd import PROMPT_MIXES
 from cinq.train.spec_head_data import GenerationSettings, SequenceSampler, TargetSequences, target_sequences
 from cinq.train.trainer import Trainer, TrainSettings
 
@@ -48,7 +53,9 @@ DEPTH_DECAY = 0.8  # weight of unrolled step / Medusa head j: 0.8^j (EAGLE-3's a
 # Settings a resumed run must share with its checkpoint: they change the objective or the data.
 _JOB_IDENTITY = ("method", "target", "data_dir", "batch_size", "lr", "seed", "train_prompts", "max_prompt",
                  "max_tokens", "sample_temperature", "generator", "unroll_steps", "num_heads", "medusa_lm_head",
-                 "feature_layers", "reg_weight", "cls_weight", "feature_noise")
+                 "feature_layers", "reg_weight", "cls_weight", "feature_noise", "prompt_mix")
+# What a run folder written before a setting existed was made with.
+_EARLIER_DEFAULTS = {"prompt_mix": "balanced"}
 
 
 @dataclass(slots=True)
@@ -65,6 +72,7 @@ class HeadJob:
     warmup_steps: int = 20
     seed: int = 0
     train_prompts: int = 1100
+    prompt_mix: str = "balanced"  # balanced: as many training prompts per language; natural: the corpus's mix
     eval_prompts: int = 110
     max_prompt: int = 24
     max_tokens: int = 128
@@ -90,6 +98,9 @@ class HeadJob:
             raise InvalidParameterError(f"heads must be one of {list(HEAD_METHODS)}, got {self.method!r}", "heads")
         if self.generator not in ("engine", "naive"):
             raise InvalidParameterError(f"generator must be engine or naive, got {self.generator!r}", "generator")
+        if self.prompt_mix not in PROMPT_MIXES:
+            raise InvalidParameterError(f"prompt_mix must be one of {list(PROMPT_MIXES)}, got {self.prompt_mix!r}",
+                                        "prompt_mix")
         if self.medusa_lm_head not in ("own", "target"):
             raise InvalidParameterError(f"medusa_lm_head must be own or target, got {self.medusa_lm_head!r}",
                                         "medusa_lm_head")
@@ -127,13 +138,10 @@ class HeadTrainer:
         self.eos = list(self.target.config.eos_token_ids)
         cache = Path(job.generated_dir) if job.generated_dir else self.out
         gen = GenerationSettings("train", job.train_prompts, job.max_prompt, job.max_tokens, job.sample_temperature,
-                                 job.seed, job.generator)
+                                 job.seed, job.generator, prompt_mix=job.prompt_mix)
         self.train_seqs = target_sequences(self.target_dir, self.target, job.data_dir, gen, cache,
                                            self.fingerprint.fingerprint, self.eos)
-        # held out: the test split, greedy, float32 (the target's argmax as the training-mode forward computes it)
-        held = GenerationSettings("test", job.eval_prompts, job.max_prompt, job.eval_max_tokens, 0.0, job.seed,
-                                  job.generator, "float32")
-        self.eval_seqs = target_sequences(self.target_dir, self.target, job.data_dir, held, cache,
+        self.eval_seqs = target_sequences(self.target_dir, self.target, job.data_dir, held_out_settings(job), cache,
                                           self.fingerprint.fingerprint, self.eos)
         self.sampler = SequenceSampler(self.train_seqs, job.batch_size, job.seed)
 
@@ -141,7 +149,7 @@ class HeadTrainer:
         path = self.out / "head_job.json"
         mine = {k: _jsonable(getattr(self.job, k)) for k in _JOB_IDENTITY}
         if path.is_file():
-            saved = json.loads(path.read_text())
+            saved = {**_EARLIER_DEFAULTS, **json.loads(path.read_text())}
             changed = sorted(k for k in _JOB_IDENTITY if k in saved and saved[k] != mine[k])
             if changed:
                 raise InvalidParameterError(
@@ -218,16 +226,7 @@ class HeadTrainer:
     # -- evaluation --------------------------------------------------------------------------------------------
     def eval_batches(self, limit: int | None = None) -> list[Batch]:
         """The held-out sequences in batches of 16 (``limit``: that many, spread over the languages)."""
-        seqs = self.eval_seqs
-        n = len(seqs) if limit is None else min(limit, len(seqs))
-        # spread a limited subset over the languages (the set is stored language by language)
-        order = np.linspace(0, len(seqs) - 1, n).round().astype(int).tolist() if limit else list(range(n))
-        out = []
-        for b in range(0, n, 16):
-            rows = order[b:b + 16]
-            tokens, lengths = seqs.padded(rows)
-            out.append((tokens, lengths, torch.from_numpy(seqs.prompt_lens[rows]), [str(seqs.langs[r]) for r in rows]))
-        return out
+        return held_out_batches(self.eval_seqs, limit)
 
     def acceptance(self, limit: int | None = None) -> dict[str, Any]:
         return measure(self.head, self.target, self.eval_batches(limit), self._k())
@@ -270,6 +269,26 @@ class HeadTrainer:
             summary["head_dir"] = str(save(self.head, self.out / "head", torch.bfloat16))
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
+
+
+def held_out_settings(job: HeadJob) -> GenerationSettings:
+    """How ``job``'s held-out set is made: the test split, language-balanced, greedy, float32 (the target's argmax
+    as the training-mode forward computes it)."""
+    return GenerationSettings("test", job.eval_prompts, job.max_prompt, job.eval_max_tokens, 0.0, job.seed,
+                              job.generator, "float32")
+
+
+def held_out_batches(seqs: TargetSequences, limit: int | None = None) -> list[Batch]:
+    """``seqs`` in batches of 16 for ``measure`` (``limit``: that many, spread over the languages)."""
+    n = len(seqs) if limit is None else min(limit, len(seqs))
+    # spread a limited subset over the languages (the set is stored language by language)
+    order = np.linspace(0, len(seqs) - 1, n).round().astype(int).tolist() if limit else list(range(n))
+    out = []
+    for b in range(0, n, 16):
+        rows = order[b:b + 16]
+        tokens, lengths = seqs.padded(rows)
+        out.append((tokens, lengths, torch.from_numpy(seqs.prompt_lens[rows]), [str(seqs.langs[r]) for r in rows]))
+    return out
 
 
 def _top1(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> float:

@@ -112,3 +112,18 @@ def test_scheduled_seq_carries_the_output_count_the_runner_bans_by():
     for expected in range(4):
         out = run_step(s)
         assert out.seqs[0].num_output_tokens == expected
+
+
+def test_drafts_accepted_past_a_stop_are_not_counted_as_accepted():
+    from cinq.spec.config import SpeculativeConfig
+    from cinq.spec.drafter import SlotDrafter
+    s = Scheduler(SchedulerConfig(32, 8, 256), KVCacheManager(64, 4),
+                  SlotDrafter(SpeculativeConfig(method="medusa", model="x", num_speculative_tokens=3)))
+    s.add_request(Request("a", [1, 2, 3], SamplingParams(stop_token_ids=[9]), 10, 0.0))
+    s.update(s.schedule(), RunnerOutput({"a": [4]}))  # prefill, first token
+    out = s.schedule()
+    assert out.seqs[0].num_draft_slots == 3 and out.seqs[0].num_logit_rows == 4
+    # all three drafts accepted (+ a bonus token), but the second one is the stop token
+    (core,) = s.update(out, RunnerOutput({"a": [5, 9, 7, 8]}))
+    assert core.new_token_ids == [5, 9] and core.finish_reason == "stop"
+    assert core.num_draft_tokens == 3 and core.num_accepted_tokens == 2

@@ -92,3 +92,17 @@ def test_amx_path_and_onednn_amx_interleave(kernel):
         xs = torch.randn(5, 384, generator=g).bfloat16()
         assert_matches_float32(F.linear(xb, w), xb, w, None)
         assert_matches_float32(kernel.small_m_linear(xs, w, torch.empty(0), PATHS["amx"]), xs, w, None)
+
+
+def test_a_rows_result_does_not_depend_on_how_many_rows_share_the_call() -> None:
+    # a sequence must decode the same tokens alone, beside others, or as a k + 1-row speculative verify
+    mod = native_module("small_m_gemm")
+    if mod is None or not mod.has_fast_path():
+        pytest.skip("the native kernel is not built on this CPU")
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(640, 384, generator=g).bfloat16()
+    x = torch.randn(8, 384, generator=g).bfloat16()
+    alone = [mod.small_m_linear(x[i:i + 1].contiguous(), w, torch.empty(0), 0)[0] for i in range(8)]
+    for m in range(2, 9):
+        y = mod.small_m_linear(x[:m].contiguous(), w, torch.empty(0), 0)
+        assert all(torch.equal(y[i], alone[i]) for i in range(m)), m

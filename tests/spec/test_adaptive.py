@@ -51,8 +51,8 @@ def test_low_acceptance_turns_speculation_off_even_at_batch_one() -> None:
 def test_every_arm_is_measured_before_choosing_and_re_explored() -> None:
     adaptive = AdaptiveK(k_max=3, explore_every=10)
     chosen = simulate(adaptive, 2, dispatch_bound, accept_rate=0.9, steps=100)
-    assert chosen[:4] == [3, 2, 1, 0]  # each arm once, largest first
-    assert len(set(chosen[4:])) > 1  # the periodic re-try of a neighbour
+    assert chosen[:8] == [3, 3, 2, 2, 1, 1, 0, 0]  # each arm twice (warm-up, then measured), largest first
+    assert set(chosen[i] for i in range(9, 100, 10)) == {0, 1, 2, 3}  # the periodic re-try of every arm
     assert {(batch_bucket(2), k) for k in range(4)} <= set(adaptive.step_seconds)
 
 

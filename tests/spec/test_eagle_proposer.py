@@ -230,3 +230,18 @@ def test_kv_accounting_after_many_sampled_requests_with_rejections_and_preemptio
     llm.generate(["x"], SamplingParams(max_tokens=2))  # finished requests' state goes with the next steps
     assert len(llm.engine.executor.proposer.__dict__.get("pending", {})) <= 1
     assert len(llm.engine.executor.runner.states) <= 1
+
+
+def test_logprobs_n_and_stop_strings_match_plain_decoding(tiny_llama: Path, heads) -> None:
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2, n=2, stop=["cat"])
+    plain = LLM(str(tiny_llama), dtype="float32").generate(PROMPTS, params)
+    llm = LLM(str(tiny_llama), dtype="float32", speculative_config={
+        "method": "eagle", "model": str(heads["eagle"]), "num_speculative_tokens": 3})
+    spec = llm.generate(PROMPTS, params)
+    for a, b in zip(plain, spec):
+        for ca, cb in zip(a.outputs, b.outputs):
+            assert ca.token_ids == cb.token_ids and ca.text == cb.text and ca.finish_reason == cb.finish_reason
+            for la, lb in zip(ca.logprobs, cb.logprobs):
+                assert la.keys() == lb.keys()
+                assert all(abs(la[t].logprob - lb[t].logprob) < 1e-4 for t in la)
+    assert llm.engine.get_stats().spec_decode_num_drafts > 0

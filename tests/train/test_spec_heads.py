@@ -1,11 +1,13 @@
 """Training speculative heads on the target's own sequences: the loss goes down for every method, a resumed run
 follows the uninterrupted one, other settings are refused on resume, generated sets are cached by their
-settings, and `cinq distill --heads ...` runs end to end (engine generation, export with a model card)."""
+settings (the prompt mix included: balanced per language or the corpus's natural proportions), and `cinq distill --heads ...` runs end to end (engine generation, export with a model card)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -16,7 +18,7 @@ from cinq.model.loader import load_model
 from cinq.spec.eagle import load_eagle_head
 from cinq.spec.medusa import load_medusa_heads
 from cinq.train import spec_head_data
-from cinq.train.seqkd import balanced_prompts
+from cinq.train.seqkd import balanced_prompts, corpus_prompts, mixed_prompts, natural_prompts
 from cinq.train.spec_head_data import GenerationSettings, target_sequences
 from cinq.train.spec_heads import HeadJob, HeadTrainer
 
@@ -34,6 +36,17 @@ def test_balanced_prompts_draw_the_same_number_per_language(tiny_corpus) -> None
     assert len(counts) > 2 and len(set(counts.values())) == 1
     assert all(2 <= len(p) <= 8 for _, p in pairs)
     assert balanced_prompts(tiny_corpus, 12, seed=0, max_prompt=8) == pairs
+
+
+def test_the_natural_mix_follows_the_corpus_with_as_many_prompts(tiny_corpus) -> None:
+    balanced = mixed_prompts(tiny_corpus, 12, seed=0, max_prompt=8)
+    natural = mixed_prompts(tiny_corpus, 12, seed=0, max_prompt=8, mix="natural")
+    assert balanced == balanced_prompts(tiny_corpus, 12, seed=0, max_prompt=8)  # the default is today's draw
+    assert len(natural) == len(balanced) and Counter(l for l, _ in natural) != Counter(l for l, _ in balanced)
+    assert natural == natural_prompts(tiny_corpus, len(balanced), seed=0, max_prompt=8)
+    assert corpus_prompts(tiny_corpus, len(natural), seed=0, max_prompt=8) == [p for _, p in natural]  # one draw
+    with pytest.raises(InvalidParameterError):
+        mixed_prompts(tiny_corpus, 12, seed=0, mix="uniform")
 
 
 @pytest.mark.parametrize("method", ["eagle", "eagle3", "medusa"])
@@ -65,11 +78,22 @@ def test_resume_follows_the_uninterrupted_run(teacher, tiny_corpus, tmp_path) ->
     assert resumed["acceptance"] == straight["acceptance"]
 
 
-def test_other_settings_are_refused_on_resume(teacher, tiny_corpus, tmp_path) -> None:
+@pytest.mark.parametrize("change", [{"lr": 5e-3}, {"prompt_mix": "natural"}])
+def test_other_settings_are_refused_on_resume(teacher, tiny_corpus, tmp_path, change: dict) -> None:
     HeadTrainer(job(teacher, tiny_corpus, tmp_path, max_run_s=0.0)).run()
     with pytest.raises(InvalidParameterError) as e:
-        HeadTrainer(job(teacher, tiny_corpus, tmp_path, lr=5e-3))
-    assert e.value.param == "lr"
+        HeadTrainer(job(teacher, tiny_corpus, tmp_path, **change))
+    assert e.value.param == next(iter(change))
+
+
+def test_a_run_recorded_before_the_prompt_mix_was_balanced(teacher, tiny_corpus, tmp_path) -> None:
+    HeadTrainer(job(teacher, tiny_corpus, tmp_path, max_run_s=0.0)).run()
+    record = tmp_path / "head_job.json"
+    record.write_text(json.dumps({k: v for k, v in json.loads(record.read_text()).items() if k != "prompt_mix"}))
+    HeadTrainer(job(teacher, tiny_corpus, tmp_path))  # resumes
+    with pytest.raises(InvalidParameterError) as e:
+        HeadTrainer(job(teacher, tiny_corpus, tmp_path, prompt_mix="natural"))
+    assert e.value.param == "prompt_mix"
 
 
 def test_generated_sets_are_cached_by_their_settings(teacher, tiny_corpus, tmp_path, monkeypatch) -> None:
@@ -88,6 +112,22 @@ def test_generated_sets_are_cached_by_their_settings(teacher, tiny_corpus, tmp_p
     hotter = GenerationSettings("train", 6, 8, 6, 1.0, 0, "naive")
     target_sequences(teacher, target, tiny_corpus, hotter, tmp_path, "fp", [6])
     assert len(list(tmp_path.glob("target-train-*.npz"))) == 2
+
+
+def test_the_prompt_mix_is_part_of_the_cache_key(teacher, tiny_corpus, tmp_path) -> None:
+    balanced = GenerationSettings("train", 12, 8, 4, 0.0, 0, "naive")
+    natural = GenerationSettings("train", 12, 8, 4, 0.0, 0, "naive", prompt_mix="natural")
+    corpus = spec_head_data.corpus_identity(tiny_corpus)
+    assert natural.key("fp", corpus) != balanced.key("fp", corpus)
+    # the balanced key is the one from before the option existed: caches made then still match
+    before = {k: v for k, v in asdict(balanced).items() if k != "prompt_mix"}
+    blob = json.dumps({"settings": before, "target": "fp", "corpus": corpus}, sort_keys=True)
+    assert balanced.key("fp", corpus) == hashlib.sha256(blob.encode()).hexdigest()[:16]
+    target = load_model(teacher, torch.float32)
+    a = target_sequences(teacher, target, tiny_corpus, balanced, tmp_path, "fp", [6])
+    b = target_sequences(teacher, target, tiny_corpus, natural, tmp_path, "fp", [6])
+    assert len(a) == len(b) and Counter(a.langs.tolist()) != Counter(b.langs.tolist())
+    assert len(list(tmp_path.glob("target-train-*.npz"))) == 2 and b.info["settings"]["prompt_mix"] == "natural"
 
 
 @pytest.mark.parametrize("method,extra", [("eagle", []), ("eagle3", []), ("medusa", []),

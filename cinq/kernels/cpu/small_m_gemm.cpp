@@ -36,9 +36,10 @@ constexpr int kMaxRows = 8;
 // Weight bytes below which one thread does the whole call: waking a sleeping (OMP_WAIT_POLICY=PASSIVE) worker
 // costs more than it saves on a weight this small.
 constexpr int64_t kMinParallelBytes = 256 << 10;
-// Rows from which AMX beats the vector tiles. One row streams from L3 at the same speed on both paths (with a
-// weight still in L2 either wins by ~10%, depending on the shape), so it keeps the path without tile setup.
-constexpr int64_t kAmxMinRows = 2;
+// Rows from which the AMX path runs. One row streams from L3 at the same speed on both paths, but the two paths
+// round differently: with one path for every M, a row's result does not depend on how many rows share the call,
+// so a sequence decodes the same tokens alone, beside others, or as a speculative verify of k + 1 rows.
+constexpr int64_t kAmxMinRows = 1;
 // Without AMX, the most rows the engine sends to the vector tiles (with AMX: kMaxRows). Measured on an AMX CPU
 // against oneDNN's AMX kernels, their margin thins to ~1.1x at 7-8 rows on the largest weights (it was below 1
 // before the prefetch), and other CPUs' `vdpbf16ps` throughput is unmeasured: 7-8 rows stay with oneDNN there.
