@@ -25,9 +25,12 @@ of 32 random tokens; the prefill step is excluded; median of --repeats runs. The
     python benchmarks/quant.py             # writes benchmarks/results/quant.{md,json}
     python benchmarks/quant.py --quick     # smoke run: fewer tokens, tiny calibration
 
-Quality (`--quality MODEL`): quantize a trained model with every method (RTN int8/int4, GPTQ int4, AWQ int4,
-SmoothQuant W8A8; group 128 or 32 when the model is too narrow) and write the perplexity + arithmetic-accuracy
-table (cinq.eval.quant_quality) to benchmarks/results/quant_quality.{md,json,png}.
+Quality (`--quality MODEL`): the quantization study of `cinq eval --variants` (cinq.eval.quant_study, the one
+implementation: same rows, findings, cache and plot) on a fixed set of variants: RTN int8 per channel and int4,
+GPTQ int4, AWQ int4 (group 128, or 32 when the model is too narrow), SmoothQuant W8A8 dynamic; `--variants` /
+`--group-sizes` take `cinq eval`'s grammar instead. Perplexity, KL / top-1 to the float model, arithmetic
+accuracy and step accuracy with standard errors, bytes, batch-1 tokens/s and the flagged findings go to
+benchmarks/results/quant_quality.{md,json,png}; finished rows are cached under --work-dir (a rerun resumes).
 
     python benchmarks/quant.py --quality cinq/assets/cinq-tiny --calib data/corpus/validation.jsonl \
         --ppl data/corpus/test.jsonl     # .jsonl: the "text" fields, joined
@@ -166,10 +169,13 @@ def main() -> int:
     ap.add_argument("--quality", default=None, help="model folder for the quality table (e.g. cinq/assets/cinq-tiny)")
     ap.add_argument("--calib", default=None, help="calibration text (default: arithmetic validation problems)")
     ap.add_argument("--ppl", default=None, help="perplexity text (default: arithmetic test problems)")
-    ap.add_argument("--ppl-chars", type=int, default=200_000, help="use at most this much of the --ppl text")
+    ap.add_argument("--ppl-chars", type=int, default=60_000, help="use at most this much of the --ppl text")
     ap.add_argument("--n-problems", type=int, default=300)
     ap.add_argument("--task", default="arithmetic", help="reasoning task of the quality table: arithmetic or "
                     "arithmetic-easy")
+    ap.add_argument("--variants", default=None, help="with --quality: `cinq eval --variants` text instead of the "
+                    "fixed set")
+    ap.add_argument("--group-sizes", default=None, help="with --variants: `cinq eval --group-sizes`")
     ap.add_argument("--finetune-tokens", type=float, default=0,
                     help="with --quality MODEL: first fine-tune MODEL on --task for this many tokens (cinq.train."
                          "finetune) and report on the fine-tuned model; results go to quant_quality_<task>.*")
@@ -232,26 +238,13 @@ def main() -> int:
     return 0
 
 
-def read_text(path: Path, max_chars: int | None = None) -> str:
-    """A text file, or the "text" fields of a .jsonl file joined by blank lines; cut at ``max_chars``."""
-    if path.suffix == ".jsonl":
-        parts, size = [], 0
-        with path.open(encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    parts.append(json.loads(line)["text"])
-                    size += len(parts[-1]) + 2
-                    if max_chars and size >= max_chars:
-                        break
-        text = "\n\n".join(parts)
-    else:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    return text[:max_chars] if max_chars else text
-
-
 def quality(args: argparse.Namespace) -> int:
-    from cinq.eval.quant_quality import quality_report
+    """The quality study on --quality MODEL (see the module docstring), through cinq.eval.quant_study."""
+    from cinq.eval.quant_quality import EvalSettings
+    from cinq.eval.quant_study import StudyConfig, run_study
     from cinq.eval.tasks import arithmetic_problems
+    from cinq.eval.texts import read_text
+    from cinq.eval.variants import parse_group_sizes, parse_variants
     work = Path(args.work_dir) / "quality"
     work.mkdir(parents=True, exist_ok=True)
     model = Path(args.quality)
@@ -264,49 +257,38 @@ def quality(args: argparse.Namespace) -> int:
         # elapsed_s: training time over all invocations (a finished run is reused, not retrained)
         finetuned = {"base": str(model), "tokens": summary["tokens_seen"], "seconds": summary["elapsed_s"]}
         model = Path(summary["model_dir"])
-    if args.calib:
-        calib = work / "calib.txt"
-        calib.write_text(read_text(Path(args.calib)))
-    else:
-        calib = calibration_text(work / "calib.txt", 3000)
+    calib = (read_text(Path(args.calib), 500_000, "calib") if args.calib else
+             "".join(p.text() for p in arithmetic_problems(3000, seed=0, split="validation")))
     if args.ppl:
         ppl_text = read_text(Path(args.ppl), args.ppl_chars)
-        ppl_source = f"{args.ppl} (first {len(ppl_text)} characters)"
+        how = ", documents sampled across the file" if args.ppl.endswith(".jsonl") else ""
+        ppl_source = f"{args.ppl} ({len(ppl_text):,} characters{how})"
     else:
         ppl_text = "".join(p.text() for p in arithmetic_problems(200, seed=1, split="test"))
         ppl_source = "200 held-out arithmetic test problems (text)"
     hidden = ModelConfig.from_pretrained(model).hidden_size
     group = "128" if hidden % 128 == 0 and hidden >= 256 else "32"
-    runs = {"rtn-int8": ("rtn", ["--bits", "8", "--group-size", "-1"]),
-            f"rtn-int4-g{group}": ("rtn", ["--bits", "4", "--group-size", group]),
-            f"gptq-int4-g{group}": ("gptq", ["--bits", "4", "--group-size", group]),
-            f"awq-int4-g{group}": ("awq", ["--bits", "4", "--group-size", group]),
-            "smoothquant-w8a8": ("smoothquant", ["--bits", "8"])}
-    folders = {"float": model}
-    costs = []
-    for label, (method, extra) in runs.items():
-        costs.append(quantize(model, work / label, method, extra, None if method == "rtn" else calib, args.threads)
-                     | {"variant": label})
-        folders[label] = work / label
-    report = quality_report(folders, ppl_text, ppl_source, n_problems=args.n_problems, task=args.task)
-    for row in report.rows:  # no machine-specific paths in the committed results
-        if Path(row.path).is_relative_to(work):
-            row.path = f"<work-dir>/{Path(row.path).relative_to(work)}"
-    out = Path(args.out)
-    name = "quant_quality" if finetuned is None else f"quant_quality_{args.task.replace('-', '_')}"
-    report.save(out, name)
-    md = report.to_markdown()
+    variants = args.variants or f"rtn:8/channel,4/{group};gptq:4/{group};awq:4/{group};smoothquant:dynamic"
+    specs, skipped = parse_variants(variants, parse_group_sizes(args.group_sizes or group))
     title = model.name
     if finetuned is not None:
         title = (f"{Path(finetuned['base']).name} fine-tuned on {args.task} ({finetuned['tokens']:,} tokens, "
                  f"{finetuned['seconds'] / 60:.1f} min with cinq.train.finetune), then quantized")
-    md = (f"# Quantization quality: {title}\n\n`python benchmarks/quant.py {' '.join(sys.argv[1:])}`\n\n{md}\n"
-          "`cinq quantize` cost:\n\n| variant | seconds | peak RSS MiB | calibration tokens |\n|---|---|---|---|\n"
-          + "".join(f"| {c['variant']} | {c['seconds']:.1f} | {c['peak_rss_mib']} | {c['calib_tokens']} |\n"
-                    for c in costs)
-          + f"\nload average at the end: {os.getloadavg()[0]:.2f}; {args.threads} thread(s).\n")
-    (out / f"{name}.md").write_text(md)
-    print(md)
+    name = "quant_quality" if finetuned is None else f"quant_quality_{args.task.replace('-', '_')}"
+    cfg = StudyConfig(model, work / name, specs, settings=EvalSettings(task=args.task, n_problems=args.n_problems),
+                      ppl_text=ppl_text, ppl_source=ppl_source, calib_text=calib, skipped=skipped, base_label="float",
+                      title=f"Quantization quality: {title}")
+    report = run_study(cfg)
+    for row in report.rows:  # no machine-specific paths in the committed results
+        if Path(row.path).is_relative_to(work):
+            row.path = f"<work-dir>/{Path(row.path).relative_to(work)}"
+    report.notes = [f"`python benchmarks/quant.py {' '.join(sys.argv[1:])}`", "",
+                    "Quantization time per variant (in process, calibration forwards in bf16):", "",
+                    "| variant | seconds |", "|---|---|",
+                    *(f"| {r.label} | {r.quantize_seconds:.1f} |" for r in report.rows[1:]), "",
+                    f"load average at the end: {os.getloadavg()[0]:.2f}; {args.threads} thread(s)."]
+    report.save(Path(args.out), name)
+    print(report.to_markdown())
     return 0
 
 

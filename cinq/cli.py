@@ -7,6 +7,8 @@ import argparse
 import importlib
 import logging
 import sys
+from collections.abc import Sequence
+from typing import NoReturn
 
 from cinq.process_env import set_omp_wait_policy
 
@@ -24,8 +26,59 @@ COMMANDS: dict[str, str] = {
 }
 
 
+class CinqArgumentParser(argparse.ArgumentParser):
+    """argparse with short errors: a bad flag is answered by the command it belongs to, in two lines (a one-line
+    usage and the message), not the top-level usage or a screenful of every flag. Subcommand parsers are of this
+    class too (``add_subparsers`` builds them with the parent's class)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"usage: {self.short_usage()}\n{self.prog}: error: {message}\n")
+
+    def short_usage(self) -> str:
+        """``cinq generate [-h] [options] [model]``: the positionals spelled out, the flags left to ``--help``."""
+        fmt = self._get_formatter()
+        fmt.add_usage(None, self._get_positional_actions(), [], prefix="")
+        positionals = fmt.format_help().strip()[len(self.prog):]
+        has_flags = any(a.option_strings and not isinstance(a, argparse._HelpAction) for a in self._actions)
+        return f"{self.prog} [-h]{' [options]' if has_flags else ''}{positionals}"
+
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        # A subcommand's parser is run with parse_known_args, and what it does not know is handed up to the top
+        # parser, which would blame "cinq" for "cinq generate --bogus": say it here, from the command itself.
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: ``cinq <version>`` from the installed package's metadata, looked up only when asked."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="print cinq's version and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None) -> NoReturn:
+        print(f"cinq {version()}")  # on stdout, as argparse's own "version" action does
+        parser.exit(0)
+
+
+def version() -> str:
+    """The installed distribution's version (pyproject's), or ``cinq.__version__`` when run from a bare source
+    tree that was never installed."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+    try:
+        return dist_version("cinq")
+    except PackageNotFoundError:
+        from cinq import __version__
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cinq", description="cinq: cheap LLM inference and the models to serve.")
+    parser = CinqArgumentParser(prog="cinq", description="cinq: cheap LLM inference and the models to serve.")
+    parser.add_argument("--version", action=_VersionAction)
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in COMMANDS.items():
@@ -54,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:
         return 130
-    except ValueError as e:  # cinq's input errors: one clear line, no traceback
+    except (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
+        # cinq's input errors (CinqError is a ValueError) and files named on the command line that cannot be
+        # read: one clear line, no traceback
         print(f"cinq {args.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from cinq.errors import InvalidParameterError
@@ -23,6 +24,17 @@ def json_object(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError("not a JSON object")
     return value
+
+
+def resolve_model(name: str | Path | None, field: str = "model") -> str:
+    """A model argument as the folder to load. An existing folder is taken as it is: the loader vets its files
+    and names a bad one (a FIFO or /dev/zero link named config.json included). Anything else goes through
+    ``cinq.assets.resolve_model_path``: None or "" is the default model, an embedded model's name its shipped
+    folder, and the rest one ModelLoadError line naming ``field``."""
+    if name and Path(name).is_dir():
+        return str(name)
+    from cinq.assets import resolve_model_path
+    return str(resolve_model_path(name or None, field))
 
 
 def _arg(default: object, help_text: str, **metadata: object) -> Any:
@@ -51,7 +63,10 @@ class ParallelConfig:
 class EngineConfig:
     """Engine settings (model, cache, scheduler). Field names follow vLLM's engine arguments."""
 
-    model: str = _arg("", "Hugging Face model folder (config.json + safetensors + tokenizer.json)")
+    # "" (LLM(None)) is the default model; the engine resolves names with resolve_model, so a bad one is the
+    # same one-line error naming "model" wherever it comes from
+    model: str = _arg("", "Hugging Face model folder (config.json + safetensors + tokenizer.json) or the name of "
+                          "an embedded model (cinq-tiny, cinq-tiny-student)")
     tokenizer: str | None = _arg(None, "tokenizer folder (default: the model folder)")
     # float32 for parity tests; bf16 is the fast path on CPU
     dtype: str = _arg("bfloat16", "compute dtype (default %(default)s; float32 for exact parity)", choices=DTYPES)
@@ -68,7 +83,12 @@ class EngineConfig:
     enable_prefix_caching: bool = _arg(True, "disable automatic prefix caching", flag="--no-prefix-caching")
     attention_backend: str | None = _arg(
         None, "sdpa | flash-torch | reference | triton (default: triton on CUDA, sdpa on CPU)")
-    seed: int = _arg(0, "seed of the engine's sampling generator (requests without their own seed draw from it)")
+    seed: int | None = _arg(
+        None, "seed of the engine's sampling generator, which requests without their own seed draw from "
+              "(default: a fresh random seed per engine; give one for reproducible runs)")
+    generation_config: str = _arg(
+        "auto", "default sampling parameters when a request gives none: 'auto' = the model's "
+                "generation_config.json (as vLLM), 'vllm' (or 'cinq') = ignore it, or a folder holding one")
     # None leaves torch's default; torch's pool is per process, so the executor sets it once at start-up
     num_threads: int | None = _arg(None, "torch CPU threads (process-wide, set at engine start-up)")
     tensor_parallel_size: int = _arg(1, "devices to split the model over (tensor parallelism; only 1 is built)")
@@ -93,6 +113,12 @@ class EngineConfig:
             _check_int(self, "num_kv_blocks", 1, 1 << 24)
         if self.num_threads is not None:
             _check_int(self, "num_threads", 1, 4096)
+        if self.seed is not None:
+            _check_int(self, "seed", 0, (1 << 63) - 2)  # the proposer's generator takes seed + 1
+        if not isinstance(self.generation_config, str) or not self.generation_config:
+            raise InvalidParameterError(
+                f"generation_config must be 'auto', 'vllm' or a folder path, got {self.generation_config!r}",
+                "generation_config")
         if self.kv_cache_memory is not None and not (0 < float(self.kv_cache_memory) <= 4096):
             raise InvalidParameterError(
                 f"kv_cache_memory must be in (0, 4096] GiB, got {self.kv_cache_memory}", "kv_cache_memory")

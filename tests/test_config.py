@@ -57,3 +57,21 @@ def test_dtype_aliases_are_accepted_and_others_refused():
     assert EngineConfig(dtype="bf16").dtype == "bf16"
     with pytest.raises(InvalidParameterError, match="dtype must be one of"):
         EngineConfig(dtype="int8")
+
+
+def test_seed_defaults_to_none_and_a_given_one_is_checked():
+    assert EngineConfig().seed is None  # the engine draws a fresh one (vLLM's semantics for an unset seed)
+    assert EngineConfig(seed=0).seed == 0
+    for bad in (-1, 1 << 63, 1.5, True, "3"):
+        with pytest.raises(InvalidParameterError, match="seed must be an integer in") as e:
+            EngineConfig(seed=bad)
+        assert e.value.param == "seed"
+
+
+def test_generation_config_defaults_to_auto_and_must_be_a_non_empty_string():
+    assert EngineConfig().generation_config == "auto"
+    assert EngineConfig(generation_config="vllm").generation_config == "vllm"
+    for bad in ("", None, 3):
+        with pytest.raises(InvalidParameterError, match="generation_config must be 'auto', 'vllm' or a folder") as e:
+            EngineConfig(generation_config=bad)
+        assert e.value.param == "generation_config"

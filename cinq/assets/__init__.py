@@ -29,6 +29,35 @@ def shipped_model_path(name: str) -> Path | None:
     return folder if (folder / "config.json").is_file() else None
 
 
+def embedded_model_names() -> list[str]:
+    """The names of the shipped model folders (what ``resolve_model_path`` accepts besides paths)."""
+    return sorted(p.name for p in ASSETS_DIR.iterdir() if (p / "config.json").is_file())
+
+
+def resolve_model_path(name: str | Path | None, field: str = "model") -> Path:
+    """A model argument as a folder: None is the default model, a folder holding config.json is itself, and an
+    embedded model's name ("cinq-tiny", "cinq-tiny-student", ...) is its shipped folder. Anything else is a
+    ModelLoadError of one line naming ``field``, what was given and the embedded names, so every command and API
+    answers a bad model argument the same way."""
+    from cinq.errors import ModelLoadError
+    if name is None:
+        return default_model_path()
+    from cinq.model.folder_files import exists
+    path = Path(name)
+    if exists(path / "config.json"):  # even a FIFO or dangling link: the loader then says precisely what is wrong
+        return path
+    shipped = shipped_model_path(str(name)) if "/" not in str(name) and str(name) else None
+    if shipped is not None:
+        return shipped
+    if path.is_dir():
+        why = f"{str(name)!r} is a folder without config.json"
+    elif path.exists():
+        why = f"{str(name)!r} is a file, not a model folder"
+    else:
+        why = f"{str(name)!r} is neither a model folder nor an embedded model"
+    raise ModelLoadError(f"{field}: {why} (embedded models: {', '.join(embedded_model_names())})", field)
+
+
 def ensure_random_tiny_model(path: Path) -> Path:
     """Build (once) a ~1M-parameter random Llama with a byte-level tokenizer at ``path``."""
     if (path / "config.json").is_file() and (path / "tokenizer.json").is_file():

@@ -4,6 +4,11 @@ The conversation outlives the context window. Before each turn the history is fi
 the oldest turns are dropped, the system prompt kept, until the prompt leaves room for ``--max-tokens``; when
 the latest message alone leaves less, the reply is clamped to what fits; a message that cannot fit at all is
 not sent, and the session goes on. Each of these is told to the user on stderr.
+
+Ctrl-C while a reply streams stops that reply (the request is aborted in the engine after the current step) and
+keeps the session: the reply as far as it got stays in the history, so the next turn follows what the user saw
+(a reply stopped before its first token is dropped with the message that asked for it). Ctrl-C at the prompt
+only reminds how to quit; a second one in a row quits.
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     from cinq.commands.engine_args import add_engine_args
     from cinq.commands.sampling_args import add_sampling_args
     p = sub.add_parser("chat", help="interactive chat, streamed to the terminal",
-                       description="Chat with a model using its chat template. Empty line or Ctrl-D quits; "
-                                   "'/reset' clears the conversation. When the history outgrows the context, "
+                       description="Chat with a model using its chat template. /exit, an empty line or Ctrl-D "
+                                   "quits; /reset clears the conversation; Ctrl-C stops the current reply (kept "
+                                   "in the history as far as it got). When the history outgrows the context, "
                                    "the oldest turns are dropped (the system prompt stays).")
     add_engine_args(p)
     p.add_argument("--system", default=None, help="system prompt")
@@ -80,6 +86,10 @@ class ChatHistory:
         return Fitted(prompt, reply, dropped, clamped=max_tokens is not None and reply < max_tokens)
 
 
+HELP = "/exit or Ctrl-D quits (an empty line too), /reset clears the conversation, Ctrl-C stops the current reply"
+QUIT_COMMANDS = ("/exit", "/quit")
+
+
 def _notice(text: str) -> None:
     print(f"cinq chat: {text}", file=sys.stderr, flush=True)
 
@@ -91,6 +101,7 @@ def context_capacity(engine) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from cinq.commands.engine_args import engine_config_from_args
+    from cinq.commands.interrupt import StepInterrupt
     from cinq.commands.sampling_args import sampling_params_from_args
     from cinq.engine.engine import LLMEngine
     from cinq.errors import CinqError, InvalidParameterError
@@ -112,15 +123,27 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameterError(f"--system: the system prompt alone fills the {capacity}-token context",
                                     "system")
     interactive = sys.stdin.isatty()
+    _notice(HELP)
     turn = 0
+    interrupted_at_prompt = False
     while True:
         if interactive:
             print("you> ", end="", flush=True)
-        line = sys.stdin.readline()
-        if not line or not line.strip():
+        try:
+            line = sys.stdin.readline()
+        except KeyboardInterrupt:  # often a Ctrl-C meant for a reply that had just ended: the session stays
+            print()
+            if interrupted_at_prompt:
+                return 130
+            interrupted_at_prompt = True
+            _notice("(/exit or Ctrl-D quits; Ctrl-C again quits too)")
+            continue
+        interrupted_at_prompt = False
+        if not line or not line.strip() or line.strip() in QUIT_COMMANDS:
             return 0
         if line.strip() == "/reset":
             history.reset()
+            _notice("conversation cleared")
             continue
         history.turns.append({"role": "user", "content": line.rstrip("\n")})
         try:
@@ -144,18 +167,31 @@ def run(args: argparse.Namespace) -> int:
         turn_params = params.clone(max_tokens=fitted.max_tokens, min_tokens=min(params.min_tokens, fitted.max_tokens))
         rid = f"chat-{turn}"
         turn += 1
-        try:
-            engine.add_request(rid, fitted.prompt_ids, turn_params)
-        except CinqError as e:  # anything the fitting could not foresee: this message only, not the session
-            history.turns.pop()
-            _notice(f"error: {e}; message not sent")
-            continue
-        print("assistant> ", end="", flush=True)
-        reply = []
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                for c in out.outputs:
-                    print(c.text, end="", flush=True)
-                    reply.append(c.text)
+        with StepInterrupt() as stop:  # from the add on: a Ctrl-C right after Enter stops this reply only
+            try:
+                engine.add_request(rid, fitted.prompt_ids, turn_params)
+            except CinqError as e:  # anything the fitting could not foresee: this message only, not the session
+                history.turns.pop()
+                _notice(f"error: {e}; message not sent")
+                continue
+            print("assistant> ", end="", flush=True)
+            reply = []
+            try:
+                while engine.has_unfinished_requests() and not stop.requested:
+                    for out in engine.step():
+                        for c in out.outputs:
+                            print(c.text, end="", flush=True)
+                            reply.append(c.text)
+            except KeyboardInterrupt:  # a second Ctrl-C inside a step: the engine cannot be trusted to go on
+                print()
+                _notice("interrupted inside an engine step; quitting")
+                return 130
         print()
+        if stop.requested and engine.has_unfinished_requests():
+            engine.abort_request(rid)  # frees its KV blocks before the next turn
+            if not "".join(reply):
+                history.turns.pop()
+                _notice("reply stopped before it began; your message was dropped from the conversation")
+                continue
+            _notice("reply stopped; it stays in the conversation as far as it got (/reset clears it)")
         history.turns.append({"role": "assistant", "content": "".join(reply)})

@@ -16,7 +16,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     b.add_argument("--install", action="store_true", help="apt-get install missing Debian packages (root)")
     b.add_argument("--vocab-size", type=int, default=8192, help="BPE vocabulary size (default 8192)")
     b.add_argument("--tokenizer", default=None, help="reuse this tokenizer folder instead of training one")
-    b.add_argument("--arithmetic-train", type=int, default=20_000, help="synthetic training problems")
+    b.add_argument("--arithmetic-train", type=int, default=10_000, help="synthetic training problems")
+    b.add_argument("--arithmetic-easy-train", type=int, default=30_000,
+                   help="synthetic easy-level training problems (the arithmetic-easy task's level)")
     b.add_argument("--arithmetic-eval", type=int, default=300, help="problems in validation and in test")
     b.add_argument("--seed", type=int, default=0)
     b.set_defaults(run=run)
@@ -46,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
     from cinq.train.build import build_dataset
     from cinq.train.corpus import CorpusSettings
 
-    settings = CorpusSettings(arithmetic_train=args.arithmetic_train, arithmetic_eval=args.arithmetic_eval,
+    settings = CorpusSettings(arithmetic_train=args.arithmetic_train,
+                              arithmetic_easy_train=args.arithmetic_easy_train, arithmetic_eval=args.arithmetic_eval,
                               seed=args.seed)
     manifest = build_dataset(sources, args.out, settings, args.vocab_size, args.tokenizer)
     print(f"{'language':10} {'train bytes':>12} {'train tokens':>13} {'test tokens':>12}")

@@ -17,7 +17,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("distill", help="knowledge distillation into a smaller model or speculative heads",
                               description="Distil --teacher into --student, or (--heads) train speculative-decoding "
                                           "heads for --target. Rerun the same command to resume.")
-    p.add_argument("--teacher", default=None, help="teacher model folder (e.g. cinq/assets/cinq-tiny)")
+    p.add_argument("--teacher", default=None, help="teacher model folder or embedded model (e.g. cinq-tiny)")
     p.add_argument("--student", default="cinq-tiny-student",
                    help="student shape (preset or config.json) or a model folder to continue from")
     p.add_argument("--data", required=True, help="corpus folder from `cinq data build`")
@@ -65,7 +65,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     h = p.add_argument_group("speculative heads (--heads)")
     h.add_argument("--heads", default=None, choices=["eagle", "eagle3", "medusa"],
                    help="train this kind of draft head for --target instead of distilling a student")
-    h.add_argument("--target", default=None, help="the served target the heads draft for (a model folder)")
+    h.add_argument("--target", default=None,
+                   help="the served target the heads draft for (a model folder or embedded model, e.g. cinq-tiny)")
     h.add_argument("--train-prompts", type=int, default=1100,
                    help="corpus prompts the target continues for training data (see --prompt-mix)")
     h.add_argument("--prompt-mix", default="balanced", choices=["balanced", "natural"],
@@ -125,10 +126,35 @@ def run_heads(args: argparse.Namespace) -> int:
     return 0
 
 
+def model_folder(value: str | None, flag: str) -> str | None:
+    """A model flag's value as a folder: an embedded model's name ("cinq-tiny") becomes its folder, a folder is
+    kept as spelled (run folders record it to recognise a resumed job); anything else is one line naming
+    ``flag``."""
+    from cinq.config import resolve_model
+    return None if value is None else resolve_model(value, flag)
+
+
+def check_student(value: str) -> None:
+    """--student is a shape (a preset, a config.json) or a model folder to continue from; refuse anything else
+    before the teacher loads. (An embedded model's name is the preset of that shape, not its weights.)"""
+    from pathlib import Path
+
+    from cinq.errors import InvalidParameterError
+    from cinq.train.presets import PRESETS
+    if value not in PRESETS and not Path(value).is_file() and not (Path(value) / "config.json").is_file():
+        raise InvalidParameterError(f"--student: {value!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor "
+                                    f"a config.json nor a model folder", "student")
+
+
 def run(args: argparse.Namespace) -> int:
     import dataclasses
     import json
 
+    if args.heads:
+        args.target = model_folder(args.target, "--target")
+    else:
+        args.teacher = model_folder(args.teacher, "--teacher")
+        check_student(args.student)
 
     from cinq.train.distill import DistillJob, distill
     from cinq.train.eval_runs import report_runs

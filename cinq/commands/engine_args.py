@@ -12,7 +12,7 @@ import dataclasses
 import types
 import typing
 
-from cinq.config import EngineConfig
+from cinq.config import EngineConfig, resolve_model
 
 _POSITIONAL = "model"
 
@@ -36,12 +36,10 @@ def add_engine_args(p: argparse.ArgumentParser, model_optional: bool = True) -> 
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
-    """EngineConfig from parsed flags; MODEL defaults to the embedded model."""
-    model = args.model
-    if model is None:
-        from cinq.assets import default_model_path
-        model = str(default_model_path())
-    return EngineConfig(model=model, **{f.name: getattr(args, f.name) for f in _flag_fields()})
+    """EngineConfig from parsed flags, MODEL resolved to its folder (none: the embedded default model; an
+    embedded model's name: its folder; anything else: a one-line ModelLoadError naming "model")."""
+    flags = {f.name: getattr(args, f.name) for f in _flag_fields()}
+    return EngineConfig(model=resolve_model(args.model, "model"), **flags)
 
 
 def _flag_fields() -> list[dataclasses.Field]:

@@ -12,9 +12,11 @@ from cinq.commands.threads_arg import add_threads_arg, apply_threads
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("quantize", help="quantize a model (RTN, GPTQ, AWQ, SmoothQuant) on the CPU",
                               description=__doc__)
-    p.add_argument("model", nargs="?", default=None, help="dense model folder (default: the embedded model)")
+    p.add_argument("model", nargs="?", default=None,
+                   help="dense model folder or embedded model, e.g. cinq-tiny (default: the embedded model)")
     p.add_argument("--method", choices=["rtn", "gptq", "awq", "smoothquant"], default="gptq")
-    p.add_argument("--bits", type=int, choices=[4, 8], default=None, help="4 or 8 (SmoothQuant: 8)")
+    p.add_argument("--bits", type=int, choices=[2, 3, 4, 8], default=None,
+                   help="2, 3, 4 or 8 (SmoothQuant: 8; AWQ: 4; 2 and 3 bits are served dequantized to bf16)")
     p.add_argument("--group-size", type=int, default=128, help="input channels per group; -1 = per channel")
     p.add_argument("--format", choices=["gptq", "gptq_v2", "awq", "w8a8"], default=None,
                    help="file format (default: gptq for rtn/gptq, awq for awq, w8a8 for smoothquant)")
@@ -28,7 +30,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-true-sequential", action="store_true")
     p.add_argument("--alpha", type=float, default=0.5, help="SmoothQuant migration strength")
     p.add_argument("--act-scheme", choices=["dynamic", "static"], default="dynamic", help="W8A8 activation scales")
-    p.add_argument("--calib", default=None, help="local text file for calibration (required except for rtn)")
+    p.add_argument("--calib", default=None, help="local text file for calibration (required except for rtn), or "
+                   "'calibration' for the text shipped with cinq")
     p.add_argument("--calib-samples", type=int, default=128, help="calibration windows")
     p.add_argument("--calib-seq-len", type=int, default=256, help="tokens per calibration window")
     p.add_argument("--seed", type=int, default=0)
@@ -48,6 +51,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from cinq.config import resolve_model
+    args.model = resolve_model(args.model, "model")  # an embedded model's name is its folder; else one line
+
     from cinq.errors import InvalidParameterError
     from cinq.quant.calibration import calibration_windows
     from cinq.quant.config import QuantConfig
@@ -55,9 +61,6 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     apply_threads(args.threads)
-    if args.model is None:
-        from cinq.assets import default_model_path
-        args.model = str(default_model_path())
     if args.method != "rtn" and args.calib is None:
         raise InvalidParameterError(f"--calib FILE is required for {args.method}: calibration text must come from "
                                     f"a local file (cinq never downloads one)", "calib")
@@ -70,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
     calib_ids, heldout_text = None, None
     text = None
     if args.calib is not None:
-        path = Path(args.calib)
+        from cinq.assets.text import resolve_text_path
+        path = resolve_text_path(args.calib)
         if not path.is_file():
             raise InvalidParameterError(f"--calib: {path} is not a readable file", "calib")
         text = path.read_text(encoding="utf-8", errors="replace")

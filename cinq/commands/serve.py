@@ -10,6 +10,7 @@ from pathlib import Path
 
 DEFAULT_REQUEST_TIMEOUT = 30.0  # cinq.server.connections' defaults, without importing uvicorn for --help
 DEFAULT_LIMIT_CONCURRENCY = 512
+DEFAULT_LOG_STATS_INTERVAL = 5.0  # cinq.server.stats_logger.DEFAULT_INTERVAL_S
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -39,7 +40,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "(default %(default)s; 0: no cap)")
     s.add_argument("--uvicorn-log-level", default="warning",
                    choices=["critical", "error", "warning", "info", "debug", "trace"])
+    s.add_argument("--log-stats-interval", type=float, default=DEFAULT_LOG_STATS_INTERVAL, metavar="SECONDS",
+                   help="log throughput, running/waiting requests and KV cache usage this often while there is "
+                        "load, as vLLM does (default %(default)s; 0: off)")
+    s.add_argument("--disable-log-stats", action="store_true", help="no periodic stats log (vLLM's flag)")
     p.set_defaults(run=run)
+
+
+def stats_interval(args: argparse.Namespace) -> float:
+    """Seconds between stats log lines; 0: off (``--disable-log-stats`` or ``--log-stats-interval 0``)."""
+    from cinq.errors import InvalidParameterError
+    if not args.log_stats_interval >= 0:  # also refuses nan
+        raise InvalidParameterError(f"--log-stats-interval must be >= 0 seconds, got {args.log_stats_interval}",
+                                    "log_stats_interval")
+    return 0.0 if args.disable_log_stats else args.log_stats_interval
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameterError(f"--port must be in [0, 65535], got {args.port}", "port")
     limits = ConnectionLimits(args.request_body_timeout, args.limit_concurrency or None)
     limits.validate()  # before the model loads
+    config = engine_config_from_args(args)  # a bad model argument: one line, before the port is taken
+    log_stats_interval = stats_interval(args)
     # Bind first: a taken port fails in a second, not after loading the model; --port 0 reports the real port.
     family, kind, proto, _, addr = socket.getaddrinfo(args.host, args.port, type=socket.SOCK_STREAM)[0]
     sock = socket.socket(family, kind, proto)
@@ -69,13 +85,12 @@ def run(args: argparse.Namespace) -> int:
                                     "port") from None
     sock.listen(2048)
     host, port = sock.getsockname()[:2]
-    config = engine_config_from_args(args)
     engine = LLMEngine(config)
     llm = AsyncLLM(engine, args.max_waiting_requests)
     # No model given: the embedded one, served under its own name (e.g. "cinq-tiny"), as vLLM serves a path.
     names = args.served_model_name or [args.model or Path(config.model).name]
     api_key = args.api_key if args.api_key is not None else os.environ.get("CINQ_API_KEY") or None
-    app = build_app(llm, names, config.model, api_key, args.metrics_require_api_key)
+    app = build_app(llm, names, config.model, api_key, args.metrics_require_api_key, log_stats_interval)
     url_host = f"[{host}]" if ":" in host else host
     mcfg = engine.model_config
     print(f"cinq serve: model {config.model} ({mcfg.architecture}, {config.dtype}, "

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import secrets
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from cinq.config import EngineConfig
+from cinq.config import EngineConfig, resolve_model
 from cinq.engine.executor import Executor, make_executor
 from cinq.engine.io import EngineCoreOutput, RunnerOutput, SchedulerOutput
 from cinq.engine.kv_cache import KVCacheManager
@@ -19,6 +21,8 @@ from cinq.engine.scheduler import Scheduler, SchedulerConfig
 from cinq.engine.spec_metrics import check_language, count_language
 from cinq.errors import InvalidParameterError, PromptTooLongError
 from cinq.model.config import ModelConfig
+from cinq.model.generation_defaults import read_sampling_defaults
+from cinq.model.loader import quantization_summary
 from cinq.model.tokenizer import Tokenizer
 from cinq.outputs import EngineStats, RequestOutput
 from cinq.sampling_params import SamplingParams
@@ -45,10 +49,24 @@ class LLMEngine:
     processor. Not thread-safe; ``AsyncLLM`` drives it from one background loop."""
 
     def __init__(self, config: EngineConfig) -> None:
-        self.config = config
+        # A model's name ("cinq-tiny") or "" (the default model) becomes its folder before anything reads it; a bad
+        # one is one ModelLoadError naming "model", before any work.
+        model = resolve_model(config.model, "model")
+        self.config = config if model == config.model else dataclasses.replace(config, model=model)
+        config = self.config
         self.device = torch.device(config.device)
+        # An unset seed draws a fresh one per engine (vLLM's semantics): unseeded samples vary from run to run.
+        self.seed: int = config.seed if config.seed is not None else secrets.randbits(32)
+        log.debug("sampling seed %d (%s)", self.seed, "given" if config.seed is not None else
+                  "drawn at random: pass seed=N / --seed N to repeat this run")
+        # What requests that give no sampling parameters get (vLLM's generation_config="auto"); read first, so a
+        # broken generation_config.json fails before the model loads.
+        self.default_sampling_params: dict[str, Any] = read_sampling_defaults(config.generation_config, model)
+        if self.default_sampling_params:
+            log.info("default sampling parameters from the model's generation config: %s (requests that omit "
+                     "them get these; --generation-config vllm ignores them)", self.default_sampling_params)
         t0 = time.perf_counter()
-        self.executor: Executor = make_executor(config)
+        self.executor: Executor = make_executor(config, self.seed)
         mcfg = self.model_config
         self.tokenizer = Tokenizer.from_pretrained(config.tokenizer or config.model, mcfg.eos_token_ids)
         self.max_model_len = self._resolve_max_model_len()
@@ -65,10 +83,11 @@ class LLMEngine:
         self.failed_requests: dict[str, str] = {}
         self.eos_token_ids = list(dict.fromkeys(self.tokenizer.eos_token_ids + mcfg.eos_token_ids))
         kv_gib = self.num_blocks * self.executor.kv_bytes_per_block(config.block_size) / 2**30
-        log.info("loaded %s (%s, %s, attention=%s) in %.1fs; KV cache: %d blocks x %d tokens = %d tokens (%.3f GiB); "
-                 "max_model_len %d", config.model, mcfg.architecture, config.dtype, self.executor.attention_backend,
-                 time.perf_counter() - t0, self.num_blocks, config.block_size, self.num_blocks * config.block_size,
-                 kv_gib, self.max_model_len)
+        quant = quantization_summary(mcfg)
+        log.info("loaded %s (%s%s, %s, attention=%s) in %.1fs; KV cache: %d blocks x %d tokens = %d tokens "
+                 "(%.3f GiB); max_model_len %d", config.model, mcfg.architecture, f", {quant}" if quant else "",
+                 config.dtype, self.executor.attention_backend, time.perf_counter() - t0, self.num_blocks,
+                 config.block_size, self.num_blocks * config.block_size, kv_gib, self.max_model_len)
 
     @property
     def model_config(self) -> ModelConfig:

@@ -50,8 +50,10 @@ class Executor(Protocol):
 class UniProcExecutor:
     """One model runner in this process (``tensor_parallel_size == 1``)."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, seed: int | None = None) -> None:
         self.config = config
+        # the engine's resolved seed (EngineConfig.seed None: it draws one); 0 for an executor built alone
+        self.seed = seed if seed is not None else config.seed or 0
         self.device = torch.device(config.device)
         self.dtype = parse_dtype(config.dtype)
         self._init_device()
@@ -60,7 +62,7 @@ class UniProcExecutor:
         self.model_config: ModelConfig = self.model.config
         # a draft model or heads (speculative decoding) runs next to the target, over its block tables
         self.proposer: Proposer | None = load_proposer(config.speculative_config, config.model, self.model,
-                                                       self.dtype, self.device, self.attention_backend, config.seed)
+                                                       self.dtype, self.device, self.attention_backend, self.seed)
         self.runner: ModelRunner | None = None
 
     def _init_device(self) -> None:
@@ -80,7 +82,7 @@ class UniProcExecutor:
     def initialize_cache(self, num_blocks: int) -> None:
         """Allocate ``num_blocks`` KV blocks and the runner that owns them."""
         self.runner = ModelRunner(self.model, num_blocks, self.config.block_size, self.device, self.dtype,
-                                  seed=self.config.seed, proposer=self.proposer)
+                                  seed=self.seed, proposer=self.proposer)
 
     def execute_model(self, sched: SchedulerOutput) -> RunnerOutput:
         """Run one step (also for an empty one: it still drops finished requests' runner state)."""
@@ -92,10 +94,10 @@ class UniProcExecutor:
         self.runner = None
 
 
-def make_executor(config: EngineConfig) -> Executor:
-    """The executor for ``config.parallel_config``."""
+def make_executor(config: EngineConfig, seed: int | None = None) -> Executor:
+    """The executor for ``config.parallel_config``; ``seed``: the engine's sampling seed (default config.seed)."""
     world = config.parallel_config.world_size
     if world == 1:
-        return UniProcExecutor(config)
+        return UniProcExecutor(config, seed)
     raise InvalidParameterError(f"tensor_parallel_size {world}: no executor for more than one device yet",
                                 "tensor_parallel_size")

@@ -11,6 +11,7 @@ from cinq.config import EngineConfig
 from cinq.engine.engine import LLMEngine
 from cinq.engine.spec_metrics import check_language
 from cinq.errors import InvalidParameterError
+from cinq.model.generation_defaults import fill_defaults
 from cinq.outputs import RequestOutput
 from cinq.sampling_params import OutputKind, SamplingParams
 
@@ -18,15 +19,19 @@ Prompt = str | list[int] | dict[str, Any]
 
 
 class LLM:
-    """Batch generation over a local Hugging Face model folder (default: the embedded cinq-tiny)."""
+    """Batch generation over a local Hugging Face model folder or an embedded model by name ("cinq-tiny",
+    "cinq-tiny-student"; None: the default model)."""
 
     def __init__(self, model: str | Path | None = None, **engine_args: Any) -> None:
-        if model is None:
-            from cinq.assets import default_model_path
-            model = default_model_path()
-        self.engine = LLMEngine(EngineConfig.from_kwargs(str(model), **engine_args))
+        # "" is the default model; the engine resolves names (one ModelLoadError naming "model" for a bad one)
+        self.engine = LLMEngine(EngineConfig.from_kwargs("" if model is None else str(model), **engine_args))
         self._ids = itertools.count()
         self.errors: dict[str, str] = {}  # request id -> error, for requests of the last call that failed alone
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What ``generate``/``chat`` use when given no sampling parameters: the model's generation config
+        (``generation_config="auto"``, as vLLM), else SamplingParams' defaults."""
+        return SamplingParams(**fill_defaults({}, self.engine.default_sampling_params))
 
     @property
     def tokenizer(self):
@@ -41,15 +46,16 @@ class LLM:
                  use_tqdm: bool = False, language: str | Sequence[str | None] | None = None
                  ) -> list[RequestOutput]:
         """Generate for every prompt (strings, token-id lists, or {"prompt"/"prompt_token_ids": ...} dicts);
-        returns final outputs in prompt order. A request whose own processing failed inside the engine comes back
-        with finish_reason ``"error"`` on its unfinished completions (text so far; the error is logged and in
-        ``self.errors``); the other requests are unaffected.
+        returns final outputs in prompt order; no ``sampling_params``: ``get_default_sampling_params()``. A
+        request whose own processing failed inside the engine comes back with finish_reason ``"error"`` on its
+        unfinished completions (text so far; the error is logged and in ``self.errors``); the other requests are
+        unaffected.
 
         ``language``: a tag for every prompt, or one per prompt (None: untagged), labelling their
         speculative-decoding counters in ``engine.get_stats().spec_decode_by_language``."""
         prompts = _normalize_prompts(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params_list = [sampling_params or SamplingParams()] * len(prompts)
+            params_list = [sampling_params or self.get_default_sampling_params()] * len(prompts)
         else:
             params_list = list(sampling_params)
             if len(params_list) != len(prompts):

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from cinq.errors import InvalidParameterError
 
 
-def _windows(n: int, context_len: int, stride: int) -> list[tuple[int, int, int]]:
+def scoring_windows(n: int, context_len: int, stride: int) -> list[tuple[int, int, int]]:
     """(start, end, first scored target) per window; targets first..end-1 are scored in that window.
 
     The first window scores targets 1..context_len-1; each later one scores the next ``stride`` targets with the
@@ -50,7 +50,7 @@ def token_nll(model: Any, token_ids: Sequence[int], context_len: int = 256, stri
     if ids.numel() < 2:
         raise InvalidParameterError(f"token_ids must hold at least 2 tokens, got {ids.numel()}", "token_ids")
     device = next(model.parameters()).device
-    windows = _windows(ids.numel(), context_len, stride)
+    windows = scoring_windows(ids.numel(), context_len, stride)
     total, count = 0.0, 0
     was_training = model.training
     model.eval()

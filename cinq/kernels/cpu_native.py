@@ -1,5 +1,6 @@
 """Native CPU kernels (``cinq/kernels/cpu/*.cpp``): built on first use with the system C++ compiler through
-``torch.utils.cpp_extension``, cached per machine in the cinq cache, and optional — when one cannot be built the
+``torch.utils.cpp_extension``, cached in the cinq cache by source content, torch version and CPU (a build
+says so in the log, with its time; ``scripts/setup.sh`` builds them), and optional — when one cannot be built the
 caller runs its PyTorch path (said once in the log). ``CINQ_NATIVE_KERNELS=0`` disables them all. A kernel whose
 build has no fast path for this CPU (``has_fast_path()`` false: no AVX512-BF16) is not used either: its portable
 loop would be slower than PyTorch's. Builds use ``-march=native``, so the cache is keyed by the CPU's features.
@@ -40,14 +41,7 @@ def native_module(name: str) -> Any | None:
         module = None
         if os.environ.get("CINQ_NATIVE_KERNELS", "1") != "0":
             try:
-                from torch.utils.cpp_extension import load
-
-                from cinq.cache import cache_dir
-                build = cache_dir() / "torch_extensions" / f"torch-{torch.__version__}-{_cpu_key()}" / name
-                build.mkdir(parents=True, exist_ok=True)
-                module = load(name=f"cinq_{name}", sources=[str(_SOURCES / f"{name}.cpp")],
-                              build_directory=str(build), extra_cflags=["-O3", "-march=native", "-ffast-math"],
-                              verbose=False)
+                module = _build_or_load(name)
                 if not getattr(module, "has_fast_path", lambda: True)():
                     log.info("native CPU kernel %s has no fast path on this CPU; using the PyTorch path", name)
                     module = None
@@ -55,6 +49,34 @@ def native_module(name: str) -> Any | None:
                 first = str(e).splitlines()[0] if str(e) else type(e).__name__
                 log.warning("native CPU kernel %s unavailable (%s); using the PyTorch path", name, first)
         _modules[name] = module
+    return module
+
+
+def _build_or_load(name: str) -> Any:
+    """Load ``cpu/<name>.cpp``'s extension from the cache, compiling it first when this source (by content), torch
+    version and CPU have no build yet. The source is compiled from a copy inside its build folder, so every
+    checkout of the same source shares one build instead of recompiling for its own path."""
+    import hashlib
+    import time
+
+    from torch.utils.cpp_extension import load
+
+    from cinq.cache import cache_dir
+    source = (_SOURCES / f"{name}.cpp").read_bytes()
+    key = hashlib.sha256(source).hexdigest()[:12]
+    build = cache_dir() / "torch_extensions" / f"torch-{torch.__version__}-{_cpu_key()}" / f"{name}-{key}"
+    build.mkdir(parents=True, exist_ok=True)
+    copy = build / f"{name}.cpp"
+    if not copy.is_file() or copy.read_bytes() != source:
+        copy.write_bytes(source)
+    fresh = not any(build.glob("*.so"))
+    if fresh:
+        log.warning("building the native CPU kernel %s (once per machine and source version, ~1 min)", name)
+    t0 = time.perf_counter()
+    module = load(name=f"cinq_{name}_{key}", sources=[str(copy)], build_directory=str(build),
+                  extra_cflags=["-O3", "-march=native", "-ffast-math"], verbose=False)
+    if fresh:
+        log.warning("built the native CPU kernel %s in %.0f s", name, time.perf_counter() - t0)
     return module
 
 

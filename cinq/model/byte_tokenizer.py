@@ -8,6 +8,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
+from cinq.model.tokenizer import add_bos_post_processor
+
 SPECIALS = ["<|bos|>", "<|eos|>", "<|pad|>", "<|user|>", "<|assistant|>", "<|system|>", "<|end|>"]
 
 # A small chat template in the HF/jinja2 dialect: role markers as special tokens, <|end|> closes a turn.
@@ -18,14 +20,16 @@ CHAT_TEMPLATE = (
 
 
 def build_byte_tokenizer() -> Tokenizer:
-    """Byte-level BPE with an empty merge list: every UTF-8 byte is one token; ids 0..255 are the bytes."""
+    """Byte-level BPE with an empty merge list: every UTF-8 byte is one token; ids 0..255 are the bytes. Encoding
+    with special tokens prepends ``<|bos|>`` (the post-processor), so transformers agrees with the config's
+    ``add_bos_token``."""
     byte_to_char = _gpt2_byte_chars()
     vocab = {byte_to_char[b]: b for b in range(256)}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(SPECIALS)
-    return tok
+    return add_bos_post_processor(tok, "<|bos|>")
 
 
 def _gpt2_byte_chars() -> dict[int, str]:

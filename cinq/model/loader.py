@@ -24,7 +24,7 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from cinq.errors import ModelLoadError
-from cinq.layers.quantization.format import QuantFormat
+from cinq.layers.quantization.format import DEFAULT_FORMAT, QuantFormat
 from cinq.layers.quantization.linear import QuantizedLinear
 from cinq.layers.weight_loader import CheckpointTensor, check_and_copy
 from cinq.model.checkpoint_files import check_safetensors_file, checkpoint_files
@@ -35,7 +35,7 @@ from cinq.model.memory import check_fits
 
 # checkpoint_files is re-exported: the offline tools find a folder's shards through this module.
 __all__ = ["checkpoint_files", "iter_checkpoint", "load_model", "load_tensors", "load_weights", "build_empty_model",
-           "parse_dtype", "quant_factory"]
+           "parse_dtype", "quant_factory", "quantization_summary"]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,30 @@ def quant_factory(config: ModelConfig, source: str | Path = "config.json") -> Qu
         raise ModelLoadError(f"{source}: {e}", e.param) from None
     except (TypeError, ValueError) as e:  # int("four"), int(None): a field of the wrong type
         raise ModelLoadError(f"{source}: quantization_config: {e}", "quantization_config") from None
+
+
+_METHOD_NAMES = {"rtn": "RTN", "gptq": "GPTQ", "awq": "AWQ", "smoothquant": "SmoothQuant"}
+
+
+def quantization_summary(config: ModelConfig) -> str | None:
+    """How a quantized checkpoint stores its weights, for the load line: "GPTQ int4, group 128" (the method that
+    chose the integers; the storage format too when it is not that method's own); None for a dense one."""
+    quant = quant_factory(config)
+    if quant is None:
+        return None
+    if quant.format == "w8a8":
+        return f"{_METHOD_NAMES[quant.method]} W8A8 (int8 weights, {quant.act_scheme} int8 activations)"
+    parts = [f"{_METHOD_NAMES[quant.method]} int{quant.bits}",
+             f"group {quant.group_size}" if quant.group_size > 0 else "per channel"]
+    if not quant.sym and quant.format != "awq":  # AWQ's grid has zero points as a rule
+        parts.append("asymmetric")
+    if quant.desc_act:
+        parts.append("act-order")
+    if quant.format != DEFAULT_FORMAT[quant.method]:
+        parts.append(f"{quant.format} format")
+    if quant.lm_head:
+        parts.append("quantized LM head")
+    return ", ".join(parts)
 
 
 def build_empty_model(config: ModelConfig, dtype: torch.dtype, device: torch.device | str,

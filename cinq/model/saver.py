@@ -11,8 +11,10 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from cinq.model.byte_tokenizer import SPECIALS
 from cinq.model.checkpoint_names import checkpoint_state_dict
 from cinq.model.config import ModelConfig
+from cinq.model.generation_defaults import TURN_MARKERS, cinq_generation_config, turn_marker_ids
 from cinq.model.llama import LlamaForCausalLM
 
 _MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
@@ -50,9 +52,13 @@ def hf_config_dict(config: ModelConfig, dtype: torch.dtype | None = None) -> dic
 
 
 def save_model(model: LlamaForCausalLM, path: str | Path, dtype: torch.dtype | None = None,
-               extra_config: dict[str, Any] | None = None) -> Path:
-    """Save weights (safetensors under Hugging Face names, tied LM head stored once) and config.json into
-    ``path``."""
+               extra_config: dict[str, Any] | None = None, tokenizer: str | Path | None = None) -> Path:
+    """Save weights (safetensors under Hugging Face names, tied LM head stored once), config.json and
+    generation_config.json into ``path``.
+
+    ``tokenizer``: the folder of the tokenizer the model is used with (default: recognised from the model's
+    special ids, see ``chat_turn_markers``). When it has the chat template's turn markers, generation_config.json
+    gets them as eos ids and cinq's sampling defaults (cinq/model/generation_defaults.py)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}
@@ -67,10 +73,26 @@ def save_model(model: LlamaForCausalLM, path: str | Path, dtype: torch.dtype | N
     cfg = hf_config_dict(model.config, dtype or next(model.parameters()).dtype)
     cfg.update(extra_config or {})
     (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    if model.config.eos_token_ids:
-        gen = {"bos_token_id": model.config.bos_token_id, "eos_token_id": model.config.eos_token_ids}
+    markers = chat_turn_markers(model.config, tokenizer)
+    if model.config.eos_token_ids or markers:
+        gen = cinq_generation_config(model.config.bos_token_id, model.config.eos_token_ids, markers)
         (path / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
     return path
+
+
+def chat_turn_markers(config: ModelConfig, tokenizer: str | Path | None = None) -> list[int]:
+    """The ids of the chat template's turn markers in the model's tokenizer ([] when it has none): looked up in
+    ``tokenizer`` (a folder with tokenizer.json) when given; else taken from cinq's own layout when the model's
+    special ids are those of a tokenizer trained by cinq (cinq/train/tokenizer_train.py puts ``SPECIALS`` first:
+    ``<|bos|>`` is 0 and ``<|end|>`` 6), which is how the models cinq trains are saved (cinq/train/export.py
+    copies the tokenizer only after the weights)."""
+    if tokenizer is not None:
+        from tokenizers import Tokenizer
+        file = Path(tokenizer) / "tokenizer.json"
+        return turn_marker_ids(Tokenizer.from_file(str(file)).token_to_id) if file.is_file() else []
+    cinq_layout = config.bos_token_id == SPECIALS.index("<|bos|>") \
+        and SPECIALS.index("<|end|>") in config.eos_token_ids and config.vocab_size > len(SPECIALS)
+    return [SPECIALS.index(m) for m in TURN_MARKERS] if cinq_layout else []
 
 
 def init_random_model(config: ModelConfig, seed: int = 0, std: float = 0.02,

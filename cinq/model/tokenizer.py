@@ -1,9 +1,18 @@
 """Tokenizer: a Hugging Face ``tokenizer.json`` (via the `tokenizers` library) plus what ``tokenizer_config.json``
-adds — special tokens, BOS handling, and the chat template rendered with jinja2 (sandboxed, as transformers does)."""
+adds — special tokens and the chat template rendered with jinja2 (sandboxed, as transformers does).
+
+Which special tokens ``encode`` adds is decided by tokenizer.json's post-processor alone, as in transformers 5:
+it drops ``add_bos_token`` / ``add_eos_token`` from tokenizer_config.json whenever a tokenizer.json exists
+(checked with 5.25.0 for tokenizer_class PreTrainedTokenizerFast, TokenizersBackend, LlamaTokenizer and
+LlamaTokenizerFast, on byte-level and Metaspace tokenizer.json files). A folder whose two files disagree loads
+with one warning, and cinq gives the ids transformers gives. (Classes that rebuild the backend from the vocabulary
+with their own pieces, e.g. CodeLlama, GPTNeoX, Gemma, are not followed: cinq reads tokenizer.json as written.)
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path
@@ -12,10 +21,13 @@ from typing import Any
 from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import processors
 
 from cinq.errors import InvalidParameterError, ModelLoadError
 from cinq.model.folder_files import (MAX_TOKENIZER_BYTES, MAX_TOKENIZER_CONFIG_BYTES, exists, read_json,
                                      regular_file_size)
+
+log = logging.getLogger(__name__)
 
 
 def _token_str(value: Any) -> str | None:
@@ -43,10 +55,36 @@ def check_tokenizer_config(config: dict[str, Any], source: str = "tokenizer_conf
                              f"{{\"name\", \"template\"}} objects, got {template!r:.80}")
 
 
+def add_bos_post_processor(tokenizer: HFTokenizer, bos_token: str) -> HFTokenizer:
+    """Make ``tokenizer`` prepend ``bos_token`` when special tokens are asked for, in the form transformers' own
+    ``update_post_processor`` writes for Llama: single ``bos $A``, pair ``bos $A bos $B`` (type ids 0 and 1).
+    Changes ``tokenizer`` in place and returns it; a ``bos_token`` not in its vocabulary is an
+    InvalidParameterError naming ``bos_token``."""
+    bos_id = tokenizer.token_to_id(bos_token)
+    if bos_id is None:
+        raise InvalidParameterError(f"bos_token: {bos_token!r} is not in the tokenizer's vocabulary", "bos_token")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{bos_token}:0 $A:0", pair=f"{bos_token}:0 $A:0 {bos_token}:1 $B:1",
+        special_tokens=[(bos_token, bos_id)])
+    return tokenizer
+
+
+def post_processor_adds(tokenizer: HFTokenizer, token_id: int | None, at_start: bool = True) -> bool:
+    """Whether ``tokenizer``'s post-processor puts ``token_id`` at the start (or, ``at_start=False``, the end) of an
+    encoding. Probed by encoding, so that every post-processor kind (template, Roberta, Sequence, ...) counts."""
+    if token_id is None:
+        return False
+    edge = 0 if at_start else -1
+    plain = tokenizer.encode("a", add_special_tokens=False).ids
+    full = tokenizer.encode("a", add_special_tokens=True).ids
+    return bool(full) and full[edge] == token_id and (not plain or plain[edge] != token_id)
+
+
 class Tokenizer:
     """Encode/decode and chat formatting for one model folder."""
 
-    def __init__(self, tokenizer: HFTokenizer, config: dict[str, Any], eos_token_ids: list[int] | None = None) -> None:
+    def __init__(self, tokenizer: HFTokenizer, config: dict[str, Any], eos_token_ids: list[int] | None = None,
+                 *, source: str = "tokenizer") -> None:
         check_tokenizer_config(config)
         self._tok = tokenizer
         self.config = config
@@ -57,7 +95,9 @@ class Tokenizer:
         self.pad_token_id = self._tok.token_to_id(self.pad_token) if self.pad_token else None
         eos = [self._tok.token_to_id(self.eos_token)] if self.eos_token else []
         self.eos_token_ids: list[int] = list(dict.fromkeys([i for i in eos + list(eos_token_ids or []) if i is not None]))
-        self.add_bos_token = bool(config.get("add_bos_token", False))
+        # What encode() does, from the post-processor; the config's flags only decide whether to warn.
+        self.add_bos_token = post_processor_adds(self._tok, self.bos_token_id)
+        self._warn_on_disagreement(source)
         self.chat_template: str | None = config.get("chat_template")
         if isinstance(self.chat_template, list):  # named templates: take "default"
             named = {t["name"]: t["template"] for t in self.chat_template}
@@ -86,7 +126,24 @@ class Tokenizer:
                 config["chat_template"] = jinja.read_text(encoding="utf-8")
             except UnicodeDecodeError as e:
                 raise ModelLoadError(f"{jinja}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-        return cls(tok, config, eos_token_ids)
+        return cls(tok, config, eos_token_ids, source=str(path))
+
+    def _warn_on_disagreement(self, source: str) -> None:
+        """One warning when tokenizer_config.json's add_bos_token / add_eos_token say other than tokenizer.json's
+        post-processor does (tokenizer.json wins, as in transformers 5; see the module docstring)."""
+        eos_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
+        actual = {"add_bos_token": (self.add_bos_token, self.bos_token),
+                  "add_eos_token": (post_processor_adds(self._tok, eos_id, at_start=False), self.eos_token)}
+        clashes = [f"{key} is {str(bool(self.config[key])).lower()} but tokenizer.json's post-processor "
+                   f"{'adds' if adds else 'does not add'} {token!r}"
+                   for key, (adds, token) in actual.items()
+                   if key in self.config and bool(self.config[key]) != adds and token is not None]
+        if clashes:
+            # A cinq folder written before tokenizer.json carried the BOS is the likely case: say how to repair it.
+            log.warning("%s: tokenizer_config.json's %s; following tokenizer.json, as transformers >= 5 does "
+                        "(make the two files agree to silence this; for a cinq-written folder missing its BOS, "
+                        "cinq.train.tokenizer_train.repair_bos_post_processor(folder) does)", source,
+                        "; ".join(clashes))
 
     @property
     def vocab_size(self) -> int:
@@ -98,12 +155,10 @@ class Tokenizer:
             if hasattr(self._tok, "get_added_tokens_decoder") else frozenset()
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of ``text``; with special tokens, BOS is prepended when the config asks for it."""
-        ids = self._tok.encode(text, add_special_tokens=add_special_tokens).ids
-        if add_special_tokens and self.add_bos_token and self.bos_token_id is not None \
-                and (not ids or ids[0] != self.bos_token_id):
-            ids = [self.bos_token_id] + ids
-        return ids
+        """Token ids of ``text``; with special tokens, those tokenizer.json's post-processor adds (for cinq's
+        folders, a leading BOS). A text that itself starts with the BOS token gets a second one, as in
+        transformers: rendered chat templates, which hold their own BOS, are encoded without special tokens."""
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -136,39 +136,116 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, bits: int = 4, group_size: i
     return QuantizedWeight(qweight, scales_t, zeros_t.to(torch.int32), g_idx.to(torch.int32), bits, group_size), loss
 
 
+def _quantize_group(names: tuple[str, ...], h: torch.Tensor, lin: dict, masters: dict[str, torch.Tensor] | None,
+                    grid: tuple, weights: dict[str, QuantizedWeight], losses: dict[str, float]) -> None:
+    """GPTQ the linears ``names`` (one input, one Hessian ``h``) as one stacked matrix; split the result back
+    into ``weights`` / ``losses`` and leave each linear holding its dequantized weight."""
+    from cinq.quant.calibration import set_weight
+    ws = [(masters[n] if masters is not None else lin[n].weight.detach()).float() for n in names]
+    qw, row_loss = gptq_quantize(torch.cat(ws), h, *grid)
+    lo = 0
+    for n, w in zip(names, ws):
+        part = qw.rows(lo, lo + w.shape[0])
+        losses[n] = float(row_loss[lo:lo + w.shape[0]].sum())
+        lo += w.shape[0]
+        set_weight(lin[n], part.dequantize())
+        weights[n] = part
+
+
 def gptq_block(block: torch.nn.Module, state, bits: int, group_size: int, sym: bool, desc_act: bool,
                static_groups: bool, damp_percent: float, lazy_batch_size: int, true_sequential: bool, batch: int = 8,
-               min_zero: int = 0, masters: dict[str, torch.Tensor] | None = None
+               min_zero: int = 0, masters: dict[str, torch.Tensor] | None = None, staged: bool = True
                ) -> tuple[dict[str, QuantizedWeight], dict[str, float]]:
     """GPTQ every linear of a decoder ``block`` on the calibration ``state`` (a calibration.BlockState).
 
-    True-sequential: q/k/v, then o, then gate/up, then down, each group's Hessian taken from a forward through
-    the already-quantized linears before it (forwards stop right after the inputs are seen). Linears that read
-    the same input share its Hessian and are quantized as one stacked matrix. ``masters`` holds float32
-    weights by local name when the block itself runs in a lower calibration dtype. The block's weights are left
-    dequantized, ready to produce the next block's inputs."""
-    from cinq.quant.calibration import BLOCK_LINEARS, block_linears, capture_inputs, run_block, set_weight
+    True-sequential: q/k/v, then o, then gate/up, then down, each group's Hessian taken from the inputs the
+    already-quantized linears before it produce (``gptq_block_staged``). Linears that read the same input share
+    its Hessian and are quantized as one stacked matrix. ``masters`` holds float32 weights by local name when
+    the block itself runs in a lower calibration dtype. The block's weights are left dequantized, ready to
+    produce the next block's inputs. ``staged`` False re-runs the block up to each stage instead (the reference
+    the staged path is tested against)."""
+    from cinq.model.llama import LlamaDecoderLayer
+    if staged and true_sequential and type(block) is LlamaDecoderLayer:
+        weights, losses, _ = gptq_block_staged(block, state, bits, group_size, sym, desc_act, static_groups,
+                                               damp_percent, lazy_batch_size, batch, min_zero, masters)
+        return weights, losses
+    from cinq.quant.calibration import BLOCK_LINEARS, block_linears, capture_inputs, run_block
 
     lin = block_linears(block)
     stages = BLOCK_LINEARS if true_sequential else (tuple(n for names in BLOCK_LINEARS for n in names),)
-    shared_groups = [names for names in BLOCK_LINEARS]
+    grid = (bits, group_size, sym, desc_act, static_groups, damp_percent, lazy_batch_size, min_zero)
     weights: dict[str, QuantizedWeight] = {}
     losses: dict[str, float] = {}
     for stage in stages:
-        groups = [names for names in shared_groups if names[0] in stage]
+        groups = [names for names in BLOCK_LINEARS if names[0] in stage]
         hooked = [names[0] for names in groups]
         accs = {key: HessianAccumulator(lin[key].in_features) for key in hooked}
-        with capture_inputs(block, hooked, lambda name, x: accs[name].add(x), stop_after=hooked[-1]):
+        with capture_inputs(block, hooked, lambda name, x, accs=accs: accs[name].add(x), stop_after=hooked[-1]):
             run_block(block, state, batch, keep_output=False)
         for names in groups:
-            ws = [(masters[n] if masters is not None else lin[n].weight.detach()).float() for n in names]
-            qw, row_loss = gptq_quantize(torch.cat(ws), accs[names[0]].h, bits, group_size, sym, desc_act,
-                                         static_groups, damp_percent, lazy_batch_size, min_zero)
-            lo = 0
-            for n, w in zip(names, ws):
-                part = qw.rows(lo, lo + w.shape[0])
-                losses[n] = float(row_loss[lo:lo + w.shape[0]].sum())
-                lo += w.shape[0]
-                set_weight(lin[n], part.dequantize())
-                weights[n] = part
+            _quantize_group(names, accs[names[0]].h, lin, masters, grid, weights, losses)
     return weights, losses
+
+
+def gptq_block_staged(block: torch.nn.Module, state, bits: int, group_size: int, sym: bool, desc_act: bool,
+                      static_groups: bool, damp_percent: float, lazy_batch_size: int, batch: int = 8,
+                      min_zero: int = 0, masters: dict[str, torch.Tensor] | None = None):
+    """True-sequential GPTQ of a LlamaDecoderLayer computing each piece of the block once: its inputs are kept
+    between the stages (normed input -> q/k/v, attention output -> o, normed residual -> gate/up, gated
+    activation -> down), where re-running the block up to each stage's linears would compute attention three
+    more times. Same values as the re-running loop, batch by batch. Returns (weights, losses, the next block's
+    calibration state). Extra memory: about three hidden-sized activations of the calibration set."""
+    from cinq.quant.calibration import BLOCK_LINEARS, BlockState, StopForward, block_linears, capture_inputs
+
+    lin = block_linears(block)
+    grid = (bits, group_size, sym, desc_act, static_groups, damp_percent, lazy_batch_size, min_zero)
+    weights: dict[str, QuantizedWeight] = {}
+    losses: dict[str, float] = {}
+    (qkv, o, gate_up, down) = BLOCK_LINEARS
+    n = state.hidden.shape[0]
+    parts = [slice(lo, lo + batch) for lo in range(0, n, batch)]
+
+    def quantize(names: tuple[str, ...], inputs: list[torch.Tensor]) -> None:
+        acc = HessianAccumulator(lin[names[0]].in_features)
+        for x in inputs:
+            acc.add(x)
+        _quantize_group(names, acc.h, lin, masters, grid, weights, losses)
+
+    def inputs_of(name: str, module: torch.nn.Module, batches: list[tuple]) -> list[torch.Tensor]:
+        """The input of linear ``name`` for every batch of ``module(*args)``, each run stopped once it is seen."""
+        seen: list[torch.Tensor] = []
+        with capture_inputs(block, [name], lambda _n, x: seen.append(x), stop_after=name):
+            for args in batches:
+                try:
+                    module(*args)
+                except StopForward:
+                    pass
+        return seen
+
+    with torch.inference_mode():
+        x1, res1 = [], []
+        for p in parts:  # LlamaDecoderLayer.forward, step by step
+            h = state.hidden[p]
+            if state.residual is None:
+                x1.append(block.input_layernorm(h))
+                res1.append(h)
+            else:
+                x, r = block.input_layernorm(h, state.residual[p])
+                x1.append(x)
+                res1.append(r)
+        quantize(qkv, x1)
+        attn_out = inputs_of(o[0], block.self_attn, [(state.positions[p], x, None) for p, x in zip(parts, x1)])
+        del x1
+        quantize(o, attn_out)
+        x2, res2 = [], []
+        for a, r in zip(attn_out, res1):
+            x, r2 = block.post_attention_layernorm(lin[o[0]](a), r)
+            x2.append(x)
+            res2.append(r2)
+        del attn_out, res1
+        quantize(gate_up, x2)
+        act = inputs_of(down[0], block.mlp, [(x,) for x in x2])
+        del x2
+        quantize(down, act)
+        out = torch.cat([lin[down[0]](m) for m in act])
+    return weights, losses, BlockState(out, torch.cat(res2), state.positions)

@@ -19,8 +19,9 @@ import torch
 from cinq.errors import InvalidParameterError
 from cinq.quant.calibration import (BLOCK_LINEARS, BlockState, CheckpointReader, block_linears, capture_inputs,
                                     run_block)
-from cinq.layers.quantization.packing import awq_pack, gptq_pack
+from cinq.layers.quantization.packing import awq_pack, gptq_pack, pack_unit
 from cinq.layers.quantization.qweight import QuantizedWeight
+from cinq.model.config import ModelConfig
 from cinq.quant.config import QuantConfig
 from cinq.quant.rtn import rtn_quantize
 from cinq.quant.writer import ShardWriter, write_configs
@@ -42,9 +43,10 @@ class QuantizeResult:
     losses: dict[str, float] = field(default_factory=dict)
 
 
-def _check_shapes(reader: CheckpointReader, cfg: QuantConfig) -> None:
-    """Refuse up front what the format cannot store, naming the layer and the limit."""
-    c, fmt = reader.config, cfg.target
+def check_shapes(c: ModelConfig, cfg: QuantConfig) -> None:
+    """Refuse up front what the format cannot store for a model of config ``c``, naming the layer and the limit
+    (InvalidParameterError)."""
+    fmt = cfg.target
     shapes = {"self_attn.q_proj": (c.hidden_size, c.q_size), "self_attn.k_proj": (c.hidden_size, c.kv_size),
               "self_attn.v_proj": (c.hidden_size, c.kv_size), "self_attn.o_proj": (c.q_size, c.hidden_size),
               "mlp.gate_proj": (c.hidden_size, c.intermediate_size),
@@ -54,7 +56,7 @@ def _check_shapes(reader: CheckpointReader, cfg: QuantConfig) -> None:
         shapes["lm_head"] = (c.hidden_size, c.vocab_size)
     if fmt.format == "w8a8":
         return
-    per = 32 // cfg.bits
+    per = pack_unit(cfg.bits)[0]  # values per whole packing unit (3 bits: 32 values in 3 words)
     for name, (k, n) in shapes.items():
         if n % per or (fmt.format in ("gptq", "gptq_v2") and k % per):
             raise InvalidParameterError(f"{name}: in/out features ({k}, {n}) must be multiples of {per} to pack "
@@ -84,7 +86,7 @@ def quantize_model(src: str | Path, dst: str | Path, cfg: QuantConfig, calib: to
     if dst.resolve() == src.resolve():
         raise InvalidParameterError("--out must differ from the source model folder", "out")
     reader = CheckpointReader(src)
-    _check_shapes(reader, cfg)
+    check_shapes(reader.config, cfg)
     if cfg.method != "rtn" and calib is None:
         raise InvalidParameterError(f"{cfg.method} needs calibration text (--calib FILE)", "calib")
     dense_dtype = reader.dtype()
@@ -150,12 +152,19 @@ def _quantize_block(block: torch.nn.Module, state: BlockState | None, cfg: Quant
         block.load_state_dict(master)
 
     if cfg.method == "gptq":
-        from cinq.quant.gptq import gptq_block
+        from cinq.model.llama import LlamaDecoderLayer
+        from cinq.quant.gptq import gptq_block, gptq_block_staged
         masters = {n: master[f"{n}.weight"] for n in lin}
-        weights, losses = gptq_block(block, state, fmt.bits, fmt.group_size, fmt.sym, fmt.desc_act,
-                                     fmt.static_groups, recipe.damp_percent, recipe.lazy_batch_size,
-                                     recipe.true_sequential, batch, fmt.min_zero, masters)
-        nxt = run_block(block, state, batch)  # from the quantized block: GPTQ compensates downstream
+        # The next block reads the quantized block's outputs: GPTQ compensates downstream.
+        if recipe.true_sequential and type(block) is LlamaDecoderLayer:
+            weights, losses, nxt = gptq_block_staged(block, state, fmt.bits, fmt.group_size, fmt.sym, fmt.desc_act,
+                                                     fmt.static_groups, recipe.damp_percent, recipe.lazy_batch_size,
+                                                     batch, fmt.min_zero, masters)
+        else:
+            weights, losses = gptq_block(block, state, fmt.bits, fmt.group_size, fmt.sym, fmt.desc_act,
+                                         fmt.static_groups, recipe.damp_percent, recipe.lazy_batch_size,
+                                         recipe.true_sequential, batch, fmt.min_zero, masters)
+            nxt = run_block(block, state, batch)
         restore_float32()
         return {n: _pack(cfg, qw) for n, qw in weights.items()}, nxt, losses
     if cfg.method == "awq":

@@ -31,6 +31,7 @@ from cinq.server.messages import template_messages
 from cinq.server.metrics import CONTENT_TYPE, ServerMetrics
 from cinq.server.openapi import build_openapi
 from cinq.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from cinq.server.stats_logger import StatsLogger
 from cinq.server.streams import ClientDisconnected
 from cinq.spec.config import SpeculativeConfig
 
@@ -41,9 +42,11 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def build_app(llm: AsyncLLM, model_names: list[str], model_path: str, api_key: str | None = None,
-              metrics_require_api_key: bool = False) -> FastAPI:
+              metrics_require_api_key: bool = False, log_stats_interval: float = 0.0) -> FastAPI:
     """The server for ``llm``; the engine loop starts and stops with the app's lifespan. With ``api_key`` every
-    route but ``/health`` and the playground page needs it (``/metrics`` only with ``metrics_require_api_key``)."""
+    route but ``/health`` and the playground page needs it (``/metrics`` only with ``metrics_require_api_key``).
+    ``log_stats_interval`` > 0: log throughput, queues and KV usage that often while there is load
+    (``cinq.server.stats_logger``; 0: off)."""
     metrics = ServerMetrics(model_names[0], llm.get_stats)
     llm.finished_callbacks.append(metrics.observe_finished)
     ctx = ServerContext(llm, list(model_names), model_path, metrics, api_key or None)
@@ -53,9 +56,15 @@ def build_app(llm: AsyncLLM, model_names: list[str], model_path: str, api_key: s
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         llm.start()
+        stats_logger = None
+        if log_stats_interval > 0:
+            stats_logger = StatsLogger(llm.get_stats, lambda: llm.stats_time, log_stats_interval)
+            stats_logger.start()
         try:
             yield
         finally:
+            if stats_logger is not None:
+                await stats_logger.stop()
             await llm.shutdown_async()  # waits for the engine thread off the event loop
 
     app = FastAPI(title="cinq", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)

@@ -27,7 +27,7 @@ async def render_chat_prompt(ctx: ServerContext, req_messages: list[dict], add_g
 
 async def create_chat_completion(ctx: ServerContext, req: ChatCompletionRequest, raw: Request):
     ctx.check_model(req.model)
-    params = req.to_sampling_params()
+    params = req.to_sampling_params(ctx.default_sampling_params)
     prompt = await render_chat_prompt(ctx, req.template_messages(), req.add_generation_prompt,
                                       req.chat_template_kwargs)
     request_id = new_id("chatcmpl")

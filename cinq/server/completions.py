@@ -24,7 +24,7 @@ from cinq.server.streams import DONE, SSEResponse, final_outputs, merge_streams,
 
 async def create_completion(ctx: ServerContext, req: CompletionRequest, raw: Request):
     ctx.check_model(req.model)
-    params = req.to_sampling_params()
+    params = req.to_sampling_params(ctx.default_sampling_params)
     prompts = []
     for p in req.prompts():
         if isinstance(p, str):

@@ -7,6 +7,7 @@ import asyncio
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from cinq.engine.async_engine import AsyncLLM, RequestStream
 from cinq.model.tokenizer import Tokenizer
@@ -41,6 +42,11 @@ class ServerContext:
     @property
     def tokenizer(self) -> Tokenizer:
         return self.llm.engine.tokenizer
+
+    @property
+    def default_sampling_params(self) -> dict[str, Any]:
+        """What requests that omit sampling fields get (the model's generation config; {} with none)."""
+        return getattr(self.llm.engine, "default_sampling_params", {})
 
     @property
     def max_model_len(self) -> int:

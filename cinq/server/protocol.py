@@ -9,12 +9,14 @@ OpenAI does; chat messages (server/messages.py) allow exactly their role's keys,
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from cinq.engine.spec_metrics import MAX_LANGUAGE_LEN, check_language
 from cinq.errors import InvalidParameterError
+from cinq.model.generation_defaults import fill_defaults
 from cinq.sampling_params import MAX_LOGPROBS, OutputKind, SamplingParams
 from cinq.server.messages import ChatMessage, template_messages
 
@@ -83,20 +85,24 @@ class _SamplingRequest(BaseModel):
                                         "best_of")
         check_language(self.language)
 
-    def _sampling_params(self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None
-                         ) -> SamplingParams:
+    def _sampling_params(self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None,
+                         defaults: Mapping[str, Any] | None) -> SamplingParams:
+        """``max_tokens``: already resolved (None: up to the context). The sampling fields the request omits
+        come from ``defaults`` (the model's generation config, as vLLM fills them), then SamplingParams'."""
         given = {
             "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
             "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
-            "repetition_penalty": self.repetition_penalty,
+            "repetition_penalty": self.repetition_penalty, "max_tokens": max_tokens,
+            "min_tokens": self.min_tokens if "min_tokens" in self.model_fields_set else None,
         }
+        values = fill_defaults(given, {k: v for k, v in (defaults or {}).items() if k != "max_tokens"})
+        values["max_tokens"] = max_tokens
         return SamplingParams(
-            n=self.n, seed=self.seed, max_tokens=max_tokens, min_tokens=self.min_tokens, stop=self.stop,
+            n=self.n, seed=self.seed, stop=self.stop,
             stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos, logprobs=logprobs,
             prompt_logprobs=prompt_logprobs, skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
-            output_kind=OutputKind.DELTA if self.stream else OutputKind.FINAL_ONLY,
-            **{k: v for k, v in given.items() if v is not None})
+            output_kind=OutputKind.DELTA if self.stream else OutputKind.FINAL_ONLY, **values)
 
     @property
     def include_usage(self) -> bool:
@@ -114,12 +120,16 @@ class CompletionRequest(_SamplingRequest):
     echo: bool = False
     suffix: str | None = _schema(maxLength=0, description="not supported: omit, null or ''")
 
-    def to_sampling_params(self) -> SamplingParams:
+    def to_sampling_params(self, defaults: Mapping[str, Any] | None = None) -> SamplingParams:
+        """The request as SamplingParams; ``defaults``: the model's sampling defaults for omitted fields."""
         self._check_common()
         if self.suffix:
             raise InvalidParameterError("suffix is not supported by cinq", "suffix")
         prompt_logprobs = self.logprobs if self.echo and self.logprobs is not None else None
-        return self._sampling_params(self.max_tokens, self.logprobs, prompt_logprobs)
+        # omitted: the model's max_new_tokens, else OpenAI's 16; an explicit null: up to the context
+        max_tokens = self.max_tokens if "max_tokens" in self.model_fields_set \
+            else (defaults or {}).get("max_tokens", self.max_tokens)
+        return self._sampling_params(max_tokens, self.logprobs, prompt_logprobs, defaults)
 
     def prompts(self) -> list[str | list[int]]:
         """The prompt field as a list of prompts (strings or token-id lists)."""
@@ -155,7 +165,8 @@ class ChatCompletionRequest(_SamplingRequest):
     tools: list[Any] | None = None
     tool_choice: Any = None
 
-    def to_sampling_params(self) -> SamplingParams:
+    def to_sampling_params(self, defaults: Mapping[str, Any] | None = None) -> SamplingParams:
+        """The request as SamplingParams; ``defaults``: the model's sampling defaults for omitted fields."""
         self._check_common()
         if not self.messages:
             raise InvalidParameterError("messages must hold at least one message", "messages")
@@ -172,8 +183,10 @@ class ChatCompletionRequest(_SamplingRequest):
             raise InvalidParameterError(
                 f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {self.top_logprobs}", "top_logprobs")
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        if max_tokens is None:  # neither given: the model's max_new_tokens, else up to the context
+            max_tokens = (defaults or {}).get("max_tokens")
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        return self._sampling_params(max_tokens, logprobs, None)
+        return self._sampling_params(max_tokens, logprobs, None, defaults)
 
     def template_messages(self) -> list[dict[str, Any]]:
         return template_messages(self.messages)

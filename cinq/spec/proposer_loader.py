@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from cinq.assets import shipped_model_path
+from cinq.assets import resolve_model_path
 from cinq.errors import InvalidParameterError
 from cinq.model.config import ModelConfig
 from cinq.model.llama import LlamaForCausalLM
@@ -21,16 +21,9 @@ from cinq.spec.proposer import Proposer
 
 
 def resolve_spec_model(name: str) -> Path:
-    """``speculative_config.model`` as a folder: a path, or the name of an embedded model ("cinq-tiny-student")."""
-    path = Path(name)
-    if (path / "config.json").is_file():
-        return path
-    shipped = shipped_model_path(name)
-    if shipped is not None:
-        return shipped
-    raise InvalidParameterError(
-        f"speculative_config.model: {name!r} is neither a model folder (with config.json) nor an embedded model",
-        "model")
+    """``speculative_config.model`` as a folder: a path, or the name of an embedded model ("cinq-tiny-student");
+    anything else is the resolver's one-line ModelLoadError naming ``speculative_config.model``."""
+    return resolve_model_path(name, "speculative_config.model")
 
 
 def load_proposer(spec: SpeculativeConfig | None, target_path: str | Path, target: LlamaForCausalLM,

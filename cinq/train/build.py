@@ -10,7 +10,7 @@ from typing import Any
 from cinq.train.corpus import CorpusSettings, build_corpus, read_split
 from cinq.train.data import tokenize_corpus
 from cinq.train.sources import Source
-from cinq.train.tokenizer_train import save_tokenizer, train_bpe
+from cinq.train.tokenizer_train import repair_bos_post_processor, save_tokenizer, train_bpe
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +28,9 @@ def build_dataset(sources: list[Source], out: str | Path, settings: CorpusSettin
         for f in Path(tokenizer_dir).iterdir():
             if f.suffix == ".json":
                 shutil.copyfile(f, tok_out / f.name)
+        # A tokenizer written before cinq gave its tokenizer.json the BOS post-processor: transformers would
+        # tokenize this corpus's models without their BOS (only tokenizer.json counts there).
+        repair_bos_post_processor(tok_out)
     else:
         log.info("training a %d-token byte-level BPE", vocab_size)
         texts = [d.text for d in read_split(out / "train.jsonl")]

@@ -26,7 +26,10 @@ CHAT_REQUESTS = {"en": "Tell me a fortune.", "de": "Erzähl mir einen Spruch.", 
 class CorpusSettings:
     """Sizes of the parts that are not read from packages, and the held-out caps."""
 
-    arithmetic_train: int = 20_000
+    arithmetic_train: int = 10_000
+    # Easy-level problems (train split only: the held-out arithmetic-easy benchmark draws its own test split),
+    # so that the shipped teacher can do the reasoning the quantization study judges.
+    arithmetic_easy_train: int = 30_000
     arithmetic_eval: int = 300  # problems per validation / test split
     chat_arithmetic: int = 4_000  # train problems rendered as chat turns (another seed than the plain ones)
     chat_fortunes: int = 400  # fortunes per language rendered as chat turns
@@ -80,6 +83,9 @@ def synthetic_documents(settings: CorpusSettings, fortunes_train: Iterable[Docum
         n = settings.arithmetic_train if split == "train" else settings.arithmetic_eval
         for i, p in enumerate(arithmetic_problems(n, seed=settings.seed, split=split)):
             out[split].append(Document(p.text(), "math", "arithmetic", f"{split}#{i}"))
+    for i, p in enumerate(arithmetic_problems(settings.arithmetic_easy_train, seed=settings.seed, split="train",
+                                              level="easy")):
+        out["train"].append(Document(p.text(), "math", "arithmetic-easy", f"train#{i}"))
     for i, p in enumerate(arithmetic_problems(settings.chat_arithmetic, seed=settings.seed + 1, split="train")):
         out["train"].append(Document(chat_text(p.question, p.target()), "chat", "chat", f"arithmetic#{i}"))
     by_lang: dict[str, list[Document]] = {}
@@ -156,7 +162,7 @@ def build_corpus(sources: list[Source], out: str | Path, settings: CorpusSetting
     out.mkdir(parents=True, exist_ok=True)
     by_split, stats = collect(sources, settings)
     files = {s: write_split(out / f"{s}.jsonl", by_split[s]) for s in SPLITS}
-    for src in list(stats) + ["arithmetic", "chat"]:
+    for src in list(stats) + ["arithmetic", "arithmetic-easy", "chat"]:
         stats.setdefault(src, {"package": None, "package_version": None, "kind": "synthetic"})
         for s in SPLITS:
             docs = [d for d in by_split[s] if d.source == src]

@@ -16,7 +16,6 @@ under one of four data regimes:
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,13 +28,16 @@ from cinq.model.loader import load_model
 from cinq.train.cot import build_cot_examples, cot_batch
 from cinq.train.data import BatchSampler, TokenSplit
 from cinq.train.export import export_model
+from cinq.train.generated_cache import keyed_path, model_identity
 from cinq.train.losses import HiddenProjection, forward_kl, layer_map
 from cinq.train.objective import Objective
 from cinq.train.onpolicy import OnPolicyPool
 from cinq.train.presets import model_config, new_model
 from cinq.train.seqkd import teacher_token_stream
+from cinq.train.spec_head_data import corpus_identity
 from cinq.train.tokenizer_train import load_tokenizer, special_ids
-from cinq.train.trainer import Trainer, TrainSettings
+from cinq.train.trainer import Trainer
+from cinq.train.training_run import run_training, train_settings
 
 log = logging.getLogger(__name__)
 REGIMES = ("offpolicy", "seqkd", "onpolicy", "cot")
@@ -147,15 +149,24 @@ class Distiller:
 
     # -- per-regime data ---------------------------------------------------------------------------------------
     def prepare(self, total_steps: int) -> None:
-        """Generate what the regime needs before training (cached in the run folder, so resuming skips it)."""
+        """Generate what the regime needs before training (cached in the run folder under a key of the settings
+        that produced it, so resuming skips it and a changed teacher or setting regenerates it)."""
         j = self.job
+        teacher = model_identity(self.teacher_dir)
         if j.regime == "seqkd":
-            stream = teacher_token_stream(self, j.seqkd_sequences, j.seqkd_max_tokens, self.out / "seqkd.tokens.npy")
+            parts = {"teacher": teacher, "corpus": corpus_identity(j.data_dir), "sequences": j.seqkd_sequences,
+                     "max_tokens": j.seqkd_max_tokens, "temperature": j.sample_temperature, "seed": j.seed,
+                     "generator": j.generator}
+            stream = teacher_token_stream(self, j.seqkd_sequences, j.seqkd_max_tokens,
+                                          keyed_path(self.out, "seqkd", ".tokens.npy", parts))
             self.seqkd = BatchSampler(stream, j.batch_size, j.seq_len, j.seed)
         elif j.regime == "onpolicy":
             self.pool = OnPolicyPool(self, total_steps)
         elif j.regime == "cot":
-            self.cot_examples = build_cot_examples(self, j.cot_problems, self.out / "cot_examples.json")
+            parts = {"teacher": teacher, "problems": j.cot_problems, "rationales": j.cot_rationales,
+                     "seed": j.seed, "generator": j.generator}
+            self.cot_examples = build_cot_examples(self, j.cot_problems,
+                                                   keyed_path(self.out, "cot_examples", ".json", parts))
 
     def batch(self, step: int) -> Any:
         j = self.job
@@ -206,13 +217,9 @@ class Distiller:
 
     def run(self) -> dict[str, Any]:
         j = self.job
-        steps = max(1, j.token_budget // (j.batch_size * j.seq_len))
         n_params = sum(p.numel() for p in self.student.parameters())
-        settings = TrainSettings(
-            out_dir=j.out_dir, total_steps=steps, batch_size=j.batch_size, seq_len=j.seq_len, lr=j.lr,
-            warmup_steps=min(j.warmup_steps, steps), weight_decay=j.weight_decay, seed=j.seed,
-            eval_every=j.eval_every, ckpt_every_s=j.ckpt_every_s, max_run_s=j.max_run_s, progress=j.progress,
-            extra={"job": asdict(j), "student_parameters": n_params})
+        settings = train_settings(j, {"job": asdict(j), "student_parameters": n_params})
+        steps = settings.total_steps
         self.prepare(steps)
         extra = torch.nn.ModuleDict({"proj": self.proj}) if self.proj is not None else None
         trainer = Trainer(self.student, self.loss, self.batch, settings, extra_modules=extra, eval_fn=self.eval_fn())
@@ -220,12 +227,10 @@ class Distiller:
             self.pool.trainer = trainer
         log.info("distilling %s -> %s (%.2fM parameters): regime %s, loss %s, %d steps", j.teacher, j.student,
                  n_params / 1e6, j.regime, j.loss, steps)
-        summary = trainer.run()
-        summary.update({"student_parameters": n_params, "job": asdict(j)})
-        if summary["finished"]:
+
+        def export(summary: dict[str, Any]) -> None:
             summary["model_dir"] = str(export_model(self.student, self.teacher_dir, self.out / "model"))
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        return summary
+        return run_training(trainer, {"student_parameters": n_params, "job": asdict(j)}, export)
 
 
 def distill(job: DistillJob) -> dict[str, Any]:

@@ -1,22 +1,20 @@
 """Held-out quality of a model: perplexity per language on the corpus test split, KL to a teacher, and
-exact-match accuracy on the held-out arithmetic problems, whole and step by step (greedy decoding with cinq's engine)."""
+exact-match accuracy on the held-out arithmetic problems, whole and step by step (greedy decoding with cinq's
+engine; the benchmark itself is cinq.eval.arithmetic)."""
 
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from cinq.eval.arithmetic import evaluate_arithmetic
 from cinq.eval.perplexity import token_nll
-from cinq.eval.tasks import accuracy, arithmetic_problems, step_accuracy, step_items
 from cinq.train.data import TokenSplit
-from cinq.train.generation import generate_naive, generate_with_engine
 from cinq.train.losses import forward_kl
-from cinq.train.tokenizer_train import load_tokenizer, special_ids
 
 LANG_ORDER = ("en", "de", "es", "it", "ru", "pl", "cs", "zh", "code", "math")
 
@@ -60,35 +58,21 @@ def kl_to_teacher(student: Any, teacher: Any, data_dir: str | Path, split: str =
 
 
 def arithmetic_eval(model_dir: str | Path, n: int = 300, seed: int = 0, split: str = "test",
-                    generator: str = "engine", model: Any = None) -> dict[str, Any]:
-    """Greedy exact-match accuracy on ``n`` held-out problems; returns accuracy, timing and a few samples."""
-    tok = load_tokenizer(model_dir)
-    ids = special_ids(tok)
-    problems = arithmetic_problems(n, seed=seed, split=split)
-    items = step_items(problems)
-
-    def complete(texts: list[str], max_tokens: int) -> list[str]:
-        prompts = [[ids["bos"], *tok.encode(t, add_special_tokens=False).ids] for t in texts]
-        if generator == "engine":
-            outs = generate_with_engine(model_dir, prompts, max_tokens, 0.0, seed, stop=["\nQuestion"],
-                                        dtype="bfloat16")
-        else:
-            outs = generate_naive(model, prompts, max_tokens, 0.0, seed, [ids["eos"]])
-        return [tok.decode(o, skip_special_tokens=True) for o in outs]
-
-    t0 = time.perf_counter()
-    completions = complete([p.prompt() for p in problems], 96)
-    step_completions = complete([it.prompt for it in items], 16)
-    return {"accuracy": accuracy(problems, completions), "problems": n, "split": split, "seed": seed,
-            "step_accuracy": step_accuracy(items, step_completions), "steps": len(items),
-            "seconds": time.perf_counter() - t0,
-            "samples": [{"prompt": p.prompt(), "completion": c, "answer": p.answer}
-                        for p, c in zip(problems[:3], completions[:3])]}
+                    generator: str = "engine", model: Any = None, task: str = "arithmetic") -> dict[str, Any]:
+    """Greedy exact-match accuracy on ``n`` held-out problems, whole and per step, with standard errors (the one
+    implementation: cinq.eval.arithmetic); returns accuracy, timing and a few samples as a JSON-ready dict.
+    ``generator`` "naive" decodes ``model`` (a loaded module) without the engine."""
+    r = evaluate_arithmetic(model_dir, task=task, n=n, seed=seed, split=split, generator=generator,
+                            dtype="bfloat16" if generator == "engine" else "float32", model=model)
+    return {"accuracy": r.accuracy, "accuracy_se": r.accuracy_se, "problems": n, "split": split, "seed": seed,
+            "task": task, "step_accuracy": r.step_accuracy, "step_accuracy_se": r.step_accuracy_se,
+            "steps": r.n_steps, "seconds": r.seconds, "samples": r.samples}
 
 
 def evaluate_folder(model_dir: str | Path, data_dir: str | Path, teacher: Any = None, n_arith: int = 300,
-                    context_len: int = 512) -> dict[str, Any]:
-    """Perplexities, arithmetic accuracy and (given a teacher model) KL to the teacher of a saved model."""
+                    context_len: int = 512, n_arith_easy: int = 1000) -> dict[str, Any]:
+    """Perplexities, arithmetic accuracy (the corpus level on ``n_arith`` problems, the easy level on
+    ``n_arith_easy``; 0 skips it) and (given a teacher model) KL to the teacher of a saved model."""
     from cinq.model.loader import load_model
     model = load_model(model_dir, dtype="float32")
     result: dict[str, Any] = {"model_dir": str(model_dir),
@@ -97,4 +81,7 @@ def evaluate_folder(model_dir: str | Path, data_dir: str | Path, teacher: Any = 
     if teacher is not None:
         result["kl_to_teacher"] = kl_to_teacher(model, teacher, data_dir)
     result["arithmetic"] = arithmetic_eval(model_dir, n_arith)
+    if n_arith_easy:
+        # The level the shipped teacher is trained to solve (and the quantization study judges).
+        result["arithmetic_easy"] = arithmetic_eval(model_dir, n_arith_easy, task="arithmetic-easy")
     return result

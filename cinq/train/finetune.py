@@ -8,7 +8,6 @@ core) bring it to about a third of its held-out problems (57% of steps), a model
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,8 @@ from cinq.train.data import BatchSampler
 from cinq.train.export import export_model
 from cinq.train.pretrain import causal_lm_loss
 from cinq.train.tokenizer_train import load_tokenizer, special_ids
-from cinq.train.trainer import Trainer, TrainSettings
+from cinq.train.trainer import Trainer
+from cinq.train.training_run import run_training, train_settings
 
 log = logging.getLogger(__name__)
 
@@ -66,17 +66,10 @@ def finetune_on_task(job: FinetuneJob) -> dict[str, Any]:
     model = load_model(job.base, dtype="float32")
     sampler = BatchSampler(task_tokens(tok, job.task, job.n_problems, job.seed), job.batch_size, job.seq_len,
                            job.seed)
-    steps = max(1, job.token_budget // (job.batch_size * job.seq_len))
-    settings = TrainSettings(
-        out_dir=job.out_dir, total_steps=steps, batch_size=job.batch_size, seq_len=job.seq_len, lr=job.lr,
-        warmup_steps=min(job.warmup_steps, steps), weight_decay=job.weight_decay, seed=job.seed,
-        eval_every=0, ckpt_every_s=job.ckpt_every_s, progress=job.progress,
-        extra={"base": job.base, "task": job.task, "n_problems": job.n_problems})
-    log.info("fine-tuning %s on %s for %d steps", job.base, job.task, steps)
+    settings = train_settings(job, {"base": job.base, "task": job.task, "n_problems": job.n_problems})
+    log.info("fine-tuning %s on %s for %d steps", job.base, job.task, settings.total_steps)
     trainer = Trainer(model, lambda batch, step: (causal_lm_loss(model, batch), {}), sampler.batch, settings)
-    summary = trainer.run()
-    summary.update({"base": job.base, "task": job.task, "lr": job.lr, "seed": job.seed})
-    if summary["finished"]:
+
+    def export(summary: dict[str, Any]) -> None:
         summary["model_dir"] = str(export_model(model.eval(), job.base, Path(job.out_dir) / "model"))
-    (Path(job.out_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
+    return run_training(trainer, {"base": job.base, "task": job.task, "lr": job.lr, "seed": job.seed}, export)

@@ -34,6 +34,8 @@ def ship_run(run_dir: str | Path, dest: str | Path, data_dir: str | Path, name: 
     curve and ``README.md``; returns the evaluation."""
     run_dir, dest, data_dir = Path(run_dir), Path(dest), Path(data_dir)
     dest.mkdir(parents=True, exist_ok=True)
+    # The version this one replaces, for the card's before/after rows (kept in the card once written).
+    previous = json.loads((dest / "eval.json").read_text()) if (dest / "eval.json").is_file() else None
     for f in SHIPPED_FILES:
         src = run_dir / "model" / f
         if src.is_file():
@@ -62,6 +64,9 @@ def ship_run(run_dir: str | Path, dest: str | Path, data_dir: str | Path, name: 
         except ImportError:
             pass
     result = evaluate_folder(dest, data_dir, teacher=teacher, n_arith=n_arith)
+    if previous is not None:
+        result["previous"] = {k: previous.get(k) for k in ("perplexity", "arithmetic", "arithmetic_easy",
+                                                            "kl_to_teacher") if previous.get(k) is not None}
     (dest / "eval.json").write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     (dest / "README.md").write_text(render_card(name, description, dest, training, manifest, result))
     return result
@@ -73,6 +78,26 @@ def _schedule(s: dict[str, Any]) -> str:
         return f"{s['warmup_steps']} warmup steps, then cosine decay to {s['min_lr_ratio']}x"
     return (f"{s['warmup_steps']} warmup steps, constant, then cosine decay to {s['min_lr_ratio']}x over the last "
             f"{frac:.0%} of the steps after warmup")
+
+
+def _perplexity_table(result: dict[str, Any]) -> list[str]:
+    """Per-language perplexity; with the replaced version's evaluation, its row and the change too."""
+    ppl = result["perplexity"]
+    before = (result.get("previous") or {}).get("perplexity")
+    if not before:
+        return ["| " + " | ".join(ppl) + " |", "|" + "---|" * len(ppl),
+                "| " + " | ".join(f"{v:.2f}" for v in ppl.values()) + " |", ""]
+    lines = ["| | " + " | ".join(ppl) + " |", "|---|" + "---|" * len(ppl),
+             "| this version | " + " | ".join(f"{v:.2f}" for v in ppl.values()) + " |",
+             "| replaced version | " + " | ".join(f"{before[k]:.2f}" if k in before else "—" for k in ppl) + " |",
+             "| change | " + " | ".join(f"{ppl[k] / before[k] - 1:+.1%}" if k in before else "—" for k in ppl)
+             + " |", ""]
+    prev = result["previous"]
+    for key, label in (("arithmetic", "arithmetic"), ("arithmetic_easy", "arithmetic-easy")):
+        if key in prev and key in result:
+            lines.append(f"The replaced version scored {prev[key]['accuracy']:.1%} on {label} "
+                         f"({prev[key]['problems']} problems); this one {result[key]['accuracy']:.1%}.")
+    return lines + [""]
 
 
 def render_card(name: str, description: str, folder: Path, training: dict[str, Any], manifest: dict[str, Any],
@@ -105,8 +130,7 @@ def render_card(name: str, description: str, folder: Path, training: dict[str, A
               "![loss curve](loss_curve.png)", "",
               "## Held-out evaluation", "",
               "Perplexity on the corpus test split (documents never trained on), per language:", "",
-              "| " + " | ".join(result["perplexity"]) + " |", "|" + "---|" * len(result["perplexity"]),
-              "| " + " | ".join(f"{v:.2f}" for v in result["perplexity"].values()) + " |", ""]
+              *_perplexity_table(result)]
     if "kl_to_teacher" in result:
         lines += [f"Forward KL(teacher || this model) per token on test windows: {result['kl_to_teacher']:.3f}", ""]
     a = result["arithmetic"]
@@ -115,7 +139,15 @@ def render_card(name: str, description: str, folder: Path, training: dict[str, A
               f"match on the `Answer:` line): **{a['accuracy']:.1%}**"
               + (f"; each of their {a['steps']} worked steps, generated after the correct earlier steps: "
                  f"**{a['step_accuracy']:.1%}**" if "step_accuracy" in a else ""), "",
-              "Example (prompt, then the model's completion):", "", "```", sample["prompt"] + sample["completion"],
+              ]
+    easy = result.get("arithmetic_easy")
+    if easy:
+        lines += [f"Arithmetic, easy level (the `arithmetic-easy` task: held-out test split, {easy['problems']} "
+                  f"problems whose chains of steps no training problem has, greedy): **{easy['accuracy']:.1%}** "
+                  f"(SE {easy['accuracy_se']:.1%}); steps: **{easy['step_accuracy']:.1%}** "
+                  f"(SE {easy['step_accuracy_se']:.1%}, clustered by problem)", ""]
+        sample = easy["samples"][0]
+    lines += ["Example (prompt, then the model's completion):", "", "```", sample["prompt"] + sample["completion"],
               "```", "",
               "## Data", "",
               "Built by `cinq data build` (same inputs, same bytes); full manifest in `data_manifest.json`.", "",
@@ -135,8 +167,11 @@ DESCRIPTIONS = {
         "cinq's embedded default model: a small Llama-architecture model trained from scratch, on a 2-core CPU, "
         "from text that Debian packages put on this machine (fortunes in English, German, Spanish, Italian and "
         "Russian, and deliberately little Polish, Czech and Chinese; the KJV, WEB and Reina-Valera bibles; "
-        "Python's standard library) plus synthetic arithmetic word problems with worked steps. It is a toy for "
-        "running cinq out of the box with no download, and the teacher of `cinq-tiny-student`."),
+        "Python's standard library) plus synthetic arithmetic word problems with worked steps, at two levels: "
+        "the corpus level and the easy level of the `arithmetic-easy` task (30,000 training problems, about a "
+        "fifth of the tokens), so that the shipped teacher can do a little of the reasoning that the "
+        "quantization study judges. It is a toy for running cinq out of the box with no download, and the "
+        "teacher of `cinq-tiny-student` and of the speculative heads."),
     "cinq-tiny-student": (
         "A ~1.8M-parameter student distilled from `cinq-tiny` (token-level forward KL on the same corpus), meant "
         "as the draft model for speculative decoding once that is built. `benchmarks/results/distill.md` compares "
@@ -155,11 +190,14 @@ def data_command(data_dir: str | Path) -> str:
     """The `cinq data build` command that made ``data_dir`` (from its manifest settings)."""
     m = json.loads((Path(data_dir) / "manifest.json").read_text())
     st = m.get("settings", {})
+    from cinq.train.corpus import CorpusSettings
+    defaults = CorpusSettings()
     extra = ""
-    if st.get("arithmetic_train", 20_000) != 20_000:
-        extra += f" --arithmetic-train {st['arithmetic_train']}"
-    if st.get("arithmetic_eval", 300) != 300:
-        extra += f" --arithmetic-eval {st['arithmetic_eval']}"
+    for name in ("arithmetic_train", "arithmetic_easy_train", "arithmetic_eval"):
+        # A corpus built before a setting existed had none of it (0), not today's default.
+        value = st.get(name, 0)
+        if value != getattr(defaults, name):
+            extra += f" --{name.replace('_', '-')} {value}"
     vocab = m.get("tokenizer", {}).get("vocab_size", 8192)
     if vocab != 8192:
         extra += f" --vocab-size {vocab}"

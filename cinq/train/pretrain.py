@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +14,8 @@ from cinq.train.data import BatchSampler, TokenSplit
 from cinq.train.export import export_model
 from cinq.train.presets import model_config, new_model
 from cinq.train.tokenizer_train import load_tokenizer, special_ids
-from cinq.train.trainer import Trainer, TrainSettings
+from cinq.train.trainer import Trainer
+from cinq.train.training_run import run_training, train_settings
 
 log = logging.getLogger(__name__)
 
@@ -75,28 +75,19 @@ def pretrain(job: PretrainJob) -> dict[str, Any]:
     n_params = sum(p.numel() for p in model.parameters())
     train = TokenSplit.load(job.data_dir, "train")
     sampler = BatchSampler(train.tokens, job.batch_size, job.seq_len, job.seed)
-    steps = max(1, job.token_budget // (job.batch_size * job.seq_len))
-    settings = TrainSettings(
-        out_dir=job.out_dir, total_steps=steps, batch_size=job.batch_size, seq_len=job.seq_len, lr=job.lr,
-        warmup_steps=min(job.warmup_steps, steps), decay_frac=job.decay_frac, weight_decay=job.weight_decay,
-        seed=job.seed,
-        eval_every=job.eval_every, ckpt_every_s=job.ckpt_every_s, max_run_s=job.max_run_s, progress=job.progress,
-        extra={"config": job.config, "parameters": n_params, "data_dir": job.data_dir})
-    log.info("training %s (%.2fM parameters) for %d steps = %d tokens", job.config, n_params / 1e6, steps,
-             steps * settings.tokens_per_step)
+    settings = train_settings(job, {"config": job.config, "parameters": n_params, "data_dir": job.data_dir})
+    log.info("training %s (%.2fM parameters) for %d steps = %d tokens", job.config, n_params / 1e6,
+             settings.total_steps, settings.total_steps * settings.tokens_per_step)
     trainer = Trainer(model, lambda batch, step: (causal_lm_loss(model, batch), {}), sampler.batch, settings,
                       eval_fn=validation_eval(model, job.data_dir, job.batch_size, job.seq_len))
-    summary = trainer.run()
-    summary.update({"parameters": n_params, "config": job.config, "batch_size": job.batch_size,
-                    "seq_len": job.seq_len, "lr": job.lr, "seed": job.seed})
-    if summary["finished"]:
-        out = export_model(model, job.tokenizer_path, Path(job.out_dir) / "model")
-        summary["model_dir"] = str(out)
+
+    def export(summary: dict[str, Any]) -> None:
+        summary["model_dir"] = str(export_model(model, job.tokenizer_path, Path(job.out_dir) / "model"))
         try:
             from cinq.train.plots import plot_loss_curves
             plot_loss_curves({job.config: trainer.history}, Path(job.out_dir) / "loss_curve.png",
                              evals={job.config: trainer.evals})
         except ImportError:  # matplotlib is optional
             log.warning("matplotlib not installed: no loss curve plot")
-    (Path(job.out_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
+    return run_training(trainer, {"parameters": n_params, "config": job.config, "batch_size": job.batch_size,
+                                  "seq_len": job.seq_len, "lr": job.lr, "seed": job.seed}, export)

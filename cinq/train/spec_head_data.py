@@ -14,7 +14,6 @@ from the corpus test split, which neither the target nor the heads trained on.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -25,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from cinq.train.generated_cache import settings_key
 from cinq.train.generation import generate_naive, generate_with_engine
 from cinq.train.seqkd import mixed_prompts
 
@@ -49,8 +49,7 @@ class GenerationSettings:
         settings = asdict(self)
         if self.prompt_mix == "balanced":  # keyed as before the option existed, so older caches still match
             del settings["prompt_mix"]
-        blob = json.dumps({"settings": settings, "target": target_fingerprint, "corpus": corpus}, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return settings_key({"settings": settings, "target": target_fingerprint, "corpus": corpus})
 
 
 @dataclass(slots=True)

@@ -45,7 +45,8 @@ from cinq.train.losses import forward_kl
 from cinq.train.model_card import _cpu_name
 from cinq.train.seqkd import PROMPT_MIXES
 from cinq.train.spec_head_data import GenerationSettings, SequenceSampler, TargetSequences, target_sequences
-from cinq.train.trainer import Trainer, TrainSettings
+from cinq.train.trainer import Trainer
+from cinq.train.training_run import run_training, train_settings
 
 log = logging.getLogger(__name__)
 HEAD_METHODS = ("eagle", "eagle3", "medusa")
@@ -243,21 +244,15 @@ class HeadTrainer:
     # -- the run -----------------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         j = self.job
-        steps = max(1, j.token_budget // (j.batch_size * j.seq_len))
         n_params = sum(p.numel() for p in self.head.parameters())
-        settings = TrainSettings(
-            out_dir=j.out_dir, total_steps=steps, batch_size=j.batch_size, seq_len=j.seq_len, lr=j.lr,
-            warmup_steps=min(j.warmup_steps, steps), weight_decay=0.0, seed=j.seed, eval_every=j.eval_every,
-            ckpt_every_s=j.ckpt_every_s, max_run_s=j.max_run_s, progress=j.progress, log_every=5,
-            extra={"job": _jsonable(asdict(j)), "head_parameters": n_params})
+        settings = train_settings(j, {"job": _jsonable(asdict(j)), "head_parameters": n_params},
+                                  weight_decay=0.0, log_every=5)
         trainer = Trainer(self.head, self.loss, self.sampler.batch, settings, eval_fn=self.eval_fn())
         log.info("training %s heads for %s (%.2fM parameters): %d steps on %d target sequences (%d tokens)",
-                 j.method, j.target, n_params / 1e6, steps, len(self.train_seqs), self.train_seqs.num_tokens)
-        summary = trainer.run()
-        summary.update({"head_parameters": n_params, "job": _jsonable(asdict(j)),
-                        "train_data": _describe(self.train_seqs), "eval_data": _describe(self.eval_seqs),
-                        "cpu": _cpu_name(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__})
-        if summary["finished"]:
+                 j.method, j.target, n_params / 1e6, settings.total_steps, len(self.train_seqs),
+                 self.train_seqs.num_tokens)
+
+        def export(summary: dict[str, Any]) -> None:
             self.head.eval()
             summary["acceptance"] = self.acceptance()
             summary["acceptance_ngram"] = measure_ngram(self.eval_batches(), self._k())
@@ -267,8 +262,10 @@ class HeadTrainer:
                                               if k not in ("out_dir", "progress", "generated_dir")}
             save = save_medusa_heads if j.method == "medusa" else save_eagle_head
             summary["head_dir"] = str(save(self.head, self.out / "head", torch.bfloat16))
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        return summary
+        return run_training(trainer, {
+            "head_parameters": n_params, "job": _jsonable(asdict(j)), "train_data": _describe(self.train_seqs),
+            "eval_data": _describe(self.eval_seqs), "cpu": _cpu_name(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__}, export)
 
 
 def held_out_settings(job: HeadJob) -> GenerationSettings:

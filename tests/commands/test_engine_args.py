@@ -18,10 +18,22 @@ def parse(*argv: str) -> argparse.Namespace:
     return p.parse_args(list(argv))
 
 
-def test_no_flags_give_the_dataclass_defaults():
-    cfg = engine_config_from_args(parse("some/model"))
-    expected = EngineConfig(model="some/model")
+def test_no_flags_give_the_dataclass_defaults(tiny_llama):
+    cfg = engine_config_from_args(parse(str(tiny_llama)))
+    expected = EngineConfig(model=str(tiny_llama))
     assert cfg == expected
+    assert cfg.seed is None and cfg.generation_config == "auto"  # a fresh seed per engine; the model's defaults
+
+
+def test_an_embedded_model_name_is_its_folder_and_a_bad_one_names_the_argument():
+    from cinq.assets import ASSETS_DIR, shipped_model_path
+    from cinq.errors import ModelLoadError
+    if shipped_model_path("cinq-tiny") is None:
+        pytest.skip("cinq-tiny is not shipped in this checkout")
+    assert engine_config_from_args(parse("cinq-tiny")).model == str(ASSETS_DIR / "cinq-tiny")
+    with pytest.raises(ModelLoadError, match=r"^model: 'no/such/model' is neither a model folder") as e:
+        engine_config_from_args(parse("no/such/model"))
+    assert e.value.param == "model" and "\n" not in str(e.value)
 
 
 def test_no_model_means_the_embedded_one():
@@ -34,16 +46,19 @@ def test_every_field_but_model_is_a_flag():
     assert set(args) == {f.name for f in dataclasses.fields(EngineConfig)}
 
 
-def test_existing_spellings_and_types():
+def test_existing_spellings_and_types(tiny_llama):
+    m = str(tiny_llama)
     cfg = engine_config_from_args(parse(
-        "m", "--tokenizer", "t", "--dtype", "float32", "--device", "cpu", "--max-model-len", "512",
+        m, "--tokenizer", "t", "--dtype", "float32", "--device", "cpu", "--max-model-len", "512",
         "--block-size", "32", "--kv-cache-memory", "0.5", "--kv-cache-memory-fraction", "0.3",
         "--num-kv-blocks", "64", "--max-num-batched-tokens", "256", "--max-num-seqs", "4", "--no-prefix-caching",
-        "--attention-backend", "flash-torch", "--seed", "7", "--num-threads", "2", "--tensor-parallel-size", "1"))
+        "--attention-backend", "flash-torch", "--seed", "7", "--num-threads", "2", "--tensor-parallel-size", "1",
+        "--generation-config", "vllm"))
     assert cfg == EngineConfig(
-        model="m", tokenizer="t", dtype="float32", device="cpu", max_model_len=512, block_size=32,
+        model=m, tokenizer="t", dtype="float32", device="cpu", max_model_len=512, block_size=32,
         kv_cache_memory=0.5, kv_cache_memory_fraction=0.3, num_kv_blocks=64, max_num_batched_tokens=256,
-        max_num_seqs=4, enable_prefix_caching=False, attention_backend="flash-torch", seed=7, num_threads=2)
+        max_num_seqs=4, enable_prefix_caching=False, attention_backend="flash-torch", seed=7, num_threads=2,
+        generation_config="vllm")
     assert isinstance(cfg.kv_cache_memory, float) and isinstance(cfg.max_model_len, int)
 
 
@@ -53,6 +68,6 @@ def test_dtype_choices_come_from_the_config(capsys):
     assert "invalid choice: 'int8'" in capsys.readouterr().err
 
 
-def test_tensor_parallel_size_flag_reaches_the_validation():
+def test_tensor_parallel_size_flag_reaches_the_validation(tiny_llama):
     with pytest.raises(InvalidParameterError, match="tensor parallelism is not built yet"):
-        engine_config_from_args(parse("m", "--tensor-parallel-size", "2"))
+        engine_config_from_args(parse(str(tiny_llama), "--tensor-parallel-size", "2"))

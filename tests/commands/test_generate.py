@@ -35,3 +35,22 @@ def test_bad_flag_value_is_one_clear_line(tiny_llama):
     r = cinq("generate", str(tiny_llama), "--temperature", "-1")
     assert r.returncode == 2 and "temperature must be in [0.0, 100.0]" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_results_merge_deltas_and_count_tokens():
+    from cinq.commands.generate import Results
+    from cinq.outputs import CompletionOutput, RequestOutput
+
+    def out(rid, *completions, prompt=(1, 2, 3)):
+        return RequestOutput(rid, None, list(prompt), [CompletionOutput(*c) for c in completions], False)
+
+    r = Results(["a", "b"], n=2)
+    assert r.update(out("a", (0, "He", [5, 6]), (1, "Yo", [7]))) == 0
+    assert r.update(out("a", (0, "llo", [8], None, None, "stop"))) == 1
+    assert r.update(out("b", (1, "partial text", [9, 9, 9], None, None, "error")), replace=True) == 1
+    assert [c.text for c in r.completions["a"]] == ["Hello", "Yo"] and r.completions["a"][0].token_ids == [5, 6, 8]
+    assert r.num_tokens == 7 and r.num_prompt_tokens == 6  # prompts counted once per request
+    assert r.num_finished == 2 and not r.all_finished
+    r.abort_unfinished()
+    assert [c.finish_reason for cs in r.completions.values() for c in cs] == ["stop", "abort", "abort", "error"]
+    assert r.num_finished == 2 and r.all_finished  # aborted ones are done, not finished

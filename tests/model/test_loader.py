@@ -114,3 +114,23 @@ def test_hugging_face_cache_layout_with_linked_files_loads(tiny_llama, tmp_path)
     for name, blob in links.items():
         (snap / name).symlink_to(f"../../blobs/{blob}")
     assert torch.equal(logits(load_model(snap, "float32")), logits(load_model(tiny_llama, "float32")))
+
+
+@pytest.mark.parametrize("quant,expected", [
+    ({"method": "gptq", "bits": 4, "group_size": 128}, "GPTQ int4, group 128"),
+    ({"method": "rtn", "bits": 8, "group_size": -1}, "RTN int8, per channel"),
+    ({"method": "awq", "sym": False}, "AWQ int4, group 128"),
+    ({"method": "gptq", "format": "gptq_v2", "desc_act": True, "sym": False},
+     "GPTQ int4, group 128, asymmetric, act-order, gptq_v2 format"),
+    ({"method": "smoothquant"}, "SmoothQuant W8A8 (int8 weights, dynamic int8 activations)"),
+])
+def test_quantization_summary_says_method_bits_and_group(quant, expected):
+    """What the engine's "loaded ..." line says of a quantized model (None: a dense one)."""
+    from cinq.layers.quantization.format import QuantFormat
+    from cinq.model.config import ModelConfig
+    from cinq.model.loader import quantization_summary
+    base = {"architectures": ["LlamaForCausalLM"], "vocab_size": 300, "hidden_size": 32, "intermediate_size": 64,
+            "num_hidden_layers": 1, "num_attention_heads": 2}
+    assert quantization_summary(ModelConfig.from_dict(base)) is None
+    config = ModelConfig.from_dict({**base, "quantization_config": QuantFormat(**quant).to_hf()})
+    assert quantization_summary(config) == expected

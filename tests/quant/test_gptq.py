@@ -95,3 +95,22 @@ def test_gptq_block_true_sequential_beats_rtn(trained_tiny, calib_tokens):
     def err(o):
         return float(((o.hidden + o.residual) - (ref.hidden + ref.residual)).pow(2).mean())
     assert err(out_gptq) < err(out_rtn)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_staged_block_equals_rerunning_the_block_per_stage(trained_tiny, calib_tokens, dtype):
+    """The staged true-sequential path (each piece of the block computed once) gives exactly the weights, losses
+    and next-block inputs of re-running the block up to each stage."""
+    from cinq.quant.calibration import BlockState, CheckpointReader, run_block
+    from cinq.quant.gptq import gptq_block_staged
+    reader = CheckpointReader(trained_tiny)
+    state = run_block(reader.block(0).to(dtype), BlockState.from_tokens(reader, calib_tokens, dtype), batch=4)
+    ref_block, staged_block = reader.block(1).to(dtype), reader.block(1).to(dtype)
+    w_ref, l_ref = gptq_block(ref_block, state, 3, 32, True, True, False, 0.01, 128, True, batch=4, staged=False)
+    nxt_ref = run_block(ref_block, state, batch=4)
+    w, losses, nxt = gptq_block_staged(staged_block, state, 3, 32, True, True, False, 0.01, 128, batch=4)
+    assert losses == l_ref and set(w) == set(w_ref)
+    for k in w:
+        assert torch.equal(w[k].qweight, w_ref[k].qweight) and torch.equal(w[k].scales, w_ref[k].scales), k
+        assert torch.equal(w[k].g_idx, w_ref[k].g_idx)
+    assert torch.equal(nxt.hidden, nxt_ref.hidden) and torch.equal(nxt.residual, nxt_ref.residual)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cinq import LLM, SamplingParams
-from cinq.errors import InvalidParameterError
+from cinq.errors import InvalidParameterError, ModelLoadError
 from tests.model_factory import build_tiny_model
 
 PROMPTS = ["abcabcabc", "hello hello hello", "xyz", "the cat and the cat and", "0101010101", "q"]
@@ -105,5 +105,14 @@ def test_a_draft_with_another_vocabulary_is_refused(tiny_llama: Path, tmp_path: 
 
 
 def test_an_unknown_draft_folder_is_refused(tiny_llama: Path, tmp_path: Path) -> None:
-    with pytest.raises(InvalidParameterError, match="speculative_config.model"):
+    with pytest.raises(ModelLoadError, match="^speculative_config.model: .* is neither a model folder") as e:
         LLM(str(tiny_llama), dtype="float32", speculative_config=spec(tmp_path / "nothing"))
+    assert e.value.param == "speculative_config.model"
+
+
+def test_an_embedded_draft_model_is_found_by_name(tiny_llama: Path) -> None:
+    from cinq.assets import shipped_model_path
+    from cinq.spec.proposer_loader import resolve_spec_model
+    if shipped_model_path("cinq-tiny-student") is None:
+        pytest.skip("cinq-tiny-student is not shipped in this checkout")
+    assert resolve_spec_model("cinq-tiny-student") == shipped_model_path("cinq-tiny-student")

@@ -7,7 +7,7 @@ import pytest
 
 from cinq import LLM, SamplingParams
 from cinq.engine.request import Request
-from cinq.errors import InvalidParameterError
+from cinq.errors import InvalidParameterError, ModelLoadError
 from cinq.spec.config import SpeculativeConfig
 from cinq.spec.drafter import NgramDrafter
 
@@ -120,9 +120,9 @@ def test_drafts_stay_inside_max_tokens_and_the_context() -> None:
 
 
 def test_missing_heads_and_bad_configs_are_refused(tiny_llama) -> None:
-    with pytest.raises(InvalidParameterError, match="neither a model folder") as err:
+    with pytest.raises(ModelLoadError, match="neither a model folder") as err:
         LLM(str(tiny_llama), speculative_config={"method": "eagle", "model": "x", "num_speculative_tokens": 2})
-    assert err.value.param == "model"
+    assert err.value.param == "speculative_config.model"
     with pytest.raises(InvalidParameterError) as err:
         LLM(str(tiny_llama), speculative_config={"method": "ngram", "num_speculative_tokens": 0,
                                                  "prompt_lookup_max": 2})

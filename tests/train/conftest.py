@@ -50,7 +50,7 @@ def write_fixture(root: Path) -> list[Source]:
     return sources
 
 
-SETTINGS = CorpusSettings(arithmetic_train=300, arithmetic_eval=20, chat_arithmetic=20, chat_fortunes=5,
+SETTINGS = CorpusSettings(arithmetic_train=300, arithmetic_easy_train=100, arithmetic_eval=20, chat_arithmetic=20, chat_fortunes=5,
                           eval_cap=100_000, seed=0)
 
 

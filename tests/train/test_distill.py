@@ -106,3 +106,39 @@ def test_bad_jobs_raise(teacher, tiny_corpus, tmp_path):
     save_model(init_random_model(other), tmp_path / "other")
     with pytest.raises(InvalidParameterError, match="vocab_size"):
         Distiller(_job(teacher, tiny_corpus, tmp_path, student=str(tmp_path / "other")))
+
+
+def test_generated_data_is_reused_only_for_the_settings_that_made_it(teacher, tiny_corpus, tmp_path):
+    """The CoT examples are cached in the run folder; a rerun reuses them, a changed count or teacher does not."""
+    import shutil
+
+    from cinq.model.loader import load_model as load
+    from cinq.model.saver import save_model
+
+    def examples(job_teacher, n):
+        d = Distiller(_job(job_teacher, tiny_corpus, tmp_path / "run", regime="cot", cot_problems=n,
+                           cot_rationales="gold", seq_len=512))
+        d.prepare(10)
+        return d.cot_examples, sorted(p.name for p in (tmp_path / "run").glob("cot_examples-*.json"))
+
+    first, files = examples(teacher, 4)
+    assert len(first) == 4 and len(files) == 1
+    again, files_again = examples(teacher, 4)
+    assert again == first and files_again == files  # reused, nothing new written
+    more, files_more = examples(teacher, 6)
+    assert len(more) == 6 and len(files_more) == 2  # another count: generated anew
+    other = tmp_path / "other-teacher"
+    shutil.copytree(teacher, other)
+    model = load(other, dtype="float32")
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(1.5)
+    save_model(model, other)
+    _, files_other = examples(other, 4)
+    assert len(files_other) == 3  # same count, other weights: generated anew
+
+
+def test_generated_cache_keys():
+    from cinq.train.generated_cache import keyed_path, settings_key
+    assert settings_key({"a": 1, "b": [2]}) == settings_key({"b": [2], "a": 1})
+    assert settings_key({"a": 1}) != settings_key({"a": 2})
+    assert keyed_path("d", "x", ".npy", {"a": 1}).name == f"x-{settings_key({'a': 1})}.npy"

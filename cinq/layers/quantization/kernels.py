@@ -13,6 +13,9 @@ Weight-only (GPTQ / AWQ / RTN files, all unpacked first to a ``QuantizedWeight``
 * ``triton``: the CUDA dequant-GEMM of cinq/kernels/triton/int4_gemm.py (any group layout, g_idx included).
 * ``dequant``: everything else (shapes the fast kernels refuse, e.g. N not a multiple of 16): codes kept as
   uint8, dequantized then multiplied on each call. Same math; said once in the log per reason.
+* ``dequantized_at_load``: 2- and 3-bit weights (no kernel for them exists here): dequantized once, at load, to
+  a dense weight in the compute dtype and run like a dense linear (the native skinny bf16 kernel at decode
+  sizes). The quantization error is exactly the file's; speed and memory are the dense model's.
 
 W8A8 (SmoothQuant): ``torch._int_mm`` on int8 activations (per-token dynamic or per-tensor static scales).
 """
@@ -25,14 +28,16 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from cinq.kernels.cpu_native import small_m_linear_native
 from cinq.layers.quantization.native import int4_linear, int4_module, pack_int4
 from cinq.layers.quantization.packing import pack_along
-from cinq.layers.quantization.qweight import QuantizedWeight
+from cinq.layers.quantization.qweight import KERNEL_BITS, QuantizedWeight
 
 log = logging.getLogger(__name__)
 _SAID: set[str] = set()
 
 INT4_CPU_GROUPS = (256, 128, 64, 32)  # group sizes _weight_int4pack_mm_for_cpu accepts
+DEQUANTIZED_AT_LOAD = "dequantized_at_load"  # the kind of 2/3-bit layers (see the module docstring)
 
 
 def say_once(message: str) -> None:
@@ -81,6 +86,10 @@ def _int4_cpu_group(k: int, size: int) -> int | None:
 def prepare_weight_only(qw: QuantizedWeight, device: torch.device, dtype: torch.dtype, name: str = "") -> Prepared:
     """Choose and build the kernel for ``qw`` on ``device`` computing in ``dtype``."""
     n, k = qw.out_features, qw.in_features
+    if qw.bits not in KERNEL_BITS:
+        say_once(f"{qw.bits}-bit weights: no {qw.bits}-bit kernel, dequantized to {dtype} at load (served at dense "
+                 f"{dtype} speed and memory; the accuracy is the {qw.bits}-bit file's)")
+        return Prepared(DEQUANTIZED_AT_LOAD, {"weight": qw.dequantize(dtype).to(device).contiguous()})
     if device.type == "cuda":
         try:
             import cinq.kernels.triton.int4_gemm  # noqa: F401  (Triton importable: the kernel can run)
@@ -202,6 +211,15 @@ def weight_only_mm(p_kind: str, t: dict[str, torch.Tensor], arg: int, x: torch.T
         fix = t.get("zero_fix")
         if fix is not None:
             y = y + x2.sum(dim=1, keepdim=True) * fix
+    elif p_kind == DEQUANTIZED_AT_LOAD:
+        w = t["weight"]
+        if x2.dtype != w.dtype:
+            x2 = x2.to(w.dtype)
+        y = None
+        if x2.dtype == torch.bfloat16 and x2.device.type == "cpu" and not torch.is_grad_enabled():
+            y = small_m_linear_native(x2, w, None)  # decode-sized rows, as DenseLinear does
+        if y is None:
+            y = F.linear(x2, w)
     elif p_kind == "triton":
         from cinq.kernels.triton.int4_gemm import triton_weight_only_mm
         y = triton_weight_only_mm(x2, t, arg)

@@ -1,4 +1,4 @@
-"""Quantized linear layers: ``GPTQLinear`` (GPTQ v1/v2 files, 4/8-bit weight-only: RTN and GPTQ write these),
+"""Quantized linear layers: ``GPTQLinear`` (GPTQ v1/v2 files, 2/3/4/8-bit weight-only: RTN and GPTQ write these),
 ``AWQLinear`` (AWQ GEMM files) and ``W8A8Linear`` (SmoothQuant).
 
 Each holds its checkpoint tensors as buffers with the format's names and shapes, fills them through
@@ -21,9 +21,10 @@ from torch import nn
 
 from cinq.errors import ModelLoadError
 from cinq.layers.quantization.kernels import Prepared, prepare_weight_only, w8a8_mm, weight_only_mm
-from cinq.layers.quantization.packing import awq_shapes, awq_unpack, gptq_shapes, gptq_unpack
+from cinq.layers.quantization.packing import awq_shapes, awq_unpack, gptq_shapes, gptq_unpack, pack_unit
 from cinq.layers.quantization.qweight import QuantizedWeight
-from cinq.layers.weight_loader import CheckpointTensor, OutputShards, ParamLayout, ShardId, load_sharded
+from cinq.layers.weight_loader import (CheckpointTensor, OutputShards, ParamLayout, ShardId, check_and_copy,
+                                       load_sharded)
 
 _PER_ROW = ParamLayout(output_dim=0)
 _SHARED = ParamLayout(output_dim=None)
@@ -102,11 +103,11 @@ class QuantizedLinear(nn.Module):
         b = self.bias
         return y if b is None else y + (b if b.dtype == y.dtype else b.to(y.dtype))
 
-    def _check_shard_packing(self, per_word: int, what: str) -> None:
+    def _check_shard_packing(self, bits: int, what: str) -> None:
         """Every shard must fill whole words along the packed output dimension."""
         sizes = self.output_shards.sizes if self.output_shards is not None else (self.out_features,)
         for size in sizes:
-            _packed_dims(self.prefix, what, size, 32 // per_word)
+            _packed_dims(self.prefix, what, size, bits)
 
     def extra_repr(self) -> str:
         shards = "" if self.output_shards is None else f", shards={self.output_shards.ids}"
@@ -115,15 +116,17 @@ class QuantizedLinear(nn.Module):
 
 
 def _packed_dims(prefix: str, what: str, size: int, bits: int) -> int:
-    per = 32 // bits
-    if size % per:
-        raise ModelLoadError(f"{prefix}: {what} {size} is not a multiple of {per}, so {bits}-bit weights cannot be "
+    """int32 words that ``size`` values of ``bits`` bits pack into (whole packing units only)."""
+    values, words = pack_unit(bits)
+    if size % values:
+        raise ModelLoadError(f"{prefix}: {what} {size} is not a multiple of {values}, so {bits}-bit weights cannot be "
                              f"packed into int32 words")
-    return size // per
+    return size // values * words
 
 
 class GPTQLinear(QuantizedLinear):
-    """A linear stored as GPTQ v1/v2 tensors (qweight, qzeros, scales, g_idx); 4 or 8 bits."""
+    """A linear stored as GPTQ v1/v2 tensors (qweight, qzeros, scales, g_idx); 2, 3, 4 or 8 bits (2 and 3 are
+    served dequantized at load: kernels.DEQUANTIZED_AT_LOAD)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, bits: int, group_size: int,
                  version: int = 1, prefix: str = "", *, compute_dtype: torch.dtype,
@@ -131,13 +134,28 @@ class GPTQLinear(QuantizedLinear):
         super().__init__(in_features, out_features, bias, prefix, compute_dtype, output_shards)
         self.bits, self.group_size, self.version = bits, group_size, version
         _packed_dims(prefix, "in_features", in_features, bits)
-        self._check_shard_packing(32 // bits, "out_features")
+        self._check_shard_packing(bits, "out_features")
         shapes = gptq_shapes(in_features, out_features, bits, group_size)
-        # qweight packs along K: its columns are output channels one to one; qzeros packs along N.
+        values, words = pack_unit(bits)
+        # qweight packs along K: its columns are output channels one to one; qzeros packs along N. (3 bits:
+        # 32 channels per 3 words, which ParamLayout's whole channels-per-word cannot say: see weight_loader.)
         self._checkpoint_buffer("qweight", shapes["qweight"], torch.int32, ParamLayout(1))
-        self._checkpoint_buffer("qzeros", shapes["qzeros"], torch.int32, ParamLayout(1, 32 // bits))
+        self._checkpoint_buffer("qzeros", shapes["qzeros"], torch.int32, ParamLayout(1, values if words == 1 else 1))
         self._checkpoint_buffer("scales", shapes["scales"], torch.float16, ParamLayout(1))
         self._checkpoint_buffer("g_idx", shapes["g_idx"], torch.int32, _SHARED)
+
+    def weight_loader(self, name: str, loaded: CheckpointTensor, shard_id: ShardId | None = None) -> None:
+        """As the base class; one shard's 3-bit qzeros fill words [start * 3 / 32, (start + size) * 3 / 32)."""
+        values, words = pack_unit(self.bits)
+        if name != "qzeros" or words == 1 or shard_id is None or self.output_shards is None:
+            super().weight_loader(name, loaded, shard_id)
+            return
+        start, size = self.output_shards.span(shard_id, self.prefix)
+        if start % values or size % values:  # the constructor checked the sizes, hence the starts
+            raise ModelLoadError(f"checkpoint tensor '{loaded.name}': shard {shard_id!r} of {self.prefix} ({size} "
+                                 f"channels at {start}) does not fill whole {self.bits}-bit packing units")
+        rows = self.qzeros.narrow(1, start // values * words, size // values * words)
+        check_and_copy(rows, loaded, f"shard {shard_id!r} of the model's", _SHAPE_HINT)
 
     def quantized_weight(self) -> QuantizedWeight:
         """The checkpoint tensors unpacked (before ``process_weights_after_loading``)."""
@@ -160,7 +178,7 @@ class AWQLinear(QuantizedLinear):
                  compute_dtype: torch.dtype, output_shards: OutputShards | None = None) -> None:
         super().__init__(in_features, out_features, bias, prefix, compute_dtype, output_shards)
         self.bits, self.group_size = 4, group_size
-        self._check_shard_packing(8, "out_features")
+        self._check_shard_packing(4, "out_features")
         g = in_features if group_size <= 0 else group_size
         if in_features % g:
             raise ModelLoadError(f"{prefix}: in_features {in_features} is not a multiple of group_size {g} (AWQ)")

@@ -2,8 +2,10 @@
 
 Per quantized linear ``<prefix>`` (K = in_features, N = out_features, G = group size, K when per channel):
 
-GPTQ (``quant_method: gptq``; ``checkpoint_format`` "gptq" = v1, "gptq_v2" = v2)
+GPTQ (``quant_method: gptq``; ``checkpoint_format`` "gptq" = v1, "gptq_v2" = v2; bits 2, 3, 4, 8)
     ``qweight`` int32 [K * bits / 32, N]: 32/bits consecutive input channels per word, the lowest bits first.
+                3 bits (AutoGPTQ's ``pack``): 32 channels per 3 words, read as one little-endian 96-bit stream,
+                channel j in bits [3j, 3j + 3): channels 10 and 21 straddle words 0/1 and 1/2.
     ``qzeros``  int32 [ceil(K / G), N * bits / 32]: zero points packed the same way along N; v1 stores
                 zero - 1 (the original AutoGPTQ convention, so a zero of 0 is not representable), v2 the zero.
     ``scales``  fp16 [ceil(K / G), N];  ``g_idx`` int32 [K] (group of each input channel; act-order permutes it).
@@ -38,10 +40,53 @@ def _to_int32(words: torch.Tensor) -> torch.Tensor:
     return words.to(torch.int32)
 
 
+def pack_unit(bits: int) -> tuple[int, int]:
+    """(values, int32 words) of the smallest whole packing unit at ``bits``: (32 / bits, 1) for 2, 4 and 8 bits,
+    (32, 3) for 3 bits. A packed dimension must be a multiple of the unit's values."""
+    if bits not in (2, 3, 4, 8):
+        raise ValueError(f"cinq packs 2, 3, 4 or 8-bit values, got {bits}")
+    return (32, 3) if bits == 3 else (32 // bits, 1)
+
+
+def _pack_stream(v: torch.Tensor, bits: int) -> torch.Tensor:
+    """int64 values [..., L] (L a multiple of 32) -> words [..., L * bits / 32] of one little-endian bit stream
+    per 32 values (value j at bits [bits*j, bits*(j+1)); a value may straddle two words)."""
+    v = v.reshape(*v.shape[:-1], -1, 32)
+    words = torch.zeros(*v.shape[:-1], bits, dtype=torch.int64)
+    for j in range(32):
+        word, shift = divmod(bits * j, 32)
+        words[..., word] |= (v[..., j] << shift) & 0xFFFFFFFF
+        if shift + bits > 32:
+            words[..., word + 1] |= v[..., j] >> (32 - shift)
+    return words.reshape(*words.shape[:-2], -1)
+
+
+def _unpack_stream(w: torch.Tensor, bits: int) -> torch.Tensor:
+    """Inverse of ``_pack_stream``: int64 words in [0, 2^32) [..., W] -> values [..., W * 32 / bits]."""
+    w = w.reshape(*w.shape[:-1], -1, bits)
+    mask = (1 << bits) - 1
+    out = torch.empty(*w.shape[:-1], 32, dtype=torch.int64)
+    for j in range(32):
+        word, shift = divmod(bits * j, 32)
+        value = w[..., word] >> shift
+        if shift + bits > 32:
+            value = value | (w[..., word + 1] << (32 - shift))
+        out[..., j] = value & mask
+    return out.reshape(*out.shape[:-2], -1)
+
+
 def pack_along(values: torch.Tensor, bits: int, dim: int, order: tuple[int, ...] | None = None) -> torch.Tensor:
     """Pack unsigned ``values`` (< 2^bits) into int32 words along ``dim``: 32/bits consecutive entries per word,
-    entry ``order[i]`` of each run in bit field i (field i = bits [i*bits, (i+1)*bits))."""
-    per = 32 // bits
+    entry ``order[i]`` of each run in bit field i (field i = bits [i*bits, (i+1)*bits)). 3 bits: 32 entries per
+    3 words as one bit stream (AutoGPTQ's layout; no ``order``)."""
+    values_per, words_per = pack_unit(bits)
+    if words_per > 1:
+        v = values.to(torch.int64).movedim(dim, -1)
+        if v.shape[-1] % values_per or order is not None:
+            raise ValueError(f"cannot pack {v.shape[-1]} entries into {bits}-bit words ({values_per} per "
+                             f"{words_per} words{', no order' if order is not None else ''})")
+        return _to_int32(_pack_stream(v, bits)).movedim(-1, dim).contiguous()
+    per = values_per
     v = values.to(torch.int64).movedim(dim, -1)
     if v.shape[-1] % per:
         raise ValueError(f"cannot pack {v.shape[-1]} entries into {bits}-bit words ({per} per word)")
@@ -55,8 +100,14 @@ def pack_along(values: torch.Tensor, bits: int, dim: int, order: tuple[int, ...]
 
 def unpack_along(words: torch.Tensor, bits: int, dim: int, order: tuple[int, ...] | None = None) -> torch.Tensor:
     """Inverse of ``pack_along``: int32 words -> unsigned values (int32), 32/bits times longer along ``dim``."""
-    per = 32 // bits
+    values_per, words_per = pack_unit(bits)
     w = words.to(torch.int64).movedim(dim, -1) & 0xFFFFFFFF
+    if words_per > 1:
+        if w.shape[-1] % words_per or order is not None:
+            raise ValueError(f"cannot unpack {w.shape[-1]} words of {bits}-bit values ({words_per} words per "
+                             f"{values_per})")
+        return _unpack_stream(w, bits).to(torch.int32).movedim(-1, dim).contiguous()
+    per = values_per
     shifts = torch.arange(per, dtype=torch.int64) * bits
     fields = (w.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)  # [..., words, per] field i at index i
     if order is not None:

@@ -63,10 +63,15 @@ def default_g_idx(in_features: int, group_size: int) -> torch.Tensor:
     return torch.arange(in_features, dtype=torch.long) // g
 
 
+SUPPORTED_BITS = (2, 3, 4, 8)  # weight-only grids cinq stores (GPTQ packing); 2 and 3 serve dequantized at load
+KERNEL_BITS = (4, 8)  # grids with integer CPU kernels (kernels.py); the others run as dense linears
+
+
 def check_grid(bits: int, group_size: int) -> None:
     """Reject grids cinq cannot store or serve."""
-    if bits not in (4, 8):
-        raise InvalidParameterError(f"bits must be 4 or 8, got {bits!r}", "bits")
+    if bits not in SUPPORTED_BITS:
+        raise InvalidParameterError(f"bits must be one of {', '.join(map(str, SUPPORTED_BITS))}, got {bits!r}",
+                                    "bits")
     if not isinstance(group_size, int) or not (group_size == -1 or group_size >= 1):
         raise InvalidParameterError(f"group_size must be -1 (per channel) or a positive integer, got {group_size!r}",
                                     "group_size")

@@ -40,7 +40,7 @@ def test_third_party_gptq_config_defaults():
 
 
 @pytest.mark.parametrize("qc,field", [
-    ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "bits"),
+    ({"quant_method": "gptq", "bits": 5, "group_size": 128}, "bits"),
     ({"quant_method": "gptq", "bits": 4, "group_size": 0}, "group_size"),
     ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemv"}, "version"),
     ({"quant_method": "gptq", "bits": 4, "checkpoint_format": "marlin"}, "checkpoint_format"),
