@@ -94,7 +94,8 @@ class EngineConfig:
     tensor_parallel_size: int = _arg(1, "devices to split the model over (tensor parallelism; only 1 is built)")
     speculative_config: SpeculativeConfig | dict[str, Any] | None = _arg(
         None, "speculative decoding as vLLM's JSON, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
-              "\"prompt_lookup_max\": 3}' (only ngram is built)", parse=json_object)
+              "\"prompt_lookup_max\": 3}' or '{\"method\": \"eagle\", \"model\": \"cinq-tiny-eagle\", "
+              "\"num_speculative_tokens\": 3}' (ngram, draft model, eagle, eagle3, medusa)", parse=json_object)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str):
