@@ -8,6 +8,7 @@ completion as far as it got (unfinished ones with ``finish_reason=abort``), then
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -17,6 +18,18 @@ if TYPE_CHECKING:
     from cinq.engine.engine import LLMEngine
     from cinq.outputs import RequestOutput
     from cinq.sampling_params import SamplingParams
+
+
+# JSON leaves these unescaped, yet str.splitlines() (and many JSONL readers) break lines at them.
+_LINE_BREAKS = {"\u0085": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
+def json_line(row: dict) -> str:
+    """One JSON Lines record: readable non-ASCII text, but no character any reader takes for a line break."""
+    text = json.dumps(row, ensure_ascii=False)
+    for char, escape in _LINE_BREAKS.items():
+        text = text.replace(char, escape)
+    return text
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -171,7 +184,6 @@ def run_requests(engine: LLMEngine, prompts: list[str | list[int]], params: Samp
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
 
     from cinq.commands.engine_args import engine_config_from_args
     from cinq.commands.sampling_args import sampling_params_from_args
@@ -199,9 +211,8 @@ def run(args: argparse.Namespace) -> int:
     for prompt, completions in zip(prompts, results.completions.values()):
         for c in completions:
             if args.json:
-                print(json.dumps({"prompt": prompt, "index": c.index, "text": c.text,
-                                  "num_tokens": len(c.token_ids), "finish_reason": c.finish_reason},
-                                 ensure_ascii=False))
+                print(json_line({"prompt": prompt, "index": c.index, "text": c.text,
+                                 "num_tokens": len(c.token_ids), "finish_reason": c.finish_reason}))
             else:
                 print(f"--- prompt: {prompt!r}" + (f" [{c.index}]" if len(completions) > 1 else ""))
                 print(prompt + c.text if not args.chat else c.text)

@@ -54,3 +54,13 @@ def test_results_merge_deltas_and_count_tokens():
     r.abort_unfinished()
     assert [c.finish_reason for cs in r.completions.values() for c in cs] == ["stop", "abort", "abort", "error"]
     assert r.num_finished == 2 and r.all_finished  # aborted ones are done, not finished
+
+
+def test_json_line_survives_splitlines():
+    """Random byte-level text can hold NEL / U+2028 / U+2029: one record must stay one line for any reader."""
+    from cinq.commands.generate import json_line
+
+    row = {"text": "a\u0085b\u2028c\u2029d\x1de\nf ünï 中"}
+    line = json_line(row)
+    assert line.splitlines() == [line]
+    assert json.loads(line) == row and "ünï 中" in line
