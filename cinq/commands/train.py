@@ -18,6 +18,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         "with --batch-size/--seq-len and write the table to --out PREFIX (.md/.json)")
     p.add_argument("--config", default="cinq-tiny",
                    help="preset (cinq-tiny, cinq-tiny-student, micro) or a config.json with the shape")
+    p.add_argument("--init-from", default=None, metavar="MODEL",
+                   help="continue training this model folder (or embedded name) instead of a new --config model: "
+                        "an anneal; the tokenizer must be the model's")
+    p.add_argument("--task", default=None, help="generated task mixed into the rows (arithmetic-easy, arithmetic)")
+    p.add_argument("--task-fraction", type=float, default=0.0,
+                   help="fraction of the rows drawn from --task (new problems, not the corpus's)")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder (default: DATA/tokenizer)")
     p.add_argument("--tokens", type=float, default=10e6, help="token budget (default 10M)")
     p.add_argument("--batch-size", type=int, default=8)
@@ -43,7 +49,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
-
     from cinq.train.pretrain import PretrainJob, pretrain
 
     apply_threads(args.threads)
@@ -59,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         data_dir=args.data, out_dir=args.out, config=args.config, tokenizer_dir=args.tokenizer,
         token_budget=int(args.tokens), batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
         warmup_steps=args.warmup, decay_frac=args.decay_frac, weight_decay=args.weight_decay, seed=args.seed,
-        eval_every=args.eval_every,
+        eval_every=args.eval_every, init_from=args.init_from, task=args.task, task_fraction=args.task_fraction,
         ckpt_every_s=args.ckpt_every, max_run_s=args.max_run_time, progress=not args.no_progress)
     summary = pretrain(job)
     print(json.dumps(summary, indent=2))
@@ -70,7 +75,14 @@ def run(args: argparse.Namespace) -> int:
 
         from cinq.train.model_card import DESCRIPTIONS, command_line, data_command, ship_run
         name = Path(args.export).name
+        commands, continued_from = [data_command(args.data)], None
+        if args.init_from:  # an anneal: the card keeps how the starting model was made
+            from cinq.assets import resolve_model_path
+            start = resolve_model_path(args.init_from, "init_from") / "training.json"
+            if start.is_file():
+                continued_from = json.loads(start.read_text())
+                commands = [c for c in continued_from["commands"]]
         result = ship_run(args.out, args.export, args.data, name, DESCRIPTIONS.get(name, f"{name}, trained by cinq."),
-                          [data_command(args.data), command_line()])
+                          [*commands, command_line()], continued_from=continued_from)
         print(json.dumps({"perplexity": result["perplexity"], "arithmetic": result["arithmetic"]["accuracy"]}))
     return 0

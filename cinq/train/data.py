@@ -114,6 +114,45 @@ class BatchSampler:
         return torch.from_numpy(np.stack(rows))
 
 
+class MixedBatchSampler:
+    """Rows drawn from several token streams: each row of ``batch(step)`` comes from stream ``i`` with
+    probability ``weights[i]`` (normalised), then a random window of it; depends only on (seed, step)."""
+
+    def __init__(self, streams: list[np.ndarray], weights: list[float], batch_size: int, seq_len: int,
+                 seed: int = 0) -> None:
+        if len(streams) != len(weights) or not streams:
+            raise InvalidParameterError("one weight per stream is needed", "weights")
+        if any(w < 0 for w in weights) or sum(weights) <= 0:
+            raise InvalidParameterError(f"weights must be >= 0 with a positive sum, got {weights}", "weights")
+        self.parts = [BatchSampler(t, 1, seq_len, seed) for t in streams]
+        self.p = np.asarray(weights, dtype=np.float64) / sum(weights)
+        self.batch_size = batch_size
+        self.seq_len = seq_len
+        self.seed = seed
+
+    def batch(self, step: int) -> torch.Tensor:
+        """[batch_size, seq_len + 1] int64 token windows for ``step``."""
+        rng = np.random.default_rng([self.seed, step, 17])
+        which = rng.choice(len(self.parts), size=self.batch_size, p=self.p)
+        rows = []
+        for i in which.tolist():
+            part = self.parts[i]
+            start = int(rng.integers(0, len(part.tokens) - self.seq_len - 1))
+            rows.append(np.asarray(part.tokens[start:start + self.seq_len + 1], dtype=np.int64))
+        return torch.from_numpy(np.stack(rows))
+
+
+def task_tokens(tokenizer: Any, task: str, n_problems: int, seed: int, split: str = "train") -> np.ndarray:
+    """``split`` of the generated ``task`` (e.g. "arithmetic-easy") as one token stream, each problem wrapped in
+    BOS ... EOS as the corpus documents are."""
+    from cinq.eval.tasks import TASKS, arithmetic_problems
+    if task not in TASKS:
+        raise InvalidParameterError(f"task must be one of {sorted(TASKS)}, got {task!r}", "task")
+    problems = arithmetic_problems(n_problems, seed=seed, split=split, level=TASKS[task])
+    return np.asarray([t for doc in encode_documents(tokenizer, [p.text() for p in problems]) for t in doc],
+                      dtype=np.int32)
+
+
 def window_rng(seed: int, step: int, salt: int) -> np.random.Generator:
     """A generator for decisions tied to one step (which batches are on-policy, which CoT examples); ``salt``
     keeps the streams of different decisions apart."""

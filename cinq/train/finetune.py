@@ -13,15 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from cinq.errors import InvalidParameterError
-from cinq.eval.tasks import TASKS, arithmetic_problems
-from cinq.train.data import BatchSampler
+from cinq.train.data import BatchSampler, task_tokens
 from cinq.train.export import export_model
 from cinq.train.pretrain import causal_lm_loss
-from cinq.train.tokenizer_train import load_tokenizer, special_ids
+from cinq.train.tokenizer_train import load_tokenizer
 from cinq.train.trainer import Trainer
 from cinq.train.training_run import run_training, train_settings
 
@@ -45,17 +42,6 @@ class FinetuneJob:
     seed: int = 0
     ckpt_every_s: float = 300.0
     progress: bool = True
-
-
-def task_tokens(tokenizer: Any, task: str, n_problems: int, seed: int, split: str = "train") -> np.ndarray:
-    """``split`` of ``task`` as one token stream, each problem wrapped in BOS ... EOS."""
-    if task not in TASKS:
-        raise InvalidParameterError(f"task must be one of {sorted(TASKS)}, got {task!r}", "task")
-    ids = special_ids(tokenizer)
-    stream: list[int] = []
-    for p in arithmetic_problems(n_problems, seed=seed, split=split, level=TASKS[task]):
-        stream += [ids["bos"], *tokenizer.encode(p.text(), add_special_tokens=False).ids, ids["eos"]]
-    return np.asarray(stream, dtype=np.int32)
 
 
 def finetune_on_task(job: FinetuneJob) -> dict[str, Any]:

@@ -29,9 +29,11 @@ def _cpu_name() -> str:
 
 
 def ship_run(run_dir: str | Path, dest: str | Path, data_dir: str | Path, name: str, description: str,
-             commands: list[str], teacher: Any = None, n_arith: int = 300) -> dict[str, Any]:
+             commands: list[str], teacher: Any = None, n_arith: int = 300,
+             continued_from: dict[str, Any] | None = None) -> dict[str, Any]:
     """Copy ``run_dir/model`` to ``dest``, evaluate it, write ``training.json``, ``data_manifest.json``, the loss
-    curve and ``README.md``; returns the evaluation."""
+    curve and ``README.md``; returns the evaluation. ``continued_from`` is the ``training.json`` of the model
+    this run started from (an anneal): its stages are kept in front of this one."""
     run_dir, dest, data_dir = Path(run_dir), Path(dest), Path(data_dir)
     dest.mkdir(parents=True, exist_ok=True)
     # The version this one replaces, for the card's before/after rows (kept in the card once written).
@@ -52,6 +54,10 @@ def ship_run(run_dir: str | Path, dest: str | Path, data_dir: str | Path, name: 
         "cpu": _cpu_name(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
         "commands": commands,
     }
+    if continued_from is not None:
+        earlier = continued_from.get("stages") or [
+            {k: continued_from.get(k) for k in ("tokens_seen", "steps", "elapsed_s", "settings")}]
+        training["stages"] = [*earlier, {k: training[k] for k in ("tokens_seen", "steps", "elapsed_s", "settings")}]
     (dest / "training.json").write_text(json.dumps(training, indent=2) + "\n")
     manifest = json.loads((data_dir / "manifest.json").read_text())
     (dest / "data_manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
@@ -100,6 +106,19 @@ def _perplexity_table(result: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
+def _stage_rows(training: dict[str, Any]) -> list[str]:
+    """For a model trained in stages (a pre-training run, then an anneal): one row per earlier stage."""
+    stages = training.get("stages") or []
+    rows = []
+    for i, st in enumerate(stages[:-1], 1):
+        rows.append(f"| before this run: stage {i} | {st['tokens_seen']:,} tokens in {st['elapsed_s'] / 60:.1f} min, "
+                    f"lr {st['settings']['lr']} |")
+    if rows:
+        total = sum(st["tokens_seen"] for st in stages)
+        rows.append(f"| tokens seen, all stages | {total:,} |")
+    return rows
+
+
 def render_card(name: str, description: str, folder: Path, training: dict[str, Any], manifest: dict[str, Any],
                 result: dict[str, Any]) -> str:
     cfg = json.loads((folder / "config.json").read_text())
@@ -121,6 +140,7 @@ def render_card(name: str, description: str, folder: Path, training: dict[str, A
               f"| training time | {training['elapsed_s'] / 60:.1f} min on {training['cpu']} "
               f"({training['torch_threads']} torch thread(s), shared machine; "
               f"{training['tokens_per_s']:.0f} tokens/s) |",
+              *_stage_rows(training),
               f"| optimiser | AdamW lr {s['lr']}, betas ({s['beta1']}, {s['beta2']}), weight decay "
               f"{s['weight_decay']}, grad clip {s['grad_clip']} |",
               f"| schedule | {_schedule(s)} |",

@@ -10,7 +10,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from cinq.train.data import BatchSampler, TokenSplit
+from cinq.errors import InvalidParameterError
+from cinq.train.data import BatchSampler, MixedBatchSampler, TokenSplit, task_tokens
 from cinq.train.export import export_model
 from cinq.train.presets import model_config, new_model
 from cinq.train.tokenizer_train import load_tokenizer, special_ids
@@ -39,6 +40,24 @@ def validation_eval(model: Any, data_dir: str | Path, batch_size: int, seq_len: 
     return evaluate
 
 
+def initial_model(job: PretrainJob, vocab_size: int, bos: int, eos: int) -> Any:
+    """A new model of ``job.config``, or, with ``job.init_from``, that folder's model in float32 (its
+    vocabulary must be the tokenizer's)."""
+    if job.task_fraction and not job.task:
+        raise InvalidParameterError("task_fraction > 0 needs a task (e.g. arithmetic-easy)", "task")
+    if not 0.0 <= job.task_fraction < 1.0:
+        raise InvalidParameterError(f"task_fraction must be in [0, 1), got {job.task_fraction}", "task_fraction")
+    if job.init_from is None:
+        return new_model(model_config(job.config, vocab_size, bos, eos), job.seed)
+    from cinq.assets import resolve_model_path
+    from cinq.model.loader import load_model
+    model = load_model(resolve_model_path(job.init_from), dtype="float32")
+    if model.config.vocab_size != vocab_size:
+        raise InvalidParameterError(f"init_from {job.init_from} has vocab_size {model.config.vocab_size}, the "
+                                    f"tokenizer {vocab_size}", "init_from")
+    return model.train()
+
+
 @dataclass(slots=True)
 class PretrainJob:
     """Everything `cinq train` needs; ``token_budget`` sets the number of steps."""
@@ -59,6 +78,12 @@ class PretrainJob:
     ckpt_every_s: float = 300.0
     max_run_s: float | None = None
     progress: bool = True
+    # Continued training (an anneal): start from this model folder's weights instead of random ones ...
+    init_from: str | None = None
+    # ... and/or draw this fraction of the rows from a generated task (other problems than the corpus holds).
+    task: str | None = None
+    task_fraction: float = 0.0
+    task_problems: int = 40_000
 
     @property
     def tokenizer_path(self) -> Path:
@@ -70,12 +95,19 @@ def pretrain(job: PretrainJob) -> dict[str, Any]:
     torch.manual_seed(job.seed)
     tok = load_tokenizer(job.tokenizer_path)
     ids = special_ids(tok)
-    config = model_config(job.config, tok.get_vocab_size(), ids["bos"], ids["eos"])
-    model = new_model(config, job.seed)
+    model = initial_model(job, tok.get_vocab_size(), ids["bos"], ids["eos"])
     n_params = sum(p.numel() for p in model.parameters())
     train = TokenSplit.load(job.data_dir, "train")
-    sampler = BatchSampler(train.tokens, job.batch_size, job.seq_len, job.seed)
-    settings = train_settings(job, {"config": job.config, "parameters": n_params, "data_dir": job.data_dir})
+    if job.task_fraction > 0:
+        # Another seed than the corpus's own problems, so the extra rows are new problems.
+        task = task_tokens(tok, job.task, job.task_problems, job.seed + 1)
+        sampler = MixedBatchSampler([train.tokens, task], [1 - job.task_fraction, job.task_fraction],
+                                    job.batch_size, job.seq_len, job.seed)
+    else:
+        sampler = BatchSampler(train.tokens, job.batch_size, job.seq_len, job.seed)
+    settings = train_settings(job, {"config": job.config, "parameters": n_params, "data_dir": job.data_dir,
+                                    "init_from": job.init_from, "task": job.task,
+                                    "task_fraction": job.task_fraction})
     log.info("training %s (%.2fM parameters) for %d steps = %d tokens", job.config, n_params / 1e6,
              settings.total_steps, settings.total_steps * settings.tokens_per_step)
     trainer = Trainer(model, lambda batch, step: (causal_lm_loss(model, batch), {}), sampler.batch, settings,
