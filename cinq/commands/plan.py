@@ -63,10 +63,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     except InvalidParameterError as e:
-        flag = _FLAGS.get(e.param or "")
-        if flag and not str(e).startswith(flag):
-            raise InvalidParameterError(f"{flag}: {e}", e.param) from None
-        raise
+        # say it with the flag the user typed: "--device: unknown device ...", not "device: ..."
+        flag, message = _FLAGS.get(e.param or ""), str(e)
+        if flag is None or message.startswith(flag):
+            raise
+        raise InvalidParameterError(f"{flag}: {message.removeprefix(f'{e.param}: ')}", e.param) from None
 
 
 def _device(args: argparse.Namespace):
@@ -108,7 +109,8 @@ def _run(args: argparse.Namespace) -> int:
             precision = Precision.from_quantization_config(cfg.quantization_config)
         else:
             precision = Precision.from_name(args.dtype or "bfloat16", args.group_size)
-        settings = PlanSettings(args.max_model_len or cfg.max_position_embeddings, args.concurrency,
+        max_model_len = cfg.max_position_embeddings if args.max_model_len is None else args.max_model_len
+        settings = PlanSettings(max_model_len, args.concurrency,
                                 args.tensor_parallel_size, args.gpu_memory_utilization, args.max_num_batched_tokens,
                                 args.max_num_seqs)
         plan = build_plan(shape, device, precision, settings)

@@ -73,7 +73,7 @@ def get_device(name: str, field: str = "device") -> Device:
     lookup = {k.lower(): k for k in DEVICES} | {k.lower(): v for k, v in ALIASES.items()}
     key = lookup.get(name.lower())
     if key is None:
-        raise InvalidParameterError(f"{field}: unknown device {name!r} (known: {', '.join(device_names())}; or "
+        raise InvalidParameterError(f"unknown device {name!r} (known: {', '.join(device_names())}; or "
                                     f"give --memory-gib, --bandwidth-gbs and --tflops)", field)
     return DEVICES[key]
 
@@ -88,7 +88,7 @@ def custom_device(base: Device | None, memory_gib: float | None = None, bandwidt
         missing = [k for k in ("memory_gib", "bandwidth_gbs", "tflops") if given[k] is None]
         if missing:
             flags = ", ".join("--" + k.replace("_", "-") for k in missing)
-            raise InvalidParameterError(f"device: give --device NAME or all of --memory-gib, --bandwidth-gbs and "
+            raise InvalidParameterError(f"give --device NAME or all of --memory-gib, --bandwidth-gbs and "
                                         f"--tflops (missing {flags})", missing[0])
         return Device("custom", memory_gib, bandwidth_gbs, tflops,  # type: ignore[arg-type]
                       price_per_hour if price_per_hour is not None else 0.0)
