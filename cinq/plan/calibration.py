@@ -51,7 +51,8 @@ class MeasuredRow:
 class CalibratedRow:
     row: MeasuredRow
     roofline_tok_s: float
-    calibrated_tok_s: float
+    calibrated_tok_s: float  # the fit over every row
+    held_out_tok_s: float | None  # the fit over the other rows only (None with fewer than 5 rows)
 
     @property
     def fraction_of_roofline(self) -> float:
@@ -161,9 +162,17 @@ def calibrate(device: Device, results_dir: str | Path) -> Calibration:
                                     f"{', '.join(skipped)})", "results_dir")
     steps = [decode_step(r.shape.config, r.precision, device, r.batch, r.context_len) for r in rows]
     features = [[1.0, float(r.batch), s.memory_s, s.compute_s] for r, s in zip(rows, steps)]
-    coef = fit(features, [r.batch / r.measured_tok_s for r in rows])
-    out = [CalibratedRow(r, r.batch / s.seconds, r.batch / sum(c * f for c, f in zip(coef, feats)))
-           for r, s, feats in zip(rows, steps, features)]
+    targets = [r.batch / r.measured_tok_s for r in rows]
+    coef = fit(features, targets)
+
+    def predict(c: list[float], i: int) -> float:
+        return rows[i].batch / sum(a * f for a, f in zip(c, features[i]))
+
+    # Each row predicted by a fit that never saw it: the honest error of the calibrated model
+    held_out = [predict(fit(features[:i] + features[i + 1:], targets[:i] + targets[i + 1:]), i)
+                if len(rows) >= 5 else None for i in range(len(rows))]
+    out = [CalibratedRow(r, r.batch / s.seconds, predict(coef, i), held_out[i])
+           for i, (r, s) in enumerate(zip(rows, steps))]
     return Calibration(device, out, coef, skipped)
 
 
@@ -173,14 +182,17 @@ def calibration_sections(cal: Calibration) -> tuple[str, list, list[str]]:
     rows = [[c.row.source, c.row.shape.name, c.row.precision.name, str(c.row.batch), str(c.row.context_len),
              str(c.row.threads), f"{c.roofline_tok_s:,.1f}", f"{c.row.measured_tok_s:,.1f}",
              f"{c.fraction_of_roofline:.0%}", f"{c.calibrated_tok_s:,.1f}",
-             f"{c.calibrated_tok_s / c.row.measured_tok_s - 1:+.0%}"] for c in cal.rows]
+             f"{c.calibrated_tok_s / c.row.measured_tok_s - 1:+.0%}",
+             "-" if c.held_out_tok_s is None else f"{c.held_out_tok_s / c.row.measured_tok_s - 1:+.0%}"]
+            for c in cal.rows]
     header = ["benchmark row", "model", "dtype", "batch", "context", "threads", "roofline tok/s", "measured tok/s",
-              "measured / roofline", "calibrated tok/s", "calibrated error"]
+              "measured / roofline", "calibrated tok/s", "error", "held-out error"]
     a, s, m, f = cal.coef
     eff = [f"{1 / c:.0%}" if c > 0 else "dropped" for c in (m, f)]
     notes = [f"roofline on {d.name}: {d.bandwidth_gbs:.1f} GB/s read bandwidth, {d.tflops:.3f} bf16 TFLOP/s",
              f"calibrated step time = {a * 1e3:.2f} ms + {s * 1e3:.3f} ms x batch + memory time / {eff[0]} + "
-             f"compute time / {eff[1]} (non-negative least squares in relative error over these rows)"]
+             f"compute time / {eff[1]} (non-negative least squares in relative error over these rows); held-out "
+             f"error: each row predicted by the fit over the other rows"]
     if cal.skipped:
         notes.append(f"not found (skipped): {', '.join(cal.skipped)}")
     return "calibration: cinq's measured decode speed vs the roofline", [("rows", header, rows)], notes
@@ -193,4 +205,4 @@ def calibration_dict(cal: Calibration) -> dict[str, Any]:
                 {"source": c.row.source, "model": c.row.shape.name, "dtype": c.row.precision.name,
                  "batch": c.row.batch, "context_len": c.row.context_len, "threads": c.row.threads,
                  "roofline_tok_s": c.roofline_tok_s, "measured_tok_s": c.row.measured_tok_s,
-                 "calibrated_tok_s": c.calibrated_tok_s} for c in cal.rows]}
+                 "calibrated_tok_s": c.calibrated_tok_s, "held_out_tok_s": c.held_out_tok_s} for c in cal.rows]}

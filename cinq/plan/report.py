@@ -46,7 +46,7 @@ def render_sections(title: str, sections: list[Section], notes: list[str], markd
     """Title, each section's table, then the notes."""
     out = [f"## {title}" if markdown else title]
     for name, header, rows in sections:
-        out += ["", f"### {name}" if markdown else f"{name}:", format_table(header, rows, markdown)]
+        out += ["", f"### {name}\n" if markdown else f"{name}:", format_table(header, rows, markdown)]
     if notes:
         out += [""] + [f"- {n}" if markdown else f"* {n}" for n in notes]
     return "\n".join(out) + "\n"

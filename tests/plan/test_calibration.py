@@ -55,6 +55,7 @@ def test_fit_recovers_a_known_step_model(tmp_path):
     assert cal.coef == pytest.approx(true, rel=1e-6)
     for c in cal.rows:
         assert c.calibrated_tok_s == pytest.approx(c.row.measured_tok_s, rel=1e-6)
+        assert c.held_out_tok_s == pytest.approx(c.row.measured_tok_s, rel=1e-6)  # exact model: no row needed
         assert c.roofline_tok_s > c.row.measured_tok_s  # the overheads only ever slow it down
     assert calibration_dict(cal)["coef"]["per-step overhead"] == pytest.approx(2e-3)
 
