@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from cinq.errors import InvalidParameterError
 
+if TYPE_CHECKING:
+    from cinq.plan.devices import Device
+
 # a field named in an error -> the flag that sets it
-_FLAGS = {"max_model_len": "--max-model-len", "concurrency": "--concurrency",
+_FLAGS = {"max_model_len": "--max-model-len", "context_len": "--context-len", "concurrency": "--concurrency",
           "tensor_parallel_size": "--tensor-parallel-size", "gpu_memory_utilization": "--gpu-memory-utilization",
           "max_num_batched_tokens": "--max-num-batched-tokens", "max_num_seqs": "--max-num-seqs",
           "memory_gib": "--memory-gib", "bandwidth_gbs": "--bandwidth-gbs", "tflops": "--tflops",
@@ -39,6 +43,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="int8/int4 input rows per scale (default: 128 for int4, -1 = per channel for int8)")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="context length per sequence (default: the model's max_position_embeddings)")
+    p.add_argument("--context-len", type=int, default=None,
+                   help="context while decoding, and the prompt length of the prefill estimate (default: "
+                        "--max-model-len, the worst case)")
     p.add_argument("--concurrency", type=int, default=64, help="sequences decoding at once (default %(default)s)")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=None,
                    help="cards to split the model over (default: the fewest that fit)")
@@ -70,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameterError(f"{flag}: {message.removeprefix(f'{e.param}: ')}", e.param) from None
 
 
-def _device(args: argparse.Namespace):
+def _device(args: argparse.Namespace) -> Device:
     from cinq.plan.devices import custom_device, get_device
     figures = (args.memory_gib, args.bandwidth_gbs, args.tflops)
     base = get_device(args.device) if args.device is not None else (
@@ -112,7 +119,7 @@ def _run(args: argparse.Namespace) -> int:
         max_model_len = cfg.max_position_embeddings if args.max_model_len is None else args.max_model_len
         settings = PlanSettings(max_model_len, args.concurrency,
                                 args.tensor_parallel_size, args.gpu_memory_utilization, args.max_num_batched_tokens,
-                                args.max_num_seqs)
+                                args.max_num_seqs, args.context_len)
         plan = build_plan(shape, device, precision, settings)
         result = plan_dict(plan)
         text.append(render_plan(plan, markdown=args.markdown))

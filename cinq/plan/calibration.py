@@ -30,6 +30,7 @@ from cinq.errors import InvalidParameterError
 from cinq.model.config import ModelConfig
 from cinq.plan.devices import Device
 from cinq.plan.memory import Precision
+from cinq.plan.report import Section
 from cinq.plan.roofline import decode_step
 from cinq.plan.shapes import ModelShape, resolve_shape
 
@@ -176,7 +177,7 @@ def calibrate(device: Device, results_dir: str | Path) -> Calibration:
     return Calibration(device, out, coef, skipped)
 
 
-def calibration_sections(cal: Calibration) -> tuple[str, list, list[str]]:
+def calibration_sections(cal: Calibration) -> tuple[str, list[Section], list[str]]:
     """The calibration as (title, sections, notes) for report.render_sections."""
     d = cal.device
     rows = [[c.row.source, c.row.shape.name, c.row.precision.name, str(c.row.batch), str(c.row.context_len),

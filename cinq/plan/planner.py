@@ -24,12 +24,20 @@ class PlanSettings:
     gpu_memory_utilization: float = 0.9
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
+    context_len: int | None = None  # tokens of context while decoding (and the prompt prefilled); None: max_model_len
+
+    @property
+    def decode_context(self) -> int:
+        return self.max_model_len if self.context_len is None else self.context_len
 
     def __post_init__(self) -> None:
         for name, low in (("max_model_len", 1), ("concurrency", 1), ("max_num_batched_tokens", 1),
                           ("max_num_seqs", 1)):
             if getattr(self, name) < low:
                 raise InvalidParameterError(f"{name} must be >= {low}, got {getattr(self, name)}", name)
+        if self.context_len is not None and not 1 <= self.context_len <= self.max_model_len:
+            raise InvalidParameterError(f"context_len must be in [1, max_model_len = {self.max_model_len}], got "
+                                        f"{self.context_len}", "context_len")
         if self.tensor_parallel_size is not None and self.tensor_parallel_size < 1:
             raise InvalidParameterError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}",
                                         "tensor_parallel_size")
@@ -77,10 +85,10 @@ class Plan:
     memory: MemoryPlan  # per card at tensor_parallel_size
     batch1: Throughput | None  # None when it does not fit
     at_concurrency: Throughput | None
-    crossover_batch: int | None  # at max_model_len
+    crossover_batch: int | None  # at the decode context
     crossover_batch_weights_only: int | None  # context 0: the weights alone
     prefill_tokens_per_s: float
-    prefill_ttft_s: float  # one max_model_len prompt alone
+    prefill_ttft_s: float  # one prompt of the decode context's length, alone
     tp_sweep: list[TensorParallelRow] = field(default_factory=list)
 
 
@@ -94,14 +102,14 @@ def _throughput(shape: ModelShape, p: Precision, device: Device, batch: int, con
 
 def _speeds(shape: ModelShape, p: Precision, device: Device, s: PlanSettings, mem: MemoryPlan
             ) -> tuple[Throughput | None, Throughput | None]:
-    """Batch 1 and the concurrency asked for (capped by the KV cache and max_num_seqs), decoding at the full
-    context (the worst case: every sequence at max_model_len)."""
+    """Batch 1 and the concurrency asked for (capped by the KV cache and max_num_seqs), every sequence decoding
+    at ``decode_context`` tokens (by default max_model_len: the worst case)."""
     if not mem.fits:
         return None, None
     tp = mem.tensor_parallel_size
     batch = min(s.concurrency, mem.max_num_sequences, s.max_num_seqs)
-    return (_throughput(shape, p, device, 1, s.max_model_len, tp),
-            _throughput(shape, p, device, batch, s.max_model_len, tp))
+    return (_throughput(shape, p, device, 1, s.decode_context, tp),
+            _throughput(shape, p, device, batch, s.decode_context, tp))
 
 
 def build_plan(shape: ModelShape, device: Device, precision: Precision, settings: PlanSettings,
@@ -125,7 +133,7 @@ def build_plan(shape: ModelShape, device: Device, precision: Precision, settings
                                     f"({cfg.num_attention_heads})", "tensor_parallel_size")
     mem = memory(tp)
     batch1, at_conc = _speeds(shape, precision, device, s, mem)
-    prefill = prefill_step(cfg, precision, device, s.max_model_len, tp)
+    prefill = prefill_step(cfg, precision, device, s.decode_context, tp)
     sweep: list[TensorParallelRow] = []
     if device.link_gbs is not None:
         for t in sorted(set(t for t in valid_tp_sizes(cfg) if t <= sweep_up_to) | {tp}):
@@ -137,6 +145,6 @@ def build_plan(shape: ModelShape, device: Device, precision: Precision, settings
         tensor_parallel_size=tp, min_tensor_parallel_size=min_tp,
         weight_bytes_total=weight_bytes(cfg, precision).total,
         kv_bytes_per_token_total=kv_bytes_per_token(cfg, precision), memory=mem, batch1=batch1,
-        at_concurrency=at_conc, crossover_batch=crossover_batch(cfg, precision, device, s.max_model_len, tp),
+        at_concurrency=at_conc, crossover_batch=crossover_batch(cfg, precision, device, s.decode_context, tp),
         crossover_batch_weights_only=crossover_batch(cfg, precision, device, 0, tp),
-        prefill_tokens_per_s=s.max_model_len / prefill.seconds, prefill_ttft_s=prefill.seconds, tp_sweep=sweep)
+        prefill_tokens_per_s=s.decode_context / prefill.seconds, prefill_ttft_s=prefill.seconds, tp_sweep=sweep)

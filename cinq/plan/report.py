@@ -62,7 +62,8 @@ def plan_sections(plan: Plan) -> tuple[str, list[Section], list[str]]:
     s, m, d, tp = plan.settings, plan.memory, plan.device, plan.tensor_parallel_size
     title = (f"cinq plan: {plan.model} ({plan.num_params / 1e9:.2f}B parameters) on {tp} x {d.name}, "
              f"{plan.precision.name}" + (f" (group {plan.precision.group_size})" if plan.precision.quantized else "")
-             + f", max_model_len {s.max_model_len}, concurrency {s.concurrency}")
+             + f", max_model_len {s.max_model_len}"
+             + (f", context {s.context_len}" if s.context_len is not None else "") + f", concurrency {s.concurrency}")
     memory_rows = [
         ["card memory", size(d.memory_gib * GIB), f"usable {size(m.usable)}: x {s.gpu_memory_utilization} "
                                                  f"gpu_memory_utilization, less {d.reserved_gib} GiB reserved"],
@@ -84,7 +85,7 @@ def plan_sections(plan: Plan) -> tuple[str, list[Section], list[str]]:
                 "" if need else ("no degree up to 64 fits" if d.link_gbs else "no interconnect: one device only")])
     sections: list[Section] = [("memory per card", ["item", "size", "note"], memory_rows),
                                ("fit", ["question", "answer", "note"], fit)]
-    speed_header = ["decode at context " + str(s.max_model_len), "tok/s", "ms/step", "bound", "all-reduce ms",
+    speed_header = ["decode at context " + str(s.decode_context), "tok/s", "ms/step", "bound", "all-reduce ms",
                     "$/1M tokens"]
     if plan.batch1 is not None and plan.at_concurrency is not None:
         label = f"batch {plan.at_concurrency.batch}" + (
@@ -92,10 +93,10 @@ def plan_sections(plan: Plan) -> tuple[str, list[Section], list[str]]:
         rows = [_speed_row("batch 1", plan.batch1), _speed_row(label, plan.at_concurrency)]
         cross, weights_only = plan.crossover_batch, plan.crossover_batch_weights_only
         rows.append(["compute-bound from batch", str(cross) if cross else "never", "", "", "",
-                     f"at context {s.max_model_len}" if cross else "KV reads grow as fast as FLOPs"])
+                     f"at context {s.decode_context}" if cross else "KV reads grow as fast as FLOPs"])
         rows.append(["compute-bound from batch", str(weights_only) if weights_only else "never", "", "", "",
                      "weights only (short contexts)"])
-        rows.append([f"prefill of {s.max_model_len} tokens", f"{plan.prefill_tokens_per_s:,.0f}",
+        rows.append([f"prefill of {s.decode_context} tokens", f"{plan.prefill_tokens_per_s:,.0f}",
                      f"{plan.prefill_ttft_s * 1e3:.1f}", "", "", "TTFT of one prompt alone"])
         sections.append(("roofline speed (all cards together)", speed_header, rows))
     if plan.tp_sweep:

@@ -57,6 +57,7 @@ def test_calibrate_against_the_measured_rows():
 @pytest.mark.parametrize("args, flag", [
     (["Llama-3-8B", "--max-model-len", "0"], "--max-model-len"),
     (["Llama-3-8B", "--concurrency", "-1"], "--concurrency"),
+    (["Llama-3-8B", "--max-model-len", "1024", "--context-len", "2048"], "--context-len"),
     (["Llama-3-8B", "--device", "Z100"], "--device"),
     (["Llama-3-8B", "--tensor-parallel-size", "3"], "--tensor-parallel-size"),
     (["cinq-tiny", "--device", "EPYC-2vCPU", "-tp", "2"], "--tensor-parallel-size"),

@@ -60,8 +60,20 @@ def test_tp_must_divide_the_heads():
 @pytest.mark.parametrize("field, kwargs", [("max_model_len", {"max_model_len": 0}),
                                            ("concurrency", {"concurrency": 0}),
                                            ("gpu_memory_utilization", {"gpu_memory_utilization": 1.5}),
-                                           ("tensor_parallel_size", {"tensor_parallel_size": 0})])
+                                           ("tensor_parallel_size", {"tensor_parallel_size": 0}),
+                                           ("context_len", {"context_len": 2048})])
 def test_settings_are_validated(field, kwargs):
     with pytest.raises(InvalidParameterError) as e:
         PlanSettings(**({"max_model_len": 1024} | kwargs))
     assert e.value.param == field
+
+
+def test_shorter_decode_context_reads_less_kv_but_sizes_memory_at_max_model_len():
+    shape, h100 = resolve_shape("Llama-3-8B"), get_device("H100-80GB")
+    full = build_plan(shape, h100, BF16, PlanSettings(max_model_len=8192, concurrency=32))
+    short = build_plan(shape, h100, BF16, PlanSettings(max_model_len=8192, concurrency=32, context_len=512))
+    assert short.memory == full.memory  # the KV cache is sized for max_model_len either way
+    assert short.at_concurrency.tokens_per_s == pytest.approx(
+        decode_tokens_per_s(shape.config, BF16, h100, 32, 512))
+    assert short.at_concurrency.tokens_per_s > full.at_concurrency.tokens_per_s
+    assert short.prefill_ttft_s < full.prefill_ttft_s
