@@ -5,8 +5,9 @@ Conventions (each one is what cinq, or vLLM, does):
 - weights are counted from the shape alone. Quantized precisions (int8, int4) quantize the decoder's linears
   in GPTQ's layout (cinq's default format): ``qweight`` K*N*bits/8, ``qzeros`` groups*N*bits/8, fp16 ``scales``
   groups*N*2 and an int32 ``g_idx`` of K; embeddings and the LM head stay in the compute dtype, norms and
-  biases too. For cinq-built folders this is byte for byte what its loader allocates (tested against the meta
-  model).
+  biases too. For GPTQ folders this is byte for byte what cinq's loader allocates (tested against the meta
+  model); AWQ files (no ``g_idx``) and cinq's W8A8 (int8 weights, fp32 scale per row) differ from it by well
+  under 1% of the weights.
 - the KV cache holds K and V for every layer: 2 * layers * kv_heads * head_dim * bytes per token, in the compute
   dtype (bf16 for every weight precision but float32). Tensor parallelism splits the KV heads over the cards;
   when there are fewer KV heads than cards each card keeps one (replicated, as vLLM does).
