@@ -128,7 +128,19 @@ def _run(args: argparse.Namespace) -> int:
         from cinq.plan.devices import get_device
         cal = calibrate(device if device.is_cpu else get_device("EPYC-2vCPU"), args.results_dir)
         result["calibration"] = calibration_dict(cal)
-        text.append(render_sections(*calibration_sections(cal), markdown=args.markdown))
+        title, sections, notes = calibration_sections(cal)
+        if args.model is not None and device.is_cpu and plan.at_concurrency is not None:
+            # this plan's speeds through the fitted step-time model: what cinq would do here
+            from cinq.plan.calibration import calibrated_tokens_per_s
+            ctx = settings.decode_context
+            rows, speeds = [], {}
+            for t in {t.batch: t for t in (plan.batch1, plan.at_concurrency)}.values():
+                speeds[str(t.batch)] = calibrated_tokens_per_s(cal, shape, precision, t.batch, ctx)
+                rows.append([str(t.batch), f"{t.tokens_per_s:,.1f}", f"{speeds[str(t.batch)]:,.1f}"])
+            result["calibration"]["plan_tokens_per_s"] = speeds
+            sections.append((f"this plan, calibrated ({shape.name} at context {ctx})",
+                             ["batch", "roofline tok/s", "calibrated tok/s"], rows))
+        text.append(render_sections(title, sections, notes, markdown=args.markdown))
     if args.json:
         import json
         print(json.dumps(result, indent=2))

@@ -177,6 +177,14 @@ def calibrate(device: Device, results_dir: str | Path) -> Calibration:
     return Calibration(device, out, coef, skipped)
 
 
+def calibrated_tokens_per_s(cal: Calibration, shape: ModelShape, precision: Precision, batch: int,
+                            context_len: int) -> float:
+    """Decode tokens/s of ``batch`` sequences at ``context_len`` on the calibrated machine: the roofline's terms
+    through the fitted step-time model (meaningful for this machine's CPU and models like the fitted rows)."""
+    s = decode_step(shape.config, precision, cal.device, batch, context_len)
+    return batch / cal.step_seconds(batch, s.memory_s, s.compute_s)
+
+
 def calibration_sections(cal: Calibration) -> tuple[str, list[Section], list[str]]:
     """The calibration as (title, sections, notes) for report.render_sections."""
     d = cal.device

@@ -52,6 +52,9 @@ def test_calibrate_against_the_measured_rows():
     r = cinq("cinq-tiny", "--device", "EPYC-2vCPU", "--calibrate", "--json")
     out = json.loads(r.stdout)  # one object: the plan and its calibration
     assert out["model"] == "cinq-tiny" and len(out["calibration"]["rows"]) >= 10
+    calibrated = out["calibration"]["plan_tokens_per_s"]  # this plan through the fitted step-time model
+    assert set(calibrated) == {"1", str(out["at_concurrency"]["batch"])}
+    assert 0 < calibrated["1"] < out["batch1"]["tokens_per_s"]
 
 
 @pytest.mark.parametrize("args, flag", [

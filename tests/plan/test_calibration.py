@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from cinq.errors import InvalidParameterError
-from cinq.plan.calibration import calibrate, calibration_dict, fit, read_rows
+from cinq.plan.calibration import calibrate, calibrated_tokens_per_s, calibration_dict, fit, read_rows
 from cinq.plan.devices import get_device
 from cinq.plan.roofline import decode_step
 
@@ -58,6 +58,11 @@ def test_fit_recovers_a_known_step_model(tmp_path):
         assert c.held_out_tok_s == pytest.approx(c.row.measured_tok_s, rel=1e-6)  # exact model: no row needed
         assert c.roofline_tok_s > c.row.measured_tok_s  # the overheads only ever slow it down
     assert calibration_dict(cal)["coef"]["per-step overhead"] == pytest.approx(2e-3)
+    # a batch and context no row had: the fitted model predicts it as the true one would
+    shape, p = cal.rows[0].row.shape, cal.rows[0].row.precision
+    s = decode_step(shape.config, p, cpu, 7, 300)
+    expected = 7 / (true[0] + true[1] * 7 + true[2] * s.memory_s + true[3] * s.compute_s)
+    assert calibrated_tokens_per_s(cal, shape, p, 7, 300) == pytest.approx(expected, rel=1e-6)
 
 
 def test_fit_never_returns_negative_terms():
