@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cinq.errors import InvalidParameterError
 
 if TYPE_CHECKING:
     from cinq.plan.devices import Device
+    from cinq.plan.planner import Plan
 
 # a field named in an error -> the flag that sets it
 _FLAGS = {"max_model_len": "--max-model-len", "context_len": "--context-len", "concurrency": "--concurrency",
@@ -97,50 +98,56 @@ def _device(args: argparse.Namespace) -> Device:
     return device
 
 
-def _run(args: argparse.Namespace) -> int:
+def _build_plan(args: argparse.Namespace, device: Device) -> Plan:
     from cinq.plan.memory import Precision
     from cinq.plan.planner import PlanSettings, build_plan
-    from cinq.plan.report import plan_dict, render_plan, render_sections
     from cinq.plan.shapes import resolve_shape
+    shape = resolve_shape(args.model)
+    cfg = shape.config
+    if args.dtype is None and cfg.quantization_config:
+        precision = Precision.from_quantization_config(cfg.quantization_config)
+    else:
+        precision = Precision.from_name(args.dtype or "bfloat16", args.group_size)
+    max_model_len = cfg.max_position_embeddings if args.max_model_len is None else args.max_model_len
+    settings = PlanSettings(max_model_len, args.concurrency, args.tensor_parallel_size, args.gpu_memory_utilization,
+                            args.max_num_batched_tokens, args.max_num_seqs, args.context_len)
+    return build_plan(shape, device, precision, settings)
 
+
+def _calibration(args: argparse.Namespace, device: Device, plan: Plan | None) -> tuple[dict[str, Any], str]:
+    """The calibration as JSON and as text; on a CPU device, the plan's own speeds through the fitted model."""
+    from cinq.plan.calibration import calibrate, calibrated_tokens_per_s, calibration_dict, calibration_sections
+    from cinq.plan.devices import get_device
+    from cinq.plan.report import render_sections
+    from cinq.plan.shapes import ModelShape
+    cal = calibrate(device if device.is_cpu else get_device("EPYC-2vCPU"), args.results_dir)
+    out = calibration_dict(cal)
+    title, sections, notes = calibration_sections(cal)
+    if plan is not None and device.is_cpu and plan.batch1 is not None and plan.at_concurrency is not None:
+        shape = ModelShape(plan.model, plan.config)
+        ctx = plan.settings.decode_context
+        rows, speeds = [], {}
+        for t in {t.batch: t for t in (plan.batch1, plan.at_concurrency)}.values():
+            speeds[str(t.batch)] = calibrated_tokens_per_s(cal, shape, plan.precision, t.batch, ctx)
+            rows.append([str(t.batch), f"{t.tokens_per_s:,.1f}", f"{speeds[str(t.batch)]:,.1f}"])
+        out["plan_tokens_per_s"] = speeds
+        sections.append((f"this plan, calibrated ({plan.model} at context {ctx})",
+                         ["batch", "roofline tok/s", "calibrated tok/s"], rows))
+    return out, render_sections(title, sections, notes, markdown=args.markdown)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from cinq.plan.report import plan_dict, render_plan
     if args.model is None and not args.calibrate:
         raise InvalidParameterError("give a model (a known shape, a config.json or a folder) or --calibrate",
                                     "model")
     device = _device(args)
-    text: list[str] = []
-    result: dict = {}
-    if args.model is not None:
-        shape = resolve_shape(args.model)
-        cfg = shape.config
-        if args.dtype is None and cfg.quantization_config:
-            precision = Precision.from_quantization_config(cfg.quantization_config)
-        else:
-            precision = Precision.from_name(args.dtype or "bfloat16", args.group_size)
-        max_model_len = cfg.max_position_embeddings if args.max_model_len is None else args.max_model_len
-        settings = PlanSettings(max_model_len, args.concurrency,
-                                args.tensor_parallel_size, args.gpu_memory_utilization, args.max_num_batched_tokens,
-                                args.max_num_seqs, args.context_len)
-        plan = build_plan(shape, device, precision, settings)
-        result = plan_dict(plan)
-        text.append(render_plan(plan, markdown=args.markdown))
+    plan = _build_plan(args, device) if args.model is not None else None
+    result: dict[str, Any] = plan_dict(plan) if plan is not None else {}
+    text = [render_plan(plan, markdown=args.markdown)] if plan is not None else []
     if args.calibrate:
-        from cinq.plan.calibration import calibrate, calibration_dict, calibration_sections
-        from cinq.plan.devices import get_device
-        cal = calibrate(device if device.is_cpu else get_device("EPYC-2vCPU"), args.results_dir)
-        result["calibration"] = calibration_dict(cal)
-        title, sections, notes = calibration_sections(cal)
-        if args.model is not None and device.is_cpu and plan.at_concurrency is not None:
-            # this plan's speeds through the fitted step-time model: what cinq would do here
-            from cinq.plan.calibration import calibrated_tokens_per_s
-            ctx = settings.decode_context
-            rows, speeds = [], {}
-            for t in {t.batch: t for t in (plan.batch1, plan.at_concurrency)}.values():
-                speeds[str(t.batch)] = calibrated_tokens_per_s(cal, shape, precision, t.batch, ctx)
-                rows.append([str(t.batch), f"{t.tokens_per_s:,.1f}", f"{speeds[str(t.batch)]:,.1f}"])
-            result["calibration"]["plan_tokens_per_s"] = speeds
-            sections.append((f"this plan, calibrated ({shape.name} at context {ctx})",
-                             ["batch", "roofline tok/s", "calibrated tok/s"], rows))
-        text.append(render_sections(title, sections, notes, markdown=args.markdown))
+        result["calibration"], table = _calibration(args, device, plan)
+        text.append(table)
     if args.json:
         import json
         print(json.dumps(result, indent=2))

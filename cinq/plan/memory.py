@@ -55,6 +55,8 @@ class Precision:
         """``bfloat16`` / ``float16`` / ``float32`` / ``int8`` / ``int4``; int precisions take ``group_size``
         (default 128 for int4, per channel for int8, cinq quantize's choices)."""
         if name in FLOAT_BYTES:
+            if group_size is not None:
+                raise InvalidParameterError(f"group_size applies to int8 / int4 weights, not {name}", "group_size")
             return cls(name, FLOAT_BYTES[name] * 8)
         if name not in INT_BITS:
             raise InvalidParameterError(f"{field} must be one of {', '.join(PRECISIONS)}; got {name!r}", field)

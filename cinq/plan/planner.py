@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cinq.errors import InvalidParameterError
+from cinq.model.config import ModelConfig
 from cinq.plan.cost import dollars_per_million_tokens
 from cinq.plan.devices import Device
 from cinq.plan.memory import (MemoryPlan, Precision, kv_bytes_per_token, min_tensor_parallel_size, param_count,
@@ -74,6 +75,7 @@ class Plan:
     """Everything `cinq plan` reports (bytes are exact integers, speeds roofline estimates)."""
 
     model: str
+    config: ModelConfig
     num_params: int
     device: Device
     precision: Precision
@@ -141,7 +143,7 @@ def build_plan(shape: ModelShape, device: Device, precision: Precision, settings
             b1, bc = _speeds(shape, precision, device, s, m)
             sweep.append(TensorParallelRow(t, m.fits, m.max_num_sequences, b1, bc))
     return Plan(
-        model=shape.name, num_params=param_count(cfg), device=device, precision=precision, settings=s,
+        model=shape.name, config=cfg, num_params=param_count(cfg), device=device, precision=precision, settings=s,
         tensor_parallel_size=tp, min_tensor_parallel_size=min_tp,
         weight_bytes_total=weight_bytes(cfg, precision).total,
         kv_bytes_per_token_total=kv_bytes_per_token(cfg, precision), memory=mem, batch1=batch1,

@@ -32,6 +32,7 @@ def test_json_with_flags_and_a_custom_device():
     assert out["device"]["name"] == "custom" and out["device"]["price_per_hour"] == 0.5
     assert out["precision"]["name"] == "int4" and out["memory"]["fits"]
     assert out["memory"]["kv_per_token"] == 128 * 1024 and out["at_concurrency"]["batch"] == 8
+    assert out["config"]["num_key_value_heads"] == 8  # the shape planned, as ModelConfig reads it
 
 
 def test_quantized_folder_takes_its_precision(tmp_path):

@@ -60,6 +60,9 @@ def test_precision_names_and_errors():
     with pytest.raises(InvalidParameterError) as e:
         Precision.from_name("int4", 0)
     assert e.value.param == "group_size"
+    with pytest.raises(InvalidParameterError) as e:
+        Precision.from_name("bfloat16", 128)  # groups only mean something for integer weights
+    assert e.value.param == "group_size"
 
 
 def _tiny(**overrides) -> ModelConfig:
