@@ -1,0 +1,41 @@
+"""`cinq plan --measure`: this machine's memory read bandwidth and bf16 matmul FLOP/s, measured in a second or
+two, so that the CPU row of the device table can be replaced by what this machine does now (on a shared
+machine that changes with the load; the best of a few repeats is taken)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+
+@dataclass(slots=True, frozen=True)
+class Measured:
+    """What the probe saw."""
+
+    bandwidth_gbs: float  # reading a buffer far larger than the caches
+    tflops: float  # bf16 square matmul
+    threads: int
+
+
+def measure(buffer_mib: int = 512, matmul_n: int = 2048, repeats: int = 5) -> Measured:
+    """Read bandwidth (a sum over a ``buffer_mib`` float32 tensor, best of ``repeats``) and bf16 FLOP/s (an
+    n x n x n matmul, best of ``repeats``), with torch's current thread count."""
+    import torch
+    x = torch.ones(buffer_mib * (1 << 20) // 4, dtype=torch.float32)
+    x.sum()  # touch every page first: the first pass measures page faults, not reads
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t)
+    bandwidth = x.numel() * 4 / best / 1e9
+    del x
+    a = torch.randn(matmul_n, matmul_n).to(torch.bfloat16)
+    b = torch.randn(matmul_n, matmul_n).to(torch.bfloat16)
+    a @ b  # warm-up: oneDNN picks and caches its kernel
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return Measured(bandwidth, 2 * matmul_n ** 3 / best / 1e12, torch.get_num_threads())
