@@ -12,7 +12,7 @@ from typing import Any
 from cinq.bench.hf_baseline import hf_available, hf_token_times, load_hf_model
 from cinq.bench.latency_stats import summarize_ms
 from cinq.bench.progress import progress_bar
-from cinq.bench.report import BenchResult, Table, machine_info
+from cinq.bench.report import BenchResult, Table, machine_info, model_label
 from cinq.config import EngineConfig
 from cinq.errors import InvalidParameterError
 
@@ -79,7 +79,7 @@ def run_latency(config: EngineConfig, options: LatencyOptions, progress: bool = 
             row["ttft_speedup"] = row["hf"]["ttft_ms"]["median"] / row["cinq"]["ttft_ms"]["median"]
         rows.append(row)
     bar.close()
-    data = {"config": {"model": engine.config.model, "dtype": engine.config.dtype},
+    data = {"config": {"model": model_label(engine.config.model), "dtype": engine.config.dtype},
             "options": {"input_lens": list(options.input_lens), "output_len": options.output_len,
                         "num_iters": options.num_iters, "seed": options.seed},
             "machine": machine_info(), "rows": rows}

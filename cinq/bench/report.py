@@ -53,6 +53,19 @@ def machine_info() -> dict[str, Any]:
             "loadavg_at_end": [round(x, 2) for x in os.getloadavg()]}
 
 
+def model_label(model: str) -> str:
+    """How a report names a model: an embedded model by its name (not this machine's path to it; "" is the
+    default model), a folder under the home directory as ``~/...``, any other folder as given."""
+    from cinq.assets import ASSETS_DIR, default_model_path
+    path = Path(model) if model else default_model_path()
+    try:
+        if path.resolve().parent == ASSETS_DIR.resolve():
+            return path.name
+        return "~/" + str(path.resolve().relative_to(Path.home()))  # no user's home in a committed report
+    except (OSError, ValueError):
+        return str(model)
+
+
 def fmt(value: Any) -> str:
     """A cell as text: floats with 3 significant figures or one decimal, None as "n/a", booleans as yes/no."""
     if value is None:

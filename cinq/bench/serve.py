@@ -28,7 +28,7 @@ from typing import Any
 
 from cinq.bench.latency_stats import summarize_ms
 from cinq.bench.progress import progress_bar
-from cinq.bench.report import BenchResult, Table, machine_info
+from cinq.bench.report import BenchResult, Table, machine_info, model_label
 from cinq.bench.serve_client import ClientResult, run_rate
 from cinq.bench.workload import BenchRequest, around, random_requests
 from cinq.config import EngineConfig
@@ -94,7 +94,7 @@ def run_serve(config: EngineConfig, options: ServeOptions, progress: bool = True
             proc.terminate()
             proc.wait(30)
     data: dict[str, Any] = {
-        "config": {"model": config.model or "embedded default model", "dtype": config.dtype, "tag": options.tag,
+        "config": {"model": model_label(config.model), "dtype": config.dtype, "tag": options.tag,
                    "num_prompts": options.num_prompts, "input_len": options.input_len,
                    "output_len": options.output_len, "command": options.command, "note": options.note},
         "machine": machine_info(), "runs": runs}

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cinq.bench.progress import progress_bar
-from cinq.bench.report import BenchResult, Table, machine_info
+from cinq.bench.report import BenchResult, Table, machine_info, model_label
 from cinq.bench.workload import TokenWindows, text_tokens
 from cinq.config import EngineConfig
 from cinq.errors import InvalidParameterError
@@ -120,7 +120,8 @@ def run_spec(config: EngineConfig, options: SpecOptions, progress: bool = True) 
         rows.append(compare({"batch": batch, "baseline_drift": round(drift, 3)}, base, spec))
     bar.close()
     sc = config.speculative_config
-    data = {"config": {"model": folder, "dtype": config.dtype, "speculative_config": dataclasses.asdict(sc)},
+    data = {"config": {"model": model_label(folder), "dtype": config.dtype,
+                       "speculative_config": dataclasses.asdict(sc)},
             "options": dataclasses.asdict(options), "machine": machine_info(), "rows": rows}
     return _result(data)
 

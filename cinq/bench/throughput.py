@@ -17,7 +17,7 @@ from typing import Any
 from cinq.bench.drive import run_until_done
 from cinq.bench.hf_baseline import hf_available, hf_generate_batched, load_hf_model
 from cinq.bench.progress import progress_bar
-from cinq.bench.report import BenchResult, Table, machine_info
+from cinq.bench.report import BenchResult, Table, machine_info, model_label
 from cinq.bench.workload import BenchRequest, random_requests
 from cinq.config import EngineConfig
 from cinq.errors import InvalidParameterError
@@ -70,7 +70,7 @@ def run_throughput(config: EngineConfig, options: ThroughputOptions, progress: b
         bar.update(1)
         bar.close()
     ratio = ours["tok_s"] / hf["tok_s"] if hf else None
-    data = {"config": {"model": engine.config.model, "dtype": engine.config.dtype,
+    data = {"config": {"model": model_label(engine.config.model), "dtype": engine.config.dtype,
                        "block_size": engine.config.block_size, "max_num_seqs": engine.config.max_num_seqs,
                        "max_num_batched_tokens": engine.config.max_num_batched_tokens},
             "workload": {"num_requests": len(reqs), "prompt_len": list(options.input_lens),
