@@ -15,8 +15,8 @@ from typing import Any
 
 from cinq.bench.drive import run_until_done
 from cinq.bench.latency_stats import summarize_ms
-from cinq.bench.prefix_workload import (WORKLOADS, PrefixWorkload, PrefixWorkloadOptions, build_prefix_workload,
-                                        footprint_blocks, min_blocks)
+from cinq.bench.prefix_workload import (WORKLOADS, PrefixWorkloadOptions, build_prefix_workload, footprint_blocks,
+                                        min_blocks)
 from cinq.bench.progress import progress_bar
 from cinq.bench.report import BenchResult, Table, machine_info, model_label
 from cinq.bench.workload import BenchRequest, text_tokens

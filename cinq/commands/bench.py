@@ -7,15 +7,21 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from cinq.errors import InvalidParameterError
+
+if TYPE_CHECKING:
+    from cinq.bench.report import BenchResult
+    from cinq.config import EngineConfig
 
 KINDS: dict[str, str] = {
     "throughput": "offline throughput vs HF transformers generate (same requests)",
     "latency": "batch-1 time to first token and per-token latency vs HF transformers generate",
     "serve": "OpenAI server under Poisson load (TTFT, TPOT, ITL) vs the offline engine",
-    "prefix": "prefix caching on vs off: shared-prefix and chat-replay workloads, eviction sweep",
-    "spec": "speculative decoding (--speculative-config) vs plain decoding",
+    "prefix": "prefix caching on vs off: shared-prefix and chat-replay workloads, eviction sweep (it runs caching "
+              "both ways whatever --no-prefix-caching says, and the sweep sets --num-kv-blocks)",
+    "spec": "speculative decoding (--speculative-config, required) vs plain decoding",
     "stack": "every technique stacked (not built yet: a later part of issue 12)",
 }
 
@@ -142,7 +148,7 @@ def _seed(args: argparse.Namespace) -> int:
     return args.seed if args.seed is not None else 0  # the workload's seed: --seed, else a fixed one
 
 
-def _run_throughput(config, args: argparse.Namespace, progress: bool):
+def _run_throughput(config: EngineConfig, args: argparse.Namespace, progress: bool) -> BenchResult:
     from cinq.bench.throughput import ThroughputOptions, run_throughput
     opts = ThroughputOptions(num_requests=args.num_prompts, input_lens=_range(args.input_len, "input_len"),
                              output_lens=_range(args.output_len, "output_len"), seed=_seed(args),
@@ -152,14 +158,14 @@ def _run_throughput(config, args: argparse.Namespace, progress: bool):
     return run_throughput(config, opts, progress)
 
 
-def _run_latency(config, args: argparse.Namespace, progress: bool):
+def _run_latency(config: EngineConfig, args: argparse.Namespace, progress: bool) -> BenchResult:
     from cinq.bench.latency import LatencyOptions, run_latency
     opts = LatencyOptions(input_lens=tuple(_ints(args.input_lens, "input_lens")), output_len=args.output_len,
                           num_iters=args.num_iters, seed=_seed(args), baseline=not args.no_baseline)
     return run_latency(config, opts, progress)
 
 
-def _run_serve(config, args: argparse.Namespace, progress: bool):
+def _run_serve(config: EngineConfig, args: argparse.Namespace, progress: bool) -> BenchResult:
     from cinq.bench.serve import ServeOptions, run_serve
     opts = ServeOptions(request_rates=tuple(_floats(args.request_rates, "request_rates")),
                         num_prompts=args.num_prompts, input_len=args.input_len, output_len=args.output_len,
@@ -169,7 +175,7 @@ def _run_serve(config, args: argparse.Namespace, progress: bool):
     return run_serve(config, opts, progress)
 
 
-def _run_prefix(config, args: argparse.Namespace, progress: bool):
+def _run_prefix(config: EngineConfig, args: argparse.Namespace, progress: bool) -> BenchResult:
     from cinq.bench.prefix import PrefixOptions, run_prefix
     from cinq.bench.prefix_workload import PrefixWorkloadOptions
     work = PrefixWorkloadOptions(prefix_len=args.prefix_len, num_requests=args.num_prompts,
@@ -181,7 +187,7 @@ def _run_prefix(config, args: argparse.Namespace, progress: bool):
     return run_prefix(config, opts, progress)
 
 
-def _run_spec(config, args: argparse.Namespace, progress: bool):
+def _run_spec(config: EngineConfig, args: argparse.Namespace, progress: bool) -> BenchResult:
     from cinq.bench.spec import SpecOptions, run_spec
     opts = SpecOptions(batch_sizes=tuple(_ints(args.batch_sizes, "batch_sizes")), num_prompts=args.num_prompts,
                        prompt_len=args.input_len, max_tokens=args.output_len, text=args.text, seed=_seed(args))
