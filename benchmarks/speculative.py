@@ -11,6 +11,9 @@ Tables (benchmarks/results/speculative.{md,json} + speculative.png):
 * per language at batch 1: tau and speedup for en/de/es/it/ru/pl/cs/zh, and the worst/best tau ratio;
 * the copy workload (the answer repeats the prompt) where prompt lookup pays.
 
+Each measurement is `cinq bench spec`'s (cinq/bench/spec.py: ``measure``, ``compare``); this script sweeps every
+shipped method over both targets, the languages and the copy workload.
+
     python benchmarks/speculative.py               # writes the results
     python benchmarks/speculative.py --quick       # smoke run, writes nothing
 """
@@ -22,7 +25,6 @@ import json
 import os
 import platform
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,8 +36,10 @@ set_omp_wait_policy()
 
 import torch  # noqa: E402
 
-from cinq import LLM, SamplingParams  # noqa: E402
 from cinq.assets import ASSETS_DIR, shipped_model_path  # noqa: E402
+from cinq.bench.spec import compare as bench_compare  # noqa: E402
+from cinq.bench.spec import measure  # noqa: E402
+from cinq.config import EngineConfig  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 CACHE = ROOT / ".cache" / "bench"
@@ -107,61 +111,22 @@ def int4_target() -> Path:
     return out
 
 
-class DraftTimer:
-    """Wall time spent proposing: the runner's proposer, or the scheduler's drafter (n-gram)."""
-
-    def __init__(self, llm: LLM) -> None:
-        self.seconds = 0.0
-        obj = llm.engine.executor.proposer or llm.engine.scheduler.drafter
-        if obj is None:
-            return
-        real = obj.propose
-
-        def timed(*a, **kw):
-            t0 = time.perf_counter()
-            try:
-                return real(*a, **kw)
-            finally:
-                self.seconds += time.perf_counter() - t0
-
-        obj.propose = timed
-
-
 THREADS: int | None = None  # --threads
 
 
 def run(target: Path, spec: dict | None, prompts: list[list[int]], batch: int, max_tokens: int) -> dict:
-    llm = LLM(str(target), dtype="bfloat16", speculative_config=spec, kv_cache_memory=0.5, num_threads=THREADS)
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    todo = [prompts[i % len(prompts)] for i in range(max(batch, len(prompts)))]
-    llm.generate(todo[:1], SamplingParams(temperature=0, max_tokens=4))  # warm-up: kernels, allocator
-    timer = DraftTimer(llm)
-    before = llm.engine.get_stats()
-    outs, t0 = [], time.perf_counter()
-    for at in range(0, len(todo), batch):  # waves of `batch` requests decoding together
-        outs += llm.generate(todo[at:at + batch], params)
-    elapsed = time.perf_counter() - t0
-    st = llm.engine.get_stats()
-    drafts = st.spec_decode_num_drafts - before.spec_decode_num_drafts
-    accepted = st.spec_decode_num_accepted_tokens - before.spec_decode_num_accepted_tokens
-    per_pos = [a - (before.spec_decode_num_accepted_tokens_per_pos[i]
-                    if i < len(before.spec_decode_num_accepted_tokens_per_pos) else 0)
-               for i, a in enumerate(st.spec_decode_num_accepted_tokens_per_pos)]
-    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    return {"tok_s": tokens / elapsed, "seconds": elapsed, "tokens": tokens,
-            "tau": 1 + accepted / drafts if drafts else None,
-            "accept_per_pos": [round(a / drafts, 3) for a in per_pos] if drafts else [],
-            "draft_share": timer.seconds / elapsed, "outputs": [o.outputs[0].token_ids for o in outs]}
+    """One measurement (cinq/bench/spec.py's ``measure``) of ``target`` with ``spec`` (None: plain decoding)."""
+    config = EngineConfig(model=str(target), dtype="bfloat16", speculative_config=spec, kv_cache_memory=0.5,
+                          num_threads=THREADS)
+    return measure(config, prompts, batch, max_tokens)
 
 
 def compare(rows: list[dict], label: dict, base: dict, r: dict) -> None:
-    same = r.pop("outputs") == base["outputs"]
-    rows.append({**label, "plain_tok_s": base["tok_s"], "spec_tok_s": r["tok_s"], "speedup": r["tok_s"] / base["tok_s"],
-                 "tau": r["tau"], "accept_per_pos": r["accept_per_pos"], "draft_share": r["draft_share"],
-                 "greedy_identical": same})
+    rows.append(bench_compare(label, base, r))
+    row = rows[-1]
     print(" ".join(f"{k}={v}" for k, v in label.items()),
-          f"{base['tok_s']:.1f} -> {r['tok_s']:.1f} tok/s (RATIO {rows[-1]['speedup']:.2f}x) tau "
-          f"{r['tau'] or 0:.2f} draft {100 * r['draft_share']:.0f}% identical={same}", flush=True)
+          f"{base['tok_s']:.1f} -> {r['tok_s']:.1f} tok/s (RATIO {row['speedup']:.2f}x) tau "
+          f"{r['tau'] or 0:.2f} draft {100 * r['draft_share']:.0f}% identical={row['greedy_identical']}", flush=True)
 
 
 def main() -> None:

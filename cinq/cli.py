@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "distill": "distill",
     "init-model": "init_model",
     "plan": "plan",
+    "bench": "bench",
 }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import types
 import typing
 
@@ -40,6 +41,27 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     embedded model's name: its folder; anything else: a one-line ModelLoadError naming "model")."""
     flags = {f.name: getattr(args, f.name) for f in _flag_fields()}
     return EngineConfig(model=resolve_model(args.model, "model"), **flags)
+
+
+def engine_argv(config: EngineConfig) -> list[str]:
+    """The command line that gives ``config`` back through these flags (the inverse of
+    ``engine_config_from_args``): MODEL, then every field that differs from its default. Benchmarks start
+    ``cinq serve`` with it."""
+    argv = [config.model] if config.model else []
+    for f in _flag_fields():
+        value = getattr(config, f.name)
+        if value == f.default:
+            continue
+        flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+        if isinstance(value, bool):
+            argv.append(flag)  # a boolean's flag flips its default
+        elif dataclasses.is_dataclass(value):
+            argv += [flag, json.dumps(dataclasses.asdict(value))]
+        elif isinstance(value, dict):
+            argv += [flag, json.dumps(value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
 
 
 def _flag_fields() -> list[dataclasses.Field]:

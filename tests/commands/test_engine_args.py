@@ -71,3 +71,14 @@ def test_dtype_choices_come_from_the_config(capsys):
 def test_tensor_parallel_size_flag_reaches_the_validation(tiny_llama):
     with pytest.raises(InvalidParameterError, match="tensor parallelism is not built yet"):
         engine_config_from_args(parse(str(tiny_llama), "--tensor-parallel-size", "2"))
+
+
+def test_engine_argv_gives_the_config_back(tiny_llama):
+    from cinq.commands.engine_args import engine_argv
+    cfg = EngineConfig(model=str(tiny_llama), dtype="float32", num_kv_blocks=40, kv_cache_memory=0.5,
+                       enable_prefix_caching=False, speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+                                                                        "prompt_lookup_max": 3})
+    argv = engine_argv(cfg)
+    assert argv[0] == str(tiny_llama) and "--no-prefix-caching" in argv and "--block-size" not in argv  # defaults
+    assert engine_config_from_args(parse(*argv)) == cfg
+    assert engine_argv(EngineConfig(model=str(tiny_llama))) == [str(tiny_llama)]

@@ -1,0 +1,92 @@
+"""The Hugging Face transformers baseline: the same model folder through ``AutoModelForCausalLM.generate``
+(batched with left padding for throughput; batch 1 with a timing streamer for per-token latency).
+
+transformers is not a dependency of cinq (it is in the ``dev`` extra): without it the baseline is reported as
+missing, in one line, and the cinq side still runs."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from cinq.bench.workload import BenchRequest
+
+_TORCH_DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp32": "float32",
+                 "float16": "float16", "fp16": "float16"}
+
+
+def hf_available() -> bool:
+    """Whether transformers can be imported here."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def load_hf_model(path: str, dtype: str) -> Any:
+    """The model folder loaded by transformers, in eval mode (local files only: nothing is downloaded)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, _TORCH_DTYPES[dtype]),
+                                                local_files_only=True).eval()
+
+
+def _greedy_config(new_tokens: int) -> Any:
+    from transformers import GenerationConfig
+    # no eos: every request generates exactly what it asked for, as cinq's ignore_eos
+    return GenerationConfig(do_sample=False, eos_token_id=None, pad_token_id=0, bos_token_id=None,
+                            max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+
+
+def hf_generate_batched(model: Any, reqs: list[BenchRequest], batch_size: int) -> dict[str, float]:
+    """Greedy generation in batches of ``batch_size`` (left padding), each batch generating up to its longest
+    requested output; only the requested tokens count. Returns tokens, seconds and tok_s."""
+    import torch
+    useful = 0
+    t0 = time.perf_counter()
+    for start in range(0, len(reqs), batch_size):
+        batch = reqs[start:start + batch_size]
+        width = max(len(r.prompt) for r in batch)
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        mask = torch.zeros(len(batch), width, dtype=torch.long)
+        for i, r in enumerate(batch):
+            ids[i, width - len(r.prompt):] = torch.tensor(r.prompt)
+            mask[i, width - len(r.prompt):] = 1
+        new = max(r.output_len for r in batch)
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=_greedy_config(new))
+        if out.shape[1] != width + new:
+            raise RuntimeError(f"transformers generated {out.shape[1] - width} tokens, asked {new}")
+        useful += sum(r.output_len for r in batch)
+    elapsed = time.perf_counter() - t0
+    return {"batch_size": batch_size, "tokens": useful, "seconds": elapsed, "tok_s": useful / elapsed}
+
+
+def hf_token_times(model: Any, prompt: list[int], new_tokens: int) -> tuple[float, list[float]]:
+    """Batch-1 greedy generation of ``new_tokens``: (time to first token, gaps between later tokens), seconds,
+    as a streamer sees each token leave ``generate``."""
+    import torch
+    from transformers.generation.streamers import BaseStreamer
+
+    class _Clock(BaseStreamer):
+        def __init__(self) -> None:
+            self.times: list[float] = []
+            self.calls = 0
+
+        def put(self, value: Any) -> None:
+            self.calls += 1
+            if self.calls > 1:  # the first call hands over the prompt
+                self.times.append(time.perf_counter())
+
+        def end(self) -> None:
+            pass
+
+    clock = _Clock()
+    ids = torch.tensor([prompt])
+    start = time.perf_counter()
+    with torch.inference_mode():
+        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                       generation_config=_greedy_config(new_tokens), streamer=clock)
+    times = clock.times
+    return times[0] - start, [b - a for a, b in zip(times, times[1:])]

@@ -1,0 +1,165 @@
+"""Speculative decoding against plain decoding: the same target, the same prompts, the same batch sizes, in one
+run. The speculative config is the engine's own flag (``--speculative-config``); plain decoding is that engine
+config without it, measured before and after (their mean is the baseline, their ratio the machine's drift).
+Greedy decoding, so that "identical output" is checked against plain decoding too."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from cinq.bench.progress import progress_bar
+from cinq.bench.report import BenchResult, Table, machine_info, model_label
+from cinq.bench.workload import TokenWindows, text_tokens
+from cinq.config import EngineConfig
+from cinq.errors import InvalidParameterError
+
+
+@dataclass(slots=True)
+class SpecOptions:
+    """Batch sizes, prompts (pieces of a shipped text) and tokens generated per request."""
+
+    batch_sizes: tuple[int, ...] = (1, 4, 16)
+    num_prompts: int = 16
+    prompt_len: int = 64
+    max_tokens: int = 64
+    text: str = "held-out"
+    seed: int = 0
+
+    def validate(self) -> None:
+        if not self.batch_sizes or min(self.batch_sizes) < 1:
+            raise InvalidParameterError(f"batch sizes must be >= 1, got {list(self.batch_sizes)}", "batch_sizes")
+        for name in ("num_prompts", "prompt_len", "max_tokens"):
+            if getattr(self, name) < 1:
+                raise InvalidParameterError(f"{name} must be >= 1, got {getattr(self, name)}", name)
+
+
+class DraftTimer:
+    """Wall time spent proposing: the runner's proposer, or the scheduler's drafter (n-gram)."""
+
+    def __init__(self, llm: Any) -> None:
+        self.seconds = 0.0
+        obj = llm.engine.executor.proposer or llm.engine.scheduler.drafter
+        if obj is None:
+            return
+        real = obj.propose
+
+        def timed(*a: Any, **kw: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return real(*a, **kw)
+            finally:
+                self.seconds += time.perf_counter() - t0
+
+        obj.propose = timed
+
+
+def measure(config: EngineConfig, prompts: list[list[int]], batch: int, max_tokens: int) -> dict[str, Any]:
+    """Greedy generation of ``max_tokens`` for every prompt (at least ``batch`` requests, prompts reused), in
+    waves of ``batch`` requests decoding together, in a fresh engine after a short warm-up: tokens/s, tau,
+    acceptance per position, the share of time spent drafting, and the outputs (to compare)."""
+    from cinq.engine.llm import LLM
+    from cinq.sampling_params import SamplingParams
+    llm = LLM(config.model, **{f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+                               if f.name != "model"})
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    todo = [prompts[i % len(prompts)] for i in range(max(batch, len(prompts)))]
+    llm.generate(todo[:1], SamplingParams(temperature=0, max_tokens=4))  # warm-up: kernels, allocator
+    timer = DraftTimer(llm)
+    before = llm.engine.get_stats()
+    outs, t0 = [], time.perf_counter()
+    for at in range(0, len(todo), batch):
+        outs += llm.generate(todo[at:at + batch], params)
+    elapsed = time.perf_counter() - t0
+    st = llm.engine.get_stats()
+    drafts = st.spec_decode_num_drafts - before.spec_decode_num_drafts
+    accepted = st.spec_decode_num_accepted_tokens - before.spec_decode_num_accepted_tokens
+    per_pos = [a - (before.spec_decode_num_accepted_tokens_per_pos[i]
+                    if i < len(before.spec_decode_num_accepted_tokens_per_pos) else 0)
+               for i, a in enumerate(st.spec_decode_num_accepted_tokens_per_pos)]
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    return {"tok_s": tokens / elapsed, "seconds": elapsed, "tokens": tokens,
+            "tau": 1 + accepted / drafts if drafts else None,
+            "accept_per_pos": [round(a / drafts, 3) for a in per_pos] if drafts else [],
+            "draft_share": timer.seconds / elapsed, "outputs": [o.outputs[0].token_ids for o in outs]}
+
+
+def compare(label: dict[str, Any], base: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    """One row: the label, plain and speculative tokens/s, the speedup, tau, acceptance, greedy identity."""
+    return {**label, "plain_tok_s": base["tok_s"], "spec_tok_s": spec["tok_s"],
+            "speedup": spec["tok_s"] / base["tok_s"], "tau": spec["tau"], "accept_per_pos": spec["accept_per_pos"],
+            "draft_share": spec["draft_share"], "greedy_identical": spec["outputs"] == base["outputs"]}
+
+
+def run_spec(config: EngineConfig, options: SpecOptions, progress: bool = True) -> BenchResult:
+    """Plain, speculative, plain again at each batch size."""
+    if config.speculative_config is None:
+        raise InvalidParameterError("cinq bench spec needs --speculative-config (the method to measure against "
+                                    "plain decoding)", "speculative_config")
+    options.validate()
+    from cinq.model.tokenizer import Tokenizer
+    from cinq.config import resolve_model
+    folder = resolve_model(config.model)
+    tokens = text_tokens(Tokenizer.from_pretrained(config.tokenizer or folder), options.text)
+    text = TokenWindows(tokens, start=options.seed * 7919)
+    prompts = [text.take(options.prompt_len) for _ in range(options.num_prompts)]
+    plain_cfg = dataclasses.replace(config, speculative_config=None)
+    bar = progress_bar(3 * len(options.batch_sizes), "spec", progress, unit="run")
+    rows = []
+    for batch in options.batch_sizes:
+        base = measure(plain_cfg, prompts, batch, options.max_tokens)
+        bar.update(1)
+        spec = measure(config, prompts, batch, options.max_tokens)
+        bar.update(1)
+        again = measure(plain_cfg, prompts, batch, options.max_tokens)
+        bar.update(1)
+        drift = again["tok_s"] / base["tok_s"]
+        base["tok_s"] = (base["tok_s"] + again["tok_s"]) / 2
+        rows.append(compare({"batch": batch, "baseline_drift": round(drift, 3)}, base, spec))
+    bar.close()
+    sc = config.speculative_config
+    data = {"config": {"model": model_label(folder), "dtype": config.dtype,
+                       "speculative_config": dataclasses.asdict(sc)},
+            "options": dataclasses.asdict(options), "machine": machine_info(), "rows": rows}
+    return _result(data)
+
+
+def _result(data: dict[str, Any]) -> BenchResult:
+    sc = data["config"]["speculative_config"]
+    name = f"{sc['method']} (k={sc['num_speculative_tokens']}{', adaptive' if sc['adaptive'] else ''})"
+    table = Table(f"Plain decoding vs {name}", ["batch", "plain tok/s (baseline)", f"{sc['method']} tok/s",
+                                               "speedup", "tau", "acceptance per position", "draft share (%)",
+                                               "greedy identical", "baseline drift"])
+    for r in data["rows"]:
+        table.rows.append([r["batch"], r["plain_tok_s"], r["spec_tok_s"], r["speedup"], r["tau"],
+                           ", ".join(f"{a:.2f}" for a in r["accept_per_pos"]), 100 * r["draft_share"],
+                           r["greedy_identical"], r["baseline_drift"]])
+    o, m = data["options"], data["machine"]
+    setup = (f"Target {data['config']['model']} ({data['config']['dtype']}), speculative config "
+             f"`{ {k: v for k, v in sc.items() if v not in (None, [], False)} }`. {o['num_prompts']} prompts of "
+             f"{o['prompt_len']} tokens cut from the `{o['text']}` text, {o['max_tokens']} new tokens each (greedy, "
+             f"ignore_eos), in waves of `batch` requests. Plain decoding ran before and after the speculative run; "
+             f"the baseline is their mean, the drift their ratio. CPU threads {m['threads']}; load average at end "
+             f"{m['loadavg_at_end']}.")
+    headline = f"{sc['method']} / plain decoding tokens/s: " + ", ".join(
+        f"{r['speedup']:.2f}x (batch {r['batch']})" for r in data["rows"])
+
+    def plot(fig: Any) -> None:
+        ax1, ax2 = fig.subplots(1, 2)
+        batches = [str(r["batch"]) for r in data["rows"]]
+        x = range(len(batches))
+        ax1.bar([j - 0.2 for j in x], [r["plain_tok_s"] for r in data["rows"]], width=0.4, label="plain")
+        ax1.bar([j + 0.2 for j in x], [r["spec_tok_s"] for r in data["rows"]], width=0.4, label=sc["method"])
+        ax1.set_xticks(list(x), batches)
+        ax1.set_xlabel("batch size")
+        ax1.set_title("output tokens/s")
+        ax1.legend()
+        ax2.plot(batches, [r["speedup"] for r in data["rows"]], "o-")
+        ax2.axhline(1.0, color="gray", ls=":")
+        ax2.set_xlabel("batch size")
+        ax2.set_title("speedup over plain decoding")
+
+    return BenchResult("spec", f"Speculative decoding ({name}) vs plain decoding (same target, same prompts, "
+                       "one run)", setup, [table], headline, data, plot=plot)

@@ -1,0 +1,231 @@
+"""`cinq bench KIND [MODEL] [engine flags] [benchmark flags]`: every benchmark of the repository (as vLLM's
+``vllm bench throughput | latency | serve``), with exactly the engine's flags. Each kind measures its baseline in
+the same run, prints a table with the baseline row and the ratio, and writes ``--out PREFIX``.json / .md / .png;
+progress goes to stderr. The implementations live in ``cinq/bench/``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING
+
+from cinq.errors import InvalidParameterError
+
+if TYPE_CHECKING:
+    from cinq.bench.report import BenchResult
+    from cinq.config import EngineConfig
+
+KINDS: dict[str, str] = {
+    "throughput": "offline throughput vs HF transformers generate (same requests)",
+    "latency": "batch-1 time to first token and per-token latency vs HF transformers generate",
+    "serve": "OpenAI server under Poisson load (TTFT, TPOT, ITL) vs the offline engine",
+    "prefix": "prefix caching on vs off: shared-prefix and chat-replay workloads, eviction sweep (it runs caching "
+              "both ways whatever --no-prefix-caching says, and the sweep sets --num-kv-blocks)",
+    "spec": "speculative decoding (--speculative-config, required) vs plain decoding",
+    "stack": "every technique stacked (not built yet: a later part of issue 12)",
+}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="benchmarks: " + " | ".join(KINDS),
+                       description="Run a benchmark with the engine's own flags; each measures its baseline in the "
+                                   "same run and writes --out PREFIX.json/.md/.png.")
+    kinds = p.add_subparsers(dest="bench_kind", metavar="KIND")
+    for kind, help_text in KINDS.items():
+        q = kinds.add_parser(kind, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
+        if kind != "stack":
+            _add_common(q)
+        _FLAGS[kind](q)
+    p.set_defaults(run=run, bench_kind=None)
+
+
+def _add_common(q: argparse.ArgumentParser) -> None:
+    from cinq.commands.engine_args import add_engine_args
+    add_engine_args(q)
+    b = q.add_argument_group("benchmark")
+    b.add_argument("--out", default=None, metavar="PREFIX",
+                   help="write PREFIX.json, PREFIX.md and PREFIX.png (default: cinq-bench-KIND in the current folder)")
+    b.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+
+
+def _add_throughput(q: argparse.ArgumentParser) -> None:
+    b = q.add_argument_group("throughput")
+    b.add_argument("--num-prompts", type=int, default=128, help="requests, all queued at once (default %(default)s)")
+    b.add_argument("--input-len", default="32-512", help="prompt tokens: N or LO-HI, uniform (default %(default)s)")
+    b.add_argument("--output-len", default="32-256", help="output tokens: N or LO-HI, uniform (default %(default)s)")
+    b.add_argument("--hf-batch-sizes", default="8,16,32,64",
+                   help="batch sizes transformers is probed at; its best runs the whole workload (default %(default)s)")
+    b.add_argument("--hf-probe-requests", type=int, default=32, help="requests per probe (default %(default)s)")
+    b.add_argument("--decode-tokens", type=int, default=256,
+                   help="batch-1 decode length for the roofline comparison (default %(default)s)")
+    b.add_argument("--no-baseline", action="store_true", help="skip the transformers baseline")
+
+
+def _add_latency(q: argparse.ArgumentParser) -> None:
+    b = q.add_argument_group("latency")
+    b.add_argument("--input-lens", default="128,1024", help="prompt lengths to measure (default %(default)s)")
+    b.add_argument("--output-len", type=int, default=128, help="new tokens per request (default %(default)s)")
+    b.add_argument("--num-iters", type=int, default=3, help="requests per prompt length (default %(default)s)")
+    b.add_argument("--no-baseline", action="store_true", help="skip the transformers baseline")
+
+
+def _add_serve(q: argparse.ArgumentParser) -> None:
+    b = q.add_argument_group("serve")
+    b.add_argument("--request-rates", default="2,8,32,inf",
+                   help="request rates (req/s), comma-separated; inf = all at once (default %(default)s)")
+    b.add_argument("--num-prompts", type=int, default=64, help="requests per rate (default %(default)s)")
+    b.add_argument("--input-len", type=int, default=128,
+                   help="mean prompt tokens, uniform in [N/2, 3N/2] (default %(default)s)")
+    b.add_argument("--output-len", type=int, default=64,
+                   help="mean output tokens, uniform in [N/2, 3N/2] (default %(default)s)")
+    b.add_argument("--base-url", default=None, help="measure this running server instead of starting cinq serve")
+    b.add_argument("--served-model-name", default=None, help="'model' field of the requests (with --base-url)")
+    b.add_argument("--tag", default="default-model", help="name of the run in the report (default %(default)s)")
+    b.add_argument("--no-baseline", action="store_true", help="skip the offline-engine baseline")
+
+
+def _add_prefix(q: argparse.ArgumentParser) -> None:
+    from cinq.bench.prefix_workload import PrefixWorkloadOptions
+    d = PrefixWorkloadOptions()
+    b = q.add_argument_group("prefix")
+    b.add_argument("--prefix-len", type=int, default=d.prefix_len, help="shared prefix tokens (default %(default)s)")
+    b.add_argument("--num-prompts", type=int, default=d.num_requests,
+                   help="requests sharing the prefix (default %(default)s)")
+    b.add_argument("--suffix-len", type=int, default=d.suffix_len,
+                   help="each request's own tokens after the prefix (default %(default)s)")
+    b.add_argument("--num-conversations", type=int, default=d.num_conversations,
+                   help="chat replay: conversations (default %(default)s)")
+    b.add_argument("--num-turns", type=int, default=d.num_turns, help="chat replay: turns each (default %(default)s)")
+    b.add_argument("--turn-len", type=int, default=d.turn_len,
+                   help="chat replay: user message tokens per turn (default %(default)s)")
+    b.add_argument("--reply-len", type=int, default=d.reply_len,
+                   help="chat replay: recorded reply tokens per turn (default %(default)s)")
+    b.add_argument("--output-len", type=int, default=d.output_len,
+                   help="tokens every request generates (default %(default)s)")
+    b.add_argument("--kv-fractions", default="1,0.5,0.25,0.125",
+                   help="eviction sweep: num_kv_blocks as fractions of each workload's footprint (default "
+                        "%(default)s)")
+    b.add_argument("--text", default="held-out",
+                   help="text the prompts are cut from: held-out, calibration or a file (default %(default)s)")
+
+
+def _add_spec(q: argparse.ArgumentParser) -> None:
+    b = q.add_argument_group("spec")
+    b.add_argument("--batch-sizes", default="1,4,16", help="requests decoding together (default %(default)s)")
+    b.add_argument("--num-prompts", type=int, default=16, help="prompts (default %(default)s)")
+    b.add_argument("--input-len", type=int, default=64, help="prompt tokens (default %(default)s)")
+    b.add_argument("--output-len", type=int, default=64, help="new tokens per request (default %(default)s)")
+    b.add_argument("--text", default="held-out",
+                   help="text the prompts are cut from: held-out, calibration or a file (default %(default)s)")
+
+
+def _add_stack(q: argparse.ArgumentParser) -> None:
+    q.set_defaults(bench_kind="stack")
+
+
+_FLAGS = {"throughput": _add_throughput, "latency": _add_latency, "serve": _add_serve, "prefix": _add_prefix,
+          "spec": _add_spec, "stack": _add_stack}
+
+
+def run(args: argparse.Namespace) -> int:
+    from cinq.bench.report import print_report, write_report
+    kind = args.bench_kind
+    if kind is None:
+        raise InvalidParameterError(f"give a benchmark: cinq bench {{{','.join(KINDS)}}} (--help for each)", "kind")
+    if kind == "stack":
+        raise InvalidParameterError("cinq bench stack is not built yet (a later part of issue 12); built: "
+                                    + ", ".join(k for k in KINDS if k != "stack"), "kind")
+    from cinq.commands.engine_args import engine_config_from_args
+    config = engine_config_from_args(args)
+    result = _RUNNERS[kind](config, args, not args.no_progress)
+    print_report(result)
+    paths = write_report(result, args.out or f"cinq-bench-{kind}")
+    print("wrote " + ", ".join(str(p) for p in paths), flush=True)
+    return 0
+
+
+def _seed(args: argparse.Namespace) -> int:
+    return args.seed if args.seed is not None else 0  # the workload's seed: --seed, else a fixed one
+
+
+def _run_throughput(config: EngineConfig, args: argparse.Namespace, progress: bool) -> BenchResult:
+    from cinq.bench.throughput import ThroughputOptions, run_throughput
+    opts = ThroughputOptions(num_requests=args.num_prompts, input_lens=_range(args.input_len, "input_len"),
+                             output_lens=_range(args.output_len, "output_len"), seed=_seed(args),
+                             baseline=not args.no_baseline,
+                             hf_batch_sizes=tuple(_ints(args.hf_batch_sizes, "hf_batch_sizes")),
+                             hf_probe_requests=args.hf_probe_requests, decode_tokens=args.decode_tokens)
+    return run_throughput(config, opts, progress)
+
+
+def _run_latency(config: EngineConfig, args: argparse.Namespace, progress: bool) -> BenchResult:
+    from cinq.bench.latency import LatencyOptions, run_latency
+    opts = LatencyOptions(input_lens=tuple(_ints(args.input_lens, "input_lens")), output_len=args.output_len,
+                          num_iters=args.num_iters, seed=_seed(args), baseline=not args.no_baseline)
+    return run_latency(config, opts, progress)
+
+
+def _run_serve(config: EngineConfig, args: argparse.Namespace, progress: bool) -> BenchResult:
+    from cinq.bench.serve import ServeOptions, run_serve
+    opts = ServeOptions(request_rates=tuple(_floats(args.request_rates, "request_rates")),
+                        num_prompts=args.num_prompts, input_len=args.input_len, output_len=args.output_len,
+                        seed=_seed(args), baseline=not args.no_baseline, base_url=args.base_url,
+                        served_model_name=args.served_model_name, tag=args.tag,
+                        command="cinq " + " ".join(sys.argv[1:]))
+    return run_serve(config, opts, progress)
+
+
+def _run_prefix(config: EngineConfig, args: argparse.Namespace, progress: bool) -> BenchResult:
+    from cinq.bench.prefix import PrefixOptions, run_prefix
+    from cinq.bench.prefix_workload import PrefixWorkloadOptions
+    work = PrefixWorkloadOptions(prefix_len=args.prefix_len, num_requests=args.num_prompts,
+                                 suffix_len=args.suffix_len, num_conversations=args.num_conversations,
+                                 num_turns=args.num_turns, turn_len=args.turn_len, reply_len=args.reply_len,
+                                 output_len=args.output_len)
+    opts = PrefixOptions(work, text=args.text, kv_fractions=tuple(_floats(args.kv_fractions, "kv_fractions")),
+                         seed=_seed(args))
+    return run_prefix(config, opts, progress)
+
+
+def _run_spec(config: EngineConfig, args: argparse.Namespace, progress: bool) -> BenchResult:
+    from cinq.bench.spec import SpecOptions, run_spec
+    opts = SpecOptions(batch_sizes=tuple(_ints(args.batch_sizes, "batch_sizes")), num_prompts=args.num_prompts,
+                       prompt_len=args.input_len, max_tokens=args.output_len, text=args.text, seed=_seed(args))
+    return run_spec(config, opts, progress)
+
+
+_RUNNERS = {"throughput": _run_throughput, "latency": _run_latency, "serve": _run_serve, "prefix": _run_prefix,
+            "spec": _run_spec}
+
+
+def _ints(text: str, name: str) -> list[int]:
+    """A comma-separated list of integers, or one line naming the flag."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise InvalidParameterError(f"--{name.replace('_', '-')} must be comma-separated integers, got {text!r}",
+                                    name) from None
+    return values
+
+
+def _floats(text: str, name: str) -> list[float]:
+    """A comma-separated list of numbers (``inf`` allowed), or one line naming the flag."""
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise InvalidParameterError(f"--{name.replace('_', '-')} must be comma-separated numbers, got {text!r}",
+                                    name) from None
+    return values
+
+
+def _range(text: str, name: str) -> tuple[int, int]:
+    """``N`` or ``LO-HI`` as an inclusive (lo, hi)."""
+    parts = text.split("-")
+    try:
+        lo, hi = (int(parts[0]), int(parts[-1])) if len(parts) <= 2 else (None, None)
+    except ValueError:
+        lo = hi = None
+    if lo is None or hi is None or not 1 <= lo <= hi:
+        raise InvalidParameterError(f"--{name.replace('_', '-')} must be N or LO-HI with 1 <= LO <= HI, got "
+                                    f"{text!r}", name)
+    return lo, hi

@@ -1,0 +1,111 @@
+"""`cinq bench KIND` end to end on a tiny model with tiny sizes: the table on stdout holds the baseline row and the
+ratio, and PREFIX.json / .md / .png are written. Never timings: only that each was measured and reported."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cinq.cli import main
+
+ENGINE = ["--dtype", "float32", "--num-threads", "1", "--max-model-len", "256", "--no-progress"]
+
+
+def bench(capsys, tmp_path, kind: str, *argv: str) -> tuple[str, dict]:
+    prefix = tmp_path / kind
+    assert main(["bench", kind, *argv, *ENGINE, "--out", str(prefix)]) == 0
+    out = capsys.readouterr().out
+    for ext in ("json", "md", "png"):
+        assert (tmp_path / f"{kind}.{ext}").stat().st_size > 0, ext
+    data = json.loads((tmp_path / f"{kind}.json").read_text())
+    assert data["kind"] == kind and data["headline"] in out
+    assert data["headline"] in (tmp_path / f"{kind}.md").read_text()
+    return out, data
+
+
+def test_throughput(capsys, tmp_path, tiny_llama):
+    out, data = bench(capsys, tmp_path, "throughput", str(tiny_llama), "--num-prompts", "4", "--input-len", "8-16",
+                      "--output-len", "3-5", "--hf-batch-sizes", "2", "--hf-probe-requests", "2",
+                      "--decode-tokens", "4")
+    assert "HF transformers generate (baseline)" in out and "cinq / HF" in out
+    assert data["cinq"]["tokens"] == data["hf"]["tokens"] == data["workload"]["output_tokens"]
+    assert data["ratio_cinq_over_hf"] == pytest.approx(data["cinq"]["tok_s"] / data["hf"]["tok_s"])
+
+
+def test_latency(capsys, tmp_path, tiny_llama):
+    out, data = bench(capsys, tmp_path, "latency", str(tiny_llama), "--input-lens", "8,32", "--output-len", "4",
+                      "--num-iters", "1")
+    rows = [line.split() for line in out.splitlines() if line[:1] == " " or line[:1].isdigit()]
+    assert [r[0] for r in rows if "(baseline)" in r] == ["8", "32"]
+    assert [r[0] for r in rows if r[1:4] == ["cinq", "/", "HF"]] == ["8", "32"]
+    assert [r["input_len"] for r in data["rows"]] == [8, 32]
+    row = data["rows"][0]
+    assert row["decode_speedup"] == pytest.approx(row["cinq"]["decode_tok_s"] / row["hf"]["decode_tok_s"])
+
+
+def test_serve(capsys, tmp_path, tiny_llama):
+    out, data = bench(capsys, tmp_path, "serve", str(tiny_llama), "--request-rates", "inf", "--num-prompts", "3",
+                      "--input-len", "8", "--output-len", "4")
+    assert "offline engine (baseline)" in out and "server at rate inf / offline" in out
+    (run,) = data["runs"]
+    assert run["completed"] == 3 and run["failed"] == 0
+    assert data["ratio_server_over_offline"] == pytest.approx(
+        run["output_throughput"] / data["baseline"]["output_throughput"])
+
+
+def test_prefix(capsys, tmp_path, tiny_llama):
+    out, data = bench(capsys, tmp_path, "prefix", str(tiny_llama), "--prefix-len", "64", "--num-prompts", "4",
+                      "--suffix-len", "8", "--num-conversations", "2", "--num-turns", "2", "--turn-len", "16",
+                      "--reply-len", "8", "--output-len", "3", "--kv-fractions", "1,0.5")
+    assert "off (baseline)" in out and "off / on (TTFT), on / off (tok/s)" in out
+    assert ("goal (TTFT >= 5x lower, throughput >= 2x) " + ("met" if data["goal"]["met"] else "not met")) in out
+    assert len(data["eviction_sweep"]) == 4
+
+
+def test_spec(capsys, tmp_path, tiny_llama):
+    spec = '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}'
+    out, data = bench(capsys, tmp_path, "spec", str(tiny_llama), "--speculative-config", spec, "--batch-sizes", "1,2",
+                      "--num-prompts", "2", "--input-len", "16", "--output-len", "4")
+    assert "plain tok/s (baseline)" in out and "speedup" in out
+    assert [r["batch"] for r in data["rows"]] == [1, 2]
+    assert all(r["greedy_identical"] for r in data["rows"])  # n-gram drafts are verified exactly
+
+
+def error_lines(capsys, *argv: str) -> list[str]:
+    assert main(["bench", *argv]) == 2
+    return capsys.readouterr().err.splitlines()
+
+
+def test_bad_values_are_one_line(capsys, tiny_llama):
+    assert error_lines(capsys, "prefix", str(tiny_llama), "--kv-fractions", "a,b") == [
+        "cinq bench: error: --kv-fractions must be comma-separated numbers, got 'a,b'"]
+    assert error_lines(capsys, "throughput", str(tiny_llama), "--input-len", "9-3") == [
+        "cinq bench: error: --input-len must be N or LO-HI with 1 <= LO <= HI, got '9-3'"]
+    (line,) = error_lines(capsys, "prefix", str(tiny_llama), "--prefix-len", "600", "--max-model-len", "256")
+    assert "exceeds max_model_len 256" in line
+    (line,) = error_lines(capsys, "spec", str(tiny_llama))
+    assert "needs --speculative-config" in line
+    (line,) = error_lines(capsys, "stack")
+    assert "not built yet" in line
+    (line,) = error_lines(capsys)
+    assert "give a benchmark" in line
+
+
+def test_unknown_flag_is_blamed_on_the_benchmark(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "latency", "--bogus"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[1] == "cinq bench latency: error: unrecognized arguments: --bogus"
+
+
+def test_every_engine_flag_is_a_bench_flag(capsys):
+    import dataclasses
+
+    from cinq.config import EngineConfig
+    with pytest.raises(SystemExit):
+        main(["bench", "throughput", "--help"])
+    text = capsys.readouterr().out
+    for f in dataclasses.fields(EngineConfig):
+        if f.name != "model":
+            assert f.metadata.get("flag", "--" + f.name.replace("_", "-")) in text
