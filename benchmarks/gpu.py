@@ -6,11 +6,11 @@ Sections (``--sections``; each one's failure is recorded with its traceback and 
   the CPU (sdpa) and against HF transformers on the same GPU, float32 and bfloat16: the fraction of identical
   tokens and the first divergence per prompt.
 * ``throughput``: offline throughput of cinq against HF ``generate`` (same requests, same GPU, baseline in the
-  same run) on random-weight Llamas of ~110M and ~1.2B parameters: prompts U(32, 512), outputs U(32, 256),
+  same run) on random-weight Llamas of ~110M and ~1.1B parameters: prompts U(32, 512), outputs U(32, 256),
   greedy, ignore_eos, bf16.
 * ``decode``: batch-1 decode tokens/s of cinq against HF on the same models and cinq-tiny, next to the memory
   roofline (weight bytes / the card's measured copy bandwidth).
-* ``int4``: the ~1.2B model quantized by ``cinq quantize`` (RTN int4, group 128) served through the Triton int4
+* ``int4``: the ~1.1B model quantized by ``cinq quantize`` (RTN int4, group 128) served through the Triton int4
   GEMM: batch-1 decode and throughput against the bf16 rows of the same run, and the kernel alone against a bf16
   matmul at a few row counts.
 
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import random
 import subprocess
 import sys
 import time
@@ -37,42 +36,18 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from cinq.bench.hf_baseline import hf_generate_batched, hf_greedy_tokens, load_hf_model  # noqa: E402
+from cinq.bench.random_model import LLAMA_1B, LLAMA_110M, LlamaShape, build_random_llama  # noqa: E402
+from cinq.bench.workload import BenchRequest, random_requests  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results"
-SHAPES = {  # name: hidden, layers, heads, kv heads, intermediate, vocab, tied
-    "llama-110m": (768, 12, 12, 12, 2048, 32000, True),
-    "llama-1.2b": (2048, 16, 32, 8, 8192, 32000, False),
-}
-QUICK_SHAPES = {"llama-110m": (64, 2, 4, 2, 128, 512, True), "llama-1.2b": (128, 2, 4, 2, 256, 512, False)}
+SHAPES = {"llama-110m": LLAMA_110M, "llama-1b": LLAMA_1B}
+QUICK_SHAPES = {"llama-110m": LlamaShape(64, 2, 4, 2, 128, 512), "llama-1b": LlamaShape(128, 2, 4, 2, 256, 512, False)}
 
 
 def sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-
-
-def build_model(folder: Path, shape: tuple) -> Path:
-    """A random-weight Llama folder in HF's layout with a byte-level tokenizer (built once)."""
-    from cinq.model.byte_tokenizer import save_byte_tokenizer
-    from cinq.model.config import ModelConfig
-    from cinq.model.saver import init_random_model, save_model
-    if (folder / "config.json").is_file():
-        return folder
-    hidden, layers, heads, kv, inter, vocab, tied = shape
-    config = ModelConfig.from_dict({
-        "architectures": ["LlamaForCausalLM"], "vocab_size": vocab, "hidden_size": hidden,
-        "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": heads,
-        "num_key_value_heads": kv, "max_position_embeddings": 2048, "tie_word_embeddings": tied,
-        "bos_token_id": 256, "eos_token_id": 262})
-    save_model(init_random_model(config, seed=0, dtype=torch.bfloat16), folder, torch.bfloat16)
-    save_byte_tokenizer(folder)
-    return folder
-
-
-def workload(n: int, vocab: int, plo: int, phi: int, olo: int, ohi: int, seed: int = 0) -> list[tuple[list[int], int]]:
-    rng = random.Random(seed)
-    lo = min(300, vocab // 2)
-    return [([rng.randrange(lo, vocab) for _ in range(rng.randint(plo, phi))], rng.randint(olo, ohi))
-            for _ in range(n)]
 
 
 def cinq_generate(model: str, prompts: list[list[int]], max_tokens: list[int], device: str, dtype: str,
@@ -99,41 +74,14 @@ def _free(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-def hf_generate(model: str, prompts: list[list[int]], max_tokens: list[int], device: str, dtype: torch.dtype,
-                batch_size: int) -> tuple[list[list[int]], float]:
-    """HF ``generate``, greedy, left-padded batches each generating up to its longest request; only the
-    requested tokens are kept."""
-    from transformers import AutoModelForCausalLM, GenerationConfig
-    hf = AutoModelForCausalLM.from_pretrained(model, dtype=dtype).to(device).eval()
-    # every knob set: transformers fills unset ones from the model's generation_config.json (penalties ...)
-    cfg = GenerationConfig(do_sample=False, eos_token_id=None, pad_token_id=0, bos_token_id=None,
-                           repetition_penalty=1.0, temperature=None, top_p=None, top_k=None, min_new_tokens=0)
-    outs: list[list[int]] = []
-
-    def run(batch: list[tuple[list[int], int]]) -> list[list[int]]:
-        width = max(len(p) for p, _ in batch)
-        ids = torch.zeros(len(batch), width, dtype=torch.long)
-        mask = torch.zeros(len(batch), width, dtype=torch.long)
-        for i, (p, _) in enumerate(batch):
-            ids[i, width - len(p):] = torch.tensor(p)
-            mask[i, width - len(p):] = 1
-        new = max(m for _, m in batch)
-        with torch.inference_mode():
-            out = hf.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=cfg,
-                              max_new_tokens=new, min_new_tokens=new)
-        return [out[i, width:width + m].tolist() for i, (_, m) in enumerate(batch)]
-
-    reqs = list(zip(prompts, max_tokens))
-    run(reqs[:1])  # warm-up
-    sync(device)
-    t0 = time.perf_counter()
-    for s in range(0, len(reqs), batch_size):
-        outs += run(reqs[s:s + batch_size])
-    sync(device)
-    elapsed = time.perf_counter() - t0
+def hf_run(model: str, reqs: list[BenchRequest], device: str, dtype: str, batch_sizes: list[int]) -> dict[str, float]:
+    """HF ``generate`` tok/s per batch size on the same requests (one warm-up request first)."""
+    hf = load_hf_model(model, dtype, device)
+    hf_generate_batched(hf, reqs[:1], 1)
+    out = {f"hf_b{bs}_tok_s": hf_generate_batched(hf, reqs, bs)["tok_s"] for bs in batch_sizes}
     del hf
     _free(device)
-    return outs, elapsed
+    return out
 
 
 def agreement(a: list[list[int]], b: list[list[int]]) -> dict[str, Any]:
@@ -167,7 +115,9 @@ def section_check(args: argparse.Namespace) -> dict[str, Any]:
             got, _ = cinq_generate(tiny, prompts, [n] * len(prompts), args.device, dtype, attention_backend=backend)
             out[f"cinq_{backend}_{dtype}_vs_cinq_cpu_float32"] = agreement(got, ref)
     # HF's min_new_tokens (its ignore_eos) bans the end tokens, so HF is compared up to the reference's first one
-    hf, _ = hf_generate(tiny, prompts, [n] * len(prompts), args.device, torch.float32, batch_size=1)
+    model = load_hf_model(tiny, "float32", args.device)
+    hf = [hf_greedy_tokens(model, p, n) for p in prompts]
+    del model
     ends = set(tok.eos_token_ids)
     cut = [next((i for i, t in enumerate(r) if t in ends), len(r)) for r in ref]
     out["hf_float32_vs_cinq_cpu_float32 (to the first end token)"] = agreement(
@@ -175,24 +125,31 @@ def section_check(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def requests(args: argparse.Namespace, shape: LlamaShape) -> list[BenchRequest]:
+    """Prompts U(32, 512), outputs U(32, 256) (U(8, 32) and U(4, 16) when quick), token ids from 300 up."""
+    if args.quick:
+        return random_requests(16, shape.vocab, (8, 32), (4, 16), seed=0, low_token=300)
+    return random_requests(args.num_requests, shape.vocab, (32, 512), (32, 256), seed=0, low_token=300)
+
+
+def model_folder(args: argparse.Namespace, name: str) -> tuple[str, LlamaShape]:
+    shape = (QUICK_SHAPES if args.quick else SHAPES)[name]
+    return str(build_random_llama(Path(args.work) / name, shape)), shape
+
+
 def section_throughput(args: argparse.Namespace) -> dict[str, Any]:
     rows = []
-    n_req = 16 if args.quick else args.num_requests
     for name in args.models.split(","):
-        shape = (QUICK_SHAPES if args.quick else SHAPES)[name]
-        folder = str(build_model(Path(args.work) / name, shape))
-        reqs = workload(n_req, shape[5], 8 if args.quick else 32, 32 if args.quick else 512, 4 if args.quick else 32,
-                        16 if args.quick else 256)
-        prompts, lens = [p for p, _ in reqs], [m for _, m in reqs]
-        useful = sum(lens)
+        folder, shape = model_folder(args, name)
+        reqs = requests(args, shape)
+        prompts, lens = [r.prompt for r in reqs], [r.output_len for r in reqs]
+        useful, n_req = sum(lens), len(reqs)
         row: dict[str, Any] = {"model": name, "requests": n_req, "output_tokens": useful}
         toks, t = cinq_generate(folder, prompts, lens, args.device, "bfloat16", max_num_seqs=256,
                                 max_num_batched_tokens=8192, kv_cache_memory=args.kv_gib)
         assert sum(len(x) for x in toks) == useful
         row["cinq_tok_s"] = useful / t
-        for bs in [int(b) for b in args.hf_batch_sizes.split(",")]:
-            _, th = hf_generate(folder, prompts, lens, args.device, torch.bfloat16, batch_size=bs)
-            row[f"hf_b{bs}_tok_s"] = useful / th
+        row.update(hf_run(folder, reqs, args.device, "bfloat16", [int(b) for b in args.hf_batch_sizes.split(",")]))
         best = max(v for k, v in row.items() if k.startswith("hf_b"))
         row["hf_best_tok_s"], row["ratio"] = best, row["cinq_tok_s"] / best
         print(f"throughput {name}: cinq {row['cinq_tok_s']:.0f} tok/s, HF best {best:.0f}, {row['ratio']:.2f}x",
@@ -230,8 +187,7 @@ def decode_row(name: str, folder: str, args: argparse.Namespace, bw: float, new:
            "roofline_tok_s": bw / weight_bytes}
     row["cinq_fraction_of_roofline"] = row["cinq_tok_s"] / row["roofline_tok_s"]
     if not args.skip_hf_decode:
-        _, th = hf_generate(folder, prompt, [new], args.device, torch.bfloat16, batch_size=1)
-        row["hf_tok_s"] = new / th
+        row["hf_tok_s"] = hf_run(folder, [BenchRequest(prompt[0], new)], args.device, "bfloat16", [1])["hf_b1_tok_s"]
         row["ratio"] = row["cinq_tok_s"] / row["hf_tok_s"]
     print(f"decode {name}: cinq {row['cinq_tok_s']:.0f} tok/s ({row['cinq_fraction_of_roofline']:.0%} of roofline)"
           + (f", HF {row['hf_tok_s']:.0f}, {row['ratio']:.2f}x" if "hf_tok_s" in row else ""), flush=True)
@@ -255,22 +211,21 @@ def section_decode(args: argparse.Namespace) -> dict[str, Any]:
     new = 16 if args.quick else 256
     rows = [decode_row("cinq-tiny", str(resolve_model_path("cinq-tiny")), args, bw, new)]
     for name in args.models.split(","):
-        folder = str(build_model(Path(args.work) / name, (QUICK_SHAPES if args.quick else SHAPES)[name]))
+        folder, _ = model_folder(args, name)
         rows.append(decode_row(name, folder, args, bw, new))
     return {"read_bandwidth_gb_s": bw / 1e9, "rows": rows}
 
 
 def section_int4(args: argparse.Namespace) -> dict[str, Any]:
     name = args.models.split(",")[-1]
-    shape = (QUICK_SHAPES if args.quick else SHAPES)[name]
-    folder = build_model(Path(args.work) / name, shape)
+    folder, shape = model_folder(args, name)
     qfolder = Path(args.work) / f"{name}-rtn-int4"
     out: dict[str, Any] = {"model": name, "method": "rtn int4 group 128 (cinq quantize)"}
     if not (qfolder / "config.json").is_file():
         t = time.perf_counter()
         group = "128" if not args.quick else "32"
         subprocess.run([sys.executable, "-m", "cinq.cli", "quantize", str(folder), "--method", "rtn", "--bits", "4",
-                        "--group-size", group, "--out", str(qfolder)], check=True, cwd=ROOT)
+                        "--group-size", group, "--out", str(qfolder), "--no-eval"], check=True, cwd=ROOT)
         out["quantize_s"] = time.perf_counter() - t
     bw = copy_bandwidth(args.device) / 2
     new = 16 if args.quick else 256
@@ -279,9 +234,8 @@ def section_int4(args: argparse.Namespace) -> dict[str, Any]:
     out["decode_int4"] = decode_row(f"{name}-int4", str(qfolder), args, bw, new)
     args.skip_hf_decode = sk
     out["decode_int4_over_bf16"] = out["decode_int4"]["cinq_tok_s"] / out["decode_bf16"]["cinq_tok_s"]
-    reqs = workload(16 if args.quick else args.num_requests, shape[5], 32, 512 if not args.quick else 64,
-                    32 if not args.quick else 4, 256 if not args.quick else 16)
-    prompts, lens = [p for p, _ in reqs], [m for _, m in reqs]
+    reqs = requests(args, shape)
+    prompts, lens = [r.prompt for r in reqs], [r.output_len for r in reqs]
     for label, f in (("bf16", folder), ("int4", qfolder)):
         _, t = cinq_generate(str(f), prompts, lens, args.device, "bfloat16", max_num_seqs=256,
                              max_num_batched_tokens=8192, kv_cache_memory=args.kv_gib)
@@ -294,12 +248,12 @@ def section_int4(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def int4_kernel_rows(shape: tuple) -> list[dict[str, Any]]:
+def int4_kernel_rows(shape: LlamaShape) -> list[dict[str, Any]]:
     """The Triton int4 GEMM alone against a bf16 matmul, for the model's gate_up shape."""
     from cinq.kernels.triton.int4_gemm import triton_weight_only_mm
     from cinq.layers.quantization.kernels import triton_tensors
     from cinq.quant.rtn import rtn_quantize
-    hidden, inter = shape[0], shape[4]
+    hidden, inter = shape.hidden, shape.intermediate
     w = torch.randn(2 * inter, hidden, dtype=torch.bfloat16)
     qw = rtn_quantize(w.float(), bits=4, group_size=128, sym=True)
     t = triton_tensors(qw, torch.device("cuda"))
@@ -428,7 +382,7 @@ def main() -> None:
     ap.add_argument("--work", default="/tmp/cinq-gpu-models", help="folder for the generated model folders")
     ap.add_argument("--sections", default="check,throughput,decode,int4")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--models", default="llama-110m,llama-1.2b")
+    ap.add_argument("--models", default="llama-110m,llama-1b")
     ap.add_argument("--num-requests", type=int, default=256)
     ap.add_argument("--hf-batch-sizes", default="64,256")
     ap.add_argument("--kv-gib", type=float, default=16.0)

@@ -64,30 +64,16 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from cinq.bench.random_model import LLAMA_110M, build_random_llama  # noqa: E402
 from cinq.config import EngineConfig  # noqa: E402
 from cinq.engine.engine import LLMEngine  # noqa: E402
-from cinq.model.byte_tokenizer import save_byte_tokenizer  # noqa: E402
 from cinq.model.config import ModelConfig  # noqa: E402
-from cinq.model.saver import init_random_model, save_model  # noqa: E402
 from cinq.sampling_params import OutputKind, SamplingParams  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-SHAPE = {"hidden": 768, "layers": 12, "heads": 12, "intermediate": 2048, "vocab": 32000}
+SHAPE = {"hidden": LLAMA_110M.hidden, "layers": LLAMA_110M.layers, "heads": LLAMA_110M.heads,
+         "intermediate": LLAMA_110M.intermediate, "vocab": LLAMA_110M.vocab}  # as recorded in quant.json
 LINEAR_SUFFIXES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-def build_model(path: Path) -> Path:
-    """The benchmark model folder (built once): same shape and init as benchmarks/throughput.py."""
-    if (path / "config.json").is_file():
-        return path
-    config = ModelConfig.from_dict({
-        "architectures": ["LlamaForCausalLM"], "vocab_size": SHAPE["vocab"], "hidden_size": SHAPE["hidden"],
-        "intermediate_size": SHAPE["intermediate"], "num_hidden_layers": SHAPE["layers"],
-        "num_attention_heads": SHAPE["heads"], "num_key_value_heads": SHAPE["heads"],
-        "max_position_embeddings": 2048, "tie_word_embeddings": True, "bos_token_id": 256, "eos_token_id": 262})
-    save_model(init_random_model(config, seed=0, dtype=torch.bfloat16), path, torch.bfloat16)
-    save_byte_tokenizer(path)
-    return path
 
 
 def calibration_text(path: Path, n: int) -> Path:
@@ -186,7 +172,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
-    src = build_model(work / "bf16")
+    src = build_random_llama(work / "bf16", LLAMA_110M)
     calib = calibration_text(work / "calib.txt", 300 if args.quick else 3000)
     calib_small = ["--calib-samples", "8", "--calib-seq-len", "128"] if args.quick else []
     load_before = os.getloadavg()

@@ -23,31 +23,12 @@ from cinq.process_env import set_omp_wait_policy  # noqa: E402
 
 set_omp_wait_policy()  # before torch loads OpenMP: see cinq/process_env.py
 
+from cinq.bench.random_model import LLAMA_110M, build_random_llama  # noqa: E402
 from cinq.bench.report import print_report, write_report  # noqa: E402
 from cinq.bench.throughput import ThroughputOptions, run_throughput  # noqa: E402
 from cinq.config import EngineConfig  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-
-
-def build_model(path: Path, hidden: int, layers: int, heads: int, inter: int, vocab: int) -> Path:
-    """The benchmark model folder (built once, cached): tied embeddings give ~110M parameters at 768/12/2048."""
-    if (path / "config.json").is_file():
-        return path
-    import torch
-
-    from cinq.model.byte_tokenizer import save_byte_tokenizer
-    from cinq.model.config import ModelConfig
-    from cinq.model.saver import init_random_model, save_model
-    config = ModelConfig.from_dict({
-        "architectures": ["LlamaForCausalLM"], "vocab_size": vocab, "hidden_size": hidden,
-        "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": heads,
-        "num_key_value_heads": heads, "max_position_embeddings": 2048, "tie_word_embeddings": True,
-        "bos_token_id": 256, "eos_token_id": 262})
-    model = init_random_model(config, seed=0, dtype=torch.bfloat16)
-    save_model(model, path, torch.bfloat16)
-    save_byte_tokenizer(path)  # ids >= its 263 tokens decode to nothing; detokenization still runs
-    return path
 
 
 def main() -> None:
@@ -72,7 +53,7 @@ def main() -> None:
     if args.quick:
         opts.num_requests, opts.hf_probe_requests, opts.hf_batch_sizes = 16, 8, (8,)
         opts.input_lens, opts.output_lens, opts.decode_tokens = (32, 128), (32, 64), 64
-    path = build_model(Path(args.model_dir), 768, 12, 12, 2048, 32000)
+    path = build_random_llama(Path(args.model_dir), LLAMA_110M)
     config = EngineConfig(model=str(path), dtype="bfloat16", max_num_seqs=args.max_num_seqs,
                           max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory=4.0,
                           num_threads=args.threads)

@@ -23,15 +23,15 @@ part() {  # NAME SECONDS CMD...
   timeout "$limit" "$@"
   echo "=== $name: rc $? in $((SECONDS - t0)) s" | tee -a "$OUT/parts.txt"
 }
-part gpu-check 90 $PY benchmarks/gpu.py --out "$OUT" --sections check $QUICK
-part triton-tests 150 $PY -m pytest -q -p no:cacheprovider --timeout 60 -o addopts="" -m "not slow" \
+part gpu-check 75 $PY benchmarks/gpu.py --out "$OUT" --sections check $QUICK
+part triton-tests 120 $PY -m pytest -q -p no:cacheprovider --timeout 60 -o addopts="" -m "not slow" \
   tests/kernels/test_triton_decode.py tests/kernels/test_triton_prefill.py tests/kernels/test_triton_kv_write.py \
   tests/kernels/test_int4_gemm.py tests/kernels/test_tree_attention.py tests/kernels/test_backends.py \
   tests/kernels/test_flash.py -k "not native"
-part gpu-decode 75 $PY benchmarks/gpu.py --out "$OUT" --sections decode $QUICK
-part gpu-throughput 100 $PY benchmarks/gpu.py --out "$OUT" --sections throughput --num-requests 128 \
+part gpu-decode 65 $PY benchmarks/gpu.py --out "$OUT" --sections decode $QUICK
+part gpu-throughput 90 $PY benchmarks/gpu.py --out "$OUT" --sections throughput --num-requests 128 \
   --hf-batch-sizes 128 $QUICK
 part gpu-int4 100 $PY benchmarks/gpu.py --out "$OUT" --sections int4 --num-requests 128 $QUICK
-part attention 75 $PY benchmarks/attention.py --sections gpu --quick
+part attention 50 $PY benchmarks/attention.py --sections gpu --quick
 cp benchmarks/results/attention.json benchmarks/results/attention.md "$OUT/" 2>/dev/null
 exit 0

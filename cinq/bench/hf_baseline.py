@@ -24,19 +24,29 @@ def hf_available() -> bool:
     return True
 
 
-def load_hf_model(path: str, dtype: str) -> Any:
-    """The model folder loaded by transformers, in eval mode (local files only: nothing is downloaded)."""
+def load_hf_model(path: str, dtype: str, device: str = "cpu") -> Any:
+    """The model folder loaded by transformers onto ``device``, in eval mode (local files only: nothing is
+    downloaded)."""
     import torch
     from transformers import AutoModelForCausalLM
     return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, _TORCH_DTYPES[dtype]),
-                                                local_files_only=True).eval()
+                                                local_files_only=True).to(device).eval()
+
+
+def _sync(model: Any) -> None:
+    """Wait for the model's device, so that a clock read after generate covers its kernels."""
+    import torch
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
 
 
 def _greedy_config(new_tokens: int) -> Any:
     from transformers import GenerationConfig
-    # no eos: every request generates exactly what it asked for, as cinq's ignore_eos
+    # no eos: every request generates exactly what it asked for, as cinq's ignore_eos. Every sampling knob is
+    # set: transformers fills unset ones from the model's generation_config.json (a repetition penalty ...).
     return GenerationConfig(do_sample=False, eos_token_id=None, pad_token_id=0, bos_token_id=None,
-                            max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+                            max_new_tokens=new_tokens, min_new_tokens=new_tokens, repetition_penalty=1.0,
+                            temperature=None, top_p=None, top_k=None)
 
 
 def hf_generate_batched(model: Any, reqs: list[BenchRequest], batch_size: int) -> dict[str, float]:
@@ -44,6 +54,7 @@ def hf_generate_batched(model: Any, reqs: list[BenchRequest], batch_size: int) -
     requested output; only the requested tokens count. Returns tokens, seconds and tok_s."""
     import torch
     useful = 0
+    _sync(model)
     t0 = time.perf_counter()
     for start in range(0, len(reqs), batch_size):
         batch = reqs[start:start + batch_size]
@@ -55,10 +66,12 @@ def hf_generate_batched(model: Any, reqs: list[BenchRequest], batch_size: int) -
             mask[i, width - len(r.prompt):] = 1
         new = max(r.output_len for r in batch)
         with torch.inference_mode():
-            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=_greedy_config(new))
+            out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
+                                 generation_config=_greedy_config(new))
         if out.shape[1] != width + new:
             raise RuntimeError(f"transformers generated {out.shape[1] - width} tokens, asked {new}")
         useful += sum(r.output_len for r in batch)
+    _sync(model)
     elapsed = time.perf_counter() - t0
     return {"batch_size": batch_size, "tokens": useful, "seconds": elapsed, "tok_s": useful / elapsed}
 
@@ -83,10 +96,21 @@ def hf_token_times(model: Any, prompt: list[int], new_tokens: int) -> tuple[floa
             pass
 
     clock = _Clock()
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=model.device)
     start = time.perf_counter()
     with torch.inference_mode():
         model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
                        generation_config=_greedy_config(new_tokens), streamer=clock)
     times = clock.times
     return times[0] - start, [b - a for a, b in zip(times, times[1:])]
+
+
+def hf_greedy_tokens(model: Any, prompt: list[int], new_tokens: int) -> list[int]:
+    """The ``new_tokens`` greedy tokens transformers generates after ``prompt`` (end tokens banned, as
+    ``min_new_tokens`` does: compare them with cinq's up to its first end token)."""
+    import torch
+    ids = torch.tensor([prompt], device=model.device)
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                             generation_config=_greedy_config(new_tokens))
+    return out[0, len(prompt):].tolist()
