@@ -56,7 +56,9 @@ def cinq_generate(model: str, prompts: list[list[int]], max_tokens: list[int], d
     from cinq import LLM, SamplingParams
     llm = LLM(model, dtype=dtype, device=device, seed=0, **engine_args)
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in max_tokens]
-    llm.generate([prompts[0]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # warm-up
+    # warm-up at full length: Triton compiles (and the prefill autotunes) on first use of each kernel variant,
+    # and the split-K decode variant changes as contexts grow
+    llm.generate(prompts[:2], params[:2])
     sync(device)
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params)
@@ -114,6 +116,7 @@ def section_check(args: argparse.Namespace) -> dict[str, Any]:
         for dtype in ("float32", "bfloat16"):
             got, _ = cinq_generate(tiny, prompts, [n] * len(prompts), args.device, dtype, attention_backend=backend)
             out[f"cinq_{backend}_{dtype}_vs_cinq_cpu_float32"] = agreement(got, ref)
+            print(f"check {backend} {dtype}: {out[f'cinq_{backend}_{dtype}_vs_cinq_cpu_float32']}", flush=True)
     # HF's min_new_tokens (its ignore_eos) bans the end tokens, so HF is compared up to the reference's first one
     model = load_hf_model(tiny, "float32", args.device)
     hf = [hf_greedy_tokens(model, p, n) for p in prompts]

@@ -24,7 +24,7 @@ part() {  # NAME SECONDS CMD...
   echo "=== $name: rc $? in $((SECONDS - t0)) s" | tee -a "$OUT/parts.txt"
 }
 part gpu-check 75 $PY benchmarks/gpu.py --out "$OUT" --sections check $QUICK
-part triton-tests 120 $PY -m pytest -q -p no:cacheprovider --timeout 60 -o addopts="" -m "not slow" \
+part triton-tests 120 $PY -m pytest -q -p no:cacheprovider --timeout 60 -o addopts="" -m "not slow" --tb=line -rf \
   tests/kernels/test_triton_decode.py tests/kernels/test_triton_prefill.py tests/kernels/test_triton_kv_write.py \
   tests/kernels/test_int4_gemm.py tests/kernels/test_tree_attention.py tests/kernels/test_backends.py \
   tests/kernels/test_flash.py -k "not native"

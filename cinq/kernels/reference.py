@@ -71,15 +71,16 @@ def paged_attention_reference(query: torch.Tensor, kv_cache: torch.Tensor, meta:
     """The serving step: each sequence's new queries attend causally to its context read through its block table
     (the decode-like sequences of a tree step: to the context and their tree ancestors, ``meta.tree_mask``).
 
-    query: [T, Hq, D]; kv_cache: [2, num_blocks, block_size, Hkv, D]. Returns float64 ``(out, lse)``.
+    query: [T, Hq, D]; kv_cache: [2, num_blocks, block_size, Hkv, D]. Returns float64 ``(out, lse)``. The metadata
+    may live on another device than the tensors (a CUDA step checked on the CPU): it is read where they are.
     """
     out = torch.empty(query.shape, dtype=torch.float64, device=query.device)
     lse = torch.empty(query.shape[1], query.shape[0], dtype=torch.float64, device=query.device)
     starts = meta.query_start_loc.tolist()
     for i in range(meta.num_seqs):
         s, e = starts[i], starts[i + 1]
-        k, v = gather_context(kv_cache, meta.block_tables[i], meta.seq_lens_cpu[i])
+        k, v = gather_context(kv_cache, meta.block_tables[i].to(kv_cache.device), meta.seq_lens_cpu[i])
         tree = meta.seq_tree_mask(i)
-        mask = None if tree is None else tree_context_mask(tree, meta.seq_lens_cpu[i])
+        mask = None if tree is None else tree_context_mask(tree.to(query.device), meta.seq_lens_cpu[i])
         out[s:e], lse[:, s:e] = attention_reference(query[s:e], k, v, scale, causal=True, attn_mask=mask)
     return out, lse

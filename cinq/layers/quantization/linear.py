@@ -79,7 +79,7 @@ class QuantizedLinear(nn.Module):
             self._shared_loaded.add(name)
             return
         t = loaded.load()
-        if tuple(t.shape) != tuple(dst.shape) or not torch.equal(t.to(dst.dtype), dst):
+        if tuple(t.shape) != tuple(dst.shape) or not torch.equal(t.to(dst.device, dst.dtype), dst):
             raise ModelLoadError(f"checkpoint tensor '{loaded.name}' differs from the other shards' '{name}' of the "
                                  f"merged {self.prefix} (shard {shard_id!r}); cinq merges these projections and "
                                  f"needs one {name} for all of them")
