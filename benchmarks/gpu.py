@@ -330,10 +330,28 @@ def render(r: dict[str, Any]) -> str:
     lines = ["# The CUDA path on a GPU (benchmarks/gpu.py)", "",
              f"{env.get('gpu', '?')}; torch {env.get('torch')}, Triton {env.get('triton')}, transformers "
              f"{env.get('transformers')}. Baselines measured in the same run on the same GPU.", ""]
+    if r.get("findings"):
+        lines += ["## Findings", ""] + [f"- {x}" for x in r["findings"]] + [""]
     for name in SECTIONS:
         s = r.get(name)
         if s and "error" in s:
-            lines += [f"## {name}: FAILED", "", "```", s["error"], "```", ""]
+            lines += [f"## {name}: FAILED", "", "```", s["error"], "```", ""] + ([s["note"], ""] if "note" in s else [])
+    kt = r.get("kernel_tests")
+    if kt:
+        lines += ["## Triton kernel tests, compiled for CUDA", "", f"`{kt['command']}`", ""]
+        lines += [f"- passed: {x}" for x in kt["passed"]] + [f"- failed: {x}" for x in kt["failed"]]
+        lines += [f"- not run: {kt['not_run']}", f"- first run: {kt['first_run']}", ""]
+    a = r.get("attention_quick")
+    if a:
+        lines += [f"## Attention kernels ({a['source']})", "", "| prefill N | Triton TFLOP/s | % of bf16 peak | "
+                  "torch flash SDPA TFLOP/s |", "|---:|---:|---:|---:|"]
+        lines += [f"| {x['n']} | {x['triton_tflops']:.0f} | {x['triton_pct_peak']}% | {x['torch_flash_tflops']:.0f} |"
+                  for x in a["prefill"]]
+        lines += ["", "| decode batch x context | Triton GB/s | % of copy bandwidth | vs the sdpa backend |",
+                  "|---|---:|---:|---:|"]
+        lines += [f"| {x['batch']} x {x['ctx']} | {x['triton_gbs']} | {x['triton_pct_copy_bw']}% | "
+                  f"{x['speedup_vs_sdpa_backend']}x |" for x in a["decode"]]
+        lines.append("")
     c = r.get("check")
     if c and "error" not in c:
         lines += ["## Greedy tokens of cinq-tiny: CUDA against the CPU engine (float32, sdpa)", "",

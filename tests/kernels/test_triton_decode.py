@@ -70,7 +70,8 @@ def test_tree_decode_matches_reference(num_splits: int, paged_case, rel_err) -> 
     case.meta.tree_mask = None
     plain = torch.full_like(out, float("nan"))
     paged_decode(case.query, case.kv_cache, case.meta, case.scale, plain, num_splits=num_splits)
-    assert torch.equal(causal, plain) and rel_err(plain.cpu(), ref) > 1e-2
+    # equal up to rounding: compiled, the tree and plain variants are separate kernels (the interpreter: bit equal)
+    assert rel_err(causal.cpu(), plain.cpu()) <= 1e-6 and rel_err(plain.cpu(), ref) > 1e-2
 
 
 @pytest.mark.parametrize("num_splits", [1, 3])

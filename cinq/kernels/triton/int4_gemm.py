@@ -52,7 +52,7 @@ def _wq_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, g_ptr, y_ptr, M, N, K,
         z = tl.load(z_ptr + g[:, None] * stride_sg + offs_n[None, :] * stride_sn, mask=kn_mask, other=0.0)
         w = (q.to(tl.float32) - z) * s
         if FP32_DOT:  # the interpreter (and fp32 models) multiply in float32
-            acc += tl.dot(x.to(tl.float32), w)
+            acc += tl.dot(x.to(tl.float32), w, input_precision="ieee")  # compiled fp32 dots are TF32 otherwise
         else:
             acc += tl.dot(x, w.to(x.dtype))
     y = acc.to(y_ptr.dtype.element_ty)

@@ -52,7 +52,7 @@ def _pack_stream(v: torch.Tensor, bits: int) -> torch.Tensor:
     """int64 values [..., L] (L a multiple of 32) -> words [..., L * bits / 32] of one little-endian bit stream
     per 32 values (value j at bits [bits*j, bits*(j+1)); a value may straddle two words)."""
     v = v.reshape(*v.shape[:-1], -1, 32)
-    words = torch.zeros(*v.shape[:-1], bits, dtype=torch.int64)
+    words = torch.zeros(*v.shape[:-1], bits, dtype=torch.int64, device=v.device)
     for j in range(32):
         word, shift = divmod(bits * j, 32)
         words[..., word] |= (v[..., j] << shift) & 0xFFFFFFFF
@@ -65,7 +65,7 @@ def _unpack_stream(w: torch.Tensor, bits: int) -> torch.Tensor:
     """Inverse of ``_pack_stream``: int64 words in [0, 2^32) [..., W] -> values [..., W * 32 / bits]."""
     w = w.reshape(*w.shape[:-1], -1, bits)
     mask = (1 << bits) - 1
-    out = torch.empty(*w.shape[:-1], 32, dtype=torch.int64)
+    out = torch.empty(*w.shape[:-1], 32, dtype=torch.int64, device=w.device)
     for j in range(32):
         word, shift = divmod(bits * j, 32)
         value = w[..., word] >> shift
@@ -93,7 +93,7 @@ def pack_along(values: torch.Tensor, bits: int, dim: int, order: tuple[int, ...]
     v = v.reshape(*v.shape[:-1], -1, per)
     if order is not None:
         v = v[..., list(order)]
-    shifts = torch.arange(per, dtype=torch.int64) * bits
+    shifts = torch.arange(per, dtype=torch.int64, device=v.device) * bits
     words = (v << shifts).sum(-1)
     return _to_int32(words).movedim(-1, dim).contiguous()
 
@@ -108,7 +108,7 @@ def unpack_along(words: torch.Tensor, bits: int, dim: int, order: tuple[int, ...
                              f"{values_per})")
         return _unpack_stream(w, bits).to(torch.int32).movedim(-1, dim).contiguous()
     per = values_per
-    shifts = torch.arange(per, dtype=torch.int64) * bits
+    shifts = torch.arange(per, dtype=torch.int64, device=w.device) * bits
     fields = (w.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)  # [..., words, per] field i at index i
     if order is not None:
         inverse = [0] * per
