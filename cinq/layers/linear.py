@@ -18,7 +18,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from cinq.distributed.parallel_state import all_reduce_output_hook
-from cinq.errors import InvalidParameterError
 from cinq.kernels.cpu_native import small_m_linear_native
 from cinq.layers.linear_split import ROW, LinearSplit
 from cinq.layers.weight_loader import CheckpointTensor, OutputShards, ParamLayout, ShardId, load_sharded
@@ -35,8 +34,9 @@ class LinearFactory(Protocol):
         ...
 
     def make_linear(self, in_features: int, out_features: int, bias: bool, prefix: str, compute_dtype: torch.dtype,
-                    output_shards: OutputShards | None = None) -> nn.Module:
-        """The quantized linear named ``prefix`` (merged from ``output_shards`` when given)."""
+                    output_shards: OutputShards | None = None, split: LinearSplit | None = None) -> nn.Module:
+        """The quantized linear named ``prefix`` (merged from ``output_shards`` when given; ``split``: this
+        tensor-parallel rank's part, sizes being the rank's)."""
         ...
 
 
@@ -104,11 +104,10 @@ def make_linear(in_features: int, out_features: int, bias: bool, quant: LinearFa
     row-parallel one gets the all-reduce of its partial sums as a forward hook (None: no hook, no extra op)."""
     if quant is not None and quant.quantizes(prefix if quant_prefix is None else quant_prefix):
         dtype = torch.get_default_dtype() if compute_dtype is None else compute_dtype
-        if split is not None:
-            raise InvalidParameterError(
-                f"{prefix}: tensor_parallel_size {split.size} with a quantized checkpoint is not supported yet; "
-                f"serve it with tensor_parallel_size 1", "tensor_parallel_size")
-        layer = quant.make_linear(in_features, out_features, bias, prefix, dtype, output_shards)
+        if split is None:  # factories written before tensor parallelism take no split
+            layer = quant.make_linear(in_features, out_features, bias, prefix, dtype, output_shards)
+        else:
+            layer = quant.make_linear(in_features, out_features, bias, prefix, dtype, output_shards, split=split)
     else:
         layer = DenseLinear(in_features, out_features, bias, output_shards, prefix, split)
     if split is not None and split.parallel == ROW:
