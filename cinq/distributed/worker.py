@@ -10,6 +10,9 @@ samples the same tokens from the same gathered logits, and rank 0's output is th
 from __future__ import annotations
 
 import os
+import signal
+import threading
+import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
@@ -35,8 +38,19 @@ class WorkerArgs:
     init_method: str  # tcp://host:port of the group's rendezvous
 
 
+def _exit_with_parent(parent: int) -> None:
+    """End this worker when the engine's process is gone (killed outright, say): nothing else would."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
+
+
 def worker_main(args: WorkerArgs, ready: Connection) -> None:
     """Entry point of a spawned worker process."""
+    # Ctrl-C reaches the whole process group; the engine decides what it means and stops the workers itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), name="cinq-tp-parent-watch",
+                     daemon=True).start()
     try:
         # On a CPU the ranks share the cores: each takes its part unless the engine was told a count.
         torch.set_num_threads(args.config.num_threads or max(1, (os.cpu_count() or 1) // args.shard.size))
