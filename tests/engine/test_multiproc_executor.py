@@ -6,11 +6,15 @@ from __future__ import annotations
 import math
 import os
 import signal
+import sys
+
+import torch.multiprocessing as mp
 
 import pytest
 
 from cinq import LLM, SamplingParams
 from cinq.engine.multiproc_executor import MultiprocExecutor, TensorParallelError
+from cinq.errors import InvalidParameterError
 
 PROMPTS = ["hello world", "the quick brown fox jumps over", "tensor parallel"]
 SCORED = SamplingParams(temperature=0, max_tokens=8, logprobs=5, prompt_logprobs=3, ignore_eos=True)
@@ -113,7 +117,6 @@ def test_bfloat16_tp2_tracks_tp1(tiny_llama):
 
 
 def test_a_model_the_size_does_not_divide_is_refused_before_start(tiny_llama):
-    from cinq.errors import InvalidParameterError
     with pytest.raises(InvalidParameterError, match="tensor_parallel_size 3 does not divide") as e:
         LLM(str(tiny_llama), **{**ENGINE, "tensor_parallel_size": 3})
     assert e.value.param == "tensor_parallel_size"
@@ -156,6 +159,8 @@ def test_a_worker_dying_under_a_collective_fails_the_step_not_hangs(tiny_llama, 
 def test_shutdown_stops_the_workers_and_a_new_engine_can_start(tiny_llama):
     llm = tp_llm(tiny_llama)
     workers = list(llm.engine.executor._workers)
+    with pytest.raises(InvalidParameterError, match="already belongs to a torch.distributed group"):
+        tp_llm(tiny_llama)  # one tensor-parallel engine per process at a time
     llm.engine.shutdown()
     assert all(not p.is_alive() for p in workers) and all(p.exitcode == 0 for p in workers)
     again = tp_llm(tiny_llama)  # the process group was left: a second TP engine forms its own
@@ -163,3 +168,21 @@ def test_shutdown_stops_the_workers_and_a_new_engine_can_start(tiny_llama):
         assert run(again, PROMPTS[:1], SamplingParams(max_tokens=2))[0].token_ids
     finally:
         again.engine.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_start_up_failures_name_the_rank():
+    ctx = mp.get_context("spawn")
+    executor = MultiprocExecutor.__new__(MultiprocExecutor)  # only its start-up wait, without a model
+    failed_read, failed_write = ctx.Pipe(duplex=False)
+    failed_write.send("ModelLoadError: model.safetensors: cannot be read")
+    dead_read, dead_write = ctx.Pipe(duplex=False)
+    dead = ctx.Process(target=sys.exit, args=(3,), daemon=True)
+    dead.start()
+    dead_write.close()
+    dead.join(30)
+    executor._workers = [dead, dead]
+    with pytest.raises(TensorParallelError, match="rank 1 failed to start: ModelLoadError: model.safetensors"):
+        executor._wait_ready([failed_read])
+    with pytest.raises(TensorParallelError, match="rank 1 failed to start: it exited before reporting"):
+        executor._wait_ready([dead_read])
