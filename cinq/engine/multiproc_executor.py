@@ -19,8 +19,10 @@ import logging
 import socket
 import time
 import weakref
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -36,6 +38,7 @@ from cinq.model.config import ModelConfig
 from cinq.model.tp_layout import check_divisible
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 _START_TIMEOUT_S = 600.0  # loading a shard may take long; a dead worker is seen within a poll interval
 _STOP_TIMEOUT_S = 5.0
@@ -123,7 +126,8 @@ class MultiprocExecutor:
         """Broadcast the step, run it here as rank 0; rank 0's output is the step's."""
         return self._run(STEP, sched, lambda: self.driver.execute_model(sched))
 
-    def _run(self, command: str, arg: object, here):  # type: ignore[no-untyped-def]
+    def _run(self, command: str, arg: object, here: Callable[[], _T]) -> _T:
+        """Broadcast ``(command, arg)`` to the workers, then do ``here`` as rank 0."""
         if self._error is not None:
             raise self._error
         self._check_workers()

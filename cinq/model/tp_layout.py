@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from cinq.distributed.parallel_state import TPShard
 from cinq.errors import InvalidParameterError
 from cinq.layers.linear_split import LinearSplit, column_split, row_split
+from cinq.layers.weight_loader import ShardId
 from cinq.model.config import ModelConfig
 
 
@@ -64,10 +65,10 @@ class TPLayout:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
-    def _column(self, starts: dict) -> LinearSplit | None:
+    def _column(self, starts: dict[ShardId | None, int]) -> LinearSplit | None:
         return column_split(self.shard.rank, self.shard.size, starts) if self.sharded else None
 
-    def qkv_split(self, shard_ids: tuple = ("q", "k", "v")) -> LinearSplit | None:
+    def qkv_split(self, shard_ids: tuple[str, ...] = ("q", "k", "v")) -> LinearSplit | None:
         """Column split of the QKV projection (merged ids "q"/"k"/"v", or one of them alone)."""
         starts = {"q": self.shard.rank * self.q_size, "k": self.kv_head_start * self.head_dim}
         starts["v"] = starts["k"]
@@ -78,7 +79,7 @@ class TPLayout:
         split = self.qkv_split((name,))
         return None if split is None else column_split(split.rank, split.size, {None: split.starts[0][1]})
 
-    def mlp_split(self, shard_ids: tuple = (0, 1)) -> LinearSplit | None:
+    def mlp_split(self, shard_ids: tuple[int | None, ...] = (0, 1)) -> LinearSplit | None:
         """Column split of gate/up (merged ids 0/1; (None,): one of them alone)."""
         return self._column({i: self.shard.rank * self.intermediate_size for i in shard_ids})
 
