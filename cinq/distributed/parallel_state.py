@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -30,24 +31,23 @@ class TPShard:
             raise ValueError(f"tensor-parallel rank {self.rank} is outside [0, {self.size})")
 
 
-_WHOLE = TPShard()
-_building: TPShard = _WHOLE
+# per thread (and task): a model built on one thread never sees another thread's shard
+_building: ContextVar[TPShard] = ContextVar("cinq_building_shard", default=TPShard())
 
 
 @contextlib.contextmanager
 def building_shard(shard: TPShard | None) -> Iterator[None]:
     """Layers constructed inside build ``shard``'s part of the model (None: the whole model)."""
-    global _building
-    old, _building = _building, shard or _WHOLE
+    token = _building.set(shard or TPShard())
     try:
         yield
     finally:
-        _building = old
+        _building.reset(token)
 
 
 def current_shard() -> TPShard:
     """The shard layers being constructed now belong to."""
-    return _building
+    return _building.get()
 
 
 def all_reduce(x: torch.Tensor) -> torch.Tensor:
