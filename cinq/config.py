@@ -46,7 +46,7 @@ def _arg(default: object, help_text: str, **metadata: object) -> Any:
 
 @dataclass(slots=True)
 class ParallelConfig:
-    """How one engine spreads the model over devices. Only a single device is built so far."""
+    """How one engine spreads the model over devices (tensor parallelism only, so far)."""
 
     tensor_parallel_size: int = 1
 
@@ -91,7 +91,9 @@ class EngineConfig:
                 "generation_config.json (as vLLM), 'vllm' (or 'cinq') = ignore it, or a folder holding one")
     # None leaves torch's default; torch's pool is per process, so the executor sets it once at start-up
     num_threads: int | None = _arg(None, "torch CPU threads (process-wide, set at engine start-up)")
-    tensor_parallel_size: int = _arg(1, "devices to split the model over (tensor parallelism; only 1 is built)")
+    tensor_parallel_size: int = _arg(
+        1, "devices (processes) to split the model over: Megatron-style tensor parallelism, gloo on CPU, NCCL on "
+           "CUDA (default %(default)s)")
     speculative_config: SpeculativeConfig | dict[str, Any] | None = _arg(
         None, "speculative decoding as vLLM's JSON, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
               "\"prompt_lookup_max\": 3}' or '{\"method\": \"eagle\", \"model\": \"cinq-tiny-eagle\", "
@@ -128,10 +130,6 @@ class EngineConfig:
                 f"kv_cache_memory_fraction must be in (0, 0.95], got {self.kv_cache_memory_fraction}",
                 "kv_cache_memory_fraction")
         _check_int(self, "tensor_parallel_size", 1, 4096)
-        if self.tensor_parallel_size != 1:
-            raise InvalidParameterError(
-                f"tensor_parallel_size must be 1: tensor parallelism is not built yet "
-                f"(got {self.tensor_parallel_size})", "tensor_parallel_size")
         if isinstance(self.speculative_config, dict):
             self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
         elif self.speculative_config is not None and not isinstance(self.speculative_config, SpeculativeConfig):
@@ -142,10 +140,16 @@ class EngineConfig:
             raise InvalidParameterError(
                 f"speculative_config.method {self.speculative_config.method!r} is not built yet (built: "
                 f"{list(BUILT_METHODS)})", "method")
+        if (self.tensor_parallel_size > 1 and self.speculative_config is not None
+                and self.speculative_config.method != "ngram"):
+            # draft models and heads run inside the runner over unsharded weights; n-gram lookup is the scheduler's
+            raise InvalidParameterError(
+                f"speculative_config.method {self.speculative_config.method!r} is not supported with "
+                f"tensor_parallel_size {self.tensor_parallel_size} (only 'ngram' is)", "speculative_config")
 
     @property
     def parallel_config(self) -> ParallelConfig:
-        """The parallel layout of this engine (one device until tensor parallelism is built)."""
+        """The parallel layout of this engine."""
         return ParallelConfig(tensor_parallel_size=self.tensor_parallel_size)
 
     @classmethod

@@ -24,15 +24,24 @@ def test_tensor_parallel_size_must_be_a_positive_integer(value):
     assert e.value.param == "tensor_parallel_size"
 
 
-@pytest.mark.parametrize("value", [2, 4, 8])
-def test_tensor_parallelism_is_not_built_yet(value):
-    with pytest.raises(InvalidParameterError, match="tensor parallelism is not built yet") as e:
-        EngineConfig(tensor_parallel_size=value)
-    assert e.value.param == "tensor_parallel_size"
+@pytest.mark.parametrize("value", [2, 4])
+def test_tensor_parallel_size_above_one_is_accepted(value):
+    cfg = EngineConfig(tensor_parallel_size=value)
+    assert cfg.parallel_config.world_size == value
+
+
+@pytest.mark.parametrize("method", ["draft_model", "eagle", "medusa"])
+def test_runner_side_speculation_is_refused_with_tensor_parallelism(method):
+    spec = {"method": method, "model": "m", "num_speculative_tokens": 2}
+    with pytest.raises(InvalidParameterError, match=f"{method}.*not supported with tensor_parallel_size 2") as e:
+        EngineConfig(tensor_parallel_size=2, speculative_config=spec)
+    assert e.value.param == "speculative_config"
+    ngram = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}
+    assert EngineConfig(tensor_parallel_size=2, speculative_config=ngram).speculative_config.method == "ngram"
 
 
 def test_parallel_config_world_size_and_validation():
-    assert ParallelConfig(tensor_parallel_size=4).world_size == 4  # the seam takes any size; the engine does not
+    assert ParallelConfig(tensor_parallel_size=4).world_size == 4
     with pytest.raises(InvalidParameterError) as e:
         ParallelConfig(tensor_parallel_size=0)
     assert e.value.param == "tensor_parallel_size"

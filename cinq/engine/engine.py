@@ -214,6 +214,10 @@ class LLMEngine:
             self.output_processor.abort(rid)
             self.stats.finished_by_reason["abort"] = self.stats.finished_by_reason.get("abort", 0) + 1
 
+    def shutdown(self) -> None:
+        """Release the executor (a tensor-parallel one stops its worker processes); the engine is done after."""
+        self.executor.shutdown()
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 

@@ -2,34 +2,26 @@
 
 The engine talks only to an executor: it asks it to load the model, says how many KV blocks to allocate, and
 hands it each step's ``SchedulerOutput`` to get a ``RunnerOutput`` back. ``UniProcExecutor`` runs one
-``ModelRunner`` in this process; a tensor-parallel executor (one worker process per rank, rank 0 broadcasting
-the plain scheduler output) implements the same methods. Which one runs follows ``EngineConfig.parallel_config``.
+``ModelRunner`` in this process; ``MultiprocExecutor`` (engine/multiproc_executor.py: rank 0 here, one worker
+process per other rank, rank 0 broadcasting the plain scheduler output) implements the same methods, each rank
+running a ``UniProcExecutor`` over its shard. Which one runs follows ``EngineConfig.parallel_config``.
 
-Process-wide settings (torch's thread count, glibc malloc tuning, building the native CPU kernels) happen here,
-once, at start-up, where a worker would make them: nothing else in the engine touches global state.
+Process-wide settings (torch's thread count, glibc malloc tuning, building the native CPU kernels) happen in the
+``UniProcExecutor`` of each process that runs the model (engine/uniproc_executor.py), once, at start-up: nothing
+else in the engine touches global state.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Protocol
 
-import torch
-
 from cinq.config import EngineConfig
-from cinq.engine.host_memory import keep_freed_memory
 from cinq.engine.io import RunnerOutput, SchedulerOutput
-from cinq.engine.runner import ModelRunner
-from cinq.errors import InvalidParameterError
-from cinq.kernels.backends import default_backend_name
-from cinq.kernels.cpu_native import warm_native_kernels
+from cinq.engine.multiproc_executor import MultiprocExecutor
+from cinq.engine.uniproc_executor import UniProcExecutor
 from cinq.model.config import ModelConfig
-from cinq.model.llama import LlamaForCausalLM
-from cinq.model.loader import load_model, parse_dtype
-from cinq.spec.proposer import Proposer
-from cinq.spec.proposer_loader import load_proposer
 
-log = logging.getLogger(__name__)
+__all__ = ["Executor", "MultiprocExecutor", "UniProcExecutor", "make_executor"]
 
 
 class Executor(Protocol):
@@ -47,57 +39,8 @@ class Executor(Protocol):
     def shutdown(self) -> None: ...
 
 
-class UniProcExecutor:
-    """One model runner in this process (``tensor_parallel_size == 1``)."""
-
-    def __init__(self, config: EngineConfig, seed: int | None = None) -> None:
-        self.config = config
-        # the engine's resolved seed (EngineConfig.seed None: it draws one); 0 for an executor built alone
-        self.seed = seed if seed is not None else config.seed or 0
-        self.device = torch.device(config.device)
-        self.dtype = parse_dtype(config.dtype)
-        self._init_device()
-        self.attention_backend = config.attention_backend or default_backend_name(self.device)
-        self.model: LlamaForCausalLM = load_model(config.model, self.dtype, self.device, self.attention_backend)
-        self.model_config: ModelConfig = self.model.config
-        # a draft model or heads (speculative decoding) runs next to the target, over its block tables
-        self.proposer: Proposer | None = load_proposer(config.speculative_config, config.model, self.model,
-                                                       self.dtype, self.device, self.attention_backend, self.seed)
-        self.runner: ModelRunner | None = None
-
-    def _init_device(self) -> None:
-        if self.config.num_threads:
-            # torch's intra-op pool is per process: an engine asked for N threads sets it for everyone.
-            torch.set_num_threads(self.config.num_threads)
-            log.info("torch threads set to %d (process-wide)", self.config.num_threads)
-        if self.device.type == "cpu":
-            keep_freed_memory()
-            warm_native_kernels()  # build them now (once per machine) rather than stall the first request
-
-    def kv_bytes_per_block(self, block_size: int) -> int:
-        """Bytes one KV block takes over all layers (K and V), the proposer's own layers included."""
-        extra = self.proposer.kv_bytes_per_block(block_size) if self.proposer is not None else 0
-        return ModelRunner.kv_bytes_per_block(self.model, block_size, self.dtype) + extra
-
-    def initialize_cache(self, num_blocks: int) -> None:
-        """Allocate ``num_blocks`` KV blocks and the runner that owns them."""
-        self.runner = ModelRunner(self.model, num_blocks, self.config.block_size, self.device, self.dtype,
-                                  seed=self.seed, proposer=self.proposer)
-
-    def execute_model(self, sched: SchedulerOutput) -> RunnerOutput:
-        """Run one step (also for an empty one: it still drops finished requests' runner state)."""
-        if self.runner is None:
-            raise RuntimeError("executor: initialize_cache must run before the first step")
-        return self.runner.execute(sched)
-
-    def shutdown(self) -> None:
-        self.runner = None
-
-
 def make_executor(config: EngineConfig, seed: int | None = None) -> Executor:
     """The executor for ``config.parallel_config``; ``seed``: the engine's sampling seed (default config.seed)."""
-    world = config.parallel_config.world_size
-    if world == 1:
+    if config.parallel_config.world_size == 1:
         return UniProcExecutor(config, seed)
-    raise InvalidParameterError(f"tensor_parallel_size {world}: no executor for more than one device yet",
-                                "tensor_parallel_size")
+    return MultiprocExecutor(config, seed)

@@ -66,11 +66,12 @@ class ModelRunner:
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
         cfg = model.config
+        num_kv_heads = model.attention_layers()[0].num_kv_heads  # this rank's heads under tensor parallelism
         # Past the pool's num_blocks: scratch blocks for the padding tokens that round a step's rows up to a
         # bucket (shape_buckets.py); the KV manager never hands them out.
         self.pad_block_ids = list(range(num_blocks, num_blocks + -(-MAX_PAD_ROWS // block_size)))
         self.kv_caches = [
-            torch.zeros(2, num_blocks + len(self.pad_block_ids), block_size, cfg.num_key_value_heads,
+            torch.zeros(2, num_blocks + len(self.pad_block_ids), block_size, num_kv_heads,
                         cfg.head_dim, dtype=kv_dtype, device=device)
             for _ in range(cfg.num_hidden_layers)
         ]
@@ -85,7 +86,8 @@ class ModelRunner:
     def kv_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
         cfg = model.config
         elem = torch.empty((), dtype=dtype).element_size()
-        return 2 * cfg.num_hidden_layers * block_size * cfg.num_key_value_heads * cfg.head_dim * elem
+        num_kv_heads = model.attention_layers()[0].num_kv_heads  # this rank's heads under tensor parallelism
+        return 2 * cfg.num_hidden_layers * block_size * num_kv_heads * cfg.head_dim * elem
 
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
         t0 = time.perf_counter()

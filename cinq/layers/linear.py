@@ -17,10 +17,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cinq.distributed.parallel_state import all_reduce_output_hook
 from cinq.kernels.cpu_native import small_m_linear_native
+from cinq.layers.linear_split import ROW, LinearSplit
 from cinq.layers.weight_loader import CheckpointTensor, OutputShards, ParamLayout, ShardId, load_sharded
 
-_DENSE_LAYOUT = ParamLayout(output_dim=0)
+_DENSE_LAYOUT = ParamLayout(output_dim=0, input_dim=1)  # weight [out, in]; a bias has no input dimension
+_BIAS_LAYOUT = ParamLayout(output_dim=0)
 
 
 class LinearFactory(Protocol):
@@ -31,8 +34,9 @@ class LinearFactory(Protocol):
         ...
 
     def make_linear(self, in_features: int, out_features: int, bias: bool, prefix: str, compute_dtype: torch.dtype,
-                    output_shards: OutputShards | None = None) -> nn.Module:
-        """The quantized linear named ``prefix`` (merged from ``output_shards`` when given)."""
+                    output_shards: OutputShards | None = None, split: LinearSplit | None = None) -> nn.Module:
+        """The quantized linear named ``prefix`` (merged from ``output_shards`` when given; ``split``: this
+        tensor-parallel rank's part, sizes being the rank's)."""
         ...
 
 
@@ -42,10 +46,12 @@ class DenseLinear(nn.Module):
     available: a few sequences' decode, or one sequence's speculative verify of up to 7 drafts.
 
     With ``output_shards`` it is a merged projection: W's rows are the shards' rows in order, each loaded from
-    its own checkpoint tensor."""
+    its own checkpoint tensor. With ``split`` (tensor parallelism) the sizes are this rank's, and each checkpoint
+    tensor is narrowed to the rank's slice before it is read."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False,
-                 output_shards: OutputShards | None = None, prefix: str = "") -> None:
+                 output_shards: OutputShards | None = None, prefix: str = "",
+                 split: LinearSplit | None = None) -> None:
         super().__init__()
         if output_shards is not None and output_shards.total != out_features:
             raise ValueError(f"{prefix}: shards {output_shards.sizes} do not add up to out_features {out_features}")
@@ -53,16 +59,24 @@ class DenseLinear(nn.Module):
         self.out_features = out_features
         self.output_shards = output_shards
         self.prefix = prefix
+        self.split = split
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
 
     def param_layout(self, name: str) -> ParamLayout:
-        """Weight and bias both carry the output channels along dim 0."""
-        return _DENSE_LAYOUT
+        """Weight and bias both carry the output channels along dim 0 (the weight its inputs along dim 1)."""
+        return _BIAS_LAYOUT if name == "bias" else _DENSE_LAYOUT
 
     def weight_loader(self, name: str, loaded: CheckpointTensor, shard_id: ShardId | None = None) -> None:
         """Fill ``weight`` or ``bias`` from a checkpoint tensor (one shard's rows when merged)."""
-        load_sharded(getattr(self, name), loaded, _DENSE_LAYOUT, self.output_shards, shard_id, self.prefix)
+        layout = self.param_layout(name)
+        dst = getattr(self, name)
+        if self.split is not None:
+            loaded = self.split.narrow(loaded, layout, shard_id, self.output_shards, self.out_features, self.prefix)
+        load_sharded(dst, loaded, layout, self.output_shards, shard_id, self.prefix)
+        if self.split is not None and name == "bias" and not self.split.keeps_bias():
+            with torch.no_grad():
+                dst.zero_()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.bfloat16 and x.device.type == "cpu" and not torch.is_grad_enabled():
@@ -79,17 +93,26 @@ class DenseLinear(nn.Module):
 
 def make_linear(in_features: int, out_features: int, bias: bool, quant: LinearFactory | None = None,
                 prefix: str = "", compute_dtype: torch.dtype | None = None,
-                output_shards: OutputShards | None = None, quant_prefix: str | None = None) -> nn.Module:
+                output_shards: OutputShards | None = None, quant_prefix: str | None = None,
+                split: LinearSplit | None = None) -> nn.Module:
     """A dense linear, or the quantized kind ``quant`` builds for this layer.
 
     ``compute_dtype``: the dtype quantized kernels compute in (default: torch's default dtype, the one dense
     parameters are created in). ``output_shards``: a merged projection (see ``can_merge``). ``quant_prefix``: the
     checkpoint module whose entry in the quantization config decides the kind (default ``prefix``; for a merged
-    linear, its first shard's name)."""
+    linear, its first shard's name). ``split``: this rank's tensor-parallel part (sizes are then the rank's); a
+    row-parallel one gets the all-reduce of its partial sums as a forward hook (None: no hook, no extra op)."""
     if quant is not None and quant.quantizes(prefix if quant_prefix is None else quant_prefix):
         dtype = torch.get_default_dtype() if compute_dtype is None else compute_dtype
-        return quant.make_linear(in_features, out_features, bias, prefix, dtype, output_shards)
-    return DenseLinear(in_features, out_features, bias, output_shards, prefix)
+        if split is None:  # factories written before tensor parallelism take no split
+            layer = quant.make_linear(in_features, out_features, bias, prefix, dtype, output_shards)
+        else:
+            layer = quant.make_linear(in_features, out_features, bias, prefix, dtype, output_shards, split=split)
+    else:
+        layer = DenseLinear(in_features, out_features, bias, output_shards, prefix, split)
+    if split is not None and split.parallel == ROW:
+        layer.register_forward_hook(all_reduce_output_hook)
+    return layer
 
 
 def can_merge(quant: LinearFactory | None, prefixes: list[str]) -> bool:

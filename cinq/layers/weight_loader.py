@@ -93,10 +93,14 @@ class OutputShards:
 @dataclass(slots=True, frozen=True)
 class ParamLayout:
     """Where a parameter's output channels lie: dimension ``output_dim`` (None: the parameter is shared by all
-    shards, e.g. GPTQ's g_idx), ``pack`` output channels per stored element (packed words)."""
+    shards, e.g. GPTQ's g_idx), ``pack`` output channels per stored element (packed words). For tensor
+    parallelism, where its input channels lie: ``input_dim`` (None: not split along the input, e.g. a bias),
+    ``input_pack`` input channels per stored element (packed words, or a group's scales row)."""
 
     output_dim: int | None = 0
     pack: int = 1
+    input_dim: int | None = None
+    input_pack: int = 1
 
 
 def check_and_copy(dst: torch.Tensor, loaded: CheckpointTensor, what: str = "the model's", hint: str = "") -> None:

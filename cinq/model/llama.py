@@ -17,14 +17,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from cinq.distributed.parallel_state import current_shard
+from cinq.errors import InvalidParameterError
 from cinq.kernels.metadata import AttentionMetadata
 from cinq.layers.activation import gated_act
 from cinq.layers.attention import Attention
 from cinq.layers.linear import DenseLinear, LinearFactory, can_merge, make_linear
+from cinq.layers.linear_split import LinearSplit
+from cinq.layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding
 from cinq.layers.weight_loader import OutputShards
 from cinq.layers.norm import RMSNorm
 from cinq.layers.rotary import RotaryEmbedding
 from cinq.model.config import ModelConfig
+from cinq.model.tp_layout import TPLayout
 
 
 # (model module suffix, checkpoint module suffix, shard id): checkpoint tensors that fill one shard of a merged
@@ -39,35 +44,40 @@ STACKED_PARAMS_MAPPING: tuple[tuple[str, str, str | int], ...] = (
 
 
 def _merged_linear(in_features: int, shards: dict[str | int, tuple[str, int]], bias: bool,
-                   quant: LinearFactory | None, prefix: str, name: str, dtype: torch.dtype | None) -> nn.Module:
+                   quant: LinearFactory | None, prefix: str, name: str, dtype: torch.dtype | None,
+                   split: LinearSplit | None = None) -> nn.Module:
     """The merged linear ``prefix.name`` over ``shards`` (id -> (checkpoint module name, out_features))."""
     first = next(iter(shards.values()))[0]
     output_shards = OutputShards(tuple(shards), tuple(size for _, size in shards.values()))
     return make_linear(in_features, output_shards.total, bias, quant, f"{prefix}.{name}", dtype, output_shards,
-                       quant_prefix=f"{prefix}.{first}")
+                       quant_prefix=f"{prefix}.{first}", split=split)
 
 
 class LlamaAttention(nn.Module):
-    """Self-attention block: q/k/v projections (+ bias for Qwen2, + q/k RMSNorm for Qwen3), rope, attention."""
+    """Self-attention block: q/k/v projections (+ bias for Qwen2, + q/k RMSNorm for Qwen3), rope, attention.
+
+    Under tensor parallelism (``current_shard()`` at construction) it holds this rank's heads only."""
 
     def __init__(self, config: ModelConfig, quant: LinearFactory | None, prefix: str, backend: str,
                  dtype: torch.dtype | None = None, merge_projections: bool = True) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+        tp = TPLayout.of(config, current_shard())
+        self.num_heads = tp.num_heads
+        self.num_kv_heads = tp.num_kv_heads
         self.head_dim = config.head_dim
-        self.q_size, self.kv_size = config.q_size, config.kv_size
+        self.q_size, self.kv_size = tp.q_size, tp.kv_size
         hidden, bias = config.hidden_size, config.attention_bias
         names = [f"{prefix}.{p}" for p in ("q_proj", "k_proj", "v_proj")]
         if merge_projections and can_merge(quant, names):
-            shards = {"q": ("q_proj", config.q_size), "k": ("k_proj", config.kv_size), "v": ("v_proj", config.kv_size)}
-            self.qkv_proj = _merged_linear(hidden, shards, bias, quant, prefix, "qkv_proj", dtype)
+            shards = {"q": ("q_proj", self.q_size), "k": ("k_proj", self.kv_size), "v": ("v_proj", self.kv_size)}
+            self.qkv_proj = _merged_linear(hidden, shards, bias, quant, prefix, "qkv_proj", dtype, tp.qkv_split())
         else:
             self.qkv_proj = None
-            self.q_proj = make_linear(hidden, config.q_size, bias, quant, names[0], dtype)
-            self.k_proj = make_linear(hidden, config.kv_size, bias, quant, names[1], dtype)
-            self.v_proj = make_linear(hidden, config.kv_size, bias, quant, names[2], dtype)
-        self.o_proj = make_linear(config.q_size, hidden, False, quant, f"{prefix}.o_proj", dtype)
+            self.q_proj = make_linear(hidden, self.q_size, bias, quant, names[0], dtype, split=tp.proj_split("q"))
+            self.k_proj = make_linear(hidden, self.kv_size, bias, quant, names[1], dtype, split=tp.proj_split("k"))
+            self.v_proj = make_linear(hidden, self.kv_size, bias, quant, names[2], dtype, split=tp.proj_split("v"))
+        self.o_proj = make_linear(self.q_size, hidden, False, quant, f"{prefix}.o_proj", dtype,
+                                  split=tp.row(config.q_size))
         if config.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -99,17 +109,19 @@ class LlamaMLP(nn.Module):
     def __init__(self, config: ModelConfig, quant: LinearFactory | None, prefix: str, dtype: torch.dtype | None = None,
                  merge_projections: bool = True) -> None:
         super().__init__()
-        h, i, b = config.hidden_size, config.intermediate_size, config.mlp_bias
+        tp = TPLayout.of(config, current_shard())
+        h, i, b = config.hidden_size, tp.intermediate_size, config.mlp_bias
         self.intermediate_size = i
         names = [f"{prefix}.gate_proj", f"{prefix}.up_proj"]
         if merge_projections and can_merge(quant, names):
             shards = {0: ("gate_proj", i), 1: ("up_proj", i)}
-            self.gate_up_proj = _merged_linear(h, shards, b, quant, prefix, "gate_up_proj", dtype)
+            self.gate_up_proj = _merged_linear(h, shards, b, quant, prefix, "gate_up_proj", dtype, tp.mlp_split())
         else:
             self.gate_up_proj = None
-            self.gate_proj = make_linear(h, i, b, quant, names[0], dtype)
-            self.up_proj = make_linear(h, i, b, quant, names[1], dtype)
-        self.down_proj = make_linear(i, h, b, quant, f"{prefix}.down_proj", dtype)
+            self.gate_proj = make_linear(h, i, b, quant, names[0], dtype, split=tp.mlp_split((None,)))
+            self.up_proj = make_linear(h, i, b, quant, names[1], dtype, split=tp.mlp_split((None,)))
+        self.down_proj = make_linear(i, h, b, quant, f"{prefix}.down_proj", dtype,
+                                     split=tp.row(config.intermediate_size))
         self.act = config.hidden_act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -149,7 +161,9 @@ class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig, quant: LinearFactory | None, backend: str,
                  dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        shard = current_shard()
+        self.embed_tokens = (nn.Embedding(config.vocab_size, config.hidden_size) if shard.size == 1 else
+                             VocabParallelEmbedding(config.vocab_size, config.hidden_size, shard))
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, quant, f"model.layers.{i}", backend, dtype)
                                     for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -185,7 +199,14 @@ class LlamaForCausalLM(nn.Module):
         # The LM head stays dense unless the checkpoint says it is quantized (GPTQ's "lm_head": true, which the
         # format's quantizes("lm_head") reports); a quantized head is never tied: the embedding lookup needs the
         # dense matrix.
-        self.lm_head = make_linear(config.hidden_size, config.vocab_size, False, quant, "lm_head", dtype)
+        shard = current_shard()
+        if shard.size == 1:
+            self.lm_head = make_linear(config.hidden_size, config.vocab_size, False, quant, "lm_head", dtype)
+        elif quant is not None and quant.quantizes("lm_head"):
+            raise InvalidParameterError(f"tensor_parallel_size {shard.size} with a quantized LM head is not "
+                                        f"supported; serve it with tensor_parallel_size 1", "tensor_parallel_size")
+        else:
+            self.lm_head = ParallelLMHead(config.hidden_size, config.vocab_size, shard)
         self.tie_weights()
 
     def tie_weights(self) -> None:

@@ -23,6 +23,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
+from cinq.distributed.parallel_state import TPShard, building_shard
 from cinq.errors import ModelLoadError
 from cinq.layers.quantization.format import DEFAULT_FORMAT, QuantFormat
 from cinq.layers.quantization.linear import QuantizedLinear
@@ -106,10 +107,12 @@ def quantization_summary(config: ModelConfig) -> str | None:
 
 
 def build_empty_model(config: ModelConfig, dtype: torch.dtype, device: torch.device | str,
-                      attention_backend: str = "sdpa", path: Path | None = None) -> LlamaForCausalLM:
+                      attention_backend: str = "sdpa", path: Path | None = None,
+                      shard: TPShard | None = None) -> LlamaForCausalLM:
     """The model with uninitialised storage on ``device`` (fill it with ``load_weights``). With ``path`` (the
-    folder it comes from), refuses first a model that cannot fit in the device's available memory."""
-    with default_dtype(dtype), torch.device("meta"):
+    folder it comes from), refuses first a model that cannot fit in the device's available memory. ``shard``:
+    build only that tensor-parallel rank's part (None: the whole model)."""
+    with default_dtype(dtype), torch.device("meta"), building_shard(shard):
         quant = quant_factory(config, path / "config.json" if path is not None else "config.json")
         model = LlamaForCausalLM(config, quant, attention_backend, dtype=dtype)
     if path is not None:
@@ -174,13 +177,14 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
 
 
 def load_model(path: str | Path, dtype: str | torch.dtype = "bfloat16", device: str | torch.device = "cpu",
-               attention_backend: str = "sdpa") -> LlamaForCausalLM:
-    """Load a Hugging Face model folder into a ready-to-run ``LlamaForCausalLM`` in eval mode."""
+               attention_backend: str = "sdpa", shard: TPShard | None = None) -> LlamaForCausalLM:
+    """Load a Hugging Face model folder into a ready-to-run ``LlamaForCausalLM`` in eval mode; with ``shard``,
+    only that tensor-parallel rank's part (each tensor's slice is read alone from the file)."""
     path = Path(path)
     config = ModelConfig.from_pretrained(path)
     dtype = parse_dtype(dtype)
     for file in checkpoint_files(path):  # a hostile file is refused before memory is allocated for the model
         check_safetensors_file(file)
-    model = build_empty_model(config, dtype, device, attention_backend, path)
+    model = build_empty_model(config, dtype, device, attention_backend, path, shard)
     load_weights(model, path)
     return model.eval()

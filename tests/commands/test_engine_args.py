@@ -68,9 +68,10 @@ def test_dtype_choices_come_from_the_config(capsys):
     assert "invalid choice: 'int8'" in capsys.readouterr().err
 
 
-def test_tensor_parallel_size_flag_reaches_the_validation(tiny_llama):
-    with pytest.raises(InvalidParameterError, match="tensor parallelism is not built yet"):
-        engine_config_from_args(parse(str(tiny_llama), "--tensor-parallel-size", "2"))
+def test_tensor_parallel_size_flag_reaches_the_config(tiny_llama):
+    assert engine_config_from_args(parse(str(tiny_llama), "--tensor-parallel-size", "2")).tensor_parallel_size == 2
+    with pytest.raises(InvalidParameterError, match="tensor_parallel_size must be an integer"):
+        engine_config_from_args(parse(str(tiny_llama), "--tensor-parallel-size", "0"))
 
 
 def test_engine_argv_gives_the_config_back(tiny_llama):

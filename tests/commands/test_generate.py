@@ -64,3 +64,13 @@ def test_json_line_survives_splitlines():
     line = json_line(row)
     assert line.splitlines() == [line]
     assert json.loads(line) == row and "ünï 中" in line
+
+
+def test_generate_with_tensor_parallel_size_2_matches_one_device(tiny_llama):
+    args = ("generate", str(tiny_llama), "-p", "abc", "-p", "hello there", "--max-tokens", "6", "--temperature", "0",
+            "--ignore-eos", "--json", "--dtype", "float32")
+    one = cinq(*args)
+    two = cinq(*args, "--tensor-parallel-size", "2")
+    assert one.returncode == 0 and two.returncode == 0, two.stderr
+    texts = [[json.loads(line)["text"] for line in r.stdout.splitlines()] for r in (one, two)]
+    assert texts[0] == texts[1] and len(texts[1]) == 2

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from cinq.errors import InvalidParameterError, ModelLoadError
+from cinq.layers.linear_split import LinearSplit
 from cinq.layers.quantization.linear import AWQLinear, GPTQLinear, W8A8Linear
 from cinq.layers.quantization.qweight import check_grid
 from cinq.layers.weight_loader import OutputShards
@@ -166,9 +167,10 @@ class QuantFormat:
         return not self.skips(prefix)
 
     def make_linear(self, in_features: int, out_features: int, bias: bool, prefix: str, compute_dtype: torch.dtype,
-                    output_shards: OutputShards | None = None) -> nn.Module:
-        """The quantized linear of this format, computing in ``compute_dtype`` (merged from ``output_shards``)."""
-        kw = {"prefix": prefix, "compute_dtype": compute_dtype, "output_shards": output_shards}
+                    output_shards: OutputShards | None = None, split: LinearSplit | None = None) -> nn.Module:
+        """The quantized linear of this format, computing in ``compute_dtype`` (merged from ``output_shards``;
+        ``split``: this tensor-parallel rank's part)."""
+        kw = {"prefix": prefix, "compute_dtype": compute_dtype, "output_shards": output_shards, "split": split}
         if self.format in ("gptq", "gptq_v2"):
             return GPTQLinear(in_features, out_features, bias, self.bits, self.group_size,
                               version=2 if self.format == "gptq_v2" else 1, **kw)

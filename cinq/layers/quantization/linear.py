@@ -10,6 +10,11 @@ Merging is exact for all three: the packed tensors are laid out per output chann
 the output dimension (whole int32 words: every shard's width is a multiple of the channels per word). What is
 not per output channel must agree between shards: GPTQ's g_idx (q/k/v share their input, hence their Hessian
 and act-order permutation) is checked on load; W8A8's static input scale, see ``W8A8Linear``.
+
+Tensor parallelism (``split``, cinq/layers/linear_split.py) narrows each checkpoint tensor to the rank's part
+before reading it: output channels for a column split (g_idx whole), input channels for a row split (packed
+rows of qweight, g_idx; AWQ's group rows; GPTQ keeps every group, act-order scattering channels over them, and
+drops the unused ones after loading).
 """
 
 from __future__ import annotations
@@ -19,25 +24,28 @@ from typing import Any
 import torch
 from torch import nn
 
-from cinq.errors import ModelLoadError
+from cinq.errors import InvalidParameterError, ModelLoadError
 from cinq.layers.quantization.kernels import Prepared, prepare_weight_only, w8a8_mm, weight_only_mm
 from cinq.layers.quantization.packing import awq_shapes, awq_unpack, gptq_shapes, gptq_unpack, pack_unit
+from cinq.layers.linear_split import ROW, LinearSplit
 from cinq.layers.quantization.qweight import QuantizedWeight
 from cinq.layers.weight_loader import (CheckpointTensor, OutputShards, ParamLayout, ShardId, check_and_copy,
                                        load_sharded)
 
 _PER_ROW = ParamLayout(output_dim=0)
 _SHARED = ParamLayout(output_dim=None)
+_PER_INPUT = ParamLayout(output_dim=None, input_dim=0)  # GPTQ's g_idx: one entry per input channel
 _SHAPE_HINT = " (check quantization_config's bits and group_size against the tensors)"
 
 
 class QuantizedLinear(nn.Module):
     """Shared plumbing: checkpoint tensors as buffers, replaced after loading by the kernel's own tensors.
 
-    ``compute_dtype`` is the dtype the kernels compute (and return) in: the model's dtype."""
+    ``compute_dtype`` is the dtype the kernels compute (and return) in: the model's dtype. ``split``: this
+    tensor-parallel rank's part (sizes are the rank's; each checkpoint tensor is narrowed to it before reading)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, prefix: str, compute_dtype: torch.dtype,
-                 output_shards: OutputShards | None = None) -> None:
+                 output_shards: OutputShards | None = None, split: LinearSplit | None = None) -> None:
         super().__init__()
         if output_shards is not None and output_shards.total != out_features:
             raise ModelLoadError(f"{prefix}: shards {output_shards.sizes} do not add up to {out_features}")
@@ -46,6 +54,7 @@ class QuantizedLinear(nn.Module):
         self.prefix = prefix
         self.compute_dtype = compute_dtype
         self.output_shards = output_shards
+        self.split = split
         self.kind = "unloaded"
         self.group = 0
         self._layouts: dict[str, ParamLayout] = {"bias": _PER_ROW}
@@ -66,10 +75,14 @@ class QuantizedLinear(nn.Module):
     def weight_loader(self, name: str, loaded: CheckpointTensor, shard_id: ShardId | None = None) -> None:
         """Fill checkpoint buffer ``name`` (one shard's part of it when merged)."""
         layout = self._layouts[name]
+        if self.split is not None:
+            loaded = self.split.narrow(loaded, layout, shard_id, self.output_shards, self.out_features, self.prefix)
         if layout.output_dim is None and shard_id is not None:
             self._load_shared(name, loaded, shard_id)
             return
         load_sharded(getattr(self, name), loaded, layout, self.output_shards, shard_id, self.prefix, _SHAPE_HINT)
+        if name == "bias" and self.split is not None and not self.split.keeps_bias():
+            self.bias.zero_()
 
     def _load_shared(self, name: str, loaded: CheckpointTensor, shard_id: ShardId) -> None:
         """A tensor every shard carries whole and must agree on (the first one loaded is kept)."""
@@ -130,19 +143,29 @@ class GPTQLinear(QuantizedLinear):
 
     def __init__(self, in_features: int, out_features: int, bias: bool, bits: int, group_size: int,
                  version: int = 1, prefix: str = "", *, compute_dtype: torch.dtype,
-                 output_shards: OutputShards | None = None) -> None:
-        super().__init__(in_features, out_features, bias, prefix, compute_dtype, output_shards)
+                 output_shards: OutputShards | None = None, split: LinearSplit | None = None) -> None:
+        super().__init__(in_features, out_features, bias, prefix, compute_dtype, output_shards, split)
         self.bits, self.group_size, self.version = bits, group_size, version
         _packed_dims(prefix, "in_features", in_features, bits)
         self._check_shard_packing(bits, "out_features")
         shapes = gptq_shapes(in_features, out_features, bits, group_size)
         values, words = pack_unit(bits)
+        if split is not None and words != 1:
+            raise InvalidParameterError(f"{prefix}: {bits}-bit GPTQ weights pack across word boundaries and cannot be "
+                                        f"split for tensor_parallel_size {split.size}; serve them with 1",
+                                        "tensor_parallel_size")
+        if split is not None and split.parallel == ROW:
+            # A row shard keeps every group's scales / zeros (act-order scatters its channels over all of them);
+            # the groups it does not use are dropped after loading (QuantizedWeight.groups_in_use).
+            whole = gptq_shapes(split.in_size * split.size, out_features, bits, group_size)
+            shapes["qzeros"], shapes["scales"] = whole["qzeros"], whole["scales"]
         # qweight packs along K: its columns are output channels one to one; qzeros packs along N. (3 bits:
         # 32 channels per 3 words, which ParamLayout's whole channels-per-word cannot say: see weight_loader.)
-        self._checkpoint_buffer("qweight", shapes["qweight"], torch.int32, ParamLayout(1))
+        self._checkpoint_buffer("qweight", shapes["qweight"], torch.int32,
+                                ParamLayout(1, input_dim=0, input_pack=values))
         self._checkpoint_buffer("qzeros", shapes["qzeros"], torch.int32, ParamLayout(1, values if words == 1 else 1))
         self._checkpoint_buffer("scales", shapes["scales"], torch.float16, ParamLayout(1))
-        self._checkpoint_buffer("g_idx", shapes["g_idx"], torch.int32, _SHARED)
+        self._checkpoint_buffer("g_idx", shapes["g_idx"], torch.int32, _PER_INPUT)
 
     def weight_loader(self, name: str, loaded: CheckpointTensor, shard_id: ShardId | None = None) -> None:
         """As the base class; one shard's 3-bit qzeros fill words [start * 3 / 32, (start + size) * 3 / 32)."""
@@ -160,7 +183,8 @@ class GPTQLinear(QuantizedLinear):
     def quantized_weight(self) -> QuantizedWeight:
         """The checkpoint tensors unpacked (before ``process_weights_after_loading``)."""
         t = {"qweight": self.qweight, "qzeros": self.qzeros, "scales": self.scales, "g_idx": self.g_idx}
-        return gptq_unpack(t, self.bits, self.group_size, self.version, name=self.prefix)
+        qw = gptq_unpack(t, self.bits, self.group_size, self.version, name=self.prefix)
+        return qw.groups_in_use() if self.split is not None and self.split.parallel == ROW else qw
 
     def process_weights_after_loading(self) -> None:
         qw = self.quantized_weight()
@@ -175,17 +199,20 @@ class AWQLinear(QuantizedLinear):
     """A linear stored as AWQ GEMM tensors (qweight, qzeros, scales); 4 bits."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, group_size: int, prefix: str = "", *,
-                 compute_dtype: torch.dtype, output_shards: OutputShards | None = None) -> None:
-        super().__init__(in_features, out_features, bias, prefix, compute_dtype, output_shards)
+                 compute_dtype: torch.dtype, output_shards: OutputShards | None = None,
+                 split: LinearSplit | None = None) -> None:
+        super().__init__(in_features, out_features, bias, prefix, compute_dtype, output_shards, split)
         self.bits, self.group_size = 4, group_size
         self._check_shard_packing(4, "out_features")
         g = in_features if group_size <= 0 else group_size
         if in_features % g:
             raise ModelLoadError(f"{prefix}: in_features {in_features} is not a multiple of group_size {g} (AWQ)")
         shapes = awq_shapes(in_features, out_features, group_size)
-        self._checkpoint_buffer("qweight", shapes["qweight"], torch.int32, ParamLayout(1, 8))
-        self._checkpoint_buffer("qzeros", shapes["qzeros"], torch.int32, ParamLayout(1, 8))
-        self._checkpoint_buffer("scales", shapes["scales"], torch.float16, ParamLayout(1))
+        # a row shard takes its input channels' groups (per channel, group_size <= 0: the one group whole)
+        per_group = {"input_dim": 0, "input_pack": group_size} if group_size > 0 else {}
+        self._checkpoint_buffer("qweight", shapes["qweight"], torch.int32, ParamLayout(1, 8, input_dim=0))
+        self._checkpoint_buffer("qzeros", shapes["qzeros"], torch.int32, ParamLayout(1, 8, **per_group))
+        self._checkpoint_buffer("scales", shapes["scales"], torch.float16, ParamLayout(1, **per_group))
 
     def quantized_weight(self) -> QuantizedWeight:
         t = {"qweight": self.qweight, "qzeros": self.qzeros, "scales": self.scales}
@@ -205,13 +232,18 @@ class W8A8Linear(QuantizedLinear):
 
     Merged shards share one input, so one static input scale: cinq's SmoothQuant writes the same scale for the
     linears of a shared input. Files whose shards disagree load with the largest one, which no shard's
-    activations then clip under (a smaller one would clip the others'; finer resolution is what is given up)."""
+    activations then clip under (a smaller one would clip the others'; finer resolution is what is given up).
+
+    Under tensor parallelism a row-parallel rank quantizes its own slice of each token's activations: with dynamic
+    scales that is a finer grid than one device's (each slice its own scale), so outputs differ slightly from
+    tensor_parallel_size 1; static scales are the same on every rank."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, static: bool = False,
-                 prefix: str = "", *, compute_dtype: torch.dtype, output_shards: OutputShards | None = None) -> None:
-        super().__init__(in_features, out_features, bias, prefix, compute_dtype, output_shards)
+                 prefix: str = "", *, compute_dtype: torch.dtype, output_shards: OutputShards | None = None,
+                 split: LinearSplit | None = None) -> None:
+        super().__init__(in_features, out_features, bias, prefix, compute_dtype, output_shards, split)
         self.static = static
-        self._checkpoint_buffer("weight", (out_features, in_features), torch.int8, _PER_ROW)
+        self._checkpoint_buffer("weight", (out_features, in_features), torch.int8, ParamLayout(0, input_dim=1))
         self._checkpoint_buffer("weight_scale", (out_features,), torch.float32, _PER_ROW)
         if static:
             self._checkpoint_buffer("input_scale", (1,), torch.float32, _SHARED)

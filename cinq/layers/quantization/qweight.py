@@ -52,6 +52,13 @@ class QuantizedWeight:
         return QuantizedWeight(self.qweight[lo:hi].contiguous(), self.scales[:, lo:hi].contiguous(),
                                self.zeros[:, lo:hi].contiguous(), self.g_idx.clone(), self.bits, self.group_size)
 
+    def groups_in_use(self) -> QuantizedWeight:
+        """Only the groups ``g_idx`` refers to, renumbered from 0: a tensor-parallel row shard of sequential groups
+        is then sequential again (an act-order one keeps the groups its channels scatter over)."""
+        lo, hi = int(self.g_idx.min()), int(self.g_idx.max()) + 1
+        return QuantizedWeight(self.qweight, self.scales[lo:hi], self.zeros[lo:hi], self.g_idx - lo, self.bits,
+                               self.group_size)
+
     def has_sequential_groups(self) -> bool:
         """True when g_idx is the plain k // group_size (no act-order permutation)."""
         return bool(torch.equal(self.g_idx.long(), default_g_idx(self.in_features, self.group_size)))

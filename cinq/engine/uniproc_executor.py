@@ -1,0 +1,78 @@
+"""UniProcExecutor: one model runner in this process (tensor_parallel_size 1, or one tensor-parallel rank).
+
+Process-wide settings (torch's thread count, glibc malloc tuning, building the native CPU kernels) happen here,
+once, at start-up, in the process that runs the model: nothing else in the engine touches global state.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from cinq.config import EngineConfig
+from cinq.distributed.parallel_state import TPShard
+from cinq.engine.host_memory import keep_freed_memory
+from cinq.engine.io import RunnerOutput, SchedulerOutput
+from cinq.engine.runner import ModelRunner
+from cinq.kernels.backends import default_backend_name
+from cinq.kernels.cpu_native import warm_native_kernels
+from cinq.model.config import ModelConfig
+from cinq.model.llama import LlamaForCausalLM
+from cinq.model.loader import load_model, parse_dtype
+from cinq.spec.proposer import Proposer
+from cinq.spec.proposer_loader import load_proposer
+
+log = logging.getLogger(__name__)
+
+
+class UniProcExecutor:
+    """One model runner in this process (``tensor_parallel_size == 1``, or one rank's shard: ``shard``)."""
+
+    def __init__(self, config: EngineConfig, seed: int | None = None, shard: TPShard | None = None) -> None:
+        self.config = config
+        # the engine's resolved seed (EngineConfig.seed None: it draws one); 0 for an executor built alone
+        self.seed = seed if seed is not None else config.seed or 0
+        self.device = torch.device(config.device)
+        if shard is not None and self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", shard.rank)  # one GPU per rank
+        if shard is not None and self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # NCCL's collectives run on the current device
+        self.dtype = parse_dtype(config.dtype)
+        self._init_device()
+        self.attention_backend = config.attention_backend or default_backend_name(self.device)
+        self.model: LlamaForCausalLM = load_model(config.model, self.dtype, self.device, self.attention_backend,
+                                                  shard)
+        self.model_config: ModelConfig = self.model.config
+        # a draft model or heads (speculative decoding) runs next to the target, over its block tables
+        self.proposer: Proposer | None = load_proposer(config.speculative_config, config.model, self.model,
+                                                       self.dtype, self.device, self.attention_backend, self.seed)
+        self.runner: ModelRunner | None = None
+
+    def _init_device(self) -> None:
+        if self.config.num_threads:
+            # torch's intra-op pool is per process: an engine asked for N threads sets it for everyone.
+            torch.set_num_threads(self.config.num_threads)
+            log.info("torch threads set to %d (process-wide)", self.config.num_threads)
+        if self.device.type == "cpu":
+            keep_freed_memory()
+            warm_native_kernels()  # build them now (once per machine) rather than stall the first request
+
+    def kv_bytes_per_block(self, block_size: int) -> int:
+        """Bytes one KV block takes over all layers (K and V), the proposer's own layers included."""
+        extra = self.proposer.kv_bytes_per_block(block_size) if self.proposer is not None else 0
+        return ModelRunner.kv_bytes_per_block(self.model, block_size, self.dtype) + extra
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        """Allocate ``num_blocks`` KV blocks and the runner that owns them."""
+        self.runner = ModelRunner(self.model, num_blocks, self.config.block_size, self.device, self.dtype,
+                                  seed=self.seed, proposer=self.proposer)
+
+    def execute_model(self, sched: SchedulerOutput) -> RunnerOutput:
+        """Run one step (also for an empty one: it still drops finished requests' runner state)."""
+        if self.runner is None:
+            raise RuntimeError("executor: initialize_cache must run before the first step")
+        return self.runner.execute(sched)
+
+    def shutdown(self) -> None:
+        self.runner = None
