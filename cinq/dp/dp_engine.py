@@ -1,0 +1,461 @@
+"""DPAsyncLLM: N engine replicas as Ray actors behind one front end with AsyncLLM's async interface, so that the
+server (``build_app``) serves it as it serves one ``AsyncLLM``.
+
+Each request goes to the replica ``PrefixRouter`` chooses (prefix affinity, else the least-loaded, by requests
+in flight from this front end) and its outputs stream back through a Ray streaming generator
+(``EngineReplica.generate``). Faults: when a replica dies (Ray reports ``RayActorError`` on its streams), every
+request it held that had not yet delivered an output to its consumer is re-sent to another live replica; one that
+had is ended with ``ReplicaFailedError`` (the server turns it into an error event); nothing waits on a dead actor.
+The dead replica is replaced by a fresh actor (same config) in the background. ``counters`` says how many
+requests were retried, failed and completed, and how many replicas were restarted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from cinq.config import EngineConfig, ParallelConfig
+from cinq.dp.replica import ACCEPTED, EngineReplica, ReplicaInfo, ReplicaSnapshot
+from cinq.dp.router import REASONS, NoReplicaError, PrefixRouter, RouterConfig
+from cinq.dp.stats import sum_stats, without_gauges
+from cinq.engine.async_engine import EngineDeadError, RequestFailedError
+from cinq.errors import InvalidParameterError
+from cinq.outputs import EngineStats, RequestOutput
+from cinq.sampling_params import OutputKind, SamplingParams
+
+log = logging.getLogger(__name__)
+
+POLL_INTERVAL_S = 0.5  # replica stats (and idle replicas' liveness) are polled this often
+RESTART_ATTEMPTS = 5
+
+
+class ReplicaFailedError(RequestFailedError):
+    """The replica serving this request died after the request had started streaming."""
+
+
+@dataclass(slots=True)
+class DPCounters:
+    """What the front end did since start (the figures of the fault report and of /metrics)."""
+
+    num_replicas: int
+    retried: int = 0  # sends to a replica that died before the request delivered anything (then re-sent)
+    failed: int = 0  # requests ended with an error (replica died mid-stream, no replica left, engine error)
+    completed: int = 0  # requests that delivered their finished output
+    restarts: int = 0  # replicas replaced after dying
+    decisions: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
+    routed: list[int] = field(default_factory=list)  # sends per replica (retries included)
+
+    def __post_init__(self) -> None:
+        self.routed = self.routed or [0] * self.num_replicas
+
+
+@dataclass(slots=True)
+class _Replica:
+    index: int
+    handle: Any  # the Ray actor handle
+    generation: int = 0  # bumped on every restart: a stream knows which incarnation it was sent to
+    alive: bool = True
+    in_flight: int = 0  # this front end's unfinished requests on it: the router's load signal
+    snapshot: ReplicaSnapshot | None = None
+
+
+@dataclass(slots=True)
+class _Request:
+    request_id: str
+    prompt: str | list[int]
+    token_ids: list[int]
+    params: SamplingParams
+    prompt_text: str | None
+    arrival_time: float
+    language: str | None
+
+
+class DPEngineView:
+    """What the server reads off ``llm.engine`` (tokenizer, limits, config), for the engines in the replicas."""
+
+    def __init__(self, config: EngineConfig, info: ReplicaInfo) -> None:
+        self.config = config
+        self.tokenizer = info.tokenizer
+        self.max_model_len = info.max_model_len
+        self.vocab_size = info.vocab_size
+        self.num_blocks = info.num_blocks
+        self.architecture = info.architecture
+        self.default_sampling_params = info.default_sampling_params
+
+
+class DPAsyncLLM:
+    """``AsyncLLM``'s interface over ``data_parallel_size`` replicas (see the module docstring). Construction
+    connects to Ray (``ray_address``; None: a local cluster is started unless one is already connected) and
+    waits until every replica has loaded its engine."""
+
+    def __init__(self, config: EngineConfig, data_parallel_size: int, max_waiting_requests: int | None = None,
+                 ray_address: str | None = None, router_config: RouterConfig | None = None,
+                 replica_num_cpus: float = 1.0, startup_timeout: float = 600.0) -> None:
+        import ray
+        ParallelConfig(tensor_parallel_size=config.tensor_parallel_size,
+                       data_parallel_size=data_parallel_size)  # validates the size
+        router_config = router_config or RouterConfig(block_size=config.block_size)
+        if router_config.block_size != config.block_size:
+            raise InvalidParameterError(
+                f"the router's block_size ({router_config.block_size}) must be the engine's "
+                f"({config.block_size}): its keys are prefix-cache blocks", "block_size")
+        self.config = config
+        self.max_waiting_requests = max_waiting_requests
+        self.router = PrefixRouter(data_parallel_size, router_config)
+        self.counters = DPCounters(data_parallel_size)
+        self.finished_callbacks: list[Callable[[RequestOutput], None]] = []
+        self.replica_num_cpus = replica_num_cpus
+        self.startup_timeout = startup_timeout
+        self._owns_ray = _connect_ray(ray_address)
+        self._actor_class = ray.remote(EngineReplica)
+        self._retired = EngineStats()  # counters of replicas that died, so totals never go backwards
+        self._retired_step_failures = 0
+        self._tasks: set[asyncio.Task] = set()
+        self._started = False
+        self._stopping = False
+        handles = [self._new_actor() for _ in range(data_parallel_size)]
+        try:
+            infos = ray.get([h.ready.remote() for h in handles], timeout=startup_timeout)
+        except BaseException:
+            for h in handles:
+                ray.kill(h, no_restart=True)
+            self._disconnect()
+            raise
+        self.engine = DPEngineView(config, infos[0])
+        self.replicas = [_Replica(i, h) for i, h in enumerate(handles)]
+
+    # ---- life cycle ---------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start polling the replicas' stats; call from inside the event loop that will consume the outputs."""
+        if self._started:
+            return
+        self._started, self._stopping = True, False
+        self._spawn(self._poll())
+
+    async def shutdown_async(self, timeout: float = 10.0) -> None:
+        """Stop the replicas (each ends its engine loop) and, if this front end started Ray, Ray itself."""
+        self._stop_tasks()
+        refs = [r.handle.shutdown.remote() for r in self.replicas if r.alive]
+        if refs:
+            await asyncio.wait([asyncio.ensure_future(_await(ref)) for ref in refs], timeout=timeout)
+        self._kill_all()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Kill the replicas without waiting for their engines (from any thread)."""
+        self._stop_tasks()
+        self._kill_all()
+
+    def _stop_tasks(self) -> None:
+        self._stopping, self._started = True, False
+        for task in list(self._tasks):
+            task.cancel()
+
+    def _kill_all(self) -> None:
+        import ray
+        for r in self.replicas:
+            r.alive = False
+            try:
+                ray.kill(r.handle, no_restart=True)
+            except Exception:  # already gone
+                pass
+        self._disconnect()
+
+    def _disconnect(self) -> None:
+        if self._owns_ray:
+            import ray
+            ray.shutdown()
+            self._owns_ray = False
+
+    @property
+    def is_running(self) -> bool:
+        return self._started and not self._stopping and any(r.alive for r in self.replicas)
+
+    # ---- requests -----------------------------------------------------------------------------------------------
+    async def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                          prompt_text: str | None = None, arrival_time: float | None = None,
+                          language: str | None = None) -> DPRequestStream:
+        """Route and send a request, and wait until its replica accepted it; raises the replica's validation
+        error (a ``CinqError``) or ``EngineOverloadedError`` as ``AsyncLLM.add_request`` does."""
+        if not self.is_running:
+            raise EngineDeadError("the data-parallel front end is not running")
+        token_ids = prompt if isinstance(prompt, list) else self.engine.tokenizer.encode(prompt)
+        req = _Request(request_id, prompt, token_ids, params, prompt_text, arrival_time or time.time(), language)
+        stream = DPRequestStream(self, req)
+        await stream.submit()
+        return stream
+
+    async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str,
+                       prompt_text: str | None = None, arrival_time: float | None = None,
+                       language: str | None = None) -> AsyncGenerator[RequestOutput, None]:
+        """Add a request and yield its outputs until it finishes; leaving early aborts it."""
+        stream = await self.add_request(request_id, prompt, params, prompt_text, arrival_time, language)
+        try:
+            async for out in stream:
+                yield out
+        finally:
+            stream.abort()
+
+    async def _send(self, req: _Request, exclude: set[int]) -> tuple[_Replica, int, Any]:
+        """Send ``req`` to a replica and wait for its acceptance; a replica that dies first is marked dead and
+        the request goes to another (``exclude`` collects the replicas that failed it)."""
+        while True:
+            if self._stopping:
+                raise EngineDeadError("the data-parallel front end was shut down")
+            dead = {r.index for r in self.replicas if not r.alive}
+            try:
+                decision = self.router.route(req.token_ids, [r.in_flight for r in self.replicas], exclude | dead)
+            except NoReplicaError:
+                raise EngineDeadError(f"no live data-parallel replica can take request {req.request_id} "
+                                      f"({len(dead)} of {len(self.replicas)} restarting)") from None
+            self.counters.decisions[decision.reason] += 1
+            self.counters.routed[decision.replica] += 1
+            replica = self.replicas[decision.replica]
+            generation = replica.generation
+            replica.in_flight += 1
+            gen = replica.handle.generate.options(num_returns="streaming").remote(
+                req.request_id, req.prompt, req.params, req.prompt_text, req.arrival_time, req.language)
+            try:
+                first = await _next_item(gen)
+            except _replica_death_errors():
+                replica.in_flight -= 1
+                self._replica_died(replica, generation)
+                exclude.add(replica.index)
+                self.counters.retried += 1
+                continue
+            except BaseException as e:  # its validation error, overload, or our caller's cancellation
+                replica.in_flight -= 1
+                if isinstance(e, asyncio.CancelledError):
+                    _abort_on(replica, req.request_id)
+                raise _unwrap(e) from None
+            if first != ACCEPTED:
+                raise RuntimeError(f"replica {replica.index} broke the stream protocol: {first!r}")
+            return replica, generation, gen
+
+    def _finished(self, out: RequestOutput) -> None:
+        self.counters.completed += 1
+        for callback in self.finished_callbacks:
+            try:
+                callback(out)
+            except Exception:  # a metrics bug must not lose the output
+                log.exception("finished-request callback failed")
+
+    # ---- faults -------------------------------------------------------------------------------------------------
+    def _replica_died(self, replica: _Replica, generation: int) -> None:
+        """Mark a replica dead (once per incarnation) and replace it in the background."""
+        if replica.generation != generation or not replica.alive:
+            return
+        replica.alive = False
+        self.router.forget_replica(replica.index)  # its successor starts with an empty prefix cache
+        if replica.snapshot is not None:
+            self._retired = sum_stats([self._retired, without_gauges(replica.snapshot.stats)])
+            self._retired_step_failures += replica.snapshot.num_step_failures
+            replica.snapshot = None
+        log.warning("data-parallel replica %d died; restarting it", replica.index)
+        if not self._stopping:
+            self._spawn(self._restart(replica))
+
+    async def _restart(self, replica: _Replica) -> None:
+        import ray
+        try:
+            ray.kill(replica.handle, no_restart=True)
+        except Exception:
+            pass
+        for attempt in range(1, RESTART_ATTEMPTS + 1):
+            handle = self._new_actor()
+            try:
+                await asyncio.wait_for(_await(handle.ready.remote()), self.startup_timeout)
+            except Exception as e:
+                log.error("restarting replica %d failed (attempt %d of %d): %s", replica.index, attempt,
+                          RESTART_ATTEMPTS, e)
+                ray.kill(handle, no_restart=True)
+                await asyncio.sleep(min(2.0 ** attempt, 30.0))
+                continue
+            replica.handle, replica.generation, replica.alive = handle, replica.generation + 1, True
+            self.counters.restarts += 1
+            log.warning("data-parallel replica %d restarted", replica.index)
+            return
+        log.error("data-parallel replica %d could not be restarted; serving without it", replica.index)
+
+    async def _poll(self) -> None:
+        """Fetch every live replica's stats; a replica that died while idle is found here."""
+        while True:
+            for replica in self.replicas:
+                if not replica.alive:
+                    continue
+                generation = replica.generation
+                try:
+                    replica.snapshot = await _await(replica.handle.snapshot.remote())
+                except _replica_death_errors():
+                    self._replica_died(replica, generation)
+                except Exception:
+                    log.exception("could not read replica %d's stats", replica.index)
+            await asyncio.sleep(POLL_INTERVAL_S)
+
+    def _new_actor(self) -> Any:
+        options: dict[str, Any] = {"num_cpus": self.replica_num_cpus, "max_restarts": 0}
+        if self.config.device.startswith("cuda"):
+            options["num_gpus"] = self.config.tensor_parallel_size
+        return self._actor_class.options(**options).remote(self.config, self.max_waiting_requests)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ---- stats --------------------------------------------------------------------------------------------------
+    def get_stats(self) -> EngineStats:
+        """All replicas' engine stats added up (counters of replicas that died included)."""
+        return sum_stats([self._retired] + [r.snapshot.stats for r in self.replicas if r.snapshot is not None])
+
+    def replica_stats(self) -> list[EngineStats | None]:
+        """Each replica's latest stats (None: not read yet since it (re)started)."""
+        return [r.snapshot.stats if r.snapshot is not None else None for r in self.replicas]
+
+    @property
+    def stats_time(self) -> float:
+        times = [r.snapshot.stats_time for r in self.replicas if r.snapshot is not None]
+        return max(times) if times else 0.0
+
+    @property
+    def num_step_failures(self) -> int:
+        return self._retired_step_failures + sum(r.snapshot.num_step_failures for r in self.replicas
+                                                 if r.snapshot is not None)
+
+    @property
+    def num_waiting(self) -> int:
+        return self.get_stats().num_waiting
+
+
+class DPRequestStream:
+    """The outputs of one request, in order, whichever replica serves it (``RequestStream``'s interface). A
+    consumer that stops early must call ``abort()``."""
+
+    __slots__ = ("request_id", "delta", "finished", "replica", "_llm", "_req", "_generation", "_gen",
+                 "_delivered", "_exclude")
+
+    def __init__(self, llm: DPAsyncLLM, req: _Request) -> None:
+        self.request_id = req.request_id
+        self.delta = req.params.output_kind is OutputKind.DELTA
+        self.finished = False
+        self.replica: _Replica | None = None  # the replica serving it now
+        self._llm, self._req = llm, req
+        self._generation = 0
+        self._gen: Any = None
+        self._delivered = False  # an output reached the consumer: past this point a replica death is an error
+        self._exclude: set[int] = set()
+
+    async def submit(self) -> None:
+        self.replica, self._generation, self._gen = await self._llm._send(self._req, self._exclude)
+
+    def __aiter__(self) -> DPRequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        while True:
+            replica = self.replica
+            try:
+                out = await _next_item(self._gen)
+            except StopAsyncIteration:  # the replica ended the stream without a finished output (aborted there)
+                self._end(failed=True)
+                raise RequestFailedError(f"replica {replica.index} ended request {self.request_id} early") from None
+            except _replica_death_errors():
+                self._llm._replica_died(replica, self._generation)
+                replica.in_flight -= 1
+                self.replica = None
+                if self._delivered or self._llm._stopping:
+                    self._end(failed=True)
+                    raise ReplicaFailedError(
+                        f"data-parallel replica {replica.index} died while streaming request {self.request_id}; "
+                        f"the output so far is incomplete") from None
+                self._llm.counters.retried += 1
+                self._exclude.add(replica.index)
+                try:
+                    await self.submit()
+                except BaseException:
+                    self._end(failed=True)
+                    raise
+                continue
+            except asyncio.CancelledError:
+                self.abort()
+                raise
+            except BaseException as e:  # the replica's own error for this request
+                self._end(failed=True)
+                raise _unwrap(e) from None
+            self._delivered = True
+            if out.finished:
+                self._end()
+                self._llm._finished(out)
+            return out
+
+    def abort(self) -> None:
+        """Abort the request unless it already finished (idempotent)."""
+        if not self.finished:
+            replica = self.replica
+            self._end()
+            if replica is not None:
+                _abort_on(replica, self.request_id)
+
+    def _end(self, failed: bool = False) -> None:
+        self.finished = True
+        if self.replica is not None:
+            self.replica.in_flight -= 1
+            self.replica = None
+        if failed:
+            self._llm.counters.failed += 1
+
+
+# ---- Ray plumbing ---------------------------------------------------------------------------------------------
+def _connect_ray(address: str | None) -> bool:
+    """Connect to Ray (``address``, else $RAY_ADDRESS, else a new local cluster); True when this call started
+    or joined it (so the front end disconnects at shutdown), False when the process was already connected."""
+    import ray
+    if ray.is_initialized():
+        return False
+    import cinq
+    # A local cluster's workers import cinq from where this process does (a source checkout need not be
+    # installed); on a cluster given by address every node must have cinq installed.
+    source_root = os.path.dirname(os.path.dirname(os.path.abspath(cinq.__file__)))
+    if address:
+        ray.init(address=address, log_to_driver=True)
+    else:
+        env = {"PYTHONPATH": os.pathsep.join(p for p in (source_root, os.environ.get("PYTHONPATH")) if p)}
+        ray.init(include_dashboard=False, runtime_env={"env_vars": env})
+    return True
+
+
+def _replica_death_errors() -> tuple[type[BaseException], ...]:
+    from ray.exceptions import NodeDiedError, RayActorError, WorkerCrashedError
+    return RayActorError, WorkerCrashedError, NodeDiedError
+
+
+def _unwrap(e: BaseException) -> BaseException:
+    """The replica's own exception (a CinqError, EngineOverloadedError, RequestFailedError) out of Ray's
+    wrapper, so the server maps it as it maps AsyncLLM's."""
+    from ray.exceptions import RayTaskError
+    if isinstance(e, RayTaskError) and isinstance(e.cause, BaseException):
+        return e.cause
+    return e
+
+
+async def _next_item(gen: Any) -> Any:
+    ref = await gen.__anext__()
+    return await ref
+
+
+async def _await(ref: Any) -> Any:
+    return await ref
+
+
+def _abort_on(replica: _Replica, request_id: str) -> None:
+    try:
+        replica.handle.abort.remote(request_id)  # fire and forget: a dead replica has nothing left to free
+    except Exception:
+        log.debug("abort of %s on replica %d not sent", request_id, replica.index)
