@@ -97,7 +97,11 @@ class DPAsyncLLM:
     def __init__(self, config: EngineConfig, data_parallel_size: int, max_waiting_requests: int | None = None,
                  ray_address: str | None = None, router_config: RouterConfig | None = None,
                  replica_num_cpus: float = 1.0, startup_timeout: float = 600.0) -> None:
-        import ray
+        try:
+            import ray
+        except ImportError:
+            raise InvalidParameterError("data parallelism runs on Ray, which is not installed: "
+                                        "pip install 'cinq[ray]'", "data_parallel_size") from None
         ParallelConfig(tensor_parallel_size=config.tensor_parallel_size,
                        data_parallel_size=data_parallel_size)  # validates the size
         router_config = router_config or RouterConfig(block_size=config.block_size)
