@@ -24,7 +24,7 @@ from cinq.config import EngineConfig, ParallelConfig
 from cinq.dp.replica import ACCEPTED, EngineReplica, ReplicaInfo, ReplicaSnapshot
 from cinq.dp.router import REASONS, NoReplicaError, PrefixRouter, RouterConfig
 from cinq.dp.stats import sum_stats, without_gauges
-from cinq.engine.async_engine import EngineDeadError, RequestFailedError
+from cinq.engine.async_engine import EngineDeadError, EngineOverloadedError, RequestFailedError
 from cinq.errors import InvalidParameterError
 from cinq.outputs import EngineStats, RequestOutput
 from cinq.sampling_params import OutputKind, SamplingParams
@@ -236,7 +236,13 @@ class DPAsyncLLM:
                 replica.in_flight -= 1
                 if isinstance(e, asyncio.CancelledError):
                     _abort_on(replica, req.request_id)
-                raise _unwrap(e) from None
+                    raise
+                error = _unwrap(e)
+                others = set(range(len(self.replicas))) - exclude - dead - {replica.index}
+                if isinstance(error, EngineOverloadedError) and others:
+                    exclude.add(replica.index)  # full here: another replica may still have room
+                    continue
+                raise error from None
             if first != ACCEPTED:
                 raise RuntimeError(f"replica {replica.index} broke the stream protocol: {first!r}")
             return replica, generation, gen
