@@ -134,5 +134,7 @@ def run(args: argparse.Namespace) -> int:
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its graceful shutdown: that is a clean exit
         pass
+    if on_ray:
+        print(f"cinq serve: data-parallel requests: {llm.counters.summary()}", flush=True)
     print("cinq serve: stopped", flush=True)
     return 0

@@ -54,6 +54,11 @@ class DPCounters:
     def __post_init__(self) -> None:
         self.routed = self.routed or [0] * self.num_replicas
 
+    def summary(self) -> str:
+        """The fault report in one line."""
+        return (f"{self.completed} completed, {self.retried} re-sent after a replica died, {self.failed} failed; "
+                f"{self.restarts} replica restart(s); routed per replica {self.routed}")
+
 
 @dataclass(slots=True)
 class _Replica:
@@ -117,6 +122,11 @@ class DPAsyncLLM:
         self.replica_num_cpus = replica_num_cpus
         self.startup_timeout = startup_timeout
         self._owns_ray = _connect_ray(ray_address)
+        try:
+            self._check_resources(data_parallel_size)
+        except BaseException:
+            self._disconnect()
+            raise
         self._actor_class = ray.remote(EngineReplica)
         self._retired = EngineStats()  # counters of replicas that died, so totals never go backwards
         self._retired_step_failures = 0
@@ -126,11 +136,11 @@ class DPAsyncLLM:
         handles = [self._new_actor() for _ in range(data_parallel_size)]
         try:
             infos = ray.get([h.ready.remote() for h in handles], timeout=startup_timeout)
-        except BaseException:
+        except BaseException as e:
             for h in handles:
                 ray.kill(h, no_restart=True)
             self._disconnect()
-            raise
+            raise _unwrap(e) from None  # e.g. the model's own load error, not Ray's wrapper around it
         self.engine = DPEngineView(config, infos[0])
         self.replicas = [_Replica(i, h) for i, h in enumerate(handles)]
 
@@ -144,6 +154,7 @@ class DPAsyncLLM:
 
     async def shutdown_async(self, timeout: float = 10.0) -> None:
         """Stop the replicas (each ends its engine loop) and, if this front end started Ray, Ray itself."""
+        log.info("data-parallel front end stopping: %s", self.counters.summary())
         self._stop_tasks()
         refs = [r.handle.shutdown.remote() for r in self.replicas if r.alive]
         if refs:
@@ -307,11 +318,28 @@ class DPAsyncLLM:
                     log.exception("could not read replica %d's stats", replica.index)
             await asyncio.sleep(POLL_INTERVAL_S)
 
-    def _new_actor(self) -> Any:
-        options: dict[str, Any] = {"num_cpus": self.replica_num_cpus, "max_restarts": 0}
+    def _resources(self) -> dict[str, float]:
+        """What one replica reserves in the Ray cluster."""
+        needs = {"CPU": self.replica_num_cpus}
         if self.config.device.startswith("cuda"):
-            options["num_gpus"] = self.config.tensor_parallel_size
-        return self._actor_class.options(**options).remote(self.config, self.max_waiting_requests)
+            needs["GPU"] = float(self.config.tensor_parallel_size)
+        return needs
+
+    def _check_resources(self, data_parallel_size: int) -> None:
+        """Refuse a size the cluster cannot place at all (Ray would otherwise wait for resources forever)."""
+        import ray
+        have = ray.cluster_resources()
+        for name, per_replica in self._resources().items():
+            if per_replica * data_parallel_size > have.get(name, 0.0):
+                raise InvalidParameterError(
+                    f"data_parallel_size {data_parallel_size} needs {per_replica * data_parallel_size:g} {name} "
+                    f"({per_replica:g} per replica) but the Ray cluster has {have.get(name, 0.0):g}",
+                    "data_parallel_size")
+
+    def _new_actor(self) -> Any:
+        needs = self._resources()
+        return self._actor_class.options(num_cpus=needs["CPU"], num_gpus=needs.get("GPU", 0), max_restarts=0).remote(
+            self.config, self.max_waiting_requests)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

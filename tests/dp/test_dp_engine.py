@@ -175,3 +175,13 @@ def test_killed_replica_resends_waiting_requests_and_fails_streaming_ones(dp_llm
 
     outs = dp_loop.run(two_more())
     assert all(o.finished for o in outs)
+
+
+def test_more_replicas_than_the_cluster_can_place_is_refused(ray_cluster, tiny_llama) -> None:
+    from cinq.config import EngineConfig
+    from cinq.dp.dp_engine import DPAsyncLLM
+
+    config = EngineConfig(model=str(tiny_llama), dtype="float32", num_kv_blocks=16)
+    with pytest.raises(InvalidParameterError) as e:
+        DPAsyncLLM(config, 3)  # 1 CPU per replica, 2 in the cluster
+    assert e.value.param == "data_parallel_size" and "needs 3 CPU" in str(e.value)
