@@ -36,7 +36,8 @@ from cinq.dp.router import RouterConfig  # noqa: E402
 from cinq.sampling_params import SamplingParams  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-RUNS = (("dp1", 1, "prefix"), ("dp2-prefix", 2, "prefix"), ("dp2-random", 2, "random"))
+RUNS = (("dp1", 1, "prefix"), ("dp2-prefix", 2, "prefix"), ("dp2-random", 2, "random"),
+        ("dp2-kill", 2, "prefix"))  # the fault run: replica 0 killed a third of the way through
 
 
 def workload(args: argparse.Namespace, vocab: int) -> list[list[int]]:
@@ -46,19 +47,31 @@ def workload(args: argparse.Namespace, vocab: int) -> list[list[int]]:
             for _ in range(args.requests)]
 
 
-async def drive(llm: DPAsyncLLM, prompts: list[list[int]], args: argparse.Namespace, tag: str) -> dict:
+async def drive(llm: DPAsyncLLM, prompts: list[list[int]], args: argparse.Namespace, tag: str,
+                kill_after: int | None = None) -> dict:
+    """Closed-loop clients over ``prompts``; with ``kill_after``, replica 0's actor is killed once that many
+    requests have finished (the fault run): a request that fails is counted, not retried by the client."""
+    import ray
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     todo = list(enumerate(prompts))
     ttfts: list[float] = []
-    tokens = 0
+    tokens = ok = errors = 0
 
     async def client() -> None:
-        nonlocal tokens
+        nonlocal tokens, ok, errors
         while todo:
             i, prompt = todo.pop(0)
             last = None
-            async for out in llm.generate(prompt, params, f"{tag}-{i}"):
-                last = out
+            try:
+                async for out in llm.generate(prompt, params, f"{tag}-{i}"):
+                    last = out
+            except Exception as e:
+                errors += 1
+                print(f"  {tag}-{i}: {type(e).__name__}: {e}", flush=True)
+                continue
+            ok += 1
+            if ok == kill_after:
+                ray.kill(llm.replicas[0].handle, no_restart=True)
             m = last.metrics
             if m is not None and m.first_token_time is not None:
                 ttfts.append(m.first_token_time - m.arrival_time)
@@ -67,8 +80,8 @@ async def drive(llm: DPAsyncLLM, prompts: list[list[int]], args: argparse.Namesp
     t0 = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(args.concurrency)))
     wall = time.perf_counter() - t0
-    return {"wall_s": wall, "output_tokens": tokens, "tokens_per_s": tokens / wall,
-            "ttft_mean_s": statistics.fmean(ttfts), "ttft_p50_s": statistics.median(ttfts)}
+    return {"wall_s": wall, "output_tokens": tokens, "tokens_per_s": tokens / wall, "client_ok": ok,
+            "client_errors": errors, "ttft_mean_s": statistics.fmean(ttfts), "ttft_p50_s": statistics.median(ttfts)}
 
 
 def replica_hits(llm: DPAsyncLLM) -> tuple[int, int]:
@@ -91,7 +104,16 @@ def run_one(name: str, dp: int, policy: str, args: argparse.Namespace, model: st
             await drive(llm, prompts[:args.concurrency], args, f"{name}-warmup")  # first-step costs, not timed
             h0, q0 = replica_hits(llm)
             decisions0 = dict(llm.counters.decisions)
-            row = await drive(llm, prompts, args, name)
+            c0 = llm.counters
+            before = (c0.retried, c0.failed, c0.completed, c0.restarts)
+            row = await drive(llm, prompts, args, name, len(prompts) // 3 if name == "dp2-kill" else None)
+            deadline = time.monotonic() + 120
+            while not all(r.alive for r in llm.replicas) and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)  # the fault run: wait for the restart, to report it
+            c = llm.counters
+            row["faults"] = dict(zip(("retried", "failed", "completed", "restarts"),
+                                     (c.retried - before[0], c.failed - before[1], c.completed - before[2],
+                                      c.restarts - before[3])))
             await asyncio.sleep(0.7)  # replicas publish stats at least every 0.5 s
             h1, q1 = replica_hits(llm)
             row["prefix_hit_rate"] = (h1 - h0) / (q1 - q0) if q1 > q0 else 0.0
@@ -104,7 +126,7 @@ def run_one(name: str, dp: int, policy: str, args: argparse.Namespace, model: st
     row.update(name=name, data_parallel_size=dp, policy=policy)
     print(f"{name:11s} {row['tokens_per_s']:7.1f} tok/s  TTFT mean {row['ttft_mean_s'] * 1e3:7.1f} ms  "
           f"p50 {row['ttft_p50_s'] * 1e3:7.1f} ms  prefix hit rate {row['prefix_hit_rate']:.2f}  "
-          f"{row['decisions']}", flush=True)
+          f"{row['decisions']} {row['faults']}", flush=True)
     return row
 
 
@@ -130,6 +152,8 @@ def render(rows: list[dict], args: argparse.Namespace) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        if r["name"] == "dp2-kill":
+            continue
         decisions = ", ".join(f"{k} {v}" for k, v in r["decisions"].items() if v)
         lines.append(f"| {r['name']} | {r['data_parallel_size']} | {r['policy']} | {r['tokens_per_s']:.1f} | "
                      f"{r['tokens_per_s'] / base:.2f}x | {r['ttft_mean_s'] * 1e3:.0f} | {r['ttft_p50_s'] * 1e3:.0f} | "
@@ -141,6 +165,16 @@ def render(rows: list[dict], args: argparse.Namespace) -> str:
                       f"{p['tokens_per_s'] / q['tokens_per_s']:.2f}x, mean TTFT "
                       f"{p['ttft_mean_s'] / q['ttft_mean_s']:.2f}x, hit rate {p['prefix_hit_rate']:.2f} vs "
                       f"{q['prefix_hit_rate']:.2f}."]
+    if "dp2-kill" in by:
+        k = by["dp2-kill"]
+        f = k["faults"]
+        lines += ["", f"Fault run (dp2-kill, prefix routing): replica 0's actor killed (`ray.kill`) after "
+                      f"{args.requests // 3} of {args.requests} requests had finished. Front end: {f['completed']} "
+                      f"completed, {f['retried']} re-sent to the live replica (they had not streamed yet), "
+                      f"{f['failed']} failed with an error event (they were streaming), {f['restarts']} replica "
+                      f"restart(s). Clients: {k['client_ok']} ok + {k['client_errors']} errors = "
+                      f"{k['client_ok'] + k['client_errors']} of {args.requests} (none lost, none hung); "
+                      f"{k['tokens_per_s']:.1f} tok/s over the run."]
     return "\n".join(lines) + "\n"
 
 
