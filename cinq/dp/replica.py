@@ -12,7 +12,6 @@ engine took the request (or the request's validation error, raised as the task's
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +22,7 @@ from cinq.outputs import EngineStats, RequestOutput
 from cinq.sampling_params import SamplingParams
 
 ACCEPTED = "accepted"  # the first item of every replica stream: the engine took the request
+_MAX_EARLY_ABORTS = 4096  # aborts remembered for generate calls not yet seen (bounded: one may never come)
 
 
 @dataclass(slots=True)
@@ -54,6 +54,7 @@ class EngineReplica:
         from cinq.engine.async_engine import AsyncLLM  # loads torch and the model: only inside the actor
         self.llm = AsyncLLM.from_config(config, max_waiting_requests)
         self._tasks: dict[str, asyncio.Task] = {}
+        self._early_aborts: set[str] = set()
 
     async def ready(self) -> ReplicaInfo:
         """Start the engine loop (on the actor's event loop) and describe the engine."""
@@ -67,16 +68,21 @@ class EngineReplica:
                        language: str | None) -> AsyncGenerator[str | RequestOutput, None]:
         """``ACCEPTED``, then the request's outputs until it finishes. A validation or overload error of
         ``AsyncLLM.add_request`` is raised before anything is yielded."""
-        stream = await self.llm.add_request(request_id, prompt, params, prompt_text, arrival_time, language)
+        if request_id in self._early_aborts:  # the front end gave up on it before it got here
+            self._early_aborts.discard(request_id)
+            return
         task = asyncio.current_task()
-        if task is not None:
+        if task is not None:  # registered first, so an abort during the add cancels the add too
             self._tasks[request_id] = task
+        stream = None
         try:
+            stream = await self.llm.add_request(request_id, prompt, params, prompt_text, arrival_time, language)
             yield ACCEPTED
             async for out in stream:
                 yield out
         finally:
-            stream.abort()  # no-op once finished; frees the engine's blocks when the stream was cut short
+            if stream is not None:
+                stream.abort()  # no-op once finished; frees the engine's blocks when the stream was cut short
             self._tasks.pop(request_id, None)
 
     async def abort(self, request_id: str) -> None:
@@ -84,6 +90,8 @@ class EngineReplica:
         task = self._tasks.pop(request_id, None)
         if task is not None:
             task.cancel()
+        elif len(self._early_aborts) < _MAX_EARLY_ABORTS:  # the abort overtook its generate call
+            self._early_aborts.add(request_id)
 
     async def snapshot(self) -> ReplicaSnapshot:
         return ReplicaSnapshot(self.llm.get_stats(), self.llm.stats_time, self.llm.num_step_failures)
@@ -91,5 +99,3 @@ class EngineReplica:
     async def shutdown(self) -> None:
         await self.llm.shutdown_async()
 
-    async def ping(self) -> float:
-        return time.time()

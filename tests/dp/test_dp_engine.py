@@ -185,3 +185,14 @@ def test_more_replicas_than_the_cluster_can_place_is_refused(ray_cluster, tiny_l
     with pytest.raises(InvalidParameterError) as e:
         DPAsyncLLM(config, 3)  # 1 CPU per replica, 2 in the cluster
     assert e.value.param == "data_parallel_size" and "needs 3 CPU" in str(e.value)
+
+
+def test_a_replica_failure_is_an_engine_error_for_the_server() -> None:
+    """What a client whose stream was cut by a replica's death receives (as an SSE error event mid-stream)."""
+    from cinq.dp.dp_engine import ReplicaFailedError
+    from cinq.server.errors import to_api_error
+
+    err = to_api_error(ReplicaFailedError("data-parallel replica 1 died while streaming request r"))
+    body = err.body()
+    assert err.status == 500 and body["error"]["code"] == "engine_error"
+    assert "replica 1 died" in body["error"]["message"]
