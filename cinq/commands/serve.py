@@ -49,8 +49,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="engine replicas (Ray actors, each a whole engine with these engine flags) behind this "
                         "server, with prefix-aware routing (default %(default)s: one engine in this process)")
     d.add_argument("--ray-address", default=None,
-                   help="Ray cluster to place the replicas on, e.g. 'ray://head:10001' or 'head:6379' (default: "
-                        "$RAY_ADDRESS, else a local cluster started for this server)")
+                   help="Ray cluster to place the replicas on, e.g. 'head:6379' (default: $RAY_ADDRESS, else a "
+                        "local cluster started for this server). Every node that hosts a replica needs cinq's "
+                        "dependencies and the model folder at the same path; a cluster with token auth needs "
+                        "RAY_AUTH_MODE=token in this process's environment, as any Ray client does")
     d.add_argument("--data-parallel-routing", default="prefix", choices=("prefix", "least_loaded", "random"),
                    help="replica choice: the replica that last served the prompt's first KV blocks unless it is "
                         "busier than the least-loaded one (prefix), the least-loaded, or random "
@@ -134,7 +136,5 @@ def run(args: argparse.Namespace) -> int:
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its graceful shutdown: that is a clean exit
         pass
-    if on_ray:
-        print(f"cinq serve: data-parallel requests: {llm.counters.summary()}", flush=True)
     print("cinq serve: stopped", flush=True)
     return 0

@@ -458,13 +458,14 @@ def _connect_ray(address: str | None) -> bool:
     if ray.is_initialized():
         return False
     import cinq
-    # A local cluster's workers import cinq from where this process does (a source checkout need not be
-    # installed); on a cluster given by address every node must have cinq installed.
+    # The replicas import cinq from where this process does (a source checkout need not be installed), so that
+    # both sides run the same code; on a node without that folder Python skips the entry and the node's
+    # installed cinq is used. The model folder must exist at the same path on every node that hosts a replica.
     source_root = os.path.dirname(os.path.dirname(os.path.abspath(cinq.__file__)))
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (source_root, os.environ.get("PYTHONPATH")) if p)}
     if address:
-        ray.init(address=address, log_to_driver=True)
+        ray.init(address=address, runtime_env={"env_vars": env})
     else:
-        env = {"PYTHONPATH": os.pathsep.join(p for p in (source_root, os.environ.get("PYTHONPATH")) if p)}
         ray.init(include_dashboard=False, runtime_env={"env_vars": env})
     return True
 
