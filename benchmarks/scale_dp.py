@@ -193,7 +193,7 @@ def main() -> None:
     ap.add_argument("--runs", default=",".join(r[0] for r in RUNS))
     args = ap.parse_args()
     import ray
-    ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
     model = resolve_model(None)
     wanted = args.runs.split(",")
     rows = [run_one(name, dp, policy, args, model) for name, dp, policy in RUNS if name in wanted]

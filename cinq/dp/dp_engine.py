@@ -14,71 +14,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from cinq.config import EngineConfig, ParallelConfig
-from cinq.dp.replica import ACCEPTED, EngineReplica, ReplicaInfo, ReplicaSnapshot
-from cinq.dp.router import REASONS, NoReplicaError, PrefixRouter, RouterConfig
+from cinq.dp.counters import DPCounters
+from cinq.dp.ray_calls import await_ref, connect_ray, next_item, replica_death_errors, unwrap
+from cinq.dp.replica import ACCEPTED, EngineReplica, ReplicaInfo
+from cinq.dp.request_stream import DPRequest, DPRequestStream, ReplicaSlot, abort_on
+from cinq.dp.router import NoReplicaError, PrefixRouter, RouterConfig
 from cinq.dp.stats import sum_stats, without_gauges
-from cinq.engine.async_engine import EngineDeadError, EngineOverloadedError, RequestFailedError
+from cinq.engine.async_engine import EngineDeadError, EngineOverloadedError
 from cinq.errors import InvalidParameterError
 from cinq.outputs import EngineStats, RequestOutput
-from cinq.sampling_params import OutputKind, SamplingParams
+from cinq.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 0.5  # replica stats (and idle replicas' liveness) are polled this often
 RESTART_ATTEMPTS = 5
-
-
-class ReplicaFailedError(RequestFailedError):
-    """The replica serving this request died after the request had started streaming."""
-
-
-@dataclass(slots=True)
-class DPCounters:
-    """What the front end did since start (the figures of the fault report and of /metrics)."""
-
-    num_replicas: int
-    retried: int = 0  # sends to a replica that died before the request delivered anything (then re-sent)
-    failed: int = 0  # requests ended with an error (replica died mid-stream, no replica left, engine error)
-    completed: int = 0  # requests that delivered their finished output
-    restarts: int = 0  # replicas replaced after dying
-    decisions: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
-    routed: list[int] = field(default_factory=list)  # sends per replica (retries included)
-
-    def __post_init__(self) -> None:
-        self.routed = self.routed or [0] * self.num_replicas
-
-    def summary(self) -> str:
-        """The fault report in one line."""
-        return (f"{self.completed} completed, {self.retried} re-sent after a replica died, {self.failed} failed; "
-                f"{self.restarts} replica restart(s); routed per replica {self.routed}")
-
-
-@dataclass(slots=True)
-class _Replica:
-    index: int
-    handle: Any  # the Ray actor handle
-    generation: int = 0  # bumped on every restart: a stream knows which incarnation it was sent to
-    alive: bool = True
-    in_flight: int = 0  # this front end's unfinished requests on it: the router's load signal
-    snapshot: ReplicaSnapshot | None = None
-
-
-@dataclass(slots=True)
-class _Request:
-    request_id: str
-    prompt: str | list[int]
-    token_ids: list[int]
-    params: SamplingParams
-    prompt_text: str | None
-    arrival_time: float
-    language: str | None
 
 
 class DPEngineView:
@@ -121,7 +76,7 @@ class DPAsyncLLM:
         self.finished_callbacks: list[Callable[[RequestOutput], None]] = []
         self.replica_num_cpus = replica_num_cpus
         self.startup_timeout = startup_timeout
-        self._owns_ray = _connect_ray(ray_address)
+        self._owns_ray = connect_ray(ray_address)
         try:
             self._check_resources(data_parallel_size)
         except BaseException:
@@ -140,9 +95,9 @@ class DPAsyncLLM:
             for h in handles:
                 ray.kill(h, no_restart=True)
             self._disconnect()
-            raise _unwrap(e) from None  # e.g. the model's own load error, not Ray's wrapper around it
+            raise unwrap(e) from None  # e.g. the model's own load error, not Ray's wrapper around it
         self.engine = DPEngineView(config, infos[0])
-        self.replicas = [_Replica(i, h) for i, h in enumerate(handles)]
+        self.replicas = [ReplicaSlot(i, h) for i, h in enumerate(handles)]
 
     # ---- life cycle ---------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -158,7 +113,7 @@ class DPAsyncLLM:
         self._stop_tasks()
         refs = [r.handle.shutdown.remote() for r in self.replicas if r.alive]
         if refs:
-            await asyncio.wait([asyncio.ensure_future(_await(ref)) for ref in refs], timeout=timeout)
+            await asyncio.wait([asyncio.ensure_future(await_ref(ref)) for ref in refs], timeout=timeout)
         self._kill_all()
 
     def shutdown(self, timeout: float = 10.0) -> None:
@@ -188,6 +143,11 @@ class DPAsyncLLM:
             self._owns_ray = False
 
     @property
+    def stopping(self) -> bool:
+        """Shutting down: a request whose replica dies now is not re-sent."""
+        return self._stopping
+
+    @property
     def is_running(self) -> bool:
         return self._started and not self._stopping and any(r.alive for r in self.replicas)
 
@@ -200,7 +160,7 @@ class DPAsyncLLM:
         if not self.is_running:
             raise EngineDeadError("the data-parallel front end is not running")
         token_ids = prompt if isinstance(prompt, list) else self.engine.tokenizer.encode(prompt)
-        req = _Request(request_id, prompt, token_ids, params, prompt_text, arrival_time or time.time(), language)
+        req = DPRequest(request_id, prompt, token_ids, params, prompt_text, arrival_time or time.time(), language)
         stream = DPRequestStream(self, req)
         await stream.submit()
         return stream
@@ -216,7 +176,7 @@ class DPAsyncLLM:
         finally:
             stream.abort()
 
-    async def _send(self, req: _Request, exclude: set[int]) -> tuple[_Replica, int, Any]:
+    async def send(self, req: DPRequest, exclude: set[int]) -> tuple[ReplicaSlot, int, Any]:
         """Send ``req`` to a replica and wait for its acceptance; a replica that dies first is marked dead and
         the request goes to another (``exclude`` collects the replicas that failed it)."""
         while True:
@@ -236,19 +196,19 @@ class DPAsyncLLM:
             gen = replica.handle.generate.options(num_returns="streaming").remote(
                 req.request_id, req.prompt, req.params, req.prompt_text, req.arrival_time, req.language)
             try:
-                first = await _next_item(gen)
-            except _replica_death_errors():
+                first = await next_item(gen)
+            except replica_death_errors():
                 replica.in_flight -= 1
-                self._replica_died(replica, generation)
+                self.replica_died(replica, generation)
                 exclude.add(replica.index)
                 self.counters.retried += 1
                 continue
             except BaseException as e:  # its validation error, overload, or our caller's cancellation
                 replica.in_flight -= 1
                 if isinstance(e, asyncio.CancelledError):
-                    _abort_on(replica, req.request_id)
+                    abort_on(replica, req.request_id)
                     raise
-                error = _unwrap(e)
+                error = unwrap(e)
                 others = set(range(len(self.replicas))) - exclude - dead - {replica.index}
                 if isinstance(error, EngineOverloadedError) and others:
                     exclude.add(replica.index)  # full here: another replica may still have room
@@ -258,7 +218,8 @@ class DPAsyncLLM:
                 raise RuntimeError(f"replica {replica.index} broke the stream protocol: {first!r}")
             return replica, generation, gen
 
-    def _finished(self, out: RequestOutput) -> None:
+    def request_finished(self, out: RequestOutput) -> None:
+        """A stream delivered its finished output: count it and run the finished callbacks (metrics)."""
         self.counters.completed += 1
         for callback in self.finished_callbacks:
             try:
@@ -267,7 +228,7 @@ class DPAsyncLLM:
                 log.exception("finished-request callback failed")
 
     # ---- faults -------------------------------------------------------------------------------------------------
-    def _replica_died(self, replica: _Replica, generation: int) -> None:
+    def replica_died(self, replica: ReplicaSlot, generation: int) -> None:
         """Mark a replica dead (once per incarnation) and replace it in the background."""
         if replica.generation != generation or not replica.alive:
             return
@@ -281,7 +242,7 @@ class DPAsyncLLM:
         if not self._stopping:
             self._spawn(self._restart(replica))
 
-    async def _restart(self, replica: _Replica) -> None:
+    async def _restart(self, replica: ReplicaSlot) -> None:
         import ray
         try:
             ray.kill(replica.handle, no_restart=True)
@@ -290,7 +251,7 @@ class DPAsyncLLM:
         for attempt in range(1, RESTART_ATTEMPTS + 1):
             handle = self._new_actor()
             try:
-                await asyncio.wait_for(_await(handle.ready.remote()), self.startup_timeout)
+                await asyncio.wait_for(await_ref(handle.ready.remote()), self.startup_timeout)
             except Exception as e:
                 log.error("restarting replica %d failed (attempt %d of %d): %s", replica.index, attempt,
                           RESTART_ATTEMPTS, e)
@@ -311,9 +272,9 @@ class DPAsyncLLM:
                     continue
                 generation = replica.generation
                 try:
-                    replica.snapshot = await _await(replica.handle.snapshot.remote())
-                except _replica_death_errors():
-                    self._replica_died(replica, generation)
+                    replica.snapshot = await await_ref(replica.handle.snapshot.remote())
+                except replica_death_errors():
+                    self.replica_died(replica, generation)
                 except Exception:
                     log.exception("could not read replica %d's stats", replica.index)
             await asyncio.sleep(POLL_INTERVAL_S)
@@ -368,133 +329,3 @@ class DPAsyncLLM:
     @property
     def num_waiting(self) -> int:
         return self.get_stats().num_waiting
-
-
-class DPRequestStream:
-    """The outputs of one request, in order, whichever replica serves it (``RequestStream``'s interface). A
-    consumer that stops early must call ``abort()``."""
-
-    __slots__ = ("request_id", "delta", "finished", "replica", "_llm", "_req", "_generation", "_gen",
-                 "_delivered", "_exclude")
-
-    def __init__(self, llm: DPAsyncLLM, req: _Request) -> None:
-        self.request_id = req.request_id
-        self.delta = req.params.output_kind is OutputKind.DELTA
-        self.finished = False
-        self.replica: _Replica | None = None  # the replica serving it now
-        self._llm, self._req = llm, req
-        self._generation = 0
-        self._gen: Any = None
-        self._delivered = False  # an output reached the consumer: past this point a replica death is an error
-        self._exclude: set[int] = set()
-
-    async def submit(self) -> None:
-        self.replica, self._generation, self._gen = await self._llm._send(self._req, self._exclude)
-
-    def __aiter__(self) -> DPRequestStream:
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if self.finished:
-            raise StopAsyncIteration
-        while True:
-            replica = self.replica
-            try:
-                out = await _next_item(self._gen)
-            except StopAsyncIteration:  # the replica ended the stream without a finished output (aborted there)
-                self._end(failed=True)
-                raise RequestFailedError(f"replica {replica.index} ended request {self.request_id} early") from None
-            except _replica_death_errors():
-                self._llm._replica_died(replica, self._generation)
-                replica.in_flight -= 1
-                self.replica = None
-                if self._delivered or self._llm._stopping:
-                    self._end(failed=True)
-                    raise ReplicaFailedError(
-                        f"data-parallel replica {replica.index} died while streaming request {self.request_id}; "
-                        f"the output so far is incomplete") from None
-                self._llm.counters.retried += 1
-                self._exclude.add(replica.index)
-                try:
-                    await self.submit()
-                except BaseException:
-                    self._end(failed=True)
-                    raise
-                continue
-            except asyncio.CancelledError:
-                self.abort()
-                raise
-            except BaseException as e:  # the replica's own error for this request
-                self._end(failed=True)
-                raise _unwrap(e) from None
-            self._delivered = True
-            if out.finished:
-                self._end()
-                self._llm._finished(out)
-            return out
-
-    def abort(self) -> None:
-        """Abort the request unless it already finished (idempotent)."""
-        if not self.finished:
-            replica = self.replica
-            self._end()
-            if replica is not None:
-                _abort_on(replica, self.request_id)
-
-    def _end(self, failed: bool = False) -> None:
-        self.finished = True
-        if self.replica is not None:
-            self.replica.in_flight -= 1
-            self.replica = None
-        if failed:
-            self._llm.counters.failed += 1
-
-
-# ---- Ray plumbing ---------------------------------------------------------------------------------------------
-def _connect_ray(address: str | None) -> bool:
-    """Connect to Ray (``address``, else $RAY_ADDRESS, else a new local cluster); True when this call started
-    or joined it (so the front end disconnects at shutdown), False when the process was already connected."""
-    import ray
-    if ray.is_initialized():
-        return False
-    import cinq
-    # The replicas import cinq from where this process does (a source checkout need not be installed), so that
-    # both sides run the same code; on a node without that folder Python skips the entry and the node's
-    # installed cinq is used. The model folder must exist at the same path on every node that hosts a replica.
-    source_root = os.path.dirname(os.path.dirname(os.path.abspath(cinq.__file__)))
-    env = {"PYTHONPATH": os.pathsep.join(p for p in (source_root, os.environ.get("PYTHONPATH")) if p)}
-    if address:
-        ray.init(address=address, runtime_env={"env_vars": env})
-    else:
-        ray.init(include_dashboard=False, runtime_env={"env_vars": env})
-    return True
-
-
-def _replica_death_errors() -> tuple[type[BaseException], ...]:
-    from ray.exceptions import NodeDiedError, RayActorError, WorkerCrashedError
-    return RayActorError, WorkerCrashedError, NodeDiedError
-
-
-def _unwrap(e: BaseException) -> BaseException:
-    """The replica's own exception (a CinqError, EngineOverloadedError, RequestFailedError) out of Ray's
-    wrapper, so the server maps it as it maps AsyncLLM's."""
-    from ray.exceptions import RayTaskError
-    if isinstance(e, RayTaskError) and isinstance(e.cause, BaseException):
-        return e.cause
-    return e
-
-
-async def _next_item(gen: Any) -> Any:
-    ref = await gen.__anext__()
-    return await ref
-
-
-async def _await(ref: Any) -> Any:
-    return await ref
-
-
-def _abort_on(replica: _Replica, request_id: str) -> None:
-    try:
-        replica.handle.abort.remote(request_id)  # fire and forget: a dead replica has nothing left to free
-    except Exception:
-        log.debug("abort of %s on replica %d not sent", request_id, replica.index)

@@ -31,7 +31,7 @@ class LoopThread:
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[None]:
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         yield
     finally:

@@ -130,7 +130,7 @@ def test_killed_replica_resends_waiting_requests_and_fails_streaming_ones(dp_llm
     """One request streams on a replica while three more wait behind it there (max_num_seqs=1, same prefix, so
     affinity puts them together); the replica is killed: the streaming one ends with ReplicaFailedError, the
     waiting ones are re-sent to the other replica and complete, and the dead replica is restarted."""
-    from cinq.dp.dp_engine import ReplicaFailedError
+    from cinq.dp.request_stream import ReplicaFailedError
 
     wait_all_alive(dp_llm)
     c0 = dp_llm.counters
@@ -189,7 +189,7 @@ def test_more_replicas_than_the_cluster_can_place_is_refused(ray_cluster, tiny_l
 
 def test_a_replica_failure_is_an_engine_error_for_the_server() -> None:
     """What a client whose stream was cut by a replica's death receives (as an SSE error event mid-stream)."""
-    from cinq.dp.dp_engine import ReplicaFailedError
+    from cinq.dp.request_stream import ReplicaFailedError
     from cinq.server.errors import to_api_error
 
     err = to_api_error(ReplicaFailedError("data-parallel replica 1 died while streaming request r"))
