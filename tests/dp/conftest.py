@@ -10,8 +10,6 @@ from typing import Any
 
 import pytest
 
-ray = pytest.importorskip("ray")
-
 
 class LoopThread:
     """An asyncio loop running in a daemon thread; ``run`` executes a coroutine there and waits for it."""
@@ -31,6 +29,7 @@ class LoopThread:
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[None]:
+    ray = pytest.importorskip("ray")  # an optional extra: without it the Ray tests skip, the rest run
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         yield
