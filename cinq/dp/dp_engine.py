@@ -51,12 +51,14 @@ class DPEngineView:
 
 class DPAsyncLLM:
     """``AsyncLLM``'s interface over ``data_parallel_size`` replicas (see the module docstring). Construction
-    connects to Ray (``ray_address``; None: a local cluster is started unless one is already connected) and
-    waits until every replica has loaded its engine."""
+    connects to Ray (``ray_address``; None: $RAY_ADDRESS, else a new local cluster, unless this process is
+    already connected) and waits until every replica has loaded its engine. ``replica_num_cpus``: CPUs each
+    replica reserves (default: ``config.num_threads``, else an equal share of the cluster's); a replica on a
+    CUDA device also reserves ``tensor_parallel_size`` GPUs."""
 
     def __init__(self, config: EngineConfig, data_parallel_size: int, max_waiting_requests: int | None = None,
                  ray_address: str | None = None, router_config: RouterConfig | None = None,
-                 replica_num_cpus: float = 1.0, startup_timeout: float = 600.0) -> None:
+                 replica_num_cpus: float | None = None, startup_timeout: float = 600.0) -> None:
         try:
             import ray
         except ImportError:
@@ -74,10 +76,10 @@ class DPAsyncLLM:
         self.router = PrefixRouter(data_parallel_size, router_config)
         self.counters = DPCounters(data_parallel_size)
         self.finished_callbacks: list[Callable[[RequestOutput], None]] = []
-        self.replica_num_cpus = replica_num_cpus
         self.startup_timeout = startup_timeout
         self._owns_ray = connect_ray(ray_address)
         try:
+            self.replica_num_cpus = replica_num_cpus or self._default_cpus(data_parallel_size)
             self._check_resources(data_parallel_size)
         except BaseException:
             self._disconnect()
@@ -278,6 +280,14 @@ class DPAsyncLLM:
                 except Exception:
                     log.exception("could not read replica %d's stats", replica.index)
             await asyncio.sleep(POLL_INTERVAL_S)
+
+    def _default_cpus(self, data_parallel_size: int) -> float:
+        """CPUs per replica: ``num_threads`` when given, else an equal share of the cluster's. Ray sets a replica's
+        OMP_NUM_THREADS (so torch's thread count) to this, so it is also how many threads each engine uses."""
+        if self.config.num_threads is not None:
+            return float(self.config.num_threads)
+        import ray
+        return float(max(1, int(ray.cluster_resources().get("CPU", 1.0) // data_parallel_size)))
 
     def _resources(self) -> dict[str, float]:
         """What one replica reserves in the Ray cluster."""
