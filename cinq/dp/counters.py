@@ -15,6 +15,8 @@ class DPCounters:
     retried: int = 0  # sends to a replica that died before the request delivered anything (then re-sent)
     failed: int = 0  # requests ended with an error (replica died mid-stream, no replica left, engine error)
     completed: int = 0  # requests that delivered their finished output
+    aborted: int = 0  # requests their consumer gave up on (client gone)
+    # completed + failed + aborted: every request a replica accepted that has ended (none is left uncounted)
     restarts: int = 0  # replicas replaced after dying
     decisions: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
     routed: list[int] = field(default_factory=list)  # sends per replica (retries included)
@@ -24,5 +26,6 @@ class DPCounters:
 
     def summary(self) -> str:
         """The fault report in one line."""
-        return (f"{self.completed} completed, {self.retried} re-sent after a replica died, {self.failed} failed; "
+        return (f"{self.completed} completed, {self.failed} failed, {self.aborted} aborted by their client; "
+                f"{self.retried} re-sent after a replica died; "
                 f"{self.restarts} replica restart(s); routed per replica {self.routed}")

@@ -33,6 +33,7 @@ class DPCollector(Collector):
                 ("dp_requests_failed", "Requests ended with an error (e.g. their replica died mid-stream).",
                  c.failed),
                 ("dp_requests_completed", "Requests that delivered their finished output.", c.completed),
+                ("dp_requests_aborted", "Requests their client gave up on before they finished.", c.aborted),
                 ("dp_replica_restarts", "Replicas replaced after dying.", c.restarts)):
             family = CounterMetricFamily(PREFIX + metric, doc, labels=["model_name"])
             family.add_metric([name], value)

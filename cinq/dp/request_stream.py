@@ -109,6 +109,9 @@ class DPRequestStream:
                 self._exclude.add(replica.index)
                 try:
                     await self.submit()
+                except asyncio.CancelledError:
+                    self.abort()
+                    raise
                 except BaseException:
                     self._end(failed=True)
                     raise
@@ -130,6 +133,7 @@ class DPRequestStream:
         if not self.finished:
             replica = self.replica
             self._end()
+            self._llm.counters.aborted += 1
             if replica is not None:
                 abort_on(replica, self.request_id)
 

@@ -109,6 +109,7 @@ def test_validation_error_comes_back_as_itself(dp_llm, dp_loop) -> None:
 
 def test_abort_frees_the_request_on_its_replica(dp_llm, dp_loop) -> None:
     wait_all_alive(dp_llm)
+    aborted = dp_llm.counters.aborted
 
     async def run() -> int:
         stream = await dp_llm.add_request("abort-me", shared_prefix(50), SamplingParams(max_tokens=400, **GREEDY))
@@ -119,6 +120,7 @@ def test_abort_frees_the_request_on_its_replica(dp_llm, dp_loop) -> None:
         return replica.index
 
     index = dp_loop.run(run())
+    assert dp_llm.counters.aborted == aborted + 1
     handle = dp_llm.replicas[index].handle
     deadline = time.monotonic() + 10
     while ray.get(handle.snapshot.remote()).stats.num_running:
@@ -134,7 +136,7 @@ def test_killed_replica_resends_waiting_requests_and_fails_streaming_ones(dp_llm
 
     wait_all_alive(dp_llm)
     c0 = dp_llm.counters
-    before = (c0.retried, c0.failed, c0.completed, c0.restarts)
+    before = (c0.retried, c0.failed, c0.completed, c0.restarts, c0.aborted)
     prefix = shared_prefix(77)
 
     async def run() -> list[object]:
@@ -166,6 +168,7 @@ def test_killed_replica_resends_waiting_requests_and_fails_streaming_ones(dp_llm
     assert c.retried - before[0] == 3
     assert c.failed - before[1] == 1
     assert c.completed - before[2] == 3
+    assert c.aborted == before[4]  # all four accounted for as completed or failed
     wait_all_alive(dp_llm)
     assert c.restarts - before[3] == 1
     assert all(r.in_flight == 0 for r in dp_llm.replicas)
