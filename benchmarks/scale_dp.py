@@ -105,15 +105,15 @@ def run_one(name: str, dp: int, policy: str, args: argparse.Namespace, model: st
             h0, q0 = replica_hits(llm)
             decisions0 = dict(llm.counters.decisions)
             c0 = llm.counters
-            before = (c0.retried, c0.failed, c0.completed, c0.restarts)
+            before = (c0.retried, c0.failed, c0.completed, c0.restarts, c0.aborted)
             row = await drive(llm, prompts, args, name, len(prompts) // 3 if name == "dp2-kill" else None)
             deadline = time.monotonic() + 120
             while not all(r.alive for r in llm.replicas) and time.monotonic() < deadline:
                 await asyncio.sleep(0.2)  # the fault run: wait for the restart, to report it
             c = llm.counters
-            row["faults"] = dict(zip(("retried", "failed", "completed", "restarts"),
+            row["faults"] = dict(zip(("retried", "failed", "completed", "restarts", "aborted"),
                                      (c.retried - before[0], c.failed - before[1], c.completed - before[2],
-                                      c.restarts - before[3])))
+                                      c.restarts - before[3], c.aborted - before[4])))
             await asyncio.sleep(0.7)  # replicas publish stats at least every 0.5 s
             h1, q1 = replica_hits(llm)
             row["prefix_hit_rate"] = (h1 - h0) / (q1 - q0) if q1 > q0 else 0.0
@@ -171,7 +171,8 @@ def render(rows: list[dict], args: argparse.Namespace) -> str:
         lines += ["", f"Fault run (dp2-kill, prefix routing): replica 0's actor killed (`ray.kill`) after "
                       f"{args.requests // 3} of {args.requests} requests had finished. Front end: {f['completed']} "
                       f"completed, {f['retried']} re-sent to the live replica (they had not streamed yet), "
-                      f"{f['failed']} failed with an error event (they were streaming), {f['restarts']} replica "
+                      f"{f['failed']} failed with an error (they were streaming), {f['aborted']} aborted, "
+                      f"{f['restarts']} replica "
                       f"restart(s). Clients: {k['client_ok']} ok + {k['client_errors']} errors = "
                       f"{k['client_ok'] + k['client_errors']} of {args.requests} (none lost, none hung); "
                       f"{k['tokens_per_s']:.1f} tok/s over the run."]
