@@ -77,7 +77,8 @@ class PrefixRouter:
 
     def prefix_hashes(self, token_ids: Sequence[int]) -> list[int]:
         """Chained hashes of the prompt's first full blocks (at most ``max_prefix_blocks``); a prompt shorter
-        than one block has none. The engine's prefix cache hashes its blocks the same way."""
+        than one block has none. The engine's prefix cache hashes its blocks the same way, and hash() of ints and
+        tuples of ints does not depend on PYTHONHASHSEED, so these equal the replicas' own block hashes."""
         bs = self.config.block_size
         hashes: list[int] = []
         parent: int | None = None
