@@ -2,8 +2,8 @@
 
 Each replica has its own prefix cache, so a request whose prompt starts like an earlier one's is cheapest on the
 replica that served that earlier request. The router keys prompts by the chained hash of their first full KV
-blocks (the same ``hash_block`` and block size the engine's prefix cache uses, so "same key" means "same cached
-blocks"), remembers which replica each key last went to in a bounded LRU table, and sends a request to the
+blocks (the same ``hash_block`` chaining and block size the engine's prefix cache uses, so "same key" means "same
+cached blocks"), remembers which replica each key last went to in a bounded LRU table, and sends a request to the
 replica of its longest remembered prefix, as SGLang's cache-aware router does with its radix tree. Affinity
 yields to balance: when that replica has ``balance_slack`` more requests in flight than the least-loaded one, the
 request goes to the least-loaded replica instead (and the prefix now points there). ``random`` is the baseline
@@ -77,8 +77,9 @@ class PrefixRouter:
 
     def prefix_hashes(self, token_ids: Sequence[int]) -> list[int]:
         """Chained hashes of the prompt's first full blocks (at most ``max_prefix_blocks``); a prompt shorter
-        than one block has none. The engine's prefix cache hashes its blocks the same way, and hash() of ints and
-        tuples of ints does not depend on PYTHONHASHSEED, so these equal the replicas' own block hashes."""
+        than one block has none. The engine's prefix cache chains its blocks the same way, so equal keys mean the
+        same cached blocks; the values themselves are only compared within this process (hash(None), the first
+        block's parent, differs between processes before Python 3.12)."""
         bs = self.config.block_size
         hashes: list[int] = []
         parent: int | None = None
