@@ -49,9 +49,13 @@ class ParallelConfig:
     """How one engine spreads the model over devices (tensor parallelism only, so far)."""
 
     tensor_parallel_size: int = 1
+    # Whole engine replicas behind one front end (cinq.dp, on Ray; `cinq serve --data-parallel-size`); as in
+    # vLLM, not part of world_size: each replica is its own engine of world_size devices.
+    data_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         _check_int(self, "tensor_parallel_size", 1, 4096)
+        _check_int(self, "data_parallel_size", 1, 1024)
 
     @property
     def world_size(self) -> int:

@@ -44,6 +44,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="log throughput, running/waiting requests and KV cache usage this often while there is "
                         "load, as vLLM does (default %(default)s; 0: off)")
     s.add_argument("--disable-log-stats", action="store_true", help="no periodic stats log (vLLM's flag)")
+    d = p.add_argument_group("data parallel (Ray; pip install 'cinq[ray]')")
+    d.add_argument("--data-parallel-size", "-dp", type=int, default=1, metavar="N",
+                   help="engine replicas (Ray actors, each a whole engine with these engine flags) behind this "
+                        "server, with prefix-aware routing (default %(default)s: one engine in this process)")
+    d.add_argument("--ray-address", default=None,
+                   help="Ray cluster to place the replicas on, e.g. 'head:6379' (default: $RAY_ADDRESS, else a "
+                        "local cluster started for this server). Every node that hosts a replica needs cinq's "
+                        "dependencies and the model folder at the same path; a cluster with token auth needs "
+                        "RAY_AUTH_MODE=token in this process's environment, as any Ray client does")
+    d.add_argument("--data-parallel-routing", default="prefix", choices=("prefix", "least_loaded", "random"),
+                   help="replica choice: the replica that last served the prompt's first KV blocks unless it is "
+                        "busier than the least-loaded one (prefix), the least-loaded, or random "
+                        "(default %(default)s)")
     p.set_defaults(run=run)
 
 
@@ -62,12 +75,15 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from cinq.commands.engine_args import engine_config_from_args
+    from cinq.config import ParallelConfig
     from cinq.engine.async_engine import AsyncLLM
     from cinq.engine.engine import LLMEngine
     from cinq.errors import InvalidParameterError
     from cinq.server.app import build_app
     from cinq.server.connections import ConnectionLimits, uvicorn_config
 
+    ParallelConfig(data_parallel_size=args.data_parallel_size)  # a bad size: one line, before anything starts
+    on_ray = args.data_parallel_size > 1 or args.ray_address is not None
     if not 0 <= args.port <= 65535:
         raise InvalidParameterError(f"--port must be in [0, 65535], got {args.port}", "port")
     limits = ConnectionLimits(args.request_body_timeout, args.limit_concurrency or None)
@@ -85,18 +101,32 @@ def run(args: argparse.Namespace) -> int:
                                     "port") from None
     sock.listen(2048)
     host, port = sock.getsockname()[:2]
-    engine = LLMEngine(config)
-    llm = AsyncLLM(engine, args.max_waiting_requests)
+    dp = args.data_parallel_size
+    if on_ray:
+        from cinq.dp.dp_engine import DPAsyncLLM
+        from cinq.dp.router import RouterConfig
+        print(f"cinq serve: starting {dp} replica(s) on Ray ({args.ray_address or 'local cluster'}), "
+              f"{args.data_parallel_routing} routing", flush=True)
+        llm = DPAsyncLLM(config, dp, args.max_waiting_requests, args.ray_address,
+                         RouterConfig(args.data_parallel_routing, config.block_size))
+        engine, architecture = llm.engine, llm.engine.architecture
+    else:
+        engine = LLMEngine(config)
+        llm = AsyncLLM(engine, args.max_waiting_requests)
+        architecture = engine.model_config.architecture
     # No model given: the embedded one, served under its own name (e.g. "cinq-tiny"), as vLLM serves a path.
     names = args.served_model_name or [args.model or Path(config.model).name]
     api_key = args.api_key if args.api_key is not None else os.environ.get("CINQ_API_KEY") or None
     app = build_app(llm, names, config.model, api_key, args.metrics_require_api_key, log_stats_interval)
+    if on_ray:
+        from cinq.dp.metrics import DPCollector
+        app.state.ctx.metrics.registry.register(DPCollector(llm, names[0]))  # router decisions, replica loads
     url_host = f"[{host}]" if ":" in host else host
-    mcfg = engine.model_config
-    print(f"cinq serve: model {config.model} ({mcfg.architecture}, {config.dtype}, "
+    print(f"cinq serve: model {config.model} ({architecture}, {config.dtype}, "
           f"{config.device}) served as {names[0]!r}; max_model_len {engine.max_model_len}", flush=True)
     print(f"cinq serve: KV cache {engine.num_blocks} blocks x {config.block_size} tokens "
-          f"= {engine.num_blocks * config.block_size} tokens; max {config.max_num_seqs} running, "
+          f"= {engine.num_blocks * config.block_size} tokens{' per replica' if dp > 1 else ''}; "
+          f"max {config.max_num_seqs} running, "
           f"{args.max_waiting_requests} waiting; auth {'on' if api_key else 'off'}; request timeout "
           f"{limits.request_timeout:g} s, concurrency cap {limits.limit_concurrency or 'none'}", flush=True)
     print(f"cinq serve: listening on http://{url_host}:{port}  (OpenAI API at /v1, playground at /, "

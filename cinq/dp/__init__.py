@@ -1,0 +1,1 @@
+"""Data parallelism: engine replicas on Ray behind one front end with prefix-aware routing."""
