@@ -9,6 +9,9 @@ loop would be slower than PyTorch's. Builds use ``-march=native``, so the cache 
 * ``small_m_gemm.cpp``: bf16 linear for 1-8 activation rows at memory bandwidth (decode at small batch, a
   speculative verify of up to 7 drafts): AMX tiles where the CPU and OS allow them, AVX512-BF16 otherwise.
 * ``int4_linear.cpp``: GPTQ/AWQ int4 linear with bf16 activations (used by ``cinq.layers.quantization.kernels``).
+* ``rms_norm.cpp``: RMSNorm with the fused residual add, bf16 (``cinq.layers.norm``): one call per norm instead
+  of ~10 ATen ops, which at batch 1 cost far more than the arithmetic.
+* ``rotary.cpp``: rotary embedding of q and k in place, bf16 (``cinq.layers.rotary``), for the same reason.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ _modules: dict[str, Any] = {}
 SMALL_M_MAX_ROWS = 8  # the most rows small_m_gemm.cpp takes; its fast_rows() may say fewer for this CPU
 _small_m_rows: int | None = None  # small_m_rows(), once known
 _NO_TREE = torch.empty(0, dtype=torch.bool)  # "causal among the new rows": one shared tensor, nothing per call
+_NO_RESIDUAL = torch.empty(0, dtype=torch.bfloat16)  # rms_norm without a residual add
 
 
 def native_module(name: str) -> Any | None:
@@ -146,3 +150,36 @@ def small_m_linear_native(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     b = bias.float().contiguous() if bias is not None else torch.empty(0)
     out = mod.small_m_linear(x.reshape(rows, x.shape[-1]).contiguous(), weight, b)
     return out.view(*x.shape[:-1], weight.shape[0])
+
+
+def _bf16_inference(*tensors: torch.Tensor) -> bool:
+    """True when every tensor is bf16 on the CPU and autograd is off (the native element-wise kernels' domain)."""
+    return not torch.is_grad_enabled() and all(t.dtype == torch.bfloat16 and t.device.type == "cpu"
+                                                for t in tensors)
+
+
+def rms_norm_native(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+                    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """``(norm(x + residual) * weight, x + residual)`` (without ``residual``: ``(norm(x) * weight, None)``) for
+    bf16 CPU tensors without autograd, rounded as ``cinq.layers.norm``'s PyTorch path; None when the inputs do
+    not qualify or the kernel is unavailable."""
+    if not _bf16_inference(x, weight) or (residual is not None and not _bf16_inference(residual)):
+        return None
+    mod = native_module("rms_norm")
+    if mod is None:
+        return None
+    y, res = mod.rms_norm(x, _NO_RESIDUAL if residual is None else residual, weight, float(eps))
+    return y, (None if residual is None else res)
+
+
+def rotary_native(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> bool:
+    """Rotate q [T, Hq, D] and k [T, Hkv, D] in place by ``cos_sin[positions]`` (bf16 CPU tensors, no autograd);
+    False (nothing done) when the inputs do not qualify or the kernel is unavailable."""
+    if (not _bf16_inference(q, k, cos_sin) or q.dim() != 3 or k.dim() != 3 or positions.dtype != torch.long
+            or positions.dim() != 1 or q.stride(2) != 1 or k.stride(2) != 1):
+        return False
+    mod = native_module("rotary")
+    if mod is None:
+        return False
+    mod.rotary_(q, k, positions, cos_sin)
+    return True
