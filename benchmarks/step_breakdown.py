@@ -1,12 +1,13 @@
 """Where a batch-1 decode step spends its time: per-phase milliseconds, ATen op and host-sync counts, measured on
 this checkout and on a baseline commit in the same run (back to back, each in its own subprocess).
 
-Phases (wall clock, instrumented run): scheduler.schedule, input building (engine/batch_inputs.build_batch), the
+Phases (CPU time of the process, instrumented run: a shared machine preempts us, and CPU time leaves the waits
+out): scheduler.schedule, input building (engine/batch_inputs.build_batch), the
 model forward split into embedding, per-layer input norm / qkv projection / rope / attention (KV write + kernel) /
 o projection / post-attention norm / MLP, final norm, LM head (runner._compute_logits), sampler
 (runner._sample), scheduler.update and output processing (detokenization). Timers wrap the engine's own objects
 (functions and module hooks), so the instrumented step is a little slower than a clean one; the clean step time
-is measured separately, without any instrumentation. Counts (noise-free): ATen ops per decode step (a
+is measured separately, without any instrumentation, both as wall time and as process CPU time. Counts (noise-free): ATen ops per decode step (a
 TorchDispatchMode counter; the native kernels' calls are not ATen ops and are counted apart) and host syncs
 (``Tensor.item`` / ``tolist`` / ``bool`` of a tensor).
 
@@ -41,8 +42,11 @@ PHASES = ("schedule", "prepare_inputs", "embed", "input_norm", "qkv_proj", "qk_n
 
 # ------------------------------------------------------------------------------------ one measurement (child)
 
+_clock = time.process_time  # CPU seconds of this process (all its threads)
+
+
 class _Timers:
-    """Accumulated wall time per phase, by wrapping callables and module hooks of one engine."""
+    """Accumulated CPU time per phase, by wrapping callables and module hooks of one engine."""
 
     def __init__(self) -> None:
         self.ms: dict[str, float] = defaultdict(float)
@@ -52,24 +56,24 @@ class _Timers:
         fn = getattr(obj, attr)
 
         def timed(*a: Any, **kw: Any) -> Any:
-            t0 = time.perf_counter()
+            t0 = _clock()
             try:
                 return fn(*a, **kw)
             finally:
                 if self.on:
-                    self.ms[phase] += 1e3 * (time.perf_counter() - t0)
+                    self.ms[phase] += 1e3 * (_clock() - t0)
         setattr(obj, attr, timed)
 
     def hook(self, module: Any, phase: str) -> None:
         start: list[float] = []
 
         def pre(*_: Any) -> None:
-            start.append(time.perf_counter())
+            start.append(_clock())
 
         def post(*_: Any) -> None:
             t0 = start.pop()
             if self.on:
-                self.ms[phase] += 1e3 * (time.perf_counter() - t0)
+                self.ms[phase] += 1e3 * (_clock() - t0)
         module.register_forward_pre_hook(pre)
         module.register_forward_hook(post)
 
@@ -158,12 +162,13 @@ def measure(model: str, threads: int, steps: int, repeats: int) -> dict[str, Any
     engine = _engine(model, threads)
     for _ in range(20):  # warm-up: shapes, caches, native kernels
         engine.step()
-    step_ms = []
+    step_ms, cpu_ms = [], []
     for _ in range(repeats):  # clean: no instrumentation at all
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _clock()
         for _ in range(steps):
             engine.step()
         step_ms.append(1e3 * (time.perf_counter() - t0) / steps)
+        cpu_ms.append(1e3 * (_clock() - c0) / steps)
     counter = _Counter()
     counter.run(engine.step)
     timers = _instrument(engine)
@@ -172,16 +177,17 @@ def measure(model: str, threads: int, steps: int, repeats: int) -> dict[str, Any
     for _ in range(repeats):
         timers.ms.clear()
         timers.on = True
-        t0 = time.perf_counter()
+        t0 = _clock()
         for _ in range(steps):
             engine.step()
-        instrumented_ms.append(1e3 * (time.perf_counter() - t0) / steps)
+        instrumented_ms.append(1e3 * (_clock() - t0) / steps)
         timers.on = False
         per_repeat.append({k: v / steps for k, v in timers.ms.items()})
     phases = {p: statistics.median(r.get(p, 0.0) for r in per_repeat) for p in PHASES}
     tokens = engine.scheduler.running[0].output_token_ids if engine.scheduler.running else []
     return {"cinq": cinq.__file__, "threads": threads, "torch_threads": torch.get_num_threads(),
             "step_ms_median": statistics.median(step_ms), "step_ms_all": step_ms,
+            "cpu_ms_median": statistics.median(cpu_ms), "cpu_ms_all": cpu_ms,
             "instrumented_step_ms_median": statistics.median(instrumented_ms), "phases_ms": phases,
             "aten_ops": sum(counter.ops.values()), "host_syncs": counter.syncs,
             "top_ops": dict(sorted(counter.ops.items(), key=lambda kv: -kv[1])[:12]),
@@ -245,7 +251,8 @@ def main() -> None:
                     for label, root in versions:
                         r = _child(root, model, threads, args.steps, args.repeats)
                         samples[label].append(r)
-                        print(f"{name} t={threads} {label}: {r['step_ms_median']:.3f} ms/step, "
+                        print(f"{name} t={threads} {label}: {r['step_ms_median']:.3f} ms/step "
+                              f"({r['cpu_ms_median']:.3f} CPU ms), "
                               f"{r['aten_ops']} ops, {r['host_syncs']} syncs, load {r['loadavg'][0]:.2f}",
                               flush=True)
                 runs.append({"model": name, "threads": threads, **{k: _merge(v) for k, v in samples.items()}})
@@ -254,8 +261,10 @@ def main() -> None:
         if "before" in run:
             same = run["before"]["first_tokens"] == run["after"]["first_tokens"]
             run["greedy_tokens_identical"] = same
-            print(f"{run['model']} t={run['threads']}: before {run['before']['step_ms_median']:.3f} ms, after "
-                  f"{run['after']['step_ms_median']:.3f} ms: {run['before']['step_ms_median'] / run['after']['step_ms_median']:.2f}x"
+            b, a = run["before"], run["after"]
+            print(f"{run['model']} t={run['threads']}: before {b['step_ms_median']:.3f} ms ({b['cpu_ms_median']:.3f} "
+                  f"CPU), after {a['step_ms_median']:.3f} ms ({a['cpu_ms_median']:.3f} CPU): wall "
+                  f"{b['step_ms_median'] / a['step_ms_median']:.2f}x, CPU {b['cpu_ms_median'] / a['cpu_ms_median']:.2f}x"
                   f"; tokens identical: {same}")
     if not args.no_write:
         write(result)
@@ -265,6 +274,7 @@ def _merge(samples: list[dict[str, Any]]) -> dict[str, Any]:
     """Several child runs of one version: medians of the per-run medians; counts must agree."""
     out = dict(samples[-1])
     out["step_ms_median"] = statistics.median(s["step_ms_median"] for s in samples)
+    out["cpu_ms_median"] = statistics.median(s["cpu_ms_median"] for s in samples)
     out["instrumented_step_ms_median"] = statistics.median(s["instrumented_step_ms_median"] for s in samples)
     out["phases_ms"] = {p: statistics.median(s["phases_ms"][p] for s in samples) for p in PHASES}
     out["step_ms_all"] = [x for s in samples for x in s["step_ms_all"]]
@@ -278,8 +288,10 @@ def write(result: dict[str, Any]) -> None:
     lines = ["# Batch-1 decode step breakdown (before / after, same run)", "",
              f"`python benchmarks/step_breakdown.py`: greedy batch 1 after a 32-token prompt, bf16, medians over "
              f"repeats; 'before' is commit {result['baseline']} run back to back with this checkout (alternating "
-             "subprocesses). Phase times come from an instrumented run (timers add a little); 'step' is a clean "
-             "run. ATen ops and host syncs are per decode step (exact counts).", ""]
+             "subprocesses). Phase times are process CPU ms from an instrumented run (timers add a little; CPU time "
+             "leaves out the time other jobs on this shared machine take the cores); 'clean step' is a run "
+             "without instrumentation, wall and CPU. ATen ops and host syncs are per decode step (exact counts; "
+             "the ops include those the native kernels dispatch).", ""]
     for run in result["runs"]:
         a, b = run["after"], run.get("before")
         lines += [f"## {run['model']}, {run['threads']} torch thread(s)", "",
@@ -290,13 +302,16 @@ def write(result: dict[str, Any]) -> None:
             lines.append(f"| {p} | {b['phases_ms'][p]:.3f} | {a['phases_ms'][p]:.3f} |" if b else
                          f"| {p} | | {a['phases_ms'][p]:.3f} |")
         fmt = (lambda key, f: f"| {b[key]:{f}} | {a[key]:{f}} |") if b else (lambda key, f: f"| | {a[key]:{f}} |")
-        lines += [f"| **instrumented step** {fmt('instrumented_step_ms_median', '.3f')}",
-                  f"| **clean step** {fmt('step_ms_median', '.3f')}",
+        lines += [f"| **instrumented step (CPU)** {fmt('instrumented_step_ms_median', '.3f')}",
+                  f"| **clean step (wall)** {fmt('step_ms_median', '.3f')}",
+                  f"| **clean step (CPU)** {fmt('cpu_ms_median', '.3f')}",
                   f"| ATen ops / step {fmt('aten_ops', 'd')}",
                   f"| host syncs / step {fmt('host_syncs', 'd')}", ""]
         if b:
-            lines += [f"**speed-up {b['step_ms_median'] / a['step_ms_median']:.2f}x** "
-                      f"({1e3 / b['step_ms_median']:.0f} -> {1e3 / a['step_ms_median']:.0f} tok/s); greedy tokens "
+            lines += [f"**speed-up {b['step_ms_median'] / a['step_ms_median']:.2f}x wall** "
+                      f"({1e3 / b['step_ms_median']:.0f} -> {1e3 / a['step_ms_median']:.0f} tok/s), "
+                      f"**{b['cpu_ms_median'] / a['cpu_ms_median']:.2f}x CPU** "
+                      f"({b['cpu_ms_median']:.3f} -> {a['cpu_ms_median']:.3f} ms); greedy tokens "
                       f"identical to before: {run['greedy_tokens_identical']}", ""]
     (RESULTS / "step_breakdown.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {RESULTS / 'step_breakdown.md'}")

@@ -110,7 +110,8 @@ def paged_decode_native(query: torch.Tensor, kv_cache: torch.Tensor, block_table
     unavailable. Sequence s owns query rows s * query_len ...; row r sees keys up to seq_len - query_len + r,
     or with ``tree_mask`` (tree verification: bool [query_len, query_len] shared by all sequences, or
     [>= nd, query_len, query_len] with sequence s using ``tree_mask[s]``) the cached context and the new rows
-    its tree row marks."""
+    its tree row marks. ``block_tables`` [>= nd, max_blocks] and ``seq_lens`` [>= nd]: the first nd rows are
+    read."""
     if query.device.type != "cpu" or not kv_cache.is_contiguous():
         return None
     mod = native_module("paged_decode")
@@ -120,9 +121,16 @@ def paged_decode_native(query: torch.Tensor, kv_cache: torch.Tensor, block_table
     tree = _NO_TREE
     if tree_mask is not None:  # [nd, ql, ql]: the kernel steps ql * ql per sequence; [ql, ql]: all read it
         tree = (tree_mask[:nd] if tree_mask.dim() == 3 else tree_mask).to(torch.bool).contiguous()
-    out = mod.paged_decode(query.float().contiguous(), kv_cache, block_tables[:nd].to(torch.int32).contiguous(),
-                           seq_lens[:nd].to(torch.int32).contiguous(), float(scale), int(query_len), tree)
-    return out.to(query.dtype)
+    # the kernel reads the first nd rows of the tables and lengths and takes a bf16 query itself: at batch 1 every
+    # Python-side op here would cost more than the attention
+    q = query if query.dtype in (torch.float32, torch.bfloat16) else query.float()
+    out = mod.paged_decode(q, kv_cache, _int32(block_tables), _int32(seq_lens), float(scale), int(query_len), tree)
+    return out if q is query else out.to(query.dtype)
+
+
+def _int32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as contiguous int32, without an op when it already is."""
+    return t if t.dtype == torch.int32 and t.is_contiguous() else t.to(torch.int32).contiguous()
 
 
 def small_m_rows() -> int:
