@@ -12,6 +12,7 @@ loop would be slower than PyTorch's. Builds use ``-march=native``, so the cache 
 * ``rms_norm.cpp``: RMSNorm with the fused residual add, bf16 (``cinq.layers.norm``): one call per norm instead
   of ~10 ATen ops, which at batch 1 cost far more than the arithmetic.
 * ``rotary.cpp``: rotary embedding of q and k in place, bf16 (``cinq.layers.rotary``), for the same reason.
+* ``kv_write.cpp``: a step's new K/V rows into the paged cache (``cinq.kernels.backends``' PyTorch backends).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ SMALL_M_MAX_ROWS = 8  # the most rows small_m_gemm.cpp takes; its fast_rows() ma
 _small_m_rows: int | None = None  # small_m_rows(), once known
 _NO_TREE = torch.empty(0, dtype=torch.bool)  # "causal among the new rows": one shared tensor, nothing per call
 _NO_RESIDUAL = torch.empty(0, dtype=torch.bfloat16)  # rms_norm without a residual add
+_NO_BIAS = torch.empty(0)  # small_m_linear without a bias
 
 
 def native_module(name: str) -> Any | None:
@@ -146,24 +148,26 @@ def small_m_rows() -> int:
 def small_m_linear_native(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
     """``F.linear`` for bf16 inputs with at most ``small_m_rows()`` rows on the CPU without autograd, or None when
     the shape, dtype or mode does not qualify (or the kernel is unavailable)."""
-    if (x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16 or x.device.type != "cpu"
-            or torch.is_grad_enabled() or not weight.is_contiguous()):
+    # called for every linear of a decode step: every check and op here is paid ~20 times per step
+    if (x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16 or not x.is_cpu or torch.is_grad_enabled()
+            or not weight.is_contiguous()):
         return None
-    rows = x.numel() // x.shape[-1] if x.numel() else 0
+    k = x.shape[-1]
+    rows = x.numel() // k if k else 0
     if not 1 <= rows <= small_m_rows():
         return None
     mod = native_module("small_m_gemm")
     if mod is None:
         return None
-    b = bias.float().contiguous() if bias is not None else torch.empty(0)
-    out = mod.small_m_linear(x.reshape(rows, x.shape[-1]).contiguous(), weight, b)
-    return out.view(*x.shape[:-1], weight.shape[0])
+    b = _NO_BIAS if bias is None else bias.float().contiguous()
+    flat = x.dim() == 2 and x.is_contiguous()
+    out = mod.small_m_linear(x if flat else x.reshape(rows, k).contiguous(), weight, b)
+    return out if flat else out.view(*x.shape[:-1], weight.shape[0])
 
 
 def _bf16_inference(*tensors: torch.Tensor) -> bool:
     """True when every tensor is bf16 on the CPU and autograd is off (the native element-wise kernels' domain)."""
-    return not torch.is_grad_enabled() and all(t.dtype == torch.bfloat16 and t.device.type == "cpu"
-                                                for t in tensors)
+    return not torch.is_grad_enabled() and all(t.dtype == torch.bfloat16 and t.is_cpu for t in tensors)
 
 
 def rms_norm_native(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
@@ -190,4 +194,20 @@ def rotary_native(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos
     if mod is None:
         return False
     mod.rotary_(q, k, positions, cos_sin)
+    return True
+
+
+def write_kv_native(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+                    ) -> bool:
+    """Store key / value [T, Hkv, D] into ``kv_cache`` at ``slot_mapping`` (exact copies); False (nothing done) when
+    the inputs do not qualify (not CPU, a dtype cast needed, a token's heads not contiguous) or the kernel is
+    unavailable."""
+    if (not kv_cache.is_cpu or key.dtype != kv_cache.dtype or value.dtype != kv_cache.dtype or key.dim() != 3
+            or key.stride(2) != 1 or value.stride(2) != 1 or key.stride(1) != key.shape[2]
+            or value.stride(1) != value.shape[2] or slot_mapping.dtype != torch.long or not kv_cache.is_contiguous()):
+        return False
+    mod = native_module("kv_write")
+    if mod is None:
+        return False
+    mod.write_kv(key, value, kv_cache, slot_mapping)
     return True
