@@ -173,6 +173,8 @@ class ModelRunner:
     def _compute_logits(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
         """LM-head logits of ``hidden[rows]``, computed over a bucketed number of rows (the last one repeated)."""
         idx = rows + [rows[-1]] * (bucket_rows(len(rows)) - len(rows))
+        if len(idx) == hidden.shape[0] and idx == list(range(len(idx))):  # all rows in order (batch-1 decode)
+            return self.model.compute_logits(hidden)
         return self.model.compute_logits(hidden[torch.tensor(idx, device=self.device)])[:len(rows)]
 
     def _new_state(self, new: NewRequestData) -> _RequestState:
