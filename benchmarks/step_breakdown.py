@@ -13,6 +13,7 @@ TorchDispatchMode counter; the native kernels' calls are not ATen ops and are co
 
     python benchmarks/step_breakdown.py                      # cinq-tiny, 1 and 2 threads, vs c961254
     python benchmarks/step_breakdown.py --model-110m         # + the ~110M random Llama of throughput.py
+    python benchmarks/step_breakdown.py --model-110m --int4  # + its int4 versions (LM head int4 / bf16)
     python benchmarks/step_breakdown.py --baseline none      # this checkout only
     python benchmarks/step_breakdown.py --measure-only ...   # one measurement as JSON (what the parent runs)
 """
@@ -184,14 +185,21 @@ def measure(model: str, threads: int, steps: int, repeats: int) -> dict[str, Any
         timers.on = False
         per_repeat.append({k: v / steps for k, v in timers.ms.items()})
     phases = {p: statistics.median(r.get(p, 0.0) for r in per_repeat) for p in PHASES}
+    phases["other"] = statistics.median(instrumented_ms) - sum(phases.values())  # engine / runner / layer glue
     tokens = engine.scheduler.running[0].output_token_ids if engine.scheduler.running else []
+    # the roofline this machine allows now: weight bytes over a measured streaming read (throughput.py's)
+    from throughput import read_bandwidth  # noqa: E402  (after cinq is imported: it must not move sys.path first)
+    bandwidth = read_bandwidth()
+    weight_bytes = sum(p.numel() * p.element_size() for p in engine.executor.runner.model.parameters())
+    weight_bytes += sum(b.numel() * b.element_size() for b in engine.executor.runner.model.buffers())
     return {"cinq": cinq.__file__, "threads": threads, "torch_threads": torch.get_num_threads(),
             "step_ms_median": statistics.median(step_ms), "step_ms_all": step_ms,
             "cpu_ms_median": statistics.median(cpu_ms), "cpu_ms_all": cpu_ms,
             "instrumented_step_ms_median": statistics.median(instrumented_ms), "phases_ms": phases,
             "aten_ops": sum(counter.ops.values()), "host_syncs": counter.syncs,
             "top_ops": dict(sorted(counter.ops.items(), key=lambda kv: -kv[1])[:12]),
-            "first_tokens": list(tokens[:64]), "loadavg": os.getloadavg()}
+            "first_tokens": list(tokens[:64]), "loadavg": os.getloadavg(), "read_bandwidth_gb_s": bandwidth / 1e9,
+            "weight_mb": weight_bytes / 1e6, "roofline_ms": 1e3 * weight_bytes / bandwidth}
 
 
 # ------------------------------------------------------------------------------------------------- the parent
@@ -207,12 +215,27 @@ def _baseline_tree(commit: str, into: Path) -> Path:
     return into
 
 
+def _int4_model(dense: Path, lm_head: bool) -> Path:
+    """RTN int4 (group 128, GPTQ format) of ``dense``, with the LM head int4 too or left bf16; built once, cached
+    next to it."""
+    from cinq.quant.config import QuantConfig
+    from cinq.quant.pipeline import quantize_model
+
+    out = dense.with_name(dense.name + ("-int4" if lm_head else "-int4-bf16-head"))
+    if not (out / "config.json").is_file():
+        quantize_model(dense, out, QuantConfig(method="rtn", bits=4, group_size=128, lm_head=lm_head), progress=False)
+    return out
+
+
 def _child(code_root: Path, model: str, threads: int, steps: int, repeats: int) -> dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=str(code_root), OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--measure-only", "--model", model, "--threads",
            str(threads), "--steps", str(steps), "--repeats", str(repeats)]
     out = subprocess.run(cmd, env=env, cwd=code_root, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    result = json.loads(out.strip().splitlines()[-1])
+    if not Path(result["cinq"]).resolve().is_relative_to(Path(code_root).resolve()):
+        raise RuntimeError(f"measured {result['cinq']}, not the code under {code_root}")
+    return result
 
 
 def main() -> None:
@@ -223,6 +246,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7, help="timed repeats (medians are reported)")
     ap.add_argument("--rounds", type=int, default=2, help="before/after alternations per configuration")
     ap.add_argument("--model-110m", action="store_true", help="also the ~110M random Llama of throughput.py")
+    ap.add_argument("--int4", action="store_true",
+                    help="with --model-110m: also its RTN int4 (g128) versions, LM head int4 and bf16 (first "
+                         "thread count only)")
     ap.add_argument("--model", default="cinq-tiny")
     ap.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--no-write", action="store_true", help="print only")
@@ -240,11 +266,16 @@ def main() -> None:
         from benchmarks.throughput import build_model
         from cinq.cache import cache_dir
         models["llama-110m"] = str(build_model(cache_dir() / "bench-llama-110m", 768, 12, 12, 2048, 32000))
+        if args.int4:
+            for head in (True, False):
+                name = "llama-110m-int4" + ("" if head else "-bf16-head")
+                models[name] = str(_int4_model(Path(models["llama-110m"]), head))
+    first_threads = args.threads.split(",")[0]
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         base = _baseline_tree(args.baseline, Path(tmp)) if args.baseline != "none" else None
         for name, model in models.items():
-            for threads in [int(x) for x in args.threads.split(",")]:
+            for threads in [int(x) for x in (first_threads if "int4" in name else args.threads).split(",")]:
                 versions = [("after", ROOT)] + ([("before", base)] if base else [])
                 samples: dict[str, list[dict[str, Any]]] = defaultdict(list)
                 for _ in range(args.rounds):  # alternate, so drifting machine load hits both alike
@@ -276,7 +307,9 @@ def _merge(samples: list[dict[str, Any]]) -> dict[str, Any]:
     out["step_ms_median"] = statistics.median(s["step_ms_median"] for s in samples)
     out["cpu_ms_median"] = statistics.median(s["cpu_ms_median"] for s in samples)
     out["instrumented_step_ms_median"] = statistics.median(s["instrumented_step_ms_median"] for s in samples)
-    out["phases_ms"] = {p: statistics.median(s["phases_ms"][p] for s in samples) for p in PHASES}
+    out["phases_ms"] = {p: statistics.median(s["phases_ms"][p] for s in samples) for p in (*PHASES, "other")}
+    out["read_bandwidth_gb_s"] = statistics.median(s["read_bandwidth_gb_s"] for s in samples)
+    out["roofline_ms"] = statistics.median(s["roofline_ms"] for s in samples)
     out["step_ms_all"] = [x for s in samples for x in s["step_ms_all"]]
     out["loadavg"] = [s["loadavg"] for s in samples]
     return out
@@ -298,7 +331,7 @@ def write(result: dict[str, Any]) -> None:
                   f"load average during the runs (1 min): "
                   + ", ".join(f"{x[0]:.2f}" for x in (b["loadavg"] if b else []) + a["loadavg"]), ""]
         lines += ["| phase (ms / step) | before | after |", "|---|---:|---:|"]
-        for p in PHASES:
+        for p in (*PHASES, "other"):
             lines.append(f"| {p} | {b['phases_ms'][p]:.3f} | {a['phases_ms'][p]:.3f} |" if b else
                          f"| {p} | | {a['phases_ms'][p]:.3f} |")
         fmt = (lambda key, f: f"| {b[key]:{f}} | {a[key]:{f}} |") if b else (lambda key, f: f"| | {a[key]:{f}} |")
@@ -306,7 +339,10 @@ def write(result: dict[str, Any]) -> None:
                   f"| **clean step (wall)** {fmt('step_ms_median', '.3f')}",
                   f"| **clean step (CPU)** {fmt('cpu_ms_median', '.3f')}",
                   f"| ATen ops / step {fmt('aten_ops', 'd')}",
-                  f"| host syncs / step {fmt('host_syncs', 'd')}", ""]
+                  f"| host syncs / step {fmt('host_syncs', 'd')}",
+                  f"| weights + buffers (MB) {fmt('weight_mb', '.1f')}",
+                  f"| measured read bandwidth (GB/s) {fmt('read_bandwidth_gb_s', '.1f')}",
+                  f"| roofline at that bandwidth (ms) {fmt('roofline_ms', '.3f')}", ""]
         if b:
             lines += [f"**speed-up {b['step_ms_median'] / a['step_ms_median']:.2f}x wall** "
                       f"({1e3 / b['step_ms_median']:.0f} -> {1e3 / a['step_ms_median']:.0f} tok/s), "
