@@ -159,7 +159,10 @@ def small_m_linear_native(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     mod = native_module("small_m_gemm")
     if mod is None:
         return None
-    b = _NO_BIAS if bias is None else bias.float().contiguous()
+    b = _NO_BIAS
+    if bias is not None:  # the kernel takes a bf16 or float32 bias as it is: no cast per call
+        b = bias if bias.dtype in (torch.bfloat16, torch.float32) else bias.float()
+        b = b if b.is_contiguous() else b.contiguous()
     flat = x.dim() == 2 and x.is_contiguous()
     out = mod.small_m_linear(x if flat else x.reshape(rows, k).contiguous(), weight, b)
     return out if flat else out.view(*x.shape[:-1], weight.shape[0])
@@ -167,7 +170,12 @@ def small_m_linear_native(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
 
 def _bf16_inference(*tensors: torch.Tensor) -> bool:
     """True when every tensor is bf16 on the CPU and autograd is off (the native element-wise kernels' domain)."""
-    return not torch.is_grad_enabled() and all(t.dtype == torch.bfloat16 and t.is_cpu for t in tensors)
+    if torch.is_grad_enabled():
+        return False
+    for t in tensors:
+        if t.dtype != torch.bfloat16 or not t.is_cpu:
+            return False
+    return True
 
 
 def rms_norm_native(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float

@@ -72,6 +72,17 @@ def test_small_m_linear_matches_float_linear(rows, n, k, bias):
     assert ((got.float() - ref).norm() / ref.norm()).item() < 1e-2
 
 
+def test_small_m_linear_takes_a_bf16_bias_as_its_float_widening():
+    from cinq.kernels.cpu_native import small_m_linear_native
+    g = torch.Generator().manual_seed(7)
+    x, w = torch.randn(2, 48, generator=g).bfloat16(), torch.randn(40, 48, generator=g).bfloat16()
+    b = torch.randn(40, generator=g).bfloat16()
+    with torch.no_grad():
+        got, ref = small_m_linear_native(x, w, b), small_m_linear_native(x, w, b.float())
+        half = small_m_linear_native(x, w, b.half())  # other dtypes are widened by the caller
+    assert got is not None and torch.equal(got, ref) and torch.equal(half, ref)
+
+
 def test_small_m_linear_declines_what_it_does_not_cover():
     from cinq.kernels.cpu_native import small_m_linear_native
     w = torch.randn(8, 16).bfloat16()
