@@ -25,8 +25,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--desc-act", action="store_true", help="GPTQ act-order")
     p.add_argument("--static-groups", action="store_true", help="GPTQ: groups fixed before act-order")
     p.add_argument("--damp-percent", type=float, default=0.01)
-    p.add_argument("--lm-head", action="store_true",
-                   help="also quantize the LM head (round-to-nearest, GPTQ formats; config flag lm_head: true)")
+    p.add_argument("--lm-head", action=argparse.BooleanOptionalAction, default=None,
+                   help="also quantize the LM head (round-to-nearest, GPTQ formats; config flag lm_head: true). "
+                        "Default: on for 4-bit GPTQ-format files whose vocabulary packs (a bf16 head is the "
+                        "largest tensor an int4 decode step streams), off otherwise")
     p.add_argument("--no-true-sequential", action="store_true")
     p.add_argument("--alpha", type=float, default=0.5, help="SmoothQuant migration strength")
     p.add_argument("--act-scheme", choices=["dynamic", "static"], default="dynamic", help="W8A8 activation scales")
@@ -69,7 +71,10 @@ def run(args: argparse.Namespace) -> int:
     cfg = QuantConfig(method=args.method, bits=bits, group_size=args.group_size, sym=sym, format=args.format,
                       desc_act=args.desc_act, static_groups=args.static_groups, damp_percent=args.damp_percent,
                       true_sequential=not args.no_true_sequential, smooth_alpha=args.alpha,
-                      act_scheme=args.act_scheme, lm_head=args.lm_head)
+                      act_scheme=args.act_scheme, lm_head=bool(args.lm_head))
+    if args.lm_head is None:
+        from cinq.quant.pipeline import default_lm_head
+        cfg = default_lm_head(args.model, cfg)
     calib_ids, heldout_text = None, None
     text = None
     if args.calib is not None:
@@ -90,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
     from cinq.quant.pipeline import quantize_model
     res = quantize_model(args.model, args.out, cfg, calib_ids, progress=not args.no_progress,
                          calib_dtype=getattr(torch, args.calib_dtype))
-    print(f"wrote {res.out_dir} ({cfg.method}, {cfg.format}, {cfg.bits}-bit, group {cfg.group_size}): "
+    head = ", LM head quantized" if cfg.lm_head else ""
+    print(f"wrote {res.out_dir} ({cfg.method}, {cfg.format}, {cfg.bits}-bit, group {cfg.group_size}{head}): "
           f"{res.weight_bytes / 2**20:.1f} MiB of tensors, {res.seconds:.1f} s, peak RSS {res.peak_rss_mib:.0f} MiB, "
           f"{res.calib_tokens} calibration tokens")
     if args.no_eval:

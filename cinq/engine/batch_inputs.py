@@ -2,9 +2,9 @@
 
 The target runner and every model-based proposer (a draft model, an EAGLE head) run forwards over the same paged
 block tables, so they build their inputs here, once: decode-like sequences first (the decode kernel batches
-them), a padding sequence on scratch blocks rounding the rows up to a GEMM-shape bucket, then tensor ops over the
-whole batch (no per-token Python loops): positions from the per-sequence starts and cumulative lengths, slots by
-gathering the block tables.
+them), a padding sequence on scratch blocks rounding the rows up to a GEMM-shape bucket, then one tensor per input
+built from host lists (no per-token Python arithmetic): positions as one range per sequence, slots as one range
+per block touched.
 """
 
 from __future__ import annotations
@@ -96,26 +96,42 @@ def _apply_tree(tree: TreeGroup, seqs: list[ScheduledSeq], meta: AttentionMetada
 
 def prepare_inputs(seqs: list[ScheduledSeq], ql: int, block_size: int, device: torch.device
                    ) -> tuple[AttentionMetadata, torch.Tensor, torch.Tensor]:
-    """Metadata, input ids and positions of ``seqs`` as ordered (decode-like of length ``ql`` first)."""
+    """Metadata, input ids and positions of ``seqs`` as ordered (decode-like of length ``ql`` first).
+
+    Built as host lists, one tensor each at the end: per-token values come from ``range`` expansions per
+    sequence (positions) and per block (slots), so there is no per-token Python arithmetic, and a decode step
+    costs a few tensor constructions instead of ~25 small ATen ops."""
     q_lens = [len(s.token_ids) for s in seqs]
-    start_pos = [s.start_pos for s in seqs]
-    seq_lens = [a + b for a, b in zip(start_pos, q_lens)]
-    input_ids = torch.tensor(list(itertools.chain.from_iterable(s.token_ids for s in seqs)), dtype=torch.long)
-    q_lens_t = torch.tensor(q_lens, dtype=torch.int32)
-    cu = torch.zeros(len(seqs) + 1, dtype=torch.int32)
-    torch.cumsum(q_lens_t, 0, out=cu[1:])
-    seq_idx = torch.repeat_interleave(torch.arange(len(seqs)), q_lens_t)
-    positions = torch.arange(len(input_ids)) - cu[:-1].long()[seq_idx] + torch.tensor(start_pos)[seq_idx]
-    max_blocks = max(len(s.block_ids) for s in seqs)
-    tables = torch.zeros(len(seqs), max_blocks, dtype=torch.int32)
-    for i, s in enumerate(seqs):
-        tables[i, :len(s.block_ids)] = torch.tensor(s.block_ids, dtype=torch.int32)
-    slots = tables[seq_idx, positions // block_size].long() * block_size + positions % block_size
+    seq_lens = [s.start_pos + n for s, n in zip(seqs, q_lens)]
+    positions: list[int] = []
+    slots: list[int] = []
+    for s, end in zip(seqs, seq_lens):
+        positions.extend(range(s.start_pos, end))
+        slots.extend(_slots(s.block_ids, s.start_pos, end, block_size))
+    width = max(len(s.block_ids) for s in seqs)
+    tables = [list(s.block_ids) + [0] * (width - len(s.block_ids)) for s in seqs]
     num_decodes = next((i for i, n in enumerate(q_lens) if n != ql), len(q_lens))
+    i64, i32 = torch.long, torch.int32
     meta = AttentionMetadata(
-        slot_mapping=slots.to(device), query_start_loc=cu.to(device),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device), block_tables=tables.to(device),
+        slot_mapping=torch.tensor(slots, dtype=i64, device=device),
+        query_start_loc=torch.tensor([0, *itertools.accumulate(q_lens)], dtype=i32, device=device),
+        seq_lens=torch.tensor(seq_lens, dtype=i32, device=device),
+        block_tables=torch.tensor(tables, dtype=i32, device=device),
         query_lens_cpu=q_lens, seq_lens_cpu=seq_lens, num_decodes=num_decodes,
         max_query_len=max(q_lens), max_seq_len=max(seq_lens), block_size=block_size,
         decode_query_len=ql)
-    return meta, input_ids.to(device), positions.to(device)
+    input_ids = torch.tensor(list(itertools.chain.from_iterable(s.token_ids for s in seqs)), dtype=i64,
+                             device=device)
+    return meta, input_ids, torch.tensor(positions, dtype=i64, device=device)
+
+
+def _slots(block_ids: list[int], start: int, end: int, block_size: int) -> range | itertools.chain[int]:
+    """Flat cache slots of positions start..end-1: one contiguous range per block they touch."""
+    first, last = start // block_size, (end - 1) // block_size
+    if first == last:  # the common case (every decode): one block
+        base = block_ids[first] * block_size - first * block_size
+        return range(base + start, base + end)
+    return itertools.chain.from_iterable(
+        range(block_ids[b] * block_size + max(start - b * block_size, 0),
+              block_ids[b] * block_size + min(end - b * block_size, block_size))
+        for b in range(first, last + 1))

@@ -39,6 +39,13 @@ class _RequestState:
     token_ids: list[int] | None = None  # prompt + emitted tokens, kept only for a proposer (its catch-up reads them)
 
 
+def _plain_greedy(state: _RequestState, num_output: int) -> bool:
+    """True when the request's next token is the argmax of the raw logits: greedy, no penalties, no logprobs, no
+    min_tokens ban at this output count."""
+    p = state.params
+    return p.greedy and state.output_counts is None and p.logprobs is None and num_output >= p.min_tokens
+
+
 def token_logprobs(logprobs: torch.Tensor, tokens: list[int], k: int) -> list[TokenLogprobs]:
     """Row j of ``logprobs`` [n, V] scored ``tokens[j]``: its logprob, its rank and the top ``k``."""
     targets = torch.tensor(tokens, device=logprobs.device)
@@ -168,6 +175,8 @@ class ModelRunner:
     def _compute_logits(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
         """LM-head logits of ``hidden[rows]``, computed over a bucketed number of rows (the last one repeated)."""
         idx = rows + [rows[-1]] * (bucket_rows(len(rows)) - len(rows))
+        if len(idx) == hidden.shape[0] and idx == list(range(len(idx))):  # all rows in order (batch-1 decode)
+            return self.model.compute_logits(hidden)
         return self.model.compute_logits(hidden[torch.tensor(idx, device=self.device)])[:len(rows)]
 
     def _new_state(self, new: NewRequestData) -> _RequestState:
@@ -187,6 +196,11 @@ class ModelRunner:
 
     def _sample(self, logits: torch.Tensor, seqs: list[ScheduledSeq], out: RunnerOutput) -> None:
         states = [self.states[s.request_id] for s in seqs]
+        if all(_plain_greedy(st, s.num_output_tokens) for st, s in zip(states, seqs)):
+            # nothing but argmax to do: no sampling metadata (a dozen small tensors), no sampler pass
+            for seq, tok in zip(seqs, Sampler.greedy(logits).tolist()):
+                out.sampled[seq.request_id] = [tok]
+            return
         meta = self._sampling_metadata(states, [s.num_output_tokens for s in seqs])
         result = self.sampler(logits, meta)
         tokens = result.token_ids.tolist()

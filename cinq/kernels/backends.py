@@ -21,6 +21,7 @@ from typing import Callable, Protocol
 import torch
 
 from cinq.errors import InvalidParameterError
+from cinq.kernels.cpu_native import write_kv_native
 from cinq.kernels.flash import flash_attention_paged
 from cinq.kernels.metadata import AttentionMetadata
 from cinq.kernels.paged import (  # noqa: F401  (re-exported: part of this module's public surface)
@@ -46,11 +47,13 @@ class AttentionBackend(Protocol):
 
 
 class TorchKVWriter:
-    """KV writes with ``index_copy_`` into the flat cache view: shared by the PyTorch backends."""
+    """KV writes shared by the PyTorch backends: the native copy on the CPU (one call per layer), else
+    ``index_copy_`` into the flat cache view."""
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
-        write_kv_index_copy(key, value, kv_cache, slot_mapping)
+        if not write_kv_native(key, value, kv_cache, slot_mapping):
+            write_kv_index_copy(key, value, kv_cache, slot_mapping)
 
 
 class SdpaBackend(TorchKVWriter):

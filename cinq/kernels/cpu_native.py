@@ -9,6 +9,10 @@ loop would be slower than PyTorch's. Builds use ``-march=native``, so the cache 
 * ``small_m_gemm.cpp``: bf16 linear for 1-8 activation rows at memory bandwidth (decode at small batch, a
   speculative verify of up to 7 drafts): AMX tiles where the CPU and OS allow them, AVX512-BF16 otherwise.
 * ``int4_linear.cpp``: GPTQ/AWQ int4 linear with bf16 activations (used by ``cinq.layers.quantization.kernels``).
+* ``rms_norm.cpp``: RMSNorm with the fused residual add, bf16 (``cinq.layers.norm``): one call per norm instead
+  of ~10 ATen ops, which at batch 1 cost far more than the arithmetic.
+* ``rotary.cpp``: rotary embedding of q and k in place, bf16 (``cinq.layers.rotary``), for the same reason.
+* ``kv_write.cpp``: a step's new K/V rows into the paged cache (``cinq.kernels.backends``' PyTorch backends).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ _modules: dict[str, Any] = {}
 SMALL_M_MAX_ROWS = 8  # the most rows small_m_gemm.cpp takes; its fast_rows() may say fewer for this CPU
 _small_m_rows: int | None = None  # small_m_rows(), once known
 _NO_TREE = torch.empty(0, dtype=torch.bool)  # "causal among the new rows": one shared tensor, nothing per call
+_NO_RESIDUAL = torch.empty(0, dtype=torch.bfloat16)  # rms_norm without a residual add
+_NO_BIAS = torch.empty(0)  # small_m_linear without a bias
 
 
 def native_module(name: str) -> Any | None:
@@ -106,7 +112,8 @@ def paged_decode_native(query: torch.Tensor, kv_cache: torch.Tensor, block_table
     unavailable. Sequence s owns query rows s * query_len ...; row r sees keys up to seq_len - query_len + r,
     or with ``tree_mask`` (tree verification: bool [query_len, query_len] shared by all sequences, or
     [>= nd, query_len, query_len] with sequence s using ``tree_mask[s]``) the cached context and the new rows
-    its tree row marks."""
+    its tree row marks. ``block_tables`` [>= nd, max_blocks] and ``seq_lens`` [>= nd]: the first nd rows are
+    read."""
     if query.device.type != "cpu" or not kv_cache.is_contiguous():
         return None
     mod = native_module("paged_decode")
@@ -116,9 +123,16 @@ def paged_decode_native(query: torch.Tensor, kv_cache: torch.Tensor, block_table
     tree = _NO_TREE
     if tree_mask is not None:  # [nd, ql, ql]: the kernel steps ql * ql per sequence; [ql, ql]: all read it
         tree = (tree_mask[:nd] if tree_mask.dim() == 3 else tree_mask).to(torch.bool).contiguous()
-    out = mod.paged_decode(query.float().contiguous(), kv_cache, block_tables[:nd].to(torch.int32).contiguous(),
-                           seq_lens[:nd].to(torch.int32).contiguous(), float(scale), int(query_len), tree)
-    return out.to(query.dtype)
+    # the kernel reads the first nd rows of the tables and lengths and takes a bf16 query itself: at batch 1 every
+    # Python-side op here would cost more than the attention
+    q = query if query.dtype in (torch.float32, torch.bfloat16) else query.float()
+    out = mod.paged_decode(q, kv_cache, _int32(block_tables), _int32(seq_lens), float(scale), int(query_len), tree)
+    return out if q is query else out.to(query.dtype)
+
+
+def _int32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as contiguous int32, without an op when it already is."""
+    return t if t.dtype == torch.int32 and t.is_contiguous() else t.to(torch.int32).contiguous()
 
 
 def small_m_rows() -> int:
@@ -134,15 +148,74 @@ def small_m_rows() -> int:
 def small_m_linear_native(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
     """``F.linear`` for bf16 inputs with at most ``small_m_rows()`` rows on the CPU without autograd, or None when
     the shape, dtype or mode does not qualify (or the kernel is unavailable)."""
-    if (x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16 or x.device.type != "cpu"
-            or torch.is_grad_enabled() or not weight.is_contiguous()):
+    # called for every linear of a decode step: every check and op here is paid ~20 times per step
+    if (x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16 or not x.is_cpu or torch.is_grad_enabled()
+            or not weight.is_contiguous()):
         return None
-    rows = x.numel() // x.shape[-1] if x.numel() else 0
+    k = x.shape[-1]
+    rows = x.numel() // k if k else 0
     if not 1 <= rows <= small_m_rows():
         return None
     mod = native_module("small_m_gemm")
     if mod is None:
         return None
-    b = bias.float().contiguous() if bias is not None else torch.empty(0)
-    out = mod.small_m_linear(x.reshape(rows, x.shape[-1]).contiguous(), weight, b)
-    return out.view(*x.shape[:-1], weight.shape[0])
+    b = _NO_BIAS
+    if bias is not None:  # the kernel takes a bf16 or float32 bias as it is: no cast per call
+        b = bias if bias.dtype in (torch.bfloat16, torch.float32) else bias.float()
+        b = b if b.is_contiguous() else b.contiguous()
+    flat = x.dim() == 2 and x.is_contiguous()
+    out = mod.small_m_linear(x if flat else x.reshape(rows, k).contiguous(), weight, b)
+    return out if flat else out.view(*x.shape[:-1], weight.shape[0])
+
+
+def _bf16_inference(*tensors: torch.Tensor) -> bool:
+    """True when every tensor is bf16 on the CPU and autograd is off (the native element-wise kernels' domain)."""
+    if torch.is_grad_enabled():
+        return False
+    for t in tensors:
+        if t.dtype != torch.bfloat16 or not t.is_cpu:
+            return False
+    return True
+
+
+def rms_norm_native(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+                    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """``(norm(x + residual) * weight, x + residual)`` (without ``residual``: ``(norm(x) * weight, None)``) for
+    bf16 CPU tensors without autograd, rounded as ``cinq.layers.norm``'s PyTorch path; None when the inputs do
+    not qualify or the kernel is unavailable."""
+    if not _bf16_inference(x, weight) or (residual is not None and not _bf16_inference(residual)):
+        return None
+    mod = native_module("rms_norm")
+    if mod is None:
+        return None
+    y, res = mod.rms_norm(x, _NO_RESIDUAL if residual is None else residual, weight, float(eps))
+    return y, (None if residual is None else res)
+
+
+def rotary_native(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> bool:
+    """Rotate q [T, Hq, D] and k [T, Hkv, D] in place by ``cos_sin[positions]`` (bf16 CPU tensors, no autograd);
+    False (nothing done) when the inputs do not qualify or the kernel is unavailable."""
+    if (not _bf16_inference(q, k, cos_sin) or q.dim() != 3 or k.dim() != 3 or positions.dtype != torch.long
+            or positions.dim() != 1 or q.stride(2) != 1 or k.stride(2) != 1):
+        return False
+    mod = native_module("rotary")
+    if mod is None:
+        return False
+    mod.rotary_(q, k, positions, cos_sin)
+    return True
+
+
+def write_kv_native(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+                    ) -> bool:
+    """Store key / value [T, Hkv, D] into ``kv_cache`` at ``slot_mapping`` (exact copies); False (nothing done) when
+    the inputs do not qualify (not CPU, a dtype cast needed, a token's heads not contiguous) or the kernel is
+    unavailable."""
+    if (not kv_cache.is_cpu or key.dtype != kv_cache.dtype or value.dtype != kv_cache.dtype or key.dim() != 3
+            or key.stride(2) != 1 or value.stride(2) != 1 or key.stride(1) != key.shape[2]
+            or value.stride(1) != value.shape[2] or slot_mapping.dtype != torch.long or not kv_cache.is_contiguous()):
+        return False
+    mod = native_module("kv_write")
+    if mod is None:
+        return False
+    mod.write_kv(key, value, kv_cache, slot_mapping)
+    return True

@@ -27,8 +27,10 @@ from cinq.kernels.paged import causal_mask, gather_context
 def sdpa_paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                          meta: AttentionMetadata, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
     """[T, Hq, D] output of one serving step (see ``cinq.kernels.backends`` for the contract)."""
-    out = torch.empty_like(query) if out is None else out
     nd = meta.num_decodes
+    if nd == meta.num_seqs and out is None:  # decodes only (every step at batch 1): no output copy
+        return sdpa_decode(query, kv_cache, meta, scale)
+    out = torch.empty_like(query) if out is None else out
     if nd:
         out[:meta.num_decode_tokens] = sdpa_decode(query[:meta.num_decode_tokens], kv_cache, meta, scale)
     if meta.num_seqs == nd:
@@ -59,8 +61,7 @@ def sdpa_decode(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
     elsewhere, or if it cannot be built, one SDPA call."""
     nd, ql = meta.num_decodes, meta.decode_query_len
     # positional arguments: tests stand in for the native kernel with ``lambda *a: None``
-    native = paged_decode_native(query, kv_cache, meta.block_tables[:nd], meta.seq_lens[:nd], scale, ql,
-                                 meta.tree_mask)
+    native = paged_decode_native(query, kv_cache, meta.block_tables, meta.seq_lens, scale, ql, meta.tree_mask)
     if native is not None:
         return native
     _, hq, d = query.shape

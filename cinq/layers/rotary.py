@@ -1,4 +1,7 @@
-"""Rotary position embedding (rotate-half / NeoX layout, as in HF Llama), with Llama-3 and linear scaling."""
+"""Rotary position embedding (rotate-half / NeoX layout, as in HF Llama), with Llama-3 and linear scaling.
+
+bf16 inference on the CPU rotates q and k in place with the native kernel (cinq/kernels/cpu/rotary.cpp,
+bit-identical to the PyTorch path below, which everything else runs)."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import torch
 from torch import nn
 
 from cinq.errors import ModelLoadError
+from cinq.kernels.cpu_native import rotary_native
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
@@ -53,8 +57,12 @@ class RotaryEmbedding(nn.Module):
         return self._cache[key]
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [..., Hq, D], k: [..., Hkv, D], positions: [...] (same leading shape)."""
-        cs = self.cos_sin(q.device, q.dtype)[positions]
+        """q: [..., Hq, D], k: [..., Hkv, D], positions: [...] (same leading shape). Without autograd the result
+        may be q and k themselves, rotated in place."""
+        table = self.cos_sin(q.device, q.dtype)
+        if rotary_native(q, k, positions, table):
+            return q, k
+        cs = table[positions]
         cos, sin = cs.unsqueeze(-2).chunk(2, dim=-1)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 

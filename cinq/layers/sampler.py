@@ -52,7 +52,7 @@ class Sampler(nn.Module):
         out = SamplerOutput(token_ids=torch.empty(0, dtype=torch.long))
         raw_logprobs = logits.log_softmax(-1) if meta.max_num_logprobs is not None else None
         logits = self.apply_bans_and_penalties(logits, meta)
-        greedy_tokens = logits.argmax(-1)
+        greedy_tokens = self.greedy(logits)
         if meta.all_greedy:
             out.token_ids = greedy_tokens
         else:
@@ -64,6 +64,11 @@ class Sampler(nn.Module):
             if k:
                 out.logprobs, out.logprob_token_ids = raw_logprobs.topk(k, dim=-1)
         return out
+
+    @staticmethod
+    def greedy(logits: torch.Tensor) -> torch.Tensor:
+        """The greedy token of each row [B] (no softmax: it cannot move the argmax)."""
+        return logits.argmax(-1)
 
     @staticmethod
     def apply_bans_and_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:

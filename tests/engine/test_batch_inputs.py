@@ -3,10 +3,13 @@ positions by depth, slots in row order)."""
 
 from __future__ import annotations
 
+import random
+
 import torch
 
-from cinq.engine.batch_inputs import PAD_ID, TreeGroup, build_batch, decode_query_len
+from cinq.engine.batch_inputs import PAD_ID, TreeGroup, build_batch, decode_query_len, prepare_inputs
 from cinq.engine.io import ScheduledSeq
+from cinq.kernels.metadata import AttentionMetadata
 
 BS = 4
 PAD_BLOCKS = [90, 91]
@@ -46,3 +49,26 @@ def test_a_tree_group_gets_masks_depth_positions_and_row_order_slots() -> None:
     assert b.meta.slot_mapping[:4].tolist() == [2 * BS + 0, 2 * BS + 1, 2 * BS + 2, 2 * BS + 3]  # rows 8..11
     same = build_batch(seqs, BS, PAD_BLOCKS, torch.device("cpu"), tree=TreeGroup({"a": parents_a, "b": parents_a}))
     assert same.meta.tree_mask.shape == (4, 4)  # one shape: the shared form
+
+
+def test_prepare_inputs_matches_metadata_built_token_by_token() -> None:
+    """Chunks that start mid-block, span several blocks and end on a block edge, decodes, a one-block prompt:
+    the range-built slots and positions equal the per-token definition (AttentionMetadata.from_lens)."""
+    rng = random.Random(0)
+    bs = 4
+    seqs = [ScheduledSeq("d0", [5], 9, [7, 3, 11], 1), ScheduledSeq("d1", [6], 0, [2], 1),
+            ScheduledSeq("p0", list(range(10)), 3, [4, 9, 1, 0], 1),  # starts mid-block, ends on a block edge
+            ScheduledSeq("p1", list(range(3)), 0, [8], 1)]
+    for i in range(3):  # random chunks over shuffled blocks
+        start, n = rng.randrange(0, 40), rng.randrange(1, 30)
+        blocks = rng.sample(range(20, 80), -(-(start + n) // bs))
+        seqs.append(ScheduledSeq(f"r{i}", [rng.randrange(100) for _ in range(n)], start, blocks, 1))
+    meta, ids, positions = prepare_inputs(seqs, 1, bs, torch.device("cpu"))
+    ref = AttentionMetadata.from_lens([len(s.token_ids) for s in seqs],
+                                      [s.start_pos + len(s.token_ids) for s in seqs], [s.block_ids for s in seqs], bs)
+    for name in ("slot_mapping", "query_start_loc", "seq_lens", "block_tables"):
+        got, want = getattr(meta, name), getattr(ref, name)
+        assert got.dtype == want.dtype and torch.equal(got, want), name
+    assert meta.num_decodes == ref.num_decodes == 2
+    assert ids.tolist() == [t for s in seqs for t in s.token_ids]
+    assert positions.tolist() == [s.start_pos + j for s in seqs for j in range(len(s.token_ids))]

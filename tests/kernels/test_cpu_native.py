@@ -1,4 +1,5 @@
-"""The native CPU paged-decode kernel: builds here, matches the float64 reference, and the PyTorch fallback too."""
+"""The native CPU kernels: paged decode (matches the float64 reference, and the PyTorch fallback too), the skinny
+linear, the KV write (equal to index_copy_)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import pytest
 import torch
 
 from cinq.kernels import sdpa
-from cinq.kernels.cpu_native import native_module, paged_decode_native
+from cinq.kernels.cpu_native import native_module, paged_decode_native, write_kv_native
 from cinq.kernels.metadata import AttentionMetadata
+from cinq.kernels.paged import write_kv_index_copy
 from cinq.kernels.reference import paged_attention_reference
 
 
@@ -70,6 +72,17 @@ def test_small_m_linear_matches_float_linear(rows, n, k, bias):
     assert ((got.float() - ref).norm() / ref.norm()).item() < 1e-2
 
 
+def test_small_m_linear_takes_a_bf16_bias_as_its_float_widening():
+    from cinq.kernels.cpu_native import small_m_linear_native
+    g = torch.Generator().manual_seed(7)
+    x, w = torch.randn(2, 48, generator=g).bfloat16(), torch.randn(40, 48, generator=g).bfloat16()
+    b = torch.randn(40, generator=g).bfloat16()
+    with torch.no_grad():
+        got, ref = small_m_linear_native(x, w, b), small_m_linear_native(x, w, b.float())
+        half = small_m_linear_native(x, w, b.half())  # other dtypes are widened by the caller
+    assert got is not None and torch.equal(got, ref) and torch.equal(half, ref)
+
+
 def test_small_m_linear_declines_what_it_does_not_cover():
     from cinq.kernels.cpu_native import small_m_linear_native
     w = torch.randn(8, 16).bfloat16()
@@ -77,3 +90,21 @@ def test_small_m_linear_declines_what_it_does_not_cover():
         assert small_m_linear_native(torch.randn(9, 16).bfloat16(), w, None) is None  # too many rows
         assert small_m_linear_native(torch.randn(1, 16), w.float(), None) is None  # not bf16
     assert small_m_linear_native(torch.randn(1, 16).bfloat16(), w, None) is None  # autograd on
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_write_kv_native_matches_index_copy(dtype):
+    g = torch.Generator().manual_seed(3)
+    hkv, d, bs, nb, tokens = 2, 32, 4, 10, 7
+    qkv = torch.randn(tokens, (4 + 2 * hkv) * d, generator=g).to(dtype)
+    _, k, v = qkv.split([4 * d, hkv * d, hkv * d], dim=-1)
+    k, v = k.view(tokens, hkv, d), v.view(tokens, hkv, d)  # strided, as the model's split
+    slots = torch.randperm(nb * bs, generator=g)[:tokens]
+    want = torch.randn(2, nb, bs, hkv, d, generator=g).to(dtype)
+    got = want.clone()
+    write_kv_index_copy(k, v, want, slots)
+    assert write_kv_native(k, v, got, slots)
+    assert torch.equal(got, want)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        write_kv_native(k, v, got, torch.full((tokens,), nb * bs))
+    assert not write_kv_native(k.float() if dtype != torch.float32 else k.double(), v, got, slots)  # a cast: no

@@ -54,3 +54,22 @@ def test_eval_rejects_unknown_tasks(capsys):
     assert "unknown task" in capsys.readouterr().err
     assert main(["eval", "--tasks", "arithmetic,arithmetic-easy"]) == 2
     assert "one task per report" in capsys.readouterr().err
+
+
+def test_quantize_lm_head_default_on_for_int4_gptq_when_it_packs(tmp_path, trained_tiny, capsys):
+    from cinq.model.saver import init_random_model, save_model
+    from tests.quant.conftest import tiny_config
+
+    src = tmp_path / "vocab512"  # a vocabulary that packs (multiple of 8), unlike trained_tiny's 263 bytes
+    save_model(init_random_model(tiny_config(vocab=512), seed=0), src)
+    for flags, want in (([], True), (["--no-lm-head"], False), (["--bits", "8"], False)):
+        out = tmp_path / f"q{len(list(tmp_path.iterdir()))}"
+        assert main(["quantize", str(src), "--method", "rtn", "--group-size", "32", "--out", str(out),
+                     "--no-eval", "--no-progress", *flags]) == 0
+        qc = json.loads((out / "config.json").read_text())["quantization_config"]
+        assert qc["lm_head"] is want, flags
+        assert ("LM head quantized" in capsys.readouterr().out) is want
+    out = tmp_path / "bytes"  # 263 rows do not pack into int32 words: the default leaves the head dense
+    assert main(["quantize", str(trained_tiny), "--method", "rtn", "--group-size", "32", "--out", str(out),
+                 "--no-eval", "--no-progress"]) == 0
+    assert json.loads((out / "config.json").read_text())["quantization_config"]["lm_head"] is False

@@ -212,14 +212,17 @@ void decode_kernel_bf16(const float* q, const c10::BFloat16* cache_t, const int3
 
 }  // namespace
 
-// query [nd * ql, hq, d] float32 (sequence s owns rows s * ql ...); kv_cache [2, num_blocks, block_size, hkv, d]
+// query [nd * ql, hq, d] float32 or bf16 (sequence s owns rows s * ql ...); kv_cache [2, num_blocks, block_size, hkv, d]
 // (float32 / bf16 / fp16, contiguous); block_tables [>= nd, max_blocks] int32; seq_lens [>= nd] int32 (>= ql);
 // tree_mask: empty (causal among the new rows), or contiguous bool [ql, ql] (shared by all sequences) or
-// [nd, ql, ql] (one per sequence). Returns [nd * ql, hq, d] float32.
-torch::Tensor paged_decode(torch::Tensor query, torch::Tensor kv_cache, torch::Tensor block_tables,
+// [nd, ql, ql] (one per sequence). Returns [nd * ql, hq, d] in the query's dtype (computed in float32; a bf16
+// query and output convert here, in one call, rather than as two more ops per layer in Python).
+torch::Tensor paged_decode(torch::Tensor query_in, torch::Tensor kv_cache, torch::Tensor block_tables,
                            torch::Tensor seq_lens, double scale, int64_t ql, torch::Tensor tree_mask) {
-  TORCH_CHECK(query.dim() == 3 && query.scalar_type() == torch::kFloat32 && query.is_contiguous(),
-              "paged_decode: query must be contiguous float32 [nd * ql, hq, d]");
+  TORCH_CHECK(query_in.dim() == 3 && (query_in.scalar_type() == torch::kFloat32 ||
+                                      query_in.scalar_type() == torch::kBFloat16),
+              "paged_decode: query must be float32 or bf16 [nd * ql, hq, d]");
+  const torch::Tensor query = query_in.to(torch::kFloat32).contiguous();
   TORCH_CHECK(ql >= 1 && query.size(0) % ql == 0, "paged_decode: query rows must be a multiple of ql >= 1");
   TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous(),
               "paged_decode: kv_cache must be contiguous [2, num_blocks, block_size, hkv, d]");
@@ -269,7 +272,7 @@ torch::Tensor paged_decode(torch::Tensor query, torch::Tensor kv_cache, torch::T
     default:
       TORCH_CHECK(false, "paged_decode: unsupported kv_cache dtype");
   }
-  return out;
+  return out.to(query_in.scalar_type());
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

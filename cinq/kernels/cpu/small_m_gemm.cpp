@@ -293,7 +293,7 @@ bool use_amx(int64_t M, int64_t path) {
 
 }  // namespace
 
-// x [M, K] bf16 contiguous (M <= 8), w [N, K] bf16 contiguous, bias [N] float32 or empty. Returns [M, N] bf16.
+// x [M, K] bf16 contiguous (M <= 8), w [N, K] bf16 contiguous, bias [N] float32 / bf16 or empty. Returns [M, N] bf16.
 // path: 0 the fastest for this CPU and M, 1 AVX512-BF16 vector tiles, 2 AMX where available (tests, benchmarks).
 torch::Tensor small_m_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bias, int64_t path) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "small_m_linear: shapes");
@@ -302,9 +302,18 @@ torch::Tensor small_m_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bia
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   TORCH_CHECK(M >= 1 && M <= kMaxRows, "small_m_linear: 1 <= M <= 8");
   const float* b = nullptr;
+  std::vector<float> widened;  // a bf16 bias (the model's own dtype) widened here, not cast by the caller per call
   if (bias.numel()) {
-    TORCH_CHECK(bias.scalar_type() == torch::kFloat32 && bias.numel() == N, "small_m_linear: bias");
-    b = bias.data_ptr<float>();
+    TORCH_CHECK(bias.numel() == N && bias.is_contiguous() &&
+                    (bias.scalar_type() == torch::kFloat32 || bias.scalar_type() == torch::kBFloat16),
+                "small_m_linear: bias must be contiguous float32 or bf16 [N]");
+    if (bias.scalar_type() == torch::kFloat32) {
+      b = bias.data_ptr<float>();
+    } else {
+      const at::BFloat16* src = bias.data_ptr<at::BFloat16>();
+      widened.assign(src, src + N);
+      b = widened.data();
+    }
   }
   auto y = torch::empty({M, N}, x.options());
   const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());

@@ -188,7 +188,8 @@ def weight_only_mm(p_kind: str, t: dict[str, torch.Tensor], arg: int, x: torch.T
     """y = x W^T for a prepared weight-only layer; x [..., K] -> [..., N] in x's dtype. (Called per linear per
     step: no conversions or copies unless needed.)"""
     lead, k = x.shape[:-1], x.shape[-1]
-    x2 = x.reshape(-1, k)
+    flat = x.dim() == 2  # the serving forward's [T, K]: no reshapes on the way in or out
+    x2 = x if flat else x.reshape(-1, k)
     if p_kind == "int4_native":
         perm = t.get("perm")
         if perm is not None:
@@ -227,7 +228,7 @@ def weight_only_mm(p_kind: str, t: dict[str, torch.Tensor], arg: int, x: torch.T
         y = F.linear(x2, dequantized_weight(p_kind, t, arg, x2.dtype))
     if y.dtype != x.dtype:
         y = y.to(x.dtype)
-    return y.reshape(*lead, -1)
+    return y if flat else y.reshape(*lead, -1)
 
 
 # ---------------------------------------------------------------------------------------------------- W8A8

@@ -1,0 +1,397 @@
+"""Where a batch-1 decode step spends its time: per-phase milliseconds, ATen op and host-sync counts, measured on
+this checkout and on a baseline commit in the same run (back to back, each in its own subprocess).
+
+Phases (CPU time of the process, instrumented run: a shared machine preempts us, and CPU time leaves the waits
+out): scheduler.schedule, input building (engine/batch_inputs.build_batch), the
+model forward split into embedding, per-layer input norm / qkv projection / rope / attention (KV write + kernel) /
+o projection / post-attention norm / MLP, final norm, LM head (runner._compute_logits), sampler
+(runner._sample), scheduler.update and output processing (detokenization). Timers wrap the engine's own objects
+(functions and module hooks), so the instrumented step is a little slower than a clean one; the clean step time
+is measured separately, without any instrumentation, both as wall time and as process CPU time. Counts (noise-free): ATen ops per decode step (a
+TorchDispatchMode counter; the native kernels' calls are not ATen ops and are counted apart) and host syncs
+(``Tensor.item`` / ``tolist`` / ``bool`` of a tensor).
+
+    python benchmarks/step_breakdown.py                      # cinq-tiny, 1 and 2 threads, vs c961254
+    python benchmarks/step_breakdown.py --model-110m         # + the ~110M random Llama of throughput.py
+    python benchmarks/step_breakdown.py --model-110m --int4  # + its int4 versions (LM head int4 / bf16)
+    python benchmarks/step_breakdown.py --baseline none      # this checkout only
+    python benchmarks/step_breakdown.py --render             # the .md again from the saved .json
+    python benchmarks/step_breakdown.py --measure-only ...   # one measurement as JSON (what the parent runs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+BASE_COMMIT = "c961254"
+PHASES = ("schedule", "prepare_inputs", "embed", "input_norm", "qkv_proj", "qk_norm", "rope", "attention",
+          "o_proj", "post_attn_norm", "mlp", "final_norm", "lm_head", "sampler", "scheduler_update",
+          "output_processing")
+
+
+# ------------------------------------------------------------------------------------ one measurement (child)
+
+_clock = time.process_time  # CPU seconds of this process (all its threads)
+
+
+class _Timers:
+    """Accumulated CPU time per phase, by wrapping callables and module hooks of one engine."""
+
+    def __init__(self) -> None:
+        self.ms: dict[str, float] = defaultdict(float)
+        self.on = False
+
+    def wrap(self, obj: Any, attr: str, phase: str) -> None:
+        fn = getattr(obj, attr)
+
+        def timed(*a: Any, **kw: Any) -> Any:
+            t0 = _clock()
+            try:
+                return fn(*a, **kw)
+            finally:
+                if self.on:
+                    self.ms[phase] += 1e3 * (_clock() - t0)
+        setattr(obj, attr, timed)
+
+    def hook(self, module: Any, phase: str) -> None:
+        start: list[float] = []
+
+        def pre(*_: Any) -> None:
+            start.append(_clock())
+
+        def post(*_: Any) -> None:
+            t0 = start.pop()
+            if self.on:
+                self.ms[phase] += 1e3 * (_clock() - t0)
+        module.register_forward_pre_hook(pre)
+        module.register_forward_hook(post)
+
+
+def _instrument(engine: Any) -> _Timers:
+    import cinq.engine.runner as runner_mod
+
+    t = _Timers()
+    runner = engine.executor.runner
+    t.wrap(engine.scheduler, "schedule", "schedule")
+    t.wrap(engine.scheduler, "update", "scheduler_update")
+    t.wrap(engine.output_processor, "process", "output_processing")
+    t.wrap(runner_mod, "build_batch", "prepare_inputs")
+    t.wrap(runner, "_compute_logits", "lm_head")
+    t.wrap(runner, "_sample", "sampler")
+    model = runner.model.model
+    t.hook(model.embed_tokens, "embed")
+    t.hook(model.norm, "final_norm")
+    for layer in model.layers:
+        attn = layer.self_attn
+        t.hook(layer.input_layernorm, "input_norm")
+        t.hook(layer.post_attention_layernorm, "post_attn_norm")
+        t.hook(layer.mlp, "mlp")
+        for name, phase in (("qkv_proj", "qkv_proj"), ("rotary_emb", "rope"), ("attn", "attention"),
+                            ("o_proj", "o_proj"), ("q_norm", "qk_norm")):
+            sub = getattr(attn, name, None)
+            if sub is not None:
+                t.hook(sub, phase)
+    return t
+
+
+class _Counter:
+    """ATen ops (TorchDispatchMode) and host syncs of the steps run inside it."""
+
+    def __init__(self) -> None:
+        self.ops: dict[str, int] = defaultdict(int)
+        self.syncs = 0
+
+    def run(self, fn: Callable[[], Any]) -> None:
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+                counter.ops[str(func.overloadpacket)] += 1
+                if func.overloadpacket is torch.ops.aten._local_scalar_dense:
+                    counter.syncs += 1
+                return func(*args, **(kwargs or {}))
+
+        tolist = torch.Tensor.tolist
+
+        def counted_tolist(self_: torch.Tensor) -> Any:
+            counter.syncs += 1
+            return tolist(self_)
+        torch.Tensor.tolist = counted_tolist  # tolist reads the data without an ATen op: count it here
+        try:
+            with Mode():
+                fn()
+        finally:
+            torch.Tensor.tolist = tolist
+
+
+def _engine(model: str, threads: int) -> Any:
+    import torch
+
+    from cinq.config import EngineConfig
+    from cinq.engine.engine import LLMEngine
+    from cinq.sampling_params import SamplingParams
+
+    torch.set_num_threads(threads)
+    engine = LLMEngine(EngineConfig(model=model, dtype="bfloat16", kv_cache_memory=0.5, seed=0, max_num_seqs=4))
+    engine.add_request("b1", list(range(10, 42)), SamplingParams(temperature=0, max_tokens=100_000 // 100,
+                                                                 ignore_eos=True))
+    engine.step()  # prefill
+    return engine
+
+
+def measure(model: str, threads: int, steps: int, repeats: int) -> dict[str, Any]:
+    """One code version's numbers (runs in a child process whose ``cinq`` is the version measured)."""
+    import torch
+
+    import cinq
+
+    engine = _engine(model, threads)
+    for _ in range(20):  # warm-up: shapes, caches, native kernels
+        engine.step()
+    step_ms, cpu_ms = [], []
+    for _ in range(repeats):  # clean: no instrumentation at all
+        t0, c0 = time.perf_counter(), _clock()
+        for _ in range(steps):
+            engine.step()
+        step_ms.append(1e3 * (time.perf_counter() - t0) / steps)
+        cpu_ms.append(1e3 * (_clock() - c0) / steps)
+    counter = _Counter()
+    counter.run(engine.step)
+    timers = _instrument(engine)
+    per_repeat: list[dict[str, float]] = []
+    instrumented_ms = []
+    for _ in range(repeats):
+        timers.ms.clear()
+        timers.on = True
+        t0 = _clock()
+        for _ in range(steps):
+            engine.step()
+        instrumented_ms.append(1e3 * (_clock() - t0) / steps)
+        timers.on = False
+        per_repeat.append({k: v / steps for k, v in timers.ms.items()})
+    phases = {p: statistics.median(r.get(p, 0.0) for r in per_repeat) for p in PHASES}
+    phases["other"] = statistics.median(instrumented_ms) - sum(phases.values())  # engine / runner / layer glue
+    tokens = engine.scheduler.running[0].output_token_ids if engine.scheduler.running else []
+    # the roofline this machine allows now: weight bytes over a measured streaming read (throughput.py's)
+    from throughput import read_bandwidth  # noqa: E402  (after cinq is imported: it must not move sys.path first)
+    bandwidth = read_bandwidth()
+    weight_bytes = sum(p.numel() * p.element_size() for p in engine.executor.runner.model.parameters())
+    weight_bytes += sum(b.numel() * b.element_size() for b in engine.executor.runner.model.buffers())
+    return {"cinq": cinq.__file__, "threads": threads, "torch_threads": torch.get_num_threads(),
+            "step_ms_median": statistics.median(step_ms), "step_ms_all": step_ms,
+            "cpu_ms_median": statistics.median(cpu_ms), "cpu_ms_all": cpu_ms,
+            "instrumented_step_ms_median": statistics.median(instrumented_ms), "phases_ms": phases,
+            "aten_ops": sum(counter.ops.values()), "host_syncs": counter.syncs,
+            "top_ops": dict(sorted(counter.ops.items(), key=lambda kv: -kv[1])[:12]),
+            "first_tokens": list(tokens[:64]), "loadavg": os.getloadavg(), "read_bandwidth_gb_s": bandwidth / 1e9,
+            "weight_mb": weight_bytes / 1e6, "roofline_ms": 1e3 * weight_bytes / bandwidth}
+
+
+# ------------------------------------------------------------------------------------------------- the parent
+
+def _baseline_tree(commit: str, into: Path) -> Path:
+    """The repository's tree at ``commit`` extracted into ``into`` (no checkout, no change to this worktree)."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", commit, "cinq"],
+                             check=True, capture_output=True).stdout
+    tar = into / "base.tar"
+    tar.write_bytes(archive)
+    with tarfile.open(tar) as t:
+        t.extractall(into, filter="data")
+    return into
+
+
+def _int4_model(dense: Path, lm_head: bool) -> Path:
+    """RTN int4 (group 128, GPTQ format) of ``dense``, with the LM head int4 too or left bf16; built once, cached
+    next to it."""
+    from cinq.quant.config import QuantConfig
+    from cinq.quant.pipeline import quantize_model
+
+    out = dense.with_name(dense.name + ("-int4" if lm_head else "-int4-bf16-head"))
+    if not (out / "config.json").is_file():
+        quantize_model(dense, out, QuantConfig(method="rtn", bits=4, group_size=128, lm_head=lm_head), progress=False)
+    return out
+
+
+def _child(code_root: Path, model: str, threads: int, steps: int, repeats: int) -> dict[str, Any]:
+    env = dict(os.environ, PYTHONPATH=str(code_root), OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--measure-only", "--model", model, "--threads",
+           str(threads), "--steps", str(steps), "--repeats", str(repeats)]
+    out = subprocess.run(cmd, env=env, cwd=code_root, check=True, capture_output=True, text=True).stdout
+    result = json.loads(out.strip().splitlines()[-1])
+    if not Path(result["cinq"]).resolve().is_relative_to(Path(code_root).resolve()):
+        raise RuntimeError(f"measured {result['cinq']}, not the code under {code_root}")
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--baseline", default=BASE_COMMIT, help="commit measured as 'before' ('none': skip)")
+    ap.add_argument("--threads", default="1,2", help="torch thread counts to measure")
+    ap.add_argument("--steps", type=int, default=50, help="decode steps per timed repeat")
+    ap.add_argument("--repeats", type=int, default=7, help="timed repeats (medians are reported)")
+    ap.add_argument("--rounds", type=int, default=2, help="before/after alternations per configuration")
+    ap.add_argument("--model-110m", action="store_true", help="also the ~110M random Llama of throughput.py")
+    ap.add_argument("--int4", action="store_true",
+                    help="with --model-110m: also its RTN int4 (g128) versions, LM head int4 and bf16 (first "
+                         "thread count only)")
+    ap.add_argument("--model", default="cinq-tiny")
+    ap.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--no-write", action="store_true", help="print only")
+    ap.add_argument("--render", action="store_true", help="rewrite the .md from the saved .json (no measuring)")
+    args = ap.parse_args()
+    if args.render:
+        write(json.loads((RESULTS / "step_breakdown.json").read_text()))
+        return
+    if args.measure_only:
+        sys.path.insert(0, os.getcwd())
+        from cinq.process_env import set_omp_wait_policy
+        set_omp_wait_policy()
+        print(json.dumps(measure(args.model, int(args.threads), args.steps, args.repeats)))
+        return
+
+    models = {"cinq-tiny": "cinq-tiny"}
+    if args.model_110m:
+        sys.path.insert(0, str(ROOT))
+        from benchmarks.throughput import build_model
+        from cinq.cache import cache_dir
+        models["llama-110m"] = str(build_model(cache_dir() / "bench-llama-110m", 768, 12, 12, 2048, 32000))
+        if args.int4:
+            for head in (True, False):
+                name = "llama-110m-int4" + ("" if head else "-bf16-head")
+                models[name] = str(_int4_model(Path(models["llama-110m"]), head))
+    first_threads = args.threads.split(",")[0]
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        base = _baseline_tree(args.baseline, Path(tmp)) if args.baseline != "none" else None
+        for name, model in models.items():
+            for threads in [int(x) for x in (first_threads if "int4" in name else args.threads).split(",")]:
+                versions = [("after", ROOT)] + ([("before", base)] if base else [])
+                samples: dict[str, list[dict[str, Any]]] = defaultdict(list)
+                for _ in range(args.rounds):  # alternate, so drifting machine load hits both alike
+                    for label, root in versions:
+                        r = _child(root, model, threads, args.steps, args.repeats)
+                        samples[label].append(r)
+                        print(f"{name} t={threads} {label}: {r['step_ms_median']:.3f} ms/step "
+                              f"({r['cpu_ms_median']:.3f} CPU ms), "
+                              f"{r['aten_ops']} ops, {r['host_syncs']} syncs, load {r['loadavg'][0]:.2f}",
+                              flush=True)
+                runs.append({"model": name, "threads": threads, **{k: _merge(v) for k, v in samples.items()}})
+    result = {"baseline": args.baseline, "runs": runs}
+    for run in runs:
+        if "before" in run:
+            same = run["before"]["first_tokens"] == run["after"]["first_tokens"]
+            run["greedy_tokens_identical"] = same
+            b, a = run["before"], run["after"]
+            print(f"{run['model']} t={run['threads']}: before {b['step_ms_median']:.3f} ms ({b['cpu_ms_median']:.3f} "
+                  f"CPU), after {a['step_ms_median']:.3f} ms ({a['cpu_ms_median']:.3f} CPU): wall "
+                  f"{b['step_ms_median'] / a['step_ms_median']:.2f}x, CPU {b['cpu_ms_median'] / a['cpu_ms_median']:.2f}x"
+                  f"; tokens identical: {same}")
+    if not args.no_write:
+        write(result)
+
+
+def _merge(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several child runs of one version: medians of the per-run medians; counts must agree."""
+    out = dict(samples[-1])
+    out["step_ms_median"] = statistics.median(s["step_ms_median"] for s in samples)
+    out["cpu_ms_median"] = statistics.median(s["cpu_ms_median"] for s in samples)
+    out["instrumented_step_ms_median"] = statistics.median(s["instrumented_step_ms_median"] for s in samples)
+    out["phases_ms"] = {p: statistics.median(s["phases_ms"][p] for s in samples) for p in (*PHASES, "other")}
+    out["read_bandwidth_gb_s"] = statistics.median(s["read_bandwidth_gb_s"] for s in samples)
+    out["roofline_ms"] = statistics.median(s["roofline_ms"] for s in samples)
+    out["step_ms_all"] = [x for s in samples for x in s["step_ms_all"]]
+    out["loadavg"] = [s["loadavg"] for s in samples]
+    return out
+
+
+def _goals(runs: list[dict[str, Any]]) -> list[str]:
+    """The issue's goals and the thread-count question, read off this run's 'after' numbers."""
+    after = {(r["model"], r["threads"]): r["after"] for r in runs}
+    lines = ["## Goals (this checkout, this run)", "", "| goal | measured | |", "|---|---|---|"]
+    tiny = after.get(("cinq-tiny", 1))
+    if tiny:
+        lines.append(f"| cinq-tiny bf16 batch 1 <= 1 ms / step (llama.cpp: 1.16 ms) | {tiny['step_ms_median']:.2f} ms "
+                     f"wall, {tiny['cpu_ms_median']:.2f} ms CPU (roofline at the measured bandwidth "
+                     f"{tiny['roofline_ms']:.2f} ms) | {'met' if tiny['step_ms_median'] <= 1 else 'missed'} |")
+    for t in sorted({r["threads"] for r in runs}):
+        dense = after.get(("llama-110m", t))
+        for name, what in (("llama-110m-int4", "LM head int4 (cinq quantize's default now)"),
+                           ("llama-110m-int4-bf16-head", "LM head bf16")):
+            int4 = after.get((name, t))
+            if dense and int4:
+                wall = dense["step_ms_median"] / int4["step_ms_median"]
+                cpu = dense["cpu_ms_median"] / int4["cpu_ms_median"]
+                lines.append(f"| int4 >= 2.5x bf16, ~110M, {t} thread(s), {what} | {wall:.2f}x wall, {cpu:.2f}x "
+                             f"CPU | {'met' if min(wall, cpu) >= 2.5 else 'missed'} |")
+    lines += ["", "| model | 1 thread ms / step (wall, CPU) | 2 threads ms / step (wall, CPU) |", "|---|---|---|"]
+    for model in dict.fromkeys(r["model"] for r in runs):
+        one, two = after.get((model, 1)), after.get((model, 2))
+        if one and two:
+            lines.append(f"| {model} | {one['step_ms_median']:.2f}, {one['cpu_ms_median']:.2f} | "
+                         f"{two['step_ms_median']:.2f}, {two['cpu_ms_median']:.2f} |")
+    return lines + [
+        "", "Reading these numbers: the machine is shared (2 cores, load average above 4 means other jobs hold the "
+        "cores), so wall times are dominated by waiting; CPU ms leave the waits out but not the memory traffic of "
+        "the other jobs. The roofline row divides the weight bytes by a streaming read of 256 MiB from memory; "
+        "cinq-tiny's 22 MB could stay in a quiet machine's 32 MiB L3 and go faster than that. What the changes "
+        "remove is per-step dispatch (ATen ops, exact); the weight stream (the qkv / o / MLP / LM-head rows) is "
+        "what is left of a step.", ""]
+
+
+def write(result: dict[str, Any]) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "step_breakdown.json").write_text(json.dumps(result, indent=2) + "\n")
+    lines = ["# Batch-1 decode step breakdown (before / after, same run)", "",
+             f"`python benchmarks/step_breakdown.py`: greedy batch 1 after a 32-token prompt, bf16, medians over "
+             f"repeats; 'before' is commit {result['baseline']} run back to back with this checkout (alternating "
+             "subprocesses). Phase times are process CPU ms from an instrumented run (timers add a little; CPU time "
+             "leaves out the time other jobs on this shared machine take the cores); 'clean step' is a run "
+             "without instrumentation, wall and CPU. ATen ops and host syncs are per decode step (exact counts; "
+             "the ops include those the native kernels dispatch).", ""]
+    for run in result["runs"]:
+        a, b = run["after"], run.get("before")
+        lines += [f"## {run['model']}, {run['threads']} torch thread(s)", "",
+                  f"load average during the runs (1 min): "
+                  + ", ".join(f"{x[0]:.2f}" for x in (b["loadavg"] if b else []) + a["loadavg"]), ""]
+        lines += ["| phase (ms / step) | before | after |", "|---|---:|---:|"]
+        for p in (*PHASES, "other"):
+            lines.append(f"| {p} | {b['phases_ms'][p]:.3f} | {a['phases_ms'][p]:.3f} |" if b else
+                         f"| {p} | | {a['phases_ms'][p]:.3f} |")
+        fmt = (lambda key, f: f"| {b[key]:{f}} | {a[key]:{f}} |") if b else (lambda key, f: f"| | {a[key]:{f}} |")
+        lines += [f"| **instrumented step (CPU)** {fmt('instrumented_step_ms_median', '.3f')}",
+                  f"| **clean step (wall)** {fmt('step_ms_median', '.3f')}",
+                  f"| **clean step (CPU)** {fmt('cpu_ms_median', '.3f')}",
+                  f"| ATen ops / step {fmt('aten_ops', 'd')}",
+                  f"| host syncs / step {fmt('host_syncs', 'd')}",
+                  f"| weights + buffers (MB) {fmt('weight_mb', '.1f')}",
+                  f"| measured read bandwidth (GB/s) {fmt('read_bandwidth_gb_s', '.1f')}",
+                  f"| roofline at that bandwidth (ms) {fmt('roofline_ms', '.3f')}", ""]
+        if b:
+            lines += [f"**speed-up {b['step_ms_median'] / a['step_ms_median']:.2f}x wall** "
+                      f"({1e3 / b['step_ms_median']:.0f} -> {1e3 / a['step_ms_median']:.0f} tok/s), "
+                      f"**{b['cpu_ms_median'] / a['cpu_ms_median']:.2f}x CPU** "
+                      f"({b['cpu_ms_median']:.3f} -> {a['cpu_ms_median']:.3f} ms); greedy tokens "
+                      f"identical to before: {run['greedy_tokens_identical']}", ""]
+    lines += _goals(result["runs"])
+    (RESULTS / "step_breakdown.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {RESULTS / 'step_breakdown.md'}")
+
+
+if __name__ == "__main__":
+    main()
