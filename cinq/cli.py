@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "train": "train",
     "distill": "distill",
     "init-model": "init_model",
+    "export": "export",
 }
 
 

@@ -1,0 +1,178 @@
+"""`cinq export --format gguf`: the file reads back (metadata, shapes, types, values), the rope layout is the one
+llama.cpp's ``llama`` architecture expects, bad input is refused in one line; with llama-cpp-python installed
+(an optional extra), llama.cpp's greedy tokens and logits on the exported file match cinq's."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+gguf = pytest.importorskip("gguf")
+
+from cinq.assets import resolve_model_path  # noqa: E402
+from cinq.errors import InvalidParameterError, ModelLoadError  # noqa: E402
+from cinq.export.gguf import export_gguf, gguf_tensor_name, permute_for_llama_rope  # noqa: E402
+
+# relative L2 error of a dequantized matrix: bf16 rounding (2^-9 relative), q8_0 (~0.5% for Gaussian rows),
+# q4_0 (~10%): a bound a few times each, far below what a wrong layout or a swapped tensor gives (~1.4)
+REL_ERROR = {"bf16": 0.005, "q8_0": 0.02, "q4_0": 0.2}
+
+
+def _fields(reader) -> dict[str, object]:
+    out = {}
+    for name, f in reader.fields.items():
+        if not f.types:
+            continue
+        out[name] = f.contents()
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_exports(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("gguf")
+    return {t: export_gguf(tiny_llama, out / f"tiny-{t}.gguf", t).path for t in ("bf16", "q8_0", "q4_0")}
+
+
+def test_tensor_names_follow_llama_cpp():
+    assert gguf_tensor_name("model.embed_tokens.weight") == "token_embd.weight"
+    assert gguf_tensor_name("lm_head.weight") == "output.weight"
+    assert gguf_tensor_name("model.norm.weight") == "output_norm.weight"
+    assert gguf_tensor_name("model.layers.11.self_attn.o_proj.weight") == "blk.11.attn_output.weight"
+    assert gguf_tensor_name("model.layers.0.self_attn.q_proj.bias") == "blk.0.attn_q.bias"
+    assert gguf_tensor_name("model.layers.2.mlp.down_proj.weight") == "blk.2.ffn_down.weight"
+    assert gguf_tensor_name("model.layers.2.post_attention_layernorm.weight") == "blk.2.ffn_norm.weight"
+    assert gguf_tensor_name("model.layers.2.mlp.experts.0.weight") is None
+
+
+def _rope_rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def _rope_adjacent_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(-2)
+
+
+def test_permuted_rows_under_adjacent_pair_rope_equal_rotate_half_rope():
+    """q = W h rotated the Hugging Face way equals (P W) h rotated llama.cpp's way, up to the same row order P:
+    attention scores (dot products of q and k, both permuted) are therefore unchanged."""
+    heads, d, hidden = 3, 8, 16
+    g = torch.Generator().manual_seed(0)
+    w, h = torch.randn(heads * d, hidden, generator=g), torch.randn(5, hidden, generator=g)
+    pos = torch.arange(5, dtype=torch.float64)[:, None]
+    angle = pos / 10000 ** (torch.arange(d // 2, dtype=torch.float64) * 2 / d)
+    cos, sin = angle.cos().float()[:, None, :], angle.sin().float()[:, None, :]
+    hf = _rope_rotate_half((h @ w.T).view(5, heads, d), cos, sin)
+    cpp = _rope_adjacent_pairs((h @ permute_for_llama_rope(w, heads).T).view(5, heads, d), cos, sin)
+    perm = permute_for_llama_rope(torch.arange(d)[:, None].float(), 1).long().flatten()
+    torch.testing.assert_close(cpp, hf[..., perm])
+    k = torch.randn(heads * d, hidden, generator=g)
+    kh, kc = (_rope_rotate_half((h @ k.T).view(5, heads, d), cos, sin),
+              _rope_adjacent_pairs((h @ permute_for_llama_rope(k, heads).T).view(5, heads, d), cos, sin))
+    torch.testing.assert_close(cpp @ kc.transpose(-1, -2), hf @ kh.transpose(-1, -2), rtol=1e-4, atol=1e-4)
+    # and not the identity: without the permutation the adjacent-pair rotation gives other scores
+    plain = _rope_adjacent_pairs((h @ w.T).view(5, heads, d), cos, sin)
+    assert not torch.allclose(plain @ kc.transpose(-1, -2), hf @ kh.transpose(-1, -2), atol=1e-2)
+
+
+@pytest.mark.parametrize("outtype", ["bf16", "q8_0", "q4_0"])
+def test_export_reads_back(tiny_llama: Path, tiny_exports: dict[str, Path], outtype: str):
+    reader = gguf.GGUFReader(tiny_exports[outtype])
+    cfg = json.loads((tiny_llama / "config.json").read_text())
+    kv = _fields(reader)
+    assert kv["general.architecture"] == "llama"
+    assert kv["llama.block_count"] == cfg["num_hidden_layers"]
+    assert kv["llama.embedding_length"] == cfg["hidden_size"]
+    assert kv["llama.feed_forward_length"] == cfg["intermediate_size"]
+    assert kv["llama.attention.head_count"] == cfg["num_attention_heads"]
+    assert kv["llama.attention.head_count_kv"] == cfg["num_key_value_heads"]
+    assert kv["llama.rope.dimension_count"] == cfg["hidden_size"] // cfg["num_attention_heads"]
+    assert kv["llama.context_length"] == cfg["max_position_embeddings"]
+    assert kv["llama.attention.layer_norm_rms_epsilon"] == pytest.approx(cfg["rms_norm_eps"])
+    assert kv["llama.rope.freq_base"] == pytest.approx(cfg.get("rope_theta", 10000.0))
+    assert kv["tokenizer.ggml.model"] == "gpt2"
+    assert len(kv["tokenizer.ggml.tokens"]) == cfg["vocab_size"]
+    assert kv["tokenizer.ggml.bos_token_id"] == cfg["bos_token_id"]
+    assert kv["tokenizer.ggml.add_bos_token"] is True
+
+    source = load_file(str(tiny_llama / "model.safetensors"))
+    heads = {"q_proj": cfg["num_attention_heads"], "k_proj": cfg["num_key_value_heads"]}
+    tensors = {t.name: t for t in reader.tensors}
+    assert len(tensors) == len(source) - (1 if cfg.get("tie_word_embeddings") else 0)
+    for hf_name, values in source.items():
+        name = gguf_tensor_name(hf_name)
+        if name == "output.weight" and cfg.get("tie_word_embeddings"):
+            continue
+        t = tensors[name]
+        assert list(t.shape)[::-1] == list(values.shape), name  # GGUF lists the fastest dimension first
+        want = {"bf16": "BF16", "q8_0": "Q8_0", "q4_0": "Q8_0" if name in ("token_embd.weight", "output.weight")
+                else "Q4_0"}[outtype] if values.ndim == 2 else "F32"
+        assert t.tensor_type.name == want, name
+        got = torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type))).reshape(values.shape)
+        proj = hf_name.split(".")[-2]
+        expected = permute_for_llama_rope(values.float(), heads[proj]) if proj in heads else values.float()
+        err = (got - expected).norm() / expected.norm()
+        assert err < (REL_ERROR[outtype] if values.ndim == 2 else 1e-6), (name, float(err))
+
+
+def test_cinq_tiny_tokenizer_metadata(tmp_path: Path):
+    """cinq-tiny's tokenizer splits digits one by one before GPT-2's regex: llama.cpp's "starcoder" splitting;
+    its embeddings are tied, so no output tensor is written."""
+    folder = resolve_model_path("cinq-tiny", "model")
+    res = export_gguf(folder, tmp_path / "tiny.gguf", "q8_0")
+    kv = _fields(gguf.GGUFReader(res.path))
+    raw = json.loads((folder / "tokenizer.json").read_text())
+    assert kv["tokenizer.ggml.pre"] == "starcoder"
+    assert len(kv["tokenizer.ggml.merges"]) == len(raw["model"]["merges"])
+    tokens, types = kv["tokenizer.ggml.tokens"], kv["tokenizer.ggml.token_type"]
+    for text, token_id in list(raw["model"]["vocab"].items())[::97]:
+        assert tokens[token_id] == text
+    for added in raw["added_tokens"]:
+        assert tokens[added["id"]] == added["content"] and types[added["id"]] == gguf.TokenType.CONTROL
+    assert kv["tokenizer.ggml.eos_token_id"] == raw["added_tokens"][6]["id"]  # <|end|>
+    assert "output.weight" not in res.tensor_types and "token_embd.weight" in res.tensor_types
+
+
+def _copy_with_config(src: Path, dst: Path, **changes: object) -> Path:
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg.update(changes)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def test_refusals_name_the_field(tiny_llama: Path, tmp_path: Path):
+    quantized = _copy_with_config(tiny_llama, tmp_path / "q", quantization_config={
+        "quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True, "desc_act": False})
+    with pytest.raises(ModelLoadError, match="quantized checkpoint") as e:
+        export_gguf(quantized, tmp_path / "q.gguf")
+    assert e.value.param == "quantization_config"
+    scaled = _copy_with_config(tiny_llama, tmp_path / "s", rope_parameters={
+        "rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
+    with pytest.raises(ModelLoadError, match="rope_scaling"):
+        export_gguf(scaled, tmp_path / "s.gguf")
+    with pytest.raises(InvalidParameterError, match="outtype") as e:
+        export_gguf(tiny_llama, tmp_path / "x.gguf", "q5_k")
+    assert e.value.param == "outtype"
+    assert not list(tmp_path.glob("*.gguf")) and not list(tmp_path.glob(".*partial"))
+
+
+def test_cli_export_and_one_line_errors(tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture):
+    from cinq.cli import main
+    out = tmp_path / "m.gguf"
+    assert main(["export", str(tiny_llama), "--format", "gguf", "--outtype", "q4_0", "--out", str(out)]) == 0
+    assert "wrote" in capsys.readouterr().out and gguf.GGUFReader(out).tensors
+    assert main(["export", str(tiny_llama), "--outtype", "q5", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--outtype" in err
+    assert main(["export", str(tiny_llama), "--format", "onnx", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--format" in err
