@@ -160,15 +160,15 @@ def _check_exportable(config: ModelConfig, folder: Path) -> tuple[str, bool]:
     arch, permute = ARCHITECTURES[config.architecture]
     if config.attention_bias and arch == "qwen3":
         raise ModelLoadError(f"{source}: attention_bias with Qwen3 is not exported to GGUF", "attention_bias")
-    if config.sliding_window is not None and config.sliding_window < config.max_position_embeddings:
-        log.warning("%s: sliding_window %d is not written: llama.cpp's %s attends to the whole context, so outputs "
-                    "differ from cinq's past %d tokens", source, config.sliding_window, arch, config.sliding_window)
     return arch, permute
 
 
 def _add_metadata(writer, gguf, config: ModelConfig, vocab: GGUFVocab, name: str, outtype: str) -> None:
     writer.add_name(name)
-    writer.add_context_length(config.max_position_embeddings)
+    # cinq caps the context at a shorter sliding window (it attends to whole contexts only): the file states the
+    # same limit, within which both runtimes compute the same thing
+    writer.add_context_length(min(config.max_position_embeddings,
+                                  config.sliding_window or config.max_position_embeddings))
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_hidden_layers)
     writer.add_feed_forward_length(config.intermediate_size)

@@ -176,3 +176,96 @@ def test_cli_export_and_one_line_errors(tiny_llama: Path, tmp_path: Path, capsys
     assert main(["export", str(tiny_llama), "--format", "onnx", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--format" in err
+
+
+# --- llama.cpp parity (llama-cpp-python is an optional extra: these run where it is installed) ---
+
+PARITY_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def cinq_tiny_prompt() -> list[int]:
+    from cinq.model.tokenizer import Tokenizer
+    tok = Tokenizer.from_pretrained(resolve_model_path("cinq-tiny", "model"))
+    return tok.encode("The quick brown fox jumps over the lazy dog. In the beginning God created")
+
+
+def _cinq_greedy(folder: Path, prompt: list[int], n: int) -> tuple[list[int], list[dict[int, float]]]:
+    from cinq import LLM, SamplingParams
+    llm = LLM(str(folder), dtype="bfloat16", seed=0, kv_cache_memory=0.05)
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=5))
+    comp = out[0].outputs[0]
+    return comp.token_ids, [{t: lp.logprob for t, lp in pos.items()} for pos in comp.logprobs]
+
+
+def _llama_cpp_greedy(path: Path, prompt: list[int], n: int):
+    pytest.importorskip("llama_cpp")
+    from cinq.export.llama_cpp import LlamaCppGreedy
+    return LlamaCppGreedy(path, threads=2, n_ctx=256).generate(prompt, n, keep_logits=True)
+
+
+def _log_softmax(row: np.ndarray) -> np.ndarray:
+    row = row.astype(np.float64)
+    return row - row.max() - np.log(np.exp(row - row.max()).sum())
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_llama_cpp_greedy_equals_cinq_on_tiny_random_models(tiny_models, arch: str, tmp_path: Path):
+    """GQA, rope permutation (llama), qkv bias (qwen2), q/k norm and head_dim != hidden / heads (qwen3)."""
+    pytest.importorskip("llama_cpp")
+    folder = tiny_models(arch)
+    prompt = list(range(40, 72))
+    ours, _ = _cinq_greedy(folder, prompt, PARITY_TOKENS)
+    theirs = _llama_cpp_greedy(export_gguf(folder, tmp_path / "m.gguf", "bf16").path, prompt, PARITY_TOKENS)
+    assert theirs.token_ids == ours
+
+
+def test_llama_cpp_greedy_and_logits_match_cinq_tiny_bf16(cinq_tiny_prompt: list[int], tmp_path: Path):
+    pytest.importorskip("llama_cpp")
+    folder = resolve_model_path("cinq-tiny", "model")
+    ours, logprobs = _cinq_greedy(folder, cinq_tiny_prompt, PARITY_TOKENS)
+    theirs = _llama_cpp_greedy(export_gguf(folder, tmp_path / "t.gguf", "bf16").path, cinq_tiny_prompt,
+                               PARITY_TOKENS)
+    assert theirs.token_ids == ours
+    # the top-5 log-probabilities cinq reports at each step, against llama.cpp's at the same token ids
+    worst = max(abs(float(_log_softmax(row)[t]) - lp) for row, pos in zip(theirs.logits, logprobs)
+                for t, lp in pos.items())
+    assert worst < 0.1, worst
+
+
+def test_llama_cpp_q8_0_and_q4_0_agreement_is_measured(cinq_tiny_prompt: list[int], tmp_path: Path,
+                                                       record_property: pytest.RecordProperty):
+    """Quantized files decode other numbers than cinq's bf16: the agreement (tokens equal before the first
+    difference, out of PARITY_TOKENS) is recorded, not required; the first token must still agree."""
+    pytest.importorskip("llama_cpp")
+    folder = resolve_model_path("cinq-tiny", "model")
+    ours, _ = _cinq_greedy(folder, cinq_tiny_prompt, PARITY_TOKENS)
+    for outtype in ("q8_0", "q4_0"):
+        theirs = _llama_cpp_greedy(export_gguf(folder, tmp_path / f"{outtype}.gguf", outtype).path,
+                                   cinq_tiny_prompt, PARITY_TOKENS).token_ids
+        same = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), len(ours))
+        record_property(f"{outtype}_agreeing_prefix", same)
+        print(f"llama.cpp {outtype} vs cinq bf16 on cinq-tiny: first {same} of {len(ours)} greedy tokens equal")
+        assert len(theirs) == PARITY_TOKENS and theirs[0] == ours[0]
+
+
+TEXTS = ["Once upon a time", "The year 1984 had 366 days, 52 weeks and 2 days.", "  two  spaces\n\nand lines\n",
+         "def f(x):\n    return x ** 2  # square", "Ünïcödé: café, naïve, 東京, emoji 🙂", "3+4=7; 12*12=144",
+         "it's what we'd've said, isn't it?", ""]
+
+
+def test_text_tokenization_agrees_with_llama_cpp(tmp_path: Path):
+    """Text -> ids through llama.cpp's "starcoder" splitting and the exported merges gives cinq's ids, BOS
+    included. Where they part: a special token's text inside a prompt (``<|end|>``) is one special token for
+    cinq (the tokenizers library) and for llama.cpp only when asked to parse specials."""
+    pytest.importorskip("llama_cpp")
+    from cinq.export.llama_cpp import LlamaCppGreedy
+    from cinq.model.tokenizer import Tokenizer
+    folder = resolve_model_path("cinq-tiny", "model")
+    tok = Tokenizer.from_pretrained(folder)
+    llm = LlamaCppGreedy(export_gguf(folder, tmp_path / "t.gguf", "q8_0").path, threads=1, n_ctx=64).llm
+    for text in TEXTS:
+        assert llm.tokenize(text.encode("utf-8"), add_bos=True, special=False) == tok.encode(text), text
+    marked = "hi<|end|>there"
+    assert llm.tokenize(marked.encode(), add_bos=True, special=True) == tok.encode(marked)
+    assert llm.tokenize(marked.encode(), add_bos=True, special=False) != tok.encode(marked)
