@@ -119,7 +119,7 @@ def export_gguf(model: str | Path, out: str | Path, outtype: str = "bf16") -> GG
         for name, values in _gguf_tensors(folder, config, permute):
             qtype = _tensor_type(gguf, name, values, outtype)
             if qtype == gguf.GGMLQuantizationType.F32:
-                writer.add_tensor(name, values)
+                writer.add_tensor(name, values.copy())  # owned: the source buffer is the checkpoint reader's
             else:
                 writer.add_tensor(name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
             if values.ndim == 2 and qtype == gguf.GGMLQuantizationType.BF16 and outtype != "bf16":
@@ -204,8 +204,10 @@ def _add_metadata(writer, gguf, config: ModelConfig, vocab: GGUFVocab, name: str
 
 
 def _gguf_tensors(folder: Path, config: ModelConfig, permute: bool) -> Iterator[tuple[str, np.ndarray]]:
-    """(GGUF name, float32 values) for every tensor of the checkpoint, embedding first, then block by block."""
-    found: dict[str, np.ndarray] = {}
+    """(GGUF name, float32 values) for every tensor of the checkpoint, one at a time in the checkpoint's order (the
+    caller converts each before the next is read: memory holds the output, not a float32 copy of the model);
+    after the last, a ModelLoadError if one the model needs was missing."""
+    seen: set[str] = set()
     heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}
     for tensor in iter_checkpoint(folder):
         if tensor.name.endswith(_IGNORED_SUFFIXES):
@@ -219,12 +221,12 @@ def _gguf_tensors(folder: Path, config: ModelConfig, permute: bool) -> Iterator[
         role = name.split(".")[-2]
         if permute and role in heads:
             values = permute_for_llama_rope(values, heads[role])
-        found[name] = values.contiguous().numpy()
-    missing = [n for n in _expected_names(config) if n not in found]
+        seen.add(name)
+        yield name, values.contiguous().numpy()
+    missing = [n for n in _expected_names(config) if n not in seen]
     if missing:
         raise ModelLoadError(f"{folder}: checkpoint tensors missing for GGUF: {', '.join(missing[:4])}"
                              f"{' ...' if len(missing) > 4 else ''}", "model")
-    yield from sorted(found.items(), key=lambda kv: _order(kv[0]))
 
 
 def _expected_names(config: ModelConfig) -> list[str]:
@@ -232,14 +234,6 @@ def _expected_names(config: ModelConfig) -> list[str]:
     per_layer = ["attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
                  "ffn_down"] + (["attn_q_norm", "attn_k_norm"] if config.qk_norm else [])
     return names + [f"blk.{i}.{n}.weight" for i in range(config.num_hidden_layers) for n in per_layer]
-
-
-def _order(name: str) -> tuple[int, str]:
-    if name == "token_embd.weight":
-        return (-1, name)
-    if name.startswith("blk."):
-        return (int(name.split(".")[1]), name)
-    return (1 << 30, name)
 
 
 def _tensor_type(gguf, name: str, values: np.ndarray, outtype: str):
