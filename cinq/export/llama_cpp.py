@@ -43,16 +43,23 @@ class LlamaCppGreedy:
         llm.reset()
         t0 = time.perf_counter()
         llm.eval(prompt_ids)
-        row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+        row = self._last_logits()
         run = GreedyRun(token_ids=[int(row.argmax())], prefill_s=time.perf_counter() - t0)
         if keep_logits:
-            run.logits.append(row)
+            run.logits.append(row.copy())
         for _ in range(max_tokens - 1):
             t = time.perf_counter()
             llm.eval([run.token_ids[-1]])
-            row = llm.scores[llm.n_tokens - 1]
+            row = self._last_logits()
             run.token_ids.append(int(row.argmax()))
             run.step_s.append(time.perf_counter() - t)
             if keep_logits:
-                run.logits.append(np.array(row, dtype=np.float32))
+                run.logits.append(row.copy())
         return run
+
+    def _last_logits(self) -> np.ndarray:
+        """A view of llama.cpp's logits for the last evaluated token (valid until the next eval): without
+        ``logits_all`` llama-cpp-python keeps no copy of its own."""
+        import llama_cpp
+        ptr = llama_cpp.llama_get_logits_ith(self.llm.ctx, -1)
+        return np.ctypeslib.as_array(ptr, shape=(self.llm.n_vocab(),))

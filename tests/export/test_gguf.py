@@ -215,9 +215,14 @@ def test_llama_cpp_greedy_equals_cinq_on_tiny_random_models(tiny_models, arch: s
     pytest.importorskip("llama_cpp")
     folder = tiny_models(arch)
     prompt = list(range(40, 72))
-    ours, _ = _cinq_greedy(folder, prompt, PARITY_TOKENS)
+    ours, logprobs = _cinq_greedy(folder, prompt, PARITY_TOKENS)
     theirs = _llama_cpp_greedy(export_gguf(folder, tmp_path / "m.gguf", "bf16").path, prompt, PARITY_TOKENS)
-    assert theirs.token_ids == ours
+    first = next((i for i, (a, b) in enumerate(zip(ours, theirs.token_ids)) if a != b), None)
+    if first is not None:
+        # random weights make near-ties (bf16 rounding differs between the two runtimes): a difference is only
+        # allowed where cinq itself scores llama.cpp's choice within 0.05 nats of its own, and ends the comparison
+        margin = logprobs[first][ours[first]] - logprobs[first].get(theirs.token_ids[first], -np.inf)
+        assert first >= PARITY_TOKENS // 2 and margin < 0.05, (first, margin)
 
 
 def test_llama_cpp_greedy_and_logits_match_cinq_tiny_bf16(cinq_tiny_prompt: list[int], tmp_path: Path):
@@ -235,18 +240,26 @@ def test_llama_cpp_greedy_and_logits_match_cinq_tiny_bf16(cinq_tiny_prompt: list
 
 def test_llama_cpp_q8_0_and_q4_0_agreement_is_measured(cinq_tiny_prompt: list[int], tmp_path: Path,
                                                        record_property: pytest.RecordProperty):
-    """Quantized files decode other numbers than cinq's bf16: the agreement (tokens equal before the first
-    difference, out of PARITY_TOKENS) is recorded, not required; the first token must still agree."""
+    """Quantized files compute other numbers than cinq's bf16, so greedy agreement (the tokens equal before the
+    first difference, and at equal positions, of PARITY_TOKENS) is recorded, not required: on this prompt cinq's
+    two best first tokens are 0.09 nats apart and q4_0 (like cinq's own RTN 4-bit, group 32) swaps them. What is
+    required: after the prompt, llama.cpp's log-probabilities of cinq's top 5 stay within the quantization's
+    noise (measured: 0.07 nats for q8_0, 0.18 for q4_0; a wrong layout is off by whole nats)."""
     pytest.importorskip("llama_cpp")
     folder = resolve_model_path("cinq-tiny", "model")
-    ours, _ = _cinq_greedy(folder, cinq_tiny_prompt, PARITY_TOKENS)
-    for outtype in ("q8_0", "q4_0"):
-        theirs = _llama_cpp_greedy(export_gguf(folder, tmp_path / f"{outtype}.gguf", outtype).path,
-                                   cinq_tiny_prompt, PARITY_TOKENS).token_ids
-        same = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), len(ours))
-        record_property(f"{outtype}_agreeing_prefix", same)
-        print(f"llama.cpp {outtype} vs cinq bf16 on cinq-tiny: first {same} of {len(ours)} greedy tokens equal")
-        assert len(theirs) == PARITY_TOKENS and theirs[0] == ours[0]
+    ours, logprobs = _cinq_greedy(folder, cinq_tiny_prompt, PARITY_TOKENS)
+    for outtype, bound in (("q8_0", 0.15), ("q4_0", 0.5)):
+        run = _llama_cpp_greedy(export_gguf(folder, tmp_path / f"{outtype}.gguf", outtype).path,
+                                cinq_tiny_prompt, PARITY_TOKENS)
+        theirs = run.token_ids
+        prefix = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), len(ours))
+        equal = sum(a == b for a, b in zip(ours, theirs))
+        record_property(f"{outtype}_agreement", f"prefix {prefix}, positions {equal} of {len(ours)}")
+        print(f"llama.cpp {outtype} vs cinq bf16 on cinq-tiny: greedy prefix {prefix}, equal positions {equal} "
+              f"of {len(ours)}")
+        first = _log_softmax(run.logits[0])
+        worst = max(abs(float(first[t]) - lp) for t, lp in logprobs[0].items())
+        assert len(theirs) == PARITY_TOKENS and worst < bound, (outtype, worst)
 
 
 TEXTS = ["Once upon a time", "The year 1984 had 366 days, 52 weeks and 2 days.", "  two  spaces\n\nand lines\n",
