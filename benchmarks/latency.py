@@ -9,8 +9,9 @@ vocab 32000, tied embeddings). Precisions, paired by the bytes a decode step rea
   the integers were chosen)  vs llama.cpp q4_0 (blocks of 32, embedding and output q8_0; cinq's int4 keeps
   the LM head bf16).
 Each measurement: a greedy generation of --new-tokens tokens after a prompt of 128 (and 1024) random ids; the
-prefill is timed apart; decode tok/s = decode steps / their seconds, ms/step its inverse, medians over
---rounds rounds. Threads 1 and 2 (torch threads for cinq and HF; n_threads for llama.cpp). The machine is shared
+prefill is timed apart; ms/step = the median decode step of a generation, decode tok/s = 1000 / that (the
+mean is kept in the JSON), then medians over --rounds rounds. HF's steps are not seen one by one: its ms/step
+is (generate(N + 1) - generate(1)) / N. Threads 1 and 2 (torch threads for cinq and HF; n_threads for llama.cpp). The machine is shared
 and noisy: every round runs every engine once per setting, in an order rotated each round, and the load
 average is recorded with every measurement.
 
@@ -54,6 +55,7 @@ WORK = cache_dir() / "bench-latency"
 # engine -> the llama.cpp engine it is compared with
 PAIRS = {"cinq bf16": "llama.cpp bf16", "cinq int8": "llama.cpp q8_0", "cinq int4": "llama.cpp q4_0",
          "HF bf16": "llama.cpp bf16"}
+ENGINE_ORDER = ["cinq bf16", "llama.cpp bf16", "HF bf16", "cinq int8", "llama.cpp q8_0", "cinq int4", "llama.cpp q4_0"]
 
 
 def prepare_model(name: str) -> tuple[Path, int]:
@@ -200,8 +202,10 @@ def main() -> int:
                     torch.set_num_threads(t)
                     r = runners[(name, t)].run(prompts[n], args.new_tokens)
                     steps = r["step_s"]
+                    # tok/s from the median step: one descheduled step on the shared cores moves a mean, not this
                     m = {"model": model, "engine": name, "threads": t, "prompt_len": n, "round": rnd,
-                         "tok_s": len(steps) / sum(steps), "ms_step": 1000 * statistics.median(steps),
+                         "tok_s": 1 / statistics.median(steps), "tok_s_mean": len(steps) / sum(steps),
+                         "ms_step": 1000 * statistics.median(steps),
                          "prefill_s": r["prefill_s"], "tokens": r["tokens"], "loadavg": os.getloadavg()}
                     if rnd:
                         measurements.append(m)
@@ -221,8 +225,9 @@ def summarize(ms: list[dict], args: argparse.Namespace, absent: str | None) -> d
     rows: dict[tuple, dict] = {}
     for m in ms:
         key = (m["model"], m["prompt_len"], m["threads"], m["engine"])
-        rows.setdefault(key, {"tok_s": [], "ms_step": [], "prefill_s": [], "loadavg": [], "tokens": m["tokens"]})
-        for f in ("tok_s", "ms_step", "prefill_s"):
+        rows.setdefault(key, {"tok_s": [], "tok_s_mean": [], "ms_step": [], "prefill_s": [], "loadavg": [],
+                              "tokens": m["tokens"]})
+        for f in ("tok_s", "tok_s_mean", "ms_step", "prefill_s"):
             rows[key][f].append(m[f])
         rows[key]["loadavg"].append(m["loadavg"][0])
     table = []
@@ -230,11 +235,12 @@ def summarize(ms: list[dict], args: argparse.Namespace, absent: str | None) -> d
         med = statistics.median(r["tok_s"])
         base = rows.get((model, n, t, PAIRS.get(engine, "")))
         table.append({"model": model, "prompt_len": n, "threads": t, "engine": engine, "tok_s": med,
-                      "tok_s_runs": r["tok_s"], "ms_step": statistics.median(r["ms_step"]),
+                      "tok_s_runs": r["tok_s"], "tok_s_mean_runs": r["tok_s_mean"],
+                      "ms_step": statistics.median(r["ms_step"]),
                       "prefill_s": statistics.median(r["prefill_s"]), "loadavg_1m": r["loadavg"],
                       "vs": PAIRS.get(engine), "ratio": med / statistics.median(base["tok_s"]) if base else None,
                       "first_tokens": r["tokens"][:8]})
-    table.sort(key=lambda x: (x["model"], x["prompt_len"], x["threads"], x["engine"]))
+    table.sort(key=lambda x: (x["model"], x["prompt_len"], x["threads"], ENGINE_ORDER.index(x["engine"])))
     return {"rows": table, "llama_cpp_absent": absent, "new_tokens": args.new_tokens, "rounds": args.rounds,
             "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                         "torch": torch.__version__, "llama_cpp": _llama_cpp_version(),
@@ -251,9 +257,9 @@ def _llama_cpp_version() -> str | None:
 
 def render(r: dict) -> str:
     lines = ["# Batch-1 decode latency: cinq vs llama.cpp vs HF transformers", "",
-             "Written by `python benchmarks/latency.py` (method in its docstring). Decode tok/s and ms per step, "
-             f"medians of {r['rounds']} interleaved rounds, {r['new_tokens']} new tokens after the prompt, the "
-             "prefill timed apart. ratio: this row's tok/s over the llama.cpp row it is paired with (bf16 - bf16, "
+             "Written by `python benchmarks/latency.py` (method in its docstring). Decode tok/s = 1000 / the "
+             f"median ms per decode step, medians of {r['rounds']} interleaved rounds, {r['new_tokens']} new tokens "
+             "after the prompt (same random prompt ids for every engine), the prefill timed apart. ratio: this row's tok/s over the llama.cpp row it is paired with (bf16 - bf16, "
              "int8 - q8_0, int4 - q4_0; HF bf16 - llama.cpp bf16) in the same run.", ""]
     if r["llama_cpp_absent"]:
         lines += [f"**llama.cpp baseline ABSENT**: {r['llama_cpp_absent']}. Its rows and the ratios are missing.",
