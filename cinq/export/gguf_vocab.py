@@ -71,11 +71,14 @@ def read_gguf_vocab(folder: str | Path, vocab_size: int, eos_token_ids: list[int
     if size > vocab_size:
         raise ModelLoadError(f"{tok_file}: {size} tokens but the model's vocab_size is {vocab_size}", "vocab_size")
     tokens, types = [f"[PAD{i}]" for i in range(vocab_size)], [UNUSED] * vocab_size
-    for text, token_id in (model.get("vocab") or {}).items():
-        tokens[token_id], types[token_id] = text, NORMAL
-    for added in raw.get("added_tokens") or []:
-        tokens[added["id"]] = added["content"]
-        types[added["id"]] = CONTROL if added.get("special") else USER_DEFINED
+    entries = [(text, token_id, NORMAL) for text, token_id in (model.get("vocab") or {}).items()]
+    entries += [(a.get("content"), a.get("id"), CONTROL if a.get("special") else USER_DEFINED)
+                for a in raw.get("added_tokens") or []]
+    for text, token_id, kind in entries:
+        if not isinstance(token_id, int) or not 0 <= token_id < vocab_size or not isinstance(text, str):
+            raise ModelLoadError(f"{tok_file}: token {text!r} has id {token_id!r}, outside the model's vocabulary "
+                                 f"(0..{vocab_size - 1})", "vocab_size")
+        tokens[token_id], types[token_id] = text, kind
     if not merges:
         # A merge-free vocabulary (cinq's byte tokenizer): llama.cpp refuses a gpt2 vocabulary without a merge
         # list, and GGUF has no empty arrays. One merge whose result is no token changes nothing: llama.cpp

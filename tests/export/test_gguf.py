@@ -141,6 +141,38 @@ def test_cinq_tiny_tokenizer_metadata(tmp_path: Path):
     assert "output.weight" not in res.tensor_types and "token_embd.weight" in res.tensor_types
 
 
+@pytest.mark.parametrize("pre, expected", [
+    ({"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}, "gpt-2"),
+    ({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True},
+                                            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                                             "use_regex": True}]},
+     "starcoder"),
+    ({"type": "Whitespace"}, None),
+    ({"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}, None),
+    ({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": False},
+                                            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                                             "use_regex": True}]},
+     None),
+])
+def test_pre_tokenizer_maps_to_llama_cpp_splitting_or_is_refused(tiny_llama: Path, tmp_path: Path, pre, expected):
+    from cinq.export.gguf_vocab import read_gguf_vocab
+    folder = shutil.copytree(tiny_llama, tmp_path / "m")
+    raw = json.loads((folder / "tokenizer.json").read_text())
+    raw["pre_tokenizer"] = pre
+    raw["model"]["merges"] = [["a", "b"]]  # with merges, the splitting decides the ids
+    raw["model"]["vocab"]["ab"] = len(raw["model"]["vocab"]) + len(raw["added_tokens"])
+    (folder / "tokenizer.json").write_text(json.dumps(raw))
+    cfg = json.loads((folder / "config.json").read_text())
+    if expected is None:
+        with pytest.raises(ModelLoadError, match="pre_tokenizer") as e:
+            read_gguf_vocab(folder, cfg["vocab_size"] + 1, [])
+        assert e.value.param == "pre_tokenizer"
+    else:
+        vocab = read_gguf_vocab(folder, cfg["vocab_size"] + 8, [])
+        assert vocab.pre == expected and vocab.merges == ["a b"] and vocab.num_padding_tokens == 7
+        assert vocab.tokens[-1] == f"[PAD{cfg['vocab_size'] + 7}]" and vocab.token_types[-1] == gguf.TokenType.UNUSED
+
+
 def _copy_with_config(src: Path, dst: Path, **changes: object) -> Path:
     shutil.copytree(src, dst)
     cfg = json.loads((dst / "config.json").read_text())
