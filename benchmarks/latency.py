@@ -11,9 +11,9 @@ vocab 32000, tied embeddings). Precisions, paired by the bytes a decode step rea
 Each measurement: a greedy generation of --new-tokens tokens after a prompt of 128 (and 1024) random ids; the
 prefill is timed apart; ms/step = the median decode step of a generation, decode tok/s = 1000 / that (the
 mean is kept in the JSON), then medians over --rounds rounds. HF's steps are not seen one by one: its ms/step
-is (generate(N + 1) - generate(1)) / N. Threads 1 and 2 (torch threads for cinq and HF; n_threads for llama.cpp). The machine is shared
-and noisy: every round runs every engine once per setting, in an order rotated each round, and the load
-average is recorded with every measurement.
+is (generate(N + 1) - generate(1)) / N. Threads 1 and 2 (torch threads for cinq and HF; n_threads for
+llama.cpp). The machine is shared and noisy: every round runs every engine once per setting, in an order
+rotated each round, and the load average is recorded with every measurement.
 
 llama.cpp is an optional baseline: `pip install 'cinq[llama]'` (llama-cpp-python, compiled from source). When it
 is absent the table says so and the other rows are still measured.
@@ -166,7 +166,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--quick", action="store_true", help="cinq-tiny, prompt 128, 1 round, 16 tokens; not written")
+    ap.add_argument("--render", action="store_true", help="rewrite latency.md from latency.json, measuring nothing")
     args = ap.parse_args()
+    if args.render:
+        (RESULTS / "latency.md").write_text(render(json.loads((RESULTS / "latency.json").read_text())))
+        return 0
     if args.quick:
         args.models, args.prompt_lens, args.rounds, args.new_tokens = "cinq-tiny", "128", 1, 16
     models = args.models.split(",")
@@ -256,22 +260,34 @@ def _llama_cpp_version() -> str | None:
 
 
 def render(r: dict) -> str:
+    rows = {(x["model"], x["prompt_len"], x["threads"], x["engine"]): x for x in r["rows"]}
     lines = ["# Batch-1 decode latency: cinq vs llama.cpp vs HF transformers", "",
              "Written by `python benchmarks/latency.py` (method in its docstring). Decode tok/s = 1000 / the "
-             f"median ms per decode step, medians of {r['rounds']} interleaved rounds, {r['new_tokens']} new tokens "
-             "after the prompt (same random prompt ids for every engine), the prefill timed apart. ratio: this row's tok/s over the llama.cpp row it is paired with (bf16 - bf16, "
-             "int8 - q8_0, int4 - q4_0; HF bf16 - llama.cpp bf16) in the same run.", ""]
+             f"median ms per decode step, medians of {r['rounds']} interleaved rounds, {r['new_tokens']} new "
+             "tokens after the prompt (same random prompt ids for every engine), the prefill timed apart. ratio: "
+             "this row's tok/s over the llama.cpp row it is paired with (bf16 - bf16, int8 - q8_0, int4 - q4_0; "
+             "HF bf16 - llama.cpp bf16) in the same run; extra ms: this row's ms/step minus that row's.", ""]
     if r["llama_cpp_absent"]:
         lines += [f"**llama.cpp baseline ABSENT**: {r['llama_cpp_absent']}. Its rows and the ratios are missing.",
                   ""]
-    lines += ["| model | prompt | threads | engine | decode tok/s | ms/step | prefill s | ratio | vs | load (1 min) |",
-              "|---|---:|---:|---|---:|---:|---:|---:|---|---|"]
+    else:
+        for engine, goal in (("cinq bf16", "bf16 >= 1.0x llama.cpp bf16"), ("cinq int4", "int4 >= 1.0x q4_0")):
+            ratios = [x["ratio"] for x in r["rows"] if x["engine"] == engine and x["ratio"] is not None]
+            if ratios:
+                verdict = "met" if min(ratios) >= 1.0 else "**missed**"
+                lines.append(f"- goal {goal}: {verdict} ({min(ratios):.2f}x to {max(ratios):.2f}x over "
+                             f"{len(ratios)} settings)")
+        lines.append("")
+    lines += ["| model | prompt | threads | engine | decode tok/s | ms/step | prefill s | ratio | vs | extra ms "
+              "| load (1 min) |", "|---|---:|---:|---|---:|---:|---:|---:|---|---:|---|"]
     for x in r["rows"]:
+        base = rows.get((x["model"], x["prompt_len"], x["threads"], x["vs"]))
         ratio = f"**{x['ratio']:.2f}x**" if x["ratio"] is not None else "n/a"
         vs = x["vs"] if x["ratio"] is not None else ("absent" if x["vs"] else "")
+        extra = f"{x['ms_step'] - base['ms_step']:+.2f}" if base else ""
         load = ", ".join(f"{v:.1f}" for v in x["loadavg_1m"])
         lines.append(f"| {x['model']} | {x['prompt_len']} | {x['threads']} | {x['engine']} | {x['tok_s']:.1f} | "
-                     f"{x['ms_step']:.2f} | {x['prefill_s']:.2f} | {ratio} | {vs} | {load} |")
+                     f"{x['ms_step']:.2f} | {x['prefill_s']:.2f} | {ratio} | {vs} | {extra} | {load} |")
     m = r["machine"]
     lines += ["", f"Machine: {m['cpu']}, {m['cores']} cores (shared with other jobs: see the load column), torch "
                   f"{m['torch']}, llama-cpp-python {m['llama_cpp'] or 'absent'}, OMP_WAIT_POLICY="
