@@ -20,6 +20,9 @@ from cinq.model.tokenizer import Tokenizer
 # GGUF token types (gguf.TokenType; repeated here so that this module needs no gguf import to be read)
 NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
 
+# A merge of two-character parts (GPT-2's character for byte 0, chr(256), doubled): never fires without other
+# merges, since BPE symbols start as single characters and only merges make longer ones
+_NEVER_MERGE = f"{chr(256) * 2} {chr(256) * 2}"
 # GPT-2's split regex, which tokenizers' ByteLevel(use_regex=true) applies
 _GPT2 = ("ByteLevel", True)
 # tokenizer.json pre_tokenizer shapes -> llama.cpp's tokenizer.ggml.pre with the same splitting:
@@ -81,9 +84,8 @@ def read_gguf_vocab(folder: str | Path, vocab_size: int, eos_token_ids: list[int
         tokens[token_id], types[token_id] = text, kind
     if not merges:
         # A merge-free vocabulary (cinq's byte tokenizer): llama.cpp refuses a gpt2 vocabulary without a merge
-        # list, and GGUF has no empty arrays. One merge whose result is no token changes nothing: llama.cpp
-        # splits a merged symbol that is not in the vocabulary back into its bytes.
-        merges = [_placeholder_merge(set(tokens))]
+        # list, and GGUF has no empty arrays: one merge that can never fire changes nothing.
+        merges = [_NEVER_MERGE]
     eos = tokenizer.eos_token_ids
     return GGUFVocab(tokens=tokens, token_types=types, merges=merges, pre=pre,
                      bos_token_id=tokenizer.bos_token_id, eos_token_id=eos[0] if eos else None,
@@ -118,9 +120,3 @@ def _pre_tokenizer_name(pre: Any, has_merges: bool, source: Path) -> str:
                              f"(exported: ByteLevel with GPT-2's regex, optionally after Digits(individual_digits))",
                              "pre_tokenizer")
     return name
-
-
-def _placeholder_merge(vocab: set[str]) -> str:
-    # Two copies of one of GPT-2's byte characters (chr(256) is byte 0) whose concatenation is no token.
-    left = next(c for c in map(chr, range(256, 512)) if c + c not in vocab)
-    return f"{left} {left}"

@@ -296,17 +296,18 @@ def test_llama_cpp_q8_0_and_q4_0_agreement_is_measured(cinq_tiny_prompt: list[in
 
 TEXTS = ["Once upon a time", "The year 1984 had 366 days, 52 weeks and 2 days.", "  two  spaces\n\nand lines\n",
          "def f(x):\n    return x ** 2  # square", "Ünïcödé: café, naïve, 東京, emoji 🙂", "3+4=7; 12*12=144",
-         "it's what we'd've said, isn't it?", ""]
+         "it's what we'd've said, isn't it?", "nul\x00\x00bytes", ""]
 
 
-def test_text_tokenization_agrees_with_llama_cpp(tmp_path: Path):
+@pytest.mark.parametrize("model", ["cinq-tiny", "byte"])
+def test_text_tokenization_agrees_with_llama_cpp(tiny_llama: Path, tmp_path: Path, model: str):
     """Text -> ids through llama.cpp's "starcoder" splitting and the exported merges gives cinq's ids, BOS
-    included. Where they part: a special token's text inside a prompt (``<|end|>``) is one special token for
+    included (and for cinq's merge-free byte tokenizer, through "gpt-2" and the placeholder merge). Where they part: a special token's text inside a prompt (``<|end|>``) is one special token for
     cinq (the tokenizers library) and for llama.cpp only when asked to parse specials."""
     pytest.importorskip("llama_cpp")
     from cinq.export.llama_cpp import LlamaCppGreedy
     from cinq.model.tokenizer import Tokenizer
-    folder = resolve_model_path("cinq-tiny", "model")
+    folder = resolve_model_path("cinq-tiny", "model") if model == "cinq-tiny" else tiny_llama  # byte tokenizer
     tok = Tokenizer.from_pretrained(folder)
     llm = LlamaCppGreedy(export_gguf(folder, tmp_path / "t.gguf", "q8_0").path, threads=1, n_ctx=64).llm
     for text in TEXTS:
