@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cinq.bench.latency_engines import (BASELINES, VARIANTS, TimedEngine, build_engines, check_names,
+from cinq.bench.latency_engines import (BASELINES, VARIANTS, CinqRunner, TimedEngine, build_engines, check_names,
                                         llama_cpp_version)
 from cinq.bench.latency_report import latency_result
 from cinq.bench.latency_stats import summarize_ms
@@ -30,8 +30,9 @@ from cinq.errors import InvalidParameterError
 @dataclass(slots=True)
 class LatencyOptions:
     """Prompt lengths, tokens generated per request, requests per length and round, rounds (after one warm-up
-    round), the baselines (``hf``, ``llama.cpp``), cinq's precision variants (empty: the engine as configured),
-    torch / llama.cpp thread counts to sweep (empty: as configured) and where quantized / GGUF copies are kept."""
+    round), the baselines (``hf``, ``llama.cpp``), cinq's precision variants (empty: the engine as configured, or
+    bf16 when llama.cpp is a baseline: it runs GGUF types only), torch / llama.cpp thread counts to sweep (empty:
+    as configured) and where quantized / GGUF copies are kept (default: the cinq cache)."""
 
     input_lens: tuple[int, ...] = (128, 1024)
     output_len: int = 128
@@ -44,6 +45,7 @@ class LatencyOptions:
     work_dir: Path | None = None
 
     def validate(self) -> None:
+        """InvalidParameterError naming the first field out of range."""
         if not self.input_lens or min(self.input_lens) < 1:
             raise InvalidParameterError(f"input_lens must be positive, got {list(self.input_lens)}", "input_lens")
         if self.output_len < 2:
@@ -58,6 +60,7 @@ class LatencyOptions:
         check_names(self.variants, VARIANTS, "variants")
 
     def check_length(self, max_model_len: int) -> None:
+        """InvalidParameterError unless the longest prompt plus the output fits ``max_model_len``."""
         longest = max(self.input_lens) + self.output_len
         if longest > max_model_len:
             raise InvalidParameterError(
@@ -75,7 +78,7 @@ def run_latency(config: EngineConfig, options: LatencyOptions, progress: bool = 
     work.mkdir(parents=True, exist_ok=True)
     n_ctx = max(options.input_lens) + options.output_len + 16
     engines, missing = build_engines(config, options.variants, options.baselines, options.threads_list, n_ctx, work)
-    first = engines[0].runner.engine  # type: ignore[attr-defined]  # cinq always comes first
+    first = next(e.runner for e in engines if isinstance(e.runner, CinqRunner)).engine
     options.check_length(first.max_model_len)
     data = {"config": {"model": model_label(config.model), "dtype": config.dtype},
             "options": {"input_lens": list(options.input_lens), "output_len": options.output_len,

@@ -33,6 +33,8 @@ class TokenTimes:
 
 
 class Runner(Protocol):
+    """What the benchmark times: one greedy generation of ``new_tokens`` tokens after ``prompt``."""
+
     def run(self, prompt: list[int], new_tokens: int) -> TokenTimes: ...
 
 
@@ -107,6 +109,7 @@ def llama_cpp_missing() -> str | None:
 
 
 def llama_cpp_version() -> str | None:
+    """llama-cpp-python's version, None without it (for the report's machine line)."""
     try:
         import llama_cpp
     except ImportError:
@@ -115,10 +118,12 @@ def llama_cpp_version() -> str | None:
 
 
 def short_dtype(dtype: str) -> str:
+    """``bfloat16`` -> ``bf16`` ...: how an engine's name carries its dtype."""
     return _SHORT_DTYPE.get(dtype, dtype)
 
 
 def check_names(values: tuple[str, ...], allowed: tuple[str, ...], param: str) -> None:
+    """InvalidParameterError naming ``param`` unless every value is one of ``allowed``."""
     bad = [v for v in values if v not in allowed]
     if bad:
         raise InvalidParameterError(f"{param} must be among {','.join(allowed)}, got {','.join(bad)}", param)
@@ -134,6 +139,7 @@ def variant_config(config: EngineConfig, variant: str, work: Path) -> EngineConf
 
 
 def dense_folder(config: EngineConfig) -> Path:
+    """The folder of ``config``'s model (an embedded name resolved)."""
     from cinq.assets import resolve_model_path
     return Path(resolve_model_path(config.model or None, "model"))
 
@@ -175,7 +181,7 @@ def build_engines(config: EngineConfig, variants: tuple[str, ...], baselines: tu
                   threads_list: tuple[int, ...] | None, n_ctx: int, work: Path) -> tuple[list[TimedEngine], list[str]]:
     """Every engine to time, in report order, and one line per requested baseline that cannot run here.
 
-    No variants: cinq as ``config`` says, against HF at the same dtype. Variants: cinq in each, each against
+    No variants (and no llama.cpp): cinq as ``config`` says, against HF at the same dtype. Variants: cinq in each, each against
     llama.cpp's matching GGUF type when llama.cpp runs (HF bf16 too), else against HF."""
     from cinq.bench.hf_baseline import hf_available
     missing = []
@@ -186,6 +192,8 @@ def build_engines(config: EngineConfig, variants: tuple[str, ...], baselines: tu
     if absent:
         missing.append(f"llama.cpp baseline ABSENT: {absent}")
     llama = "llama.cpp" in baselines and absent is None
+    if llama and not variants:  # llama.cpp runs GGUF types only: its pair is cinq bf16
+        variants = ("bf16",)
     hf_dtype = "bfloat16" if variants else config.dtype
     hf_name = f"HF {short_dtype(hf_dtype)}"
     threads: tuple[int | None, ...] = threads_list or (None,)

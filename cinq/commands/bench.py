@@ -74,7 +74,7 @@ def _add_latency(q: argparse.ArgumentParser) -> None:
                         "llama-cpp-python; paired with --variants) (default %(default)s)")
     b.add_argument("--variants", default="",
                    help="cinq precisions, comma-separated: bf16,int8,int4 (RTN int8 / GPTQ int4 copies, cached); "
-                        "default: the engine as configured")
+                        "default: the engine as configured (bf16 with the llama.cpp baseline)")
     b.add_argument("--threads-list", default="",
                    help="torch and llama.cpp threads to sweep, comma-separated (default: as configured)")
     b.add_argument("--no-baseline", action="store_true", help="no baseline at all (same as --baselines '')")

@@ -73,3 +73,14 @@ def test_gaps_are_one_fewer_than_the_tokens(tiny_llama):
     times = runner.run([5, 6, 7, 8], 6)
     assert times.ttft_s > 0 and len(times.gaps_s) == 5 and len(times.tokens) == 6
     assert not runner.engine.has_unfinished_requests()
+
+
+def test_llama_cpp_without_variants_pairs_cinq_bf16_with_gguf_bf16(tiny_llama, tmp_path):
+    pytest.importorskip("llama_cpp")
+    pytest.importorskip("gguf")
+    result = run_latency(_config(tiny_llama), LatencyOptions(input_lens=(8,), output_len=3, num_iters=1,
+                                                            baselines=("llama.cpp",), work_dir=tmp_path),
+                         progress=False)
+    assert [(r["engine"], r["vs"]) for r in result.data["rows"]] == [("cinq bf16", "llama.cpp bf16"),
+                                                                     ("llama.cpp bf16", None)]
+    assert result.data["rows"][1]["first_tokens"]  # llama.cpp hands its tokens back
