@@ -181,8 +181,8 @@ def build_engines(config: EngineConfig, variants: tuple[str, ...], baselines: tu
                   threads_list: tuple[int, ...] | None, n_ctx: int, work: Path) -> tuple[list[TimedEngine], list[str]]:
     """Every engine to time, in report order, and one line per requested baseline that cannot run here.
 
-    No variants (and no llama.cpp): cinq as ``config`` says, against HF at the same dtype. Variants: cinq in each, each against
-    llama.cpp's matching GGUF type when llama.cpp runs (HF bf16 too), else against HF."""
+    No variants (and no llama.cpp): cinq as ``config`` says, against HF at the same dtype. Variants: cinq in
+    each, each against llama.cpp's matching GGUF type when llama.cpp runs (HF bf16 too), else against HF."""
     from cinq.bench.hf_baseline import hf_available
     missing = []
     hf = "hf" in baselines and hf_available()
