@@ -1,39 +1,66 @@
-"""Batch-1 latency: time to first token, per-token decode latency (mean / median / p99) and decode tokens/s at
-a few prompt lengths, cinq's engine against Hugging Face transformers ``generate`` (batch 1, its own KV cache)
-on the same model and the same prompts, in one run."""
+"""Batch-1 latency: time to first token, per-token decode latency (mean / median / p99) and decode tokens/s at a
+few prompt lengths, cinq against Hugging Face transformers ``generate`` and (optionally) llama.cpp on the same
+weights, on the same prompt token ids, in one run.
+
+The one implementation behind ``cinq bench latency`` and ``benchmarks/latency.py``. Every round runs every engine
+once per setting in an order rotated each round (the machine is shared: drift hits every engine alike); a first
+round warms every engine up and is not kept. Decode tok/s = 1 / the median decode step of a generation (a
+descheduled step moves a mean, not this), then the median over generations; TTFT and per-token samples are also
+pooled into mean / median / p99. The engines are in latency_engines.py, the tables in latency_report.py."""
 
 from __future__ import annotations
 
+import os
 import random
-import time
+import statistics
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from cinq.bench.hf_baseline import hf_available, hf_token_times, load_hf_model
+from cinq.bench.latency_engines import (BASELINES, VARIANTS, CinqRunner, TimedEngine, build_engines, check_names,
+                                        llama_cpp_version)
+from cinq.bench.latency_report import latency_result
 from cinq.bench.latency_stats import summarize_ms
 from cinq.bench.progress import progress_bar
-from cinq.bench.report import BenchResult, Table, machine_info, model_label
+from cinq.bench.report import BenchResult, machine_info, model_label
 from cinq.config import EngineConfig
 from cinq.errors import InvalidParameterError
 
 
 @dataclass(slots=True)
 class LatencyOptions:
-    """Prompt lengths to measure, tokens generated per request, repetitions (their samples pooled)."""
+    """Prompt lengths, tokens generated per request, requests per length and round, rounds (after one warm-up
+    round), the baselines (``hf``, ``llama.cpp``), cinq's precision variants (empty: the engine as configured, or
+    bf16 when llama.cpp is a baseline: it runs GGUF types only), torch / llama.cpp thread counts to sweep (empty:
+    as configured) and where quantized / GGUF copies are kept (default: the cinq cache)."""
 
     input_lens: tuple[int, ...] = (128, 1024)
     output_len: int = 128
     num_iters: int = 3
     seed: int = 0
-    baseline: bool = True
+    baselines: tuple[str, ...] = ("hf",)
+    variants: tuple[str, ...] = ()
+    threads_list: tuple[int, ...] = ()
+    rounds: int = 1
+    work_dir: Path | None = None
 
-    def validate(self, max_model_len: int) -> None:
+    def validate(self) -> None:
+        """InvalidParameterError naming the first field out of range."""
         if not self.input_lens or min(self.input_lens) < 1:
             raise InvalidParameterError(f"input_lens must be positive, got {list(self.input_lens)}", "input_lens")
         if self.output_len < 2:
             raise InvalidParameterError(f"output_len must be >= 2, got {self.output_len}", "output_len")
-        if self.num_iters < 1:
-            raise InvalidParameterError(f"num_iters must be >= 1, got {self.num_iters}", "num_iters")
+        for name in ("num_iters", "rounds"):
+            if getattr(self, name) < 1:
+                raise InvalidParameterError(f"{name} must be >= 1, got {getattr(self, name)}", name)
+        if self.threads_list and min(self.threads_list) < 1:
+            raise InvalidParameterError(f"threads_list must be positive, got {list(self.threads_list)}",
+                                        "threads_list")
+        check_names(self.baselines, BASELINES, "baselines")
+        check_names(self.variants, VARIANTS, "variants")
+
+    def check_length(self, max_model_len: int) -> None:
+        """InvalidParameterError unless the longest prompt plus the output fits ``max_model_len``."""
         longest = max(self.input_lens) + self.output_len
         if longest > max_model_len:
             raise InvalidParameterError(
@@ -42,111 +69,85 @@ class LatencyOptions:
 
 
 def run_latency(config: EngineConfig, options: LatencyOptions, progress: bool = True) -> BenchResult:
-    """Measure cinq and (unless ``options.baseline`` is off) transformers at each prompt length."""
-    from cinq.engine.engine import LLMEngine
-    engine = LLMEngine(config)
-    options.validate(engine.max_model_len)
-    rng = random.Random(options.seed)
-    prompts = {n: [[rng.randrange(engine.vocab_size) for _ in range(n)] for _ in range(options.num_iters)]
-               for n in options.input_lens}
-    _cinq_token_times(engine, [rng.randrange(engine.vocab_size) for _ in range(16)], 4)  # warm-up
-    missing = None
-    model = None
-    if options.baseline and hf_available():
-        model = load_hf_model(engine.config.model, engine.config.dtype)
-        hf_token_times(model, prompts[options.input_lens[0]][0][:16], 4)  # warm-up
-    elif options.baseline:
-        missing = "transformers is not installed (pip install transformers): no baseline"
-    runs = len(options.input_lens) * options.num_iters * (2 if model is not None else 1)
-    bar = progress_bar(runs, "latency", progress, unit="run")
-    rows = []
-    for n in options.input_lens:
-        row: dict[str, Any] = {"input_len": n}
-        for name, measure in (("cinq", lambda p: _cinq_token_times(engine, p, options.output_len)),
-                              ("hf", lambda p: hf_token_times(model, p, options.output_len))):
-            if name == "hf" and model is None:
-                row[name] = None
-                continue
-            ttfts, gaps = [], []
-            for prompt in prompts[n]:
-                ttft, per_token = measure(prompt)
-                ttfts.append(ttft)
-                gaps += per_token
-                bar.update(1)
-            row[name] = _summary(ttfts, gaps)
-        if row["hf"]:
-            row["decode_speedup"] = row["cinq"]["decode_tok_s"] / row["hf"]["decode_tok_s"]
-            row["ttft_speedup"] = row["hf"]["ttft_ms"]["median"] / row["cinq"]["ttft_ms"]["median"]
-        rows.append(row)
-    bar.close()
-    data = {"config": {"model": model_label(engine.config.model), "dtype": engine.config.dtype},
+    """Measure every engine of ``options`` at each prompt length and thread count."""
+    options.validate()
+    if config.max_model_len is not None:
+        options.check_length(config.max_model_len)  # before any engine is built or model quantized
+    from cinq.cache import cache_dir
+    work = options.work_dir or cache_dir() / "bench-latency"
+    work.mkdir(parents=True, exist_ok=True)
+    n_ctx = max(options.input_lens) + options.output_len + 16
+    engines, missing = build_engines(config, options.variants, options.baselines, options.threads_list, n_ctx, work)
+    first = next(e.runner for e in engines if isinstance(e.runner, CinqRunner)).engine
+    options.check_length(first.max_model_len)
+    data = {"config": {"model": model_label(config.model), "dtype": config.dtype},
             "options": {"input_lens": list(options.input_lens), "output_len": options.output_len,
-                        "num_iters": options.num_iters, "seed": options.seed},
-            "machine": machine_info(), "rows": rows}
-    return _result(data, missing)
-
-
-def _cinq_token_times(engine: Any, prompt: list[int], new_tokens: int) -> tuple[float, list[float]]:
-    """(time to first token, gaps between later tokens) in seconds, one request alone in the engine."""
-    from cinq.sampling_params import SamplingParams
-    engine.add_request(f"lat-{time.perf_counter_ns()}", prompt,
-                       SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True))
-    start = time.perf_counter()
-    times: list[float] = []
-    while engine.has_unfinished_requests():
-        if engine.step():  # one output per step that produced a token for the request
-            times.append(time.perf_counter())
-    return times[0] - start, [b - a for a, b in zip(times, times[1:])]
-
-
-def _summary(ttfts: list[float], gaps: list[float]) -> dict[str, Any]:
-    per_token = summarize_ms(gaps)
-    return {"ttft_ms": summarize_ms(ttfts), "tpot_ms": per_token, "decode_tok_s": 1000 / per_token["mean"]}
-
-
-def _result(data: dict[str, Any], missing: str | None) -> BenchResult:
-    table = Table("Batch-1 latency", ["prompt tokens", "engine", "TTFT median (ms)", "TTFT p99 (ms)",
-                                      "per-token mean (ms)", "per-token median (ms)", "per-token p99 (ms)",
-                                      "decode tok/s"])
+                        "num_iters": options.num_iters, "seed": options.seed, "baselines": list(options.baselines),
+                        "variants": list(options.variants), "threads_list": list(options.threads_list)},
+            "rows": measure(engines, _prompts(options, first.vocab_size), options, progress),
+            "missing": missing, "new_tokens": options.output_len, "rounds": options.rounds,
+            "llama_cpp_absent": next((m.split(": ", 1)[1] for m in missing if m.startswith("llama.cpp")), None),
+            "machine": {**machine_info(), "llama_cpp": llama_cpp_version(),
+                        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}}
     for row in data["rows"]:
-        for name, label in (("cinq", "cinq"), ("hf", "HF transformers generate (baseline)")):
-            s = row[name]
-            if s is None:
-                continue
-            table.rows.append([row["input_len"], label, s["ttft_ms"]["median"], s["ttft_ms"]["p99"],
-                               s["tpot_ms"]["mean"], s["tpot_ms"]["median"], s["tpot_ms"]["p99"], s["decode_tok_s"]])
-        if row["hf"]:
-            table.rows.append([row["input_len"], "cinq / HF", row["ttft_speedup"], "", "", "", "",
-                               row["decode_speedup"]])
-    o, m = data["options"], data["machine"]
-    setup = (f"Model {data['config']['model']} ({data['config']['dtype']}); one request at a time, random "
-             f"token-id prompts of {o['input_lens']} tokens, {o['output_len']} new tokens (greedy, ignore_eos), "
-             f"{o['num_iters']} requests per length, samples pooled. The cinq / HF row: TTFT and decode tokens/s "
-             f"ratios (higher is better for cinq). CPU threads {m['threads']}; load average at end "
-             f"{m['loadavg_at_end']}.")
-    with_hf = [r for r in data["rows"] if r["hf"]]
-    if with_hf:
-        headline = "cinq / HF transformers decode tokens/s at batch 1: " + ", ".join(
-            f"{r['decode_speedup']:.2f}x (prompt {r['input_len']})" for r in with_hf)
-    else:
-        headline = ("cinq batch-1 decode: " + ", ".join(f"{r['cinq']['decode_tok_s']:.1f} tok/s (prompt "
-                                                         f"{r['input_len']})" for r in data["rows"])
-                    + f"; {missing or 'baseline skipped (--no-baseline)'}")
+        row["model"] = data["config"]["model"]
+    return latency_result(data)
 
-    def plot(fig: Any) -> None:
-        ax1, ax2 = fig.subplots(1, 2)
-        lens = [r["input_len"] for r in data["rows"]]
-        x = range(len(lens))
-        for i, (name, label) in enumerate((("cinq", "cinq"), ("hf", "HF transformers"))):
-            if not all(r[name] for r in data["rows"]):
-                continue
-            xs = [j + 0.4 * i for j in x]
-            ax1.bar(xs, [r[name]["tpot_ms"]["median"] for r in data["rows"]], width=0.4, label=label)
-            ax2.bar(xs, [r[name]["ttft_ms"]["median"] for r in data["rows"]], width=0.4, label=label)
-        for ax, title in ((ax1, "per-token latency, median (ms)"), (ax2, "time to first token, median (ms)")):
-            ax.set_xticks([j + 0.2 for j in x], [f"prompt {n}" for n in lens])
-            ax.set_title(title)
-            ax.legend()
 
-    return BenchResult("latency", "Batch-1 latency: cinq vs HF transformers (same model, same prompts, one run)",
-                       setup, [table], headline, data, plot=plot)
+def _prompts(options: LatencyOptions, vocab: int) -> dict[int, list[list[int]]]:
+    """``num_iters`` random prompts per length, the same for every engine and round. Ids from 300 up where the
+    vocabulary allows: the byte tokenizers' specials (bos, eos ...) sit below."""
+    rng = random.Random(options.seed)
+    low = 300 if vocab > 600 else 0
+    return {n: [[rng.randrange(low, vocab) for _ in range(n)] for _ in range(options.num_iters)]
+            for n in options.input_lens}
+
+
+def measure(engines: list[TimedEngine], prompts: dict[int, list[list[int]]], options: LatencyOptions,
+            progress: bool) -> list[dict[str, Any]]:
+    """Round 0 (warm-up, one prompt per length) then ``options.rounds`` rounds, each engine's order rotated every
+    round; one summary row per (prompt length, threads, engine), in the engines' order."""
+    import torch
+    threads_before = torch.get_num_threads()
+    total = len(engines) * len(prompts) * (1 + options.rounds * options.num_iters)
+    bar = progress_bar(total, "latency", progress, unit="run")
+    samples: dict[tuple[int, int, str], list[dict[str, Any]]] = {}
+    try:
+        for rnd in range(options.rounds + 1):
+            rot = rnd % len(engines)
+            for n, group in prompts.items():
+                for e in engines[rot:] + engines[:rot]:
+                    if e.threads is not None:
+                        torch.set_num_threads(e.threads)
+                    for prompt in group[:1] if rnd == 0 else group:
+                        times = e.runner.run(prompt, options.output_len)
+                        bar.update(1)
+                        if rnd:
+                            key = (n, e.threads or torch.get_num_threads(), e.name)
+                            samples.setdefault(key, []).append({"ttft": times.ttft_s, "gaps": times.gaps_s,
+                                                                "tokens": times.tokens,
+                                                                "loadavg": os.getloadavg()[0]})
+    finally:
+        torch.set_num_threads(threads_before)
+        bar.close()
+    vs = {e.name: e.vs for e in engines}
+    order = list(dict.fromkeys(e.name for e in engines))
+    rows = [_row(n, t, name, gens, vs[name]) for (n, t, name), gens in samples.items()]
+    rows.sort(key=lambda r: (r["prompt_len"], r["threads"], order.index(r["engine"])))
+    by_key = {(r["prompt_len"], r["threads"], r["engine"]): r for r in rows}
+    for r in rows:
+        base = by_key.get((r["prompt_len"], r["threads"], r["vs"]))
+        r["ratio"] = r["tok_s"] / base["tok_s"] if base else None
+        r["ttft_ratio"] = base["prefill_s"] / r["prefill_s"] if base else None
+    return rows
+
+
+def _row(n: int, threads: int, name: str, gens: list[dict[str, Any]], vs: str | None) -> dict[str, Any]:
+    steps = [statistics.median(g["gaps"]) for g in gens]
+    return {"prompt_len": n, "threads": threads, "engine": name, "vs": vs,
+            "tok_s": statistics.median(1 / s for s in steps), "tok_s_runs": [1 / s for s in steps],
+            "tok_s_mean_runs": [len(g["gaps"]) / sum(g["gaps"]) for g in gens],
+            "ms_step": 1000 * statistics.median(steps), "prefill_s": statistics.median(g["ttft"] for g in gens),
+            "ttft_ms": summarize_ms([g["ttft"] for g in gens]),
+            "tpot_ms": summarize_ms([gap for g in gens for gap in g["gaps"]]),
+            "loadavg_1m": [g["loadavg"] for g in gens], "first_tokens": gens[0]["tokens"][:8]}

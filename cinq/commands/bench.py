@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 KINDS: dict[str, str] = {
     "throughput": "offline throughput vs HF transformers generate (same requests)",
-    "latency": "batch-1 time to first token and per-token latency vs HF transformers generate",
+    "latency": "batch-1 time to first token and per-token latency vs HF transformers generate (and llama.cpp)",
     "serve": "OpenAI server under Poisson load (TTFT, TPOT, ITL) vs the offline engine",
     "prefix": "prefix caching on vs off: shared-prefix and chat-replay workloads, eviction sweep (it runs caching "
               "both ways whatever --no-prefix-caching says, and the sweep sets --num-kv-blocks)",
@@ -65,8 +65,19 @@ def _add_latency(q: argparse.ArgumentParser) -> None:
     b = q.add_argument_group("latency")
     b.add_argument("--input-lens", default="128,1024", help="prompt lengths to measure (default %(default)s)")
     b.add_argument("--output-len", type=int, default=128, help="new tokens per request (default %(default)s)")
-    b.add_argument("--num-iters", type=int, default=3, help="requests per prompt length (default %(default)s)")
-    b.add_argument("--no-baseline", action="store_true", help="skip the transformers baseline")
+    b.add_argument("--num-iters", type=int, default=3,
+                   help="requests per prompt length, engine and round (default %(default)s)")
+    b.add_argument("--rounds", type=int, default=1,
+                   help="interleaved rounds after a warm-up round, engine order rotated each (default %(default)s)")
+    b.add_argument("--baselines", default="hf",
+                   help="comma-separated: hf (transformers generate), llama.cpp (the same weights as GGUF, needs "
+                        "llama-cpp-python; paired with --variants) (default %(default)s)")
+    b.add_argument("--variants", default="",
+                   help="cinq precisions, comma-separated: bf16,int8,int4 (RTN int8 / GPTQ int4 copies, cached); "
+                        "default: the engine as configured (bf16 with the llama.cpp baseline)")
+    b.add_argument("--threads-list", default="",
+                   help="torch and llama.cpp threads to sweep, comma-separated (default: as configured)")
+    b.add_argument("--no-baseline", action="store_true", help="no baseline at all (same as --baselines '')")
 
 
 def _add_serve(q: argparse.ArgumentParser) -> None:
@@ -161,7 +172,10 @@ def _run_throughput(config: EngineConfig, args: argparse.Namespace, progress: bo
 def _run_latency(config: EngineConfig, args: argparse.Namespace, progress: bool) -> BenchResult:
     from cinq.bench.latency import LatencyOptions, run_latency
     opts = LatencyOptions(input_lens=tuple(_ints(args.input_lens, "input_lens")), output_len=args.output_len,
-                          num_iters=args.num_iters, seed=_seed(args), baseline=not args.no_baseline)
+                          num_iters=args.num_iters, seed=_seed(args), rounds=args.rounds,
+                          baselines=() if args.no_baseline else _names(args.baselines),
+                          variants=_names(args.variants),
+                          threads_list=tuple(_ints(args.threads_list, "threads_list")) if args.threads_list else ())
     return run_latency(config, opts, progress)
 
 
@@ -206,6 +220,11 @@ def _ints(text: str, name: str) -> list[int]:
         raise InvalidParameterError(f"--{name.replace('_', '-')} must be comma-separated integers, got {text!r}",
                                     name) from None
     return values
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """A comma-separated list of names (blank: none)."""
+    return tuple(v.strip() for v in text.split(",") if v.strip())
 
 
 def _floats(text: str, name: str) -> list[float]:

@@ -1,5 +1,6 @@
 """Greedy decoding of an exported GGUF file in llama.cpp (llama-cpp-python, an optional extra: ``cinq[llama]``),
-token ids in and out: the side-by-side baseline of benchmarks/latency.py and the parity tests of the exporter.
+token ids in and out: the side-by-side baseline of `cinq bench latency` (cinq/bench/latency_engines.py) and the
+parity tests of the exporter.
 
 Token ids go in directly (no llama.cpp tokenization), so a comparison with cinq sees the same prompt whatever
 the two tokenizers do with text.

@@ -36,12 +36,23 @@ def test_throughput(capsys, tmp_path, tiny_llama):
 def test_latency(capsys, tmp_path, tiny_llama):
     out, data = bench(capsys, tmp_path, "latency", str(tiny_llama), "--input-lens", "8,32", "--output-len", "4",
                       "--num-iters", "1")
-    rows = [line.split() for line in out.splitlines() if line[:1] == " " or line[:1].isdigit()]
-    assert [r[0] for r in rows if "(baseline)" in r] == ["8", "32"]
-    assert [r[0] for r in rows if r[1:4] == ["cinq", "/", "HF"]] == ["8", "32"]
-    assert [r["input_len"] for r in data["rows"]] == [8, 32]
-    row = data["rows"][0]
-    assert row["decode_speedup"] == pytest.approx(row["cinq"]["decode_tok_s"] / row["hf"]["decode_tok_s"])
+    rows = [line.split() for line in out.splitlines() if str(tiny_llama) in line]
+    assert [(r[1], r[3]) for r in rows] == [("8", "cinq"), ("8", "HF"), ("32", "cinq"), ("32", "HF")]
+    assert [r[10:12] for r in rows if r[3] == "cinq"] == [["HF", "fp32"]] * 2  # vs: cinq is paired with HF
+    assert [(r["prompt_len"], r["engine"]) for r in data["rows"]] == [(8, "cinq fp32"), (8, "HF fp32"),
+                                                                       (32, "cinq fp32"), (32, "HF fp32")]
+    cinq, hf = data["rows"][:2]
+    assert cinq["ratio"] == pytest.approx(cinq["tok_s"] / hf["tok_s"])
+
+
+def test_latency_flags_reach_the_options(capsys, tmp_path, tiny_llama):
+    out, data = bench(capsys, tmp_path, "latency", str(tiny_llama), "--input-lens", "8", "--output-len", "3",
+                      "--num-iters", "1", "--rounds", "2", "--no-baseline", "--threads-list", "1,2")
+    assert [(r["threads"], r["engine"], len(r["tok_s_runs"])) for r in data["rows"]] == [(1, "cinq fp32", 2),
+                                                                                          (2, "cinq fp32", 2)]
+    assert data["options"]["baselines"] == [] and "cinq fp32 decode:" in data["headline"]
+    (line,) = error_lines(capsys, "latency", str(tiny_llama), "--baselines", "vllm")
+    assert "baselines must be among hf,llama.cpp, got vllm" in line
 
 
 def test_serve(capsys, tmp_path, tiny_llama):

@@ -1,0 +1,223 @@
+"""The engines the batch-1 latency benchmark times, one interface each (``run(prompt, new_tokens) ->
+TokenTimes``): cinq in a precision variant (bf16, RTN int8, GPTQ int4), Hugging Face ``generate`` and llama.cpp on
+the same weights exported to GGUF (optional: llama-cpp-python, ``pip install 'cinq[llama]'``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from cinq.config import EngineConfig
+from cinq.errors import InvalidParameterError
+
+VARIANTS = ("bf16", "int8", "int4")
+BASELINES = ("hf", "llama.cpp")
+# cinq variant -> the GGUF matrix type reading the same bytes per weight in a decode step
+GGUF_TYPE = {"bf16": "bf16", "int8": "q8_0", "int4": "q4_0"}
+_SHORT_DTYPE = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
+
+
+@dataclass(slots=True)
+class TokenTimes:
+    """One greedy generation: seconds from prompt in to first token out, the gaps between later tokens (one decode
+    step each), and the tokens (empty where the engine does not hand them back)."""
+
+    ttft_s: float
+    gaps_s: list[float]
+    tokens: list[int] = field(default_factory=list)
+
+
+class Runner(Protocol):
+    """What the benchmark times: one greedy generation of ``new_tokens`` tokens after ``prompt``."""
+
+    def run(self, prompt: list[int], new_tokens: int) -> TokenTimes: ...
+
+
+@dataclass(slots=True)
+class TimedEngine:
+    """A runner under its report name (e.g. ``cinq int4``, ``llama.cpp q4_0``), the torch threads it runs with
+    (None: leave torch's setting; llama.cpp's own threads are fixed in its runner) and the engine it is compared
+    with (None: a baseline)."""
+
+    name: str
+    threads: int | None
+    runner: Runner
+    vs: str | None = None
+
+
+class CinqRunner:
+    """One cinq engine, one request at a time."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        from cinq.engine.engine import LLMEngine
+        self.engine = LLMEngine(config)
+        self.count = 0
+
+    def run(self, prompt: list[int], new_tokens: int) -> TokenTimes:
+        from cinq.sampling_params import SamplingParams
+        self.count += 1
+        self.engine.add_request(f"lat-{self.count}", prompt,
+                                SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True))
+        start = time.perf_counter()
+        times: list[float] = []
+        tokens: list[int] = []
+        while self.engine.has_unfinished_requests():
+            outs = self.engine.step()
+            if outs:  # one (cumulative) output per step that produced a token for the request
+                times.append(time.perf_counter())
+                tokens = list(outs[-1].outputs[0].token_ids)
+        return TokenTimes(times[0] - start, [b - a for a, b in zip(times, times[1:])], tokens)
+
+
+class HFRunner:
+    """transformers ``generate``, batch 1, its tokens timed by a streamer (see hf_baseline.hf_token_times)."""
+
+    def __init__(self, folder: str | Path, dtype: str) -> None:
+        from cinq.bench.hf_baseline import load_hf_model
+        self.model = load_hf_model(str(folder), dtype)
+
+    def run(self, prompt: list[int], new_tokens: int) -> TokenTimes:
+        from cinq.bench.hf_baseline import hf_token_times
+        ttft, gaps = hf_token_times(self.model, prompt, new_tokens)
+        return TokenTimes(ttft, gaps)
+
+
+class LlamaCppRunner:
+    """A GGUF file in llama.cpp with ``threads`` threads."""
+
+    def __init__(self, path: Path, threads: int, n_ctx: int) -> None:
+        from cinq.export.llama_cpp import LlamaCppGreedy
+        self.greedy = LlamaCppGreedy(path, threads, n_ctx=n_ctx)
+
+    def run(self, prompt: list[int], new_tokens: int) -> TokenTimes:
+        r = self.greedy.generate(prompt, new_tokens)
+        return TokenTimes(r.prefill_s, r.step_s, r.token_ids)
+
+
+def llama_cpp_missing() -> str | None:
+    """None when llama-cpp-python imports, else why not (one line)."""
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError as e:
+        return f"llama-cpp-python not installed ({e.name}); pip install 'cinq[llama]'"
+    return None
+
+
+def llama_cpp_version() -> str | None:
+    """llama-cpp-python's version, None without it (for the report's machine line)."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    return str(llama_cpp.__version__)
+
+
+def short_dtype(dtype: str) -> str:
+    """``bfloat16`` -> ``bf16`` ...: how an engine's name carries its dtype."""
+    return _SHORT_DTYPE.get(dtype, dtype)
+
+
+def check_names(values: tuple[str, ...], allowed: tuple[str, ...], param: str) -> None:
+    """InvalidParameterError naming ``param`` unless every value is one of ``allowed``."""
+    bad = [v for v in values if v not in allowed]
+    if bad:
+        raise InvalidParameterError(f"{param} must be among {','.join(allowed)}, got {','.join(bad)}", param)
+
+
+def variant_config(config: EngineConfig, variant: str, work: Path) -> EngineConfig:
+    """``config`` running the dense model (bf16) or a cached int8 / int4 quantization of it."""
+    if variant == "bf16":
+        return dataclasses.replace(config, dtype="bfloat16")
+    bits, method = (8, "rtn") if variant == "int8" else (4, "gptq")
+    return dataclasses.replace(config, model=str(quantized_folder(dense_folder(config), bits, method, work)),
+                               dtype="bfloat16")
+
+
+def dense_folder(config: EngineConfig) -> Path:
+    """The folder of ``config``'s model (an embedded name resolved)."""
+    from cinq.assets import resolve_model_path
+    return Path(resolve_model_path(config.model or None, "model"))
+
+
+def _tag(src: Path) -> str:
+    """A cache name for ``src``: its folder name and a hash of its resolved path (two models never share one)."""
+    return f"{src.name}-{hashlib.sha1(str(src.resolve()).encode()).hexdigest()[:8]}"
+
+
+def quantized_folder(src: Path, bits: int, method: str, work: Path) -> Path:
+    """A cinq quantized copy of ``src`` (kept in ``work``): RTN per channel for 8 bits, GPTQ group 128 for 4."""
+    out = work / f"{_tag(src)}-{method}{bits}"
+    if (out / "config.json").is_file():
+        return out
+    from cinq.model.config import ModelConfig
+    from cinq.quant.calibration import calibration_windows
+    from cinq.quant.config import QuantConfig
+    from cinq.quant.pipeline import quantize_model
+    calib = None
+    if method == "gptq":  # a small random calibration set: the kernel's speed does not depend on the integers
+        vocab = ModelConfig.from_pretrained(src).vocab_size
+        rng = random.Random(0)
+        calib = calibration_windows([rng.randrange(vocab) for _ in range(16 * 128)], 16, 128, 0)
+    quantize_model(src, out, QuantConfig(method=method, bits=bits, group_size=128 if bits == 4 else -1, sym=True),
+                   calib, progress=False)
+    return out
+
+
+def gguf_file(src: Path, outtype: str, work: Path) -> Path:
+    """``src`` exported for llama.cpp with ``outtype`` matrices (kept in ``work``)."""
+    from cinq.export.gguf import export_gguf
+    out = work / f"{_tag(src)}-{outtype}.gguf"
+    if not out.is_file():
+        export_gguf(src, out, outtype)
+    return out
+
+
+def build_engines(config: EngineConfig, variants: tuple[str, ...], baselines: tuple[str, ...],
+                  threads_list: tuple[int, ...] | None, n_ctx: int, work: Path) -> tuple[list[TimedEngine], list[str]]:
+    """Every engine to time, in report order, and one line per requested baseline that cannot run here.
+
+    No variants (and no llama.cpp): cinq as ``config`` says, against HF at the same dtype. Variants: cinq in
+    each, each against llama.cpp's matching GGUF type when llama.cpp runs (HF bf16 too), else against HF."""
+    from cinq.bench.hf_baseline import hf_available
+    missing = []
+    hf = "hf" in baselines and hf_available()
+    if "hf" in baselines and not hf:
+        missing.append("HF baseline ABSENT: transformers is not installed (pip install transformers)")
+    absent = llama_cpp_missing() if "llama.cpp" in baselines else None
+    if absent:
+        missing.append(f"llama.cpp baseline ABSENT: {absent}")
+    llama = "llama.cpp" in baselines and absent is None
+    if llama and not variants:  # llama.cpp runs GGUF types only: its pair is cinq bf16
+        variants = ("bf16",)
+    hf_dtype = "bfloat16" if variants else config.dtype
+    hf_name = f"HF {short_dtype(hf_dtype)}"
+    threads: tuple[int | None, ...] = threads_list or (None,)
+    cinq_runners: dict[str, CinqRunner] = {}  # one engine per variant: torch threads are set per measurement
+    hf_runner = HFRunner(dense_folder(config), hf_dtype) if hf else None
+    engines: list[TimedEngine] = []
+    for t in threads:
+        for i, variant in enumerate(variants or ("",)):
+            name = f"cinq {variant}" if variant else f"cinq {short_dtype(config.dtype)}"
+            if name not in cinq_runners:
+                cinq_runners[name] = CinqRunner(variant_config(config, variant, work) if variant else config)
+            gguf_name = f"llama.cpp {GGUF_TYPE.get(variant, '')}"
+            vs = gguf_name if llama and variant else (hf_name if hf else None)
+            engines.append(TimedEngine(name, t, cinq_runners[name], vs))
+            if llama and variant:
+                path = gguf_file(dense_folder(config), GGUF_TYPE[variant], work)
+                engines.append(TimedEngine(gguf_name, t, LlamaCppRunner(path, t or _torch_threads(), n_ctx)))
+            if hf_runner is not None and i == 0:
+                engines.append(TimedEngine(hf_name, t, hf_runner, "llama.cpp bf16" if llama and "bf16" in variants
+                                           else None))
+    return engines, missing
+
+
+def _torch_threads() -> int:
+    import torch
+    return torch.get_num_threads()
+
