@@ -86,8 +86,8 @@ def test_bad_values_are_one_line(capsys, tiny_llama):
     assert "exceeds max_model_len 256" in line
     (line,) = error_lines(capsys, "spec", str(tiny_llama))
     assert "needs --speculative-config" in line
-    (line,) = error_lines(capsys, "stack")
-    assert "not built yet" in line
+    (line,) = error_lines(capsys, "stack", str(tiny_llama), "--quant", "gptq:4/128,8")
+    assert "--quant must name one quantized variant" in line
     (line,) = error_lines(capsys)
     assert "give a benchmark" in line
 
