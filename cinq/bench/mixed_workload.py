@@ -33,6 +33,7 @@ class MixedOptions:
     shares: tuple[float, float, float] = (0.5, 0.25, 0.25)
     output_len: tuple[int, int] = (16, 48)  # uniform, inclusive
     max_record_tokens: int = 96  # a chat / code record is cut to this many tokens
+    max_prompt_tokens: int | None = None  # a prompt is cut to this many (a model's context: the prefix is kept)
     seed: int = 0
 
     def validate(self) -> None:
@@ -44,6 +45,9 @@ class MixedOptions:
         lo, hi = self.output_len
         if not 1 <= lo <= hi:
             raise InvalidParameterError(f"output_len must satisfy 1 <= low <= high, got [{lo}, {hi}]", "output_len")
+        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
+            raise InvalidParameterError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}",
+                                        "max_prompt_tokens")
         if self.max_record_tokens < 1:
             raise InvalidParameterError(f"max_record_tokens must be >= 1, got {self.max_record_tokens}",
                                         "max_record_tokens")
@@ -116,6 +120,8 @@ def mixed_workload(tokenizer: Any, options: MixedOptions) -> MixedWorkload:
             else:
                 text = CODE_PREFIX + body
             ids = tokenizer.encode(text, add_special_tokens=False)
+        if options.max_prompt_tokens is not None:
+            ids = ids[:options.max_prompt_tokens]
         requests.append(BenchRequest(ids, rng.randint(*options.output_len)))
     return MixedWorkload(requests, kinds)
 

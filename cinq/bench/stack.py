@@ -117,6 +117,10 @@ def run_stack(config: EngineConfig, options: StackOptions, progress: bool = True
     config = dataclasses.replace(config, model=str(resolve_model(config.model)),
                                  seed=config.seed if config.seed is not None else 0)
     rows = stack_rows(config, options, progress)
+    if config.max_model_len is not None:  # prompts leave room for their outputs
+        options.workload = dataclasses.replace(options.workload, max_prompt_tokens=min(
+            options.workload.max_prompt_tokens or config.max_model_len,
+            config.max_model_len - options.workload.output_len[1]))
     work = mixed_workload(Tokenizer.from_pretrained(config.tokenizer or config.model), options.workload)
     ids = held_out_ids(config.model, options.quality)
     base = reference_scores(config.model, ids, options.quality)
