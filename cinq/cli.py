@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "init-model": "init_model",
     "plan": "plan",
     "bench": "bench",
+    "tune": "tune",
 }
 
 
