@@ -6,6 +6,7 @@ that `cinq serve --config` accepts."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -38,6 +39,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sp.add_argument("--spec-method", default=d.speculative_method, help="speculative method (default %(default)s)")
     sp.add_argument("--spec-model", default=d.speculative_model,
                     help="its draft model or heads (default %(default)s; '' for none, e.g. ngram)")
+    sp.add_argument("--spec-extra", type=json.loads, default={},
+                    help="further speculative_config fields as JSON, e.g. '{\"prompt_lookup_max\": 3}' for ngram")
     sp.add_argument("--max-num-seqs-values", default=",".join(map(str, s.max_num_seqs)),
                     help="max running sequences to try (default %(default)s)")
     sp.add_argument("--max-num-batched-tokens-values", default=",".join(map(str, s.max_num_batched_tokens)),
@@ -70,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     seed = args.seed if args.seed is not None else 0
     opts = TuneOptions(space, SLO(args.tpot_p99_ms, args.ttft_p99_ms, args.min_accuracy, args.max_kl),
                        args.workload, args.request_rate, args.price_per_hour, args.plan_device, args.spec_method,
-                       args.spec_model or None, args.max_trials,
+                       args.spec_model or None, args.spec_extra, args.max_trials,
                        QualitySettings(ppl_tokens=args.ppl_tokens, n_problems=args.num_problems, seed=seed),
                        args.variants_dir, seed)
     config = engine_config_from_args(args)

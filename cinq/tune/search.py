@@ -61,6 +61,7 @@ class TuneOptions:
     device: str = "this-cpu"  # cinq plan's device table (memory, bandwidth, FLOP/s) for pruning
     speculative_method: str = "eagle"
     speculative_model: str | None = "cinq-tiny-eagle"
+    speculative_extra: dict[str, Any] = field(default_factory=dict)  # further speculative_config fields
     max_trials: int = 6
     quality: QualitySettings = field(default_factory=lambda: QualitySettings(ppl_tokens=1024, n_problems=16))
     variants_dir: str | None = None
@@ -80,7 +81,7 @@ def candidate_config(base: EngineConfig, c: Candidate, model: str, options: Tune
     """The engine configuration of candidate ``c`` served from ``model`` (its weights' folder)."""
     spec = None
     if c.spec_k:
-        spec = {"method": options.speculative_method, "num_speculative_tokens": c.spec_k}
+        spec = {**options.speculative_extra, "method": options.speculative_method, "num_speculative_tokens": c.spec_k}
         if options.speculative_model:
             spec["model"] = options.speculative_model
     blocks = None if c.kv_tokens is None else -(-c.kv_tokens // base.block_size)
