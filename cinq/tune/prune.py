@@ -1,7 +1,12 @@
 """What ``cinq plan`` says of a candidate before anything runs: whether its weights, activations and KV budget
 fit the device, and the roofline's decode step at its concurrency. The roofline is a lower bound on the step
 time, so a candidate whose best case (step time / (k + 1) with k drafts all accepted) misses the TPOT SLO cannot
-meet it measured either and is dropped; the rest are ranked by the roofline's cost per token, cheapest first."""
+meet it measured either and is dropped; the rest are ranked by the roofline's cost per token, cheapest first.
+
+The roofline cannot see what decides most on a small model (per-step overhead, a quantized kernel's real speed,
+how many drafts are accepted, quality), and often ties there: ``measurement_order`` takes the kept candidates
+round-robin over their weights + speculation families, each family cheapest roofline first, so a short trial
+budget measures every family before refining batch sizes."""
 
 from __future__ import annotations
 
@@ -72,3 +77,16 @@ def prune(candidates: list[Candidate], model_config: Any, device: Any, dtype: st
     """Every candidate's verdict, the kept ones first, cheapest roofline cost first."""
     verdicts = [judge(c, model_config, device, dtype, max_model_len, context_len, tpot_slo_ms) for c in candidates]
     return sorted(verdicts, key=lambda v: (not v.kept, v.roofline_cost if v.roofline_cost is not None else 1e30))
+
+
+def measurement_order(verdicts: list[Verdict]) -> list[Verdict]:
+    """The kept verdicts in the order to measure them (see the module docstring)."""
+    families: dict[tuple[str, int], list[Verdict]] = {}
+    for v in verdicts:  # already cheapest first
+        if v.kept:
+            families.setdefault((v.candidate.quant, v.candidate.spec_k), []).append(v)
+    order, queues = [], list(families.values())
+    while queues:
+        order += [q.pop(0) for q in queues]
+        queues = [q for q in queues if q]
+    return order

@@ -101,7 +101,7 @@ def run_tune(config: EngineConfig, options: TuneOptions, log: Any = None) -> dic
     from cinq.plan.devices import custom_device, get_device
     from cinq.plan.cost import dollars_per_million_tokens
     from cinq.quant.variant_folder import variant_folder
-    from cinq.tune.prune import prune
+    from cinq.tune.prune import measurement_order, prune
     from cinq.tune.workload_file import read_workload
     options.validate()
     say = log or (lambda _msg: None)
@@ -115,7 +115,7 @@ def run_tune(config: EngineConfig, options: TuneOptions, log: Any = None) -> dic
     device = custom_device(get_device(options.device, "device"), price_per_hour=options.price_per_hour)
     verdicts = prune(options.space.candidates(), mcfg, device, config.dtype, max_len, context,
                      options.slo.tpot_p99_ms)
-    kept = [v for v in verdicts if v.kept]
+    kept = measurement_order(verdicts)
     say(f"cinq tune: {len(verdicts)} candidates, {len(kept)} kept by the plan; measuring up to {options.max_trials}")
     root = Path(options.variants_dir) if options.variants_dir else cache_dir() / "variants"
     ids = held_out_ids(config.model, options.quality)

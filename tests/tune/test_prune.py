@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from cinq.model.config import ModelConfig
 from cinq.plan.devices import get_device
-from cinq.tune.prune import judge, precision_of, prune
+from cinq.tune.prune import Verdict, judge, measurement_order, precision_of, prune
 from cinq.tune.space import Candidate
 
 
@@ -38,3 +38,12 @@ def test_precision_of_a_variant():
     p = precision_of("gptq:4/128", "bfloat16")
     assert (p.name, p.group_size) == ("int4", 128)
     assert precision_of("rtn:8", "bfloat16").name == "int8"
+
+
+def test_measurement_order_visits_every_family_first():
+    def v(quant: str, k: int, seqs: int, kept: bool = True) -> Verdict:
+        return Verdict(Candidate(quant, k, seqs, 512, None), kept, "", 1.0, 1.0)
+    verdicts = [v("none", 0, 32), v("none", 0, 4), v("none", 3, 32), v("rtn:8", 0, 32), v("rtn:8", 0, 4),
+                v("none", 3, 4, kept=False)]
+    order = [(x.candidate.quant, x.candidate.spec_k, x.candidate.max_num_seqs) for x in measurement_order(verdicts)]
+    assert order == [("none", 0, 32), ("none", 3, 32), ("rtn:8", 0, 32), ("none", 0, 4), ("rtn:8", 0, 4)]
