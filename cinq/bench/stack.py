@@ -135,7 +135,8 @@ def run_stack(config: EngineConfig, options: StackOptions, progress: bool = True
         bar.update(1)
     bar.close()
     data = {"config": {"model": model_label(config.model), "dtype": config.dtype, "device": config.device},
-            "options": {**dataclasses.asdict(options), "workload": options.workload.to_dict()},
+            "options": {**dataclasses.asdict(options), "workload": options.workload.to_dict(),
+                        "variants_dir": "<variants>" if options.variants_dir else "<cinq cache>/variants"},
             "workload": {"counts": work.counts(), "prompt_tokens": sum(len(r.prompt) for r in work.requests),
                          "output_tokens": sum(r.output_len for r in work.requests),
                          "shared_prefix_tokens": work.prefix_tokens_shared()},
@@ -156,7 +157,7 @@ def _measure_engine(row: StackRow, work: Any, ids: list[int], base: Any, options
         del engine
     quality = engine_quality(row.config, ids, options.quality, base)
     cfg = {k: v for k, v in dataclasses.asdict(row.config).items() if k != "parallel_config"}
-    cfg["model"] = model_label(row.config.model)
+    cfg["model"] = _label(row.config.model, options)
     return {"label": row.label, "adds": row.adds, "engine_config": cfg, "inf": runs["inf"],
             "rate": runs["rate"], "quality": quality.to_dict()}
 
@@ -202,3 +203,12 @@ def _ratios(rows: list[dict[str, Any]], price: float) -> None:
         r["memory_ratio"] = r["peak_memory_bytes"] / first["peak_memory_bytes"]
         c0, c = first.get("cost_per_m_tokens"), r.get("cost_per_m_tokens")
         r["cost_ratio"] = c / c0 if c and c0 else None
+
+
+def _label(model: str, options: StackOptions) -> str:
+    """A model as the report names it: a quantized variant as ``<variants>/NAME`` (no machine's path)."""
+    from cinq.cache import cache_dir
+    root = Path(options.variants_dir) if options.variants_dir else cache_dir() / "variants"
+    if Path(model).resolve().parent == root.resolve():
+        return "<variants>/" + Path(model).name
+    return model_label(model)
