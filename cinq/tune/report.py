@@ -66,6 +66,7 @@ def tune_result(data: dict[str, Any], options: dict[str, Any], model: str) -> Be
              f"shared CPU (threads {m['threads']} of {m['cpus']}, load average {m['loadavg_at_end']}): single "
              f"short runs, so near-ties can flip between runs.")
     rows = [{k: v for k, v in r.items() if k != "engine_config"} for r in data["rows"]]
+    options = {**options, "variants_dir": "<variants>" if options.get("variants_dir") else "<cinq cache>/variants"}
     payload = {"model": model_label(model), "options": options, "machine": m, **data, "rows": rows,
                "chosen": None if chosen is None else {k: v for k, v in chosen.items() if k != "engine_config"}}
     return BenchResult("tune", "cinq tune: the cheapest configuration that meets the SLO", setup,
