@@ -31,7 +31,7 @@ def main() -> int:
     from cinq.assets import resolve_model_path
     from cinq.bench.batch_mates import batch_mates
     from cinq.bench.report import machine_info
-    from cinq.bench.stack import quant_spec
+    from cinq.eval.variants import one_variant
     from cinq.bench.workload import TokenWindows, text_tokens
     from cinq.config import EngineConfig
     from cinq.model.tokenizer import Tokenizer
@@ -45,7 +45,7 @@ def main() -> int:
     root = Path(args.variants_dir or tempfile.mkdtemp(prefix="cinq-interactions-"))
     models = {"bf16 (control)": src}
     for scheme in ("static", "dynamic"):
-        models[f"SmoothQuant W8A8 {scheme}"] = variant_folder(src, quant_spec(f"smoothquant:{scheme}"), root)
+        models[f"SmoothQuant W8A8 {scheme}"] = variant_folder(src, one_variant(f"smoothquant:{scheme}"), root)
     results = {}
     for name, folder in models.items():
         cfg = EngineConfig(model=str(folder), seed=0, max_num_seqs=max(sizes), enable_prefix_caching=False)

@@ -20,13 +20,12 @@ from typing import Any
 
 from cinq.bench.mixed_workload import MixedOptions, mixed_workload
 from cinq.bench.progress import progress_bar
-from cinq.bench.report import BenchResult, Table, machine_info, model_label
+from cinq.bench.report import BenchResult, machine_info, model_label
 from cinq.bench.served_quality import QualitySettings
 from cinq.config import EngineConfig
 from cinq.errors import InvalidParameterError
 
 EAGLE = {"method": "eagle", "model": "cinq-tiny-eagle", "num_speculative_tokens": 3, "adaptive": True}
-MIB = 2 ** 20
 
 
 @dataclass(slots=True)
@@ -66,22 +65,13 @@ class StackRow:
     config: EngineConfig | None
 
 
-def quant_spec(text: str) -> Any:
-    """The one VariantSpec ``text`` names (``gptq:4/128``), or one line naming --quant."""
-    from cinq.eval.variants import parse_variants
-    specs, skipped = parse_variants(text)
-    if len(specs) != 1 or skipped:
-        raise InvalidParameterError(f"--quant must name one quantized variant (e.g. gptq:4/128), got {text!r}"
-                                    + (f" ({skipped[0][1]})" if skipped else ""), "quant")
-    return specs[0]
-
-
 def stack_rows(base: EngineConfig, options: StackOptions, progress: bool = False) -> list[StackRow]:
     """The configurations, each adding one technique; quantized folders are made (or found) on the way."""
     from cinq.cache import cache_dir
     from cinq.config import resolve_model
+    from cinq.eval.variants import one_variant
     from cinq.quant.variant_folder import variant_folder
-    spec = quant_spec(options.quant)
+    spec = one_variant(options.quant)
     root = Path(options.variants_dir) if options.variants_dir else cache_dir() / "variants"
     flash = options.flash_backend or ("triton" if base.device.startswith("cuda") else "flash-torch")
     paged = dataclasses.replace(base, enable_prefix_caching=False, attention_backend=None, speculative_config=None)

@@ -36,8 +36,8 @@ def precision_of(quant: str, dtype: str) -> Any:
     from cinq.plan.memory import Precision
     if quant == "none":
         return Precision.from_name(dtype)
-    from cinq.bench.stack import quant_spec
-    spec = quant_spec(quant)
+    from cinq.eval.variants import one_variant
+    spec = one_variant(quant)
     name = {8: "int8", 4: "int4"}.get(spec.bits)
     if name is None:  # the plan models 8- and 4-bit weights; other widths are costed as the next one up
         name = "int8" if spec.bits > 4 else "int4"

@@ -55,10 +55,10 @@ class SearchSpace:
                 raise InvalidParameterError(f"{name} must be >= 1, got {list(getattr(self, name))}", name)
         if any(k is not None and k < 1 for k in self.kv_tokens):
             raise InvalidParameterError(f"kv_tokens must be >= 1 or auto, got {list(self.kv_tokens)}", "kv_tokens")
-        from cinq.bench.stack import quant_spec
+        from cinq.eval.variants import one_variant
         for q in self.quants:
             if q != "none":
-                quant_spec(q)  # one line naming --quant for a bad entry
+                one_variant(q)  # one line naming --quant for a bad entry
 
     def candidates(self) -> list[Candidate]:
         return [Candidate(*c) for c in itertools.product(self.quants, self.spec_ks, self.max_num_seqs,
