@@ -86,11 +86,26 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         if name not in names:
             raise InvalidParameterError(f"--config {path}: unknown engine argument {key!r} (known: "
                                         f"{', '.join(sorted(names))})", str(key))
+        _check_type(name, value, path)
         if name == _POSITIONAL and isinstance(value, str) and value and not Path(value).is_absolute():
             local = path.parent / value
             value = str(local) if local.exists() else value  # else an embedded model's name
         out[name] = value
     return out
+
+
+def _check_type(name: str, value: Any, path: Path) -> None:
+    """A config file's value must have its field's type (an int passes for a float; null for an optional one);
+    fields parsed from text on the command line (speculative_config) take a JSON object."""
+    field = next(f for f in dataclasses.fields(EngineConfig) if f.name == name)
+    if value is None or field.metadata.get("parse"):
+        return
+    kind = _scalar_type(typing.get_type_hints(EngineConfig)[name])
+    ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        ok = True
+    if not ok:
+        raise InvalidParameterError(f"--config {path}: {name} must be {kind.__name__}, got {value!r}", name)
 
 
 def config_file_dict(config: EngineConfig) -> dict[str, Any]:

@@ -115,6 +115,8 @@ def test_config_file_round_trips_and_a_relative_model_is_read_from_its_folder(ti
     ('{"max_num_seq": 4}', r"unknown engine argument 'max_num_seq'"),
     ('[1, 2]', r"one object of engine arguments, got list"),
     ('{"max_num_seqs": ', r"not valid JSON"),
+    ('{"max_num_seqs": "8"}', r"max_num_seqs must be int, got '8'"),
+    ('{"enable_prefix_caching": 1}', r"enable_prefix_caching must be bool"),
 ])
 def test_bad_config_files_give_one_line_naming_the_problem(tmp_path, content, match):
     path = tmp_path / "bad.json"
