@@ -158,8 +158,8 @@ def run_at_rate(engine: Any, requests: list[BenchRequest], rate: float, seed: in
 
 
 def build_engine(config: EngineConfig) -> Any:
-    """An LLMEngine for ``config`` after one short warm-up request (kernels built, allocator warm), its
-    prefix cache emptied again by the warm-up's own prompt only (a fresh random one shares nothing)."""
+    """An LLMEngine for ``config`` after one short warm-up request (kernels built, allocator warm); the warm-up
+    prompt (the last vocabulary id repeated) shares no prefix-cache block with a real prompt."""
     from cinq.engine.engine import LLMEngine
     from cinq.sampling_params import SamplingParams
     engine = LLMEngine(config)
