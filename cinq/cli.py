@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "plan": "plan",
     "bench": "bench",
     "export": "export",
+    "tune": "tune",
 }
 
 

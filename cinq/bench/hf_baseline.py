@@ -114,3 +114,75 @@ def hf_greedy_tokens(model: Any, prompt: list[int], new_tokens: int) -> list[int
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
                              generation_config=_greedy_config(new_tokens))
     return out[0, len(prompt):].tolist()
+
+
+class HFLogits:
+    """A transformers causal LM seen through the two calls cinq's scorers make (``model(ids)`` then
+    ``compute_logits``), so that perplexity and KL of the HF row come from transformers' own forward."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.training = False
+
+    def __call__(self, ids: Any) -> Any:
+        return self.model(input_ids=ids).logits
+
+    def compute_logits(self, logits: Any) -> Any:
+        return logits
+
+    def parameters(self) -> Any:
+        return self.model.parameters()
+
+    def eval(self) -> HFLogits:
+        return self
+
+    def train(self, mode: bool = True) -> HFLogits:
+        return self
+
+
+class HFTextGenerator:
+    """Greedy text completions by transformers ``generate`` (batched, left padding, stopping at the model's end
+    tokens), cut at the first stop string: the evaluations' GenerateFn for the HF row."""
+
+    def __init__(self, model: Any, tokenizer: Any, eos_token_ids: list[int], batch_size: int = 16) -> None:
+        self.model, self.tok, self.eos, self.batch_size = model, tokenizer, eos_token_ids, batch_size
+
+    def __call__(self, prompts: list[str], max_new_tokens: int, stop: Any = ()) -> tuple[list[str], float]:
+        import torch
+        from transformers import GenerationConfig
+        gen = GenerationConfig(do_sample=False, eos_token_id=self.eos, pad_token_id=0, bos_token_id=None,
+                               max_new_tokens=max_new_tokens, repetition_penalty=1.0, temperature=None, top_p=None,
+                               top_k=None)
+        texts, generated, start = [], 0, time.perf_counter()
+        for b in range(0, len(prompts), self.batch_size):
+            seqs = [self.tok.encode(p) for p in prompts[b:b + self.batch_size]]
+            width = max(len(s) for s in seqs)
+            ids = torch.zeros(len(seqs), width, dtype=torch.long)
+            mask = torch.zeros(len(seqs), width, dtype=torch.long)
+            for i, s in enumerate(seqs):
+                ids[i, width - len(s):] = torch.tensor(s)
+                mask[i, width - len(s):] = 1
+            with torch.inference_mode():
+                out = self.model.generate(input_ids=ids.to(self.model.device),
+                                          attention_mask=mask.to(self.model.device), generation_config=gen)
+            for row in out[:, width:].tolist():
+                cut = next((i for i, t in enumerate(row) if t in self.eos), len(row))
+                generated += cut
+                text = self.tok.decode(row[:cut])
+                ends = [text.find(s) for s in stop if s in text]
+                texts.append(text[:min(ends)] if ends else text)
+        return texts, generated / max(time.perf_counter() - start, 1e-9)
+
+
+def hf_padded_kv_slots(reqs: list[BenchRequest], batch_size: int) -> tuple[int, float]:
+    """KV positions of ``hf_generate_batched``'s static batches, where every row is as long as the batch's
+    longest prompt plus its longest output: (the most one batch holds at once, the share of all positions held
+    that are padding or tokens nobody asked for)."""
+    peak = held = useful = 0
+    for start in range(0, len(reqs), batch_size):
+        batch = reqs[start:start + batch_size]
+        width = max(len(r.prompt) for r in batch) + max(r.output_len for r in batch)
+        peak = max(peak, len(batch) * width)
+        held += len(batch) * width
+        useful += sum(len(r.prompt) + r.output_len for r in batch)
+    return peak, 1 - useful / held if held else 0.0

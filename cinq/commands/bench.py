@@ -6,6 +6,7 @@ progress goes to stderr. The implementations live in ``cinq/bench/``."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import TYPE_CHECKING
 
@@ -22,7 +23,8 @@ KINDS: dict[str, str] = {
     "prefix": "prefix caching on vs off: shared-prefix and chat-replay workloads, eviction sweep (it runs caching "
               "both ways whatever --no-prefix-caching says, and the sweep sets --num-kv-blocks)",
     "spec": "speculative decoding (--speculative-config, required) vs plain decoding",
-    "stack": "every technique stacked (not built yet: a later part of issue 12)",
+    "stack": "every technique stacked, one row each (HF -> paged + continuous batching -> prefix caching -> flash "
+             "attention -> int4 GPTQ -> EAGLE -> distilled student) on a mixed workload: speed, memory, quality, cost",
 }
 
 
@@ -33,8 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     kinds = p.add_subparsers(dest="bench_kind", metavar="KIND")
     for kind, help_text in KINDS.items():
         q = kinds.add_parser(kind, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
-        if kind != "stack":
-            _add_common(q)
+        _add_common(q)
         _FLAGS[kind](q)
     p.set_defaults(run=run, bench_kind=None)
 
@@ -131,7 +132,34 @@ def _add_spec(q: argparse.ArgumentParser) -> None:
 
 
 def _add_stack(q: argparse.ArgumentParser) -> None:
-    q.set_defaults(bench_kind="stack")
+    from cinq.bench.mixed_workload import MixedOptions
+    from cinq.bench.served_quality import QualitySettings
+    from cinq.bench.stack import StackOptions
+    d, w, qs = StackOptions(), MixedOptions(), QualitySettings()
+    b = q.add_argument_group("stack")
+    b.add_argument("--num-prompts", type=int, default=w.num_requests,
+                   help="requests of the mixed chat / code / arithmetic workload (default %(default)s)")
+    b.add_argument("--output-len", default=f"{w.output_len[0]}-{w.output_len[1]}",
+                   help="output tokens: N or LO-HI, uniform (default %(default)s)")
+    b.add_argument("--request-rate", type=float, default=d.request_rate,
+                   help="the fixed request rate (req/s, Poisson) measured besides rate = inf (default %(default)s)")
+    b.add_argument("--price-per-hour", type=float, default=d.price_per_hour,
+                   help="machine price in $/h for the cost column (default %(default)s)")
+    b.add_argument("--quant", default=d.quant, help="the quantized weights row, as cinq eval --variants names one "
+                                                    "(default %(default)s)")
+    b.add_argument("--student", default=d.student, help="the distilled student (default %(default)s; '' skips)")
+    b.add_argument("--stack-speculative-config", type=json.loads, default=d.speculative_config,
+                   help="the speculation row's config (default %(default)s; 'null' skips the row)")
+    b.add_argument("--flash-backend", default=None, help="attention backend of the flash row (default: triton on "
+                                                         "CUDA, flash-torch elsewhere)")
+    b.add_argument("--hf-batch-size", type=int, default=d.hf_batch_size,
+                   help="transformers' static batch size (default %(default)s)")
+    b.add_argument("--ppl-tokens", type=int, default=qs.ppl_tokens,
+                   help="held-out tokens scored for perplexity and KL (default %(default)s)")
+    b.add_argument("--num-problems", type=int, default=qs.n_problems,
+                   help="arithmetic test problems per row (default %(default)s; 0: none)")
+    b.add_argument("--variants-dir", default=None, help="where quantized folders are kept (default: the cinq cache)")
+    b.add_argument("--no-baseline", action="store_true", help="skip the transformers row")
 
 
 _FLAGS = {"throughput": _add_throughput, "latency": _add_latency, "serve": _add_serve, "prefix": _add_prefix,
@@ -143,9 +171,6 @@ def run(args: argparse.Namespace) -> int:
     kind = args.bench_kind
     if kind is None:
         raise InvalidParameterError(f"give a benchmark: cinq bench {{{','.join(KINDS)}}} (--help for each)", "kind")
-    if kind == "stack":
-        raise InvalidParameterError("cinq bench stack is not built yet (a later part of issue 12); built: "
-                                    + ", ".join(k for k in KINDS if k != "stack"), "kind")
     from cinq.commands.engine_args import engine_config_from_args
     config = engine_config_from_args(args)
     result = _RUNNERS[kind](config, args, not args.no_progress)
@@ -208,8 +233,24 @@ def _run_spec(config: EngineConfig, args: argparse.Namespace, progress: bool) ->
     return run_spec(config, opts, progress)
 
 
+def _run_stack(config: EngineConfig, args: argparse.Namespace, progress: bool) -> BenchResult:
+    from cinq.bench.mixed_workload import MixedOptions
+    from cinq.bench.served_quality import QualitySettings
+    from cinq.bench.stack import StackOptions, run_stack
+    opts = StackOptions(MixedOptions(num_requests=args.num_prompts, output_len=_range(args.output_len, "output_len"),
+                                     seed=_seed(args)),
+                        request_rate=args.request_rate,
+                        quality=QualitySettings(ppl_tokens=args.ppl_tokens, n_problems=args.num_problems,
+                                                seed=_seed(args)),
+                        price_per_hour=args.price_per_hour, hf_batch_size=args.hf_batch_size,
+                        flash_backend=args.flash_backend, quant=args.quant,
+                        speculative_config=args.stack_speculative_config, student=args.student,
+                        variants_dir=args.variants_dir, baseline=not args.no_baseline)
+    return run_stack(config, opts, progress)
+
+
 _RUNNERS = {"throughput": _run_throughput, "latency": _run_latency, "serve": _run_serve, "prefix": _run_prefix,
-            "spec": _run_spec}
+            "spec": _run_spec, "stack": _run_stack}
 
 
 def _ints(text: str, name: str) -> list[int]:

@@ -3,7 +3,11 @@
 Each field of ``EngineConfig`` (but ``model``, the positional MODEL) becomes ``--field-name`` with the type of its
 annotation, the dataclass's default and the help text kept next to the field (``metadata["help"]``); a field may
 name its ``choices`` or a different ``flag`` spelling. A boolean that defaults to True is switched off by its flag
-(``--no-prefix-caching``), one that defaults to False switched on."""
+(``--no-prefix-caching``), one that defaults to False switched on.
+
+``--config FILE`` (as vLLM's) gives engine arguments as a JSON object (YAML too when PyYAML is installed) whose
+keys are EngineConfig field names (``max_num_seqs``; the flag spelling ``max-num-seqs`` is accepted); flags given
+on the command line win, and a relative ``model`` path is read from the file's folder."""
 
 from __future__ import annotations
 
@@ -13,7 +17,11 @@ import json
 import types
 import typing
 
+from pathlib import Path
+from typing import Any
+
 from cinq.config import EngineConfig, resolve_model
+from cinq.errors import InvalidParameterError
 
 _POSITIONAL = "model"
 
@@ -24,6 +32,9 @@ def add_engine_args(p: argparse.ArgumentParser, model_optional: bool = True) -> 
     p.add_argument(_POSITIONAL, nargs="?" if model_optional else None, default=None,
                    help=model.metadata["help"] + "; default: the embedded cinq-tiny")
     g = p.add_argument_group("engine")
+    g.add_argument("--config", dest="engine_config_file", default=None, metavar="FILE",
+                   help="engine arguments from a JSON (or, with PyYAML, YAML) file whose keys are these flags' "
+                        "names (max_num_seqs, speculative_config, ...); flags given here win")
     hints = typing.get_type_hints(EngineConfig)
     for f in _flag_fields():
         flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
@@ -40,7 +51,91 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     """EngineConfig from parsed flags, MODEL resolved to its folder (none: the embedded default model; an
     embedded model's name: its folder; anything else: a one-line ModelLoadError naming "model")."""
     flags = {f.name: getattr(args, f.name) for f in _flag_fields()}
-    return EngineConfig(model=resolve_model(args.model, "model"), **flags)
+    model = args.model
+    path = getattr(args, "engine_config_file", None)
+    if path is not None:
+        from_file = read_config_file(path)
+        # A flag still at its default was not given (argparse cannot tell "given as the default" apart): the
+        # file's value stands; any other value came from the command line and wins.
+        defaults = {f.name: f.default for f in _flag_fields()}
+        for name, value in from_file.items():
+            if name == _POSITIONAL:
+                model = model or value
+            elif flags[name] == defaults[name]:
+                flags[name] = value
+    return EngineConfig(model=resolve_model(model, "model"), **flags)
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The engine arguments of a config file, by EngineConfig field name (``model`` included when given, a
+    relative path made relative to the file's folder). A missing or unreadable file, a top level that is not a
+    mapping, or a key that is not an engine argument: one-line InvalidParameterError."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise InvalidParameterError(f"--config: cannot read {path}: {e.strerror}", "config") from None
+    raw = _parse(text, path)
+    if not isinstance(raw, dict):
+        raise InvalidParameterError(f"--config {path}: the file must hold one object of engine arguments, got "
+                                    f"{type(raw).__name__}", "config")
+    names = {f.name for f in dataclasses.fields(EngineConfig)}
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = str(key).lstrip("-").replace("-", "_")
+        if name not in names:
+            raise InvalidParameterError(f"--config {path}: unknown engine argument {key!r} (known: "
+                                        f"{', '.join(sorted(names))})", str(key))
+        _check_type(name, value, path)
+        if name == _POSITIONAL and isinstance(value, str) and value and not Path(value).is_absolute():
+            local = path.parent / value
+            value = str(local) if local.exists() else value  # else an embedded model's name
+        out[name] = value
+    return out
+
+
+def _check_type(name: str, value: Any, path: Path) -> None:
+    """A config file's value must have its field's type (an int passes for a float; null for an optional one);
+    fields parsed from text on the command line (speculative_config) take a JSON object."""
+    field = next(f for f in dataclasses.fields(EngineConfig) if f.name == name)
+    if value is None or field.metadata.get("parse"):
+        return
+    kind = _scalar_type(typing.get_type_hints(EngineConfig)[name])
+    ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        ok = True
+    if not ok:
+        raise InvalidParameterError(f"--config {path}: {name} must be {kind.__name__}, got {value!r}", name)
+
+
+def config_file_dict(config: EngineConfig) -> dict[str, Any]:
+    """The engine arguments of ``config`` that differ from their defaults, as ``--config`` reads them back
+    (``model`` first)."""
+    out: dict[str, Any] = {_POSITIONAL: config.model} if config.model else {}
+    for f in _flag_fields():
+        value = getattr(config, f.name)
+        if value != f.default:
+            out[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+    return out
+
+
+def _parse(text: str, path: Path) -> Any:
+    if path.suffix.lower() in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise InvalidParameterError(f"--config {path}: YAML needs PyYAML (pip install pyyaml); or give JSON",
+                                        "config") from None
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise InvalidParameterError(f"--config {path}: not valid YAML: {str(e).splitlines()[0]}",
+                                        "config") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InvalidParameterError(f"--config {path}: not valid JSON: {e.msg} at line {e.lineno}",
+                                    "config") from None
 
 
 def engine_argv(config: EngineConfig) -> list[str]:

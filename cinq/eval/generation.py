@@ -28,13 +28,16 @@ class EngineGenerator:
     the step items of a problem share its prompt)."""
 
     def __init__(self, model_dir: str | Path, dtype: str = "bfloat16", max_num_seqs: int = 128,
-                 tokens_per_seq: int = 256) -> None:
+                 tokens_per_seq: int = 256, engine_args: dict[str, Any] | None = None) -> None:
+        """``engine_args``: further EngineConfig fields (a served configuration: attention backend, speculative
+        decoding ...); they win over the sizes chosen here."""
         from cinq import LLM
         self.model_dir = Path(model_dir)
         # KV blocks for max_num_seqs sequences of tokens_per_seq (prompt + completion): longer ones still run,
         # the scheduler preempts when the cache is full.
         blocks = max_num_seqs * math.ceil(tokens_per_seq / 16) + 16
-        self.llm = LLM(str(model_dir), dtype=dtype, max_num_seqs=max_num_seqs, num_kv_blocks=blocks)
+        args = {"dtype": dtype, "max_num_seqs": max_num_seqs, "num_kv_blocks": blocks, **(engine_args or {})}
+        self.llm = LLM(str(model_dir), **args)
 
     def __call__(self, prompts: list[str], max_new_tokens: int, stop: Sequence[str] = ()) -> tuple[list[str], float]:
         from cinq import SamplingParams

@@ -163,3 +163,12 @@ def split_supported(specs: Sequence[VariantSpec], model_config: Any) -> tuple[li
         else:
             skipped.append((s.label, why))
     return ok, skipped
+
+
+def one_variant(text: str, param: str = "quant") -> VariantSpec:
+    """The one variant ``text`` names (``gptq:4/128``, ``smoothquant:static``), or one line naming ``--param``."""
+    specs, skipped = parse_variants(text)
+    if len(specs) != 1 or skipped:
+        raise InvalidParameterError(f"--{param} must name one quantized variant (e.g. gptq:4/128), got {text!r}"
+                                    + (f" ({skipped[0][1]})" if skipped else ""), param)
+    return specs[0]

@@ -83,6 +83,25 @@ def test_spec(capsys, tmp_path, tiny_llama):
     assert all(r["greedy_identical"] for r in data["rows"])  # n-gram drafts are verified exactly
 
 
+def test_stack(capsys, tmp_path, tiny_llama):
+    out, data = bench(capsys, tmp_path, "stack", str(tiny_llama), "--num-prompts", "3", "--output-len", "2-3",
+                      "--request-rate", "20", "--quant", "rtn:8", "--student", "", "--stack-speculative-config",
+                      "null", "--num-problems", "1", "--ppl-tokens", "64", "--hf-batch-size", "2", "--variants-dir",
+                      str(tmp_path / "variants"))
+    labels = [r["label"] for r in data["rows"]]
+    assert labels == ["HF transformers", "cinq paged + continuous batching", "+ prefix caching",
+                      "+ flash-torch attention", "+ int8 RTN"]
+    assert data["rows"][0]["tok_s_ratio"] == 1.0 and "x first" in out
+    for r in data["rows"]:
+        assert r["inf"]["output_tokens"] == data["workload"]["output_tokens"]
+        assert r["cost_per_m_tokens"] == pytest.approx(1e6 / 3600 / r["inf"]["tok_s"])
+        assert r["quality"]["n_problems"] == 1 and r["quality"]["perplexity"] > 1
+    cinq_rows = data["rows"][1:]
+    assert all(r["rate"]["output_tokens"] == data["workload"]["output_tokens"] for r in cinq_rows)
+    assert cinq_rows[0]["inf"]["prefix_cache_hit_rate"] == 0 and cinq_rows[1]["engine_config"]["enable_prefix_caching"]
+    assert cinq_rows[-1]["inf"]["weight_bytes"] < cinq_rows[-2]["inf"]["weight_bytes"]  # int8 weights
+
+
 def error_lines(capsys, *argv: str) -> list[str]:
     assert main(["bench", *argv]) == 2
     return capsys.readouterr().err.splitlines()
@@ -97,8 +116,8 @@ def test_bad_values_are_one_line(capsys, tiny_llama):
     assert "exceeds max_model_len 256" in line
     (line,) = error_lines(capsys, "spec", str(tiny_llama))
     assert "needs --speculative-config" in line
-    (line,) = error_lines(capsys, "stack")
-    assert "not built yet" in line
+    (line,) = error_lines(capsys, "stack", str(tiny_llama), "--quant", "gptq:4/128,8")
+    assert "--quant must name one quantized variant" in line
     (line,) = error_lines(capsys)
     assert "give a benchmark" in line
 

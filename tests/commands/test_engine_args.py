@@ -43,7 +43,7 @@ def test_no_model_means_the_embedded_one():
 
 def test_every_field_but_model_is_a_flag():
     args = vars(parse("m"))
-    assert set(args) == {f.name for f in dataclasses.fields(EngineConfig)}
+    assert set(args) == {f.name for f in dataclasses.fields(EngineConfig)} | {"engine_config_file"}
 
 
 def test_existing_spellings_and_types(tiny_llama):
@@ -83,3 +83,47 @@ def test_engine_argv_gives_the_config_back(tiny_llama):
     assert argv[0] == str(tiny_llama) and "--no-prefix-caching" in argv and "--block-size" not in argv  # defaults
     assert engine_config_from_args(parse(*argv)) == cfg
     assert engine_argv(EngineConfig(model=str(tiny_llama))) == [str(tiny_llama)]
+
+
+def test_config_file_sets_engine_arguments_and_flags_given_win(tiny_llama, tmp_path):
+    import json
+    spec = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}
+    path = tmp_path / "engine.json"
+    path.write_text(json.dumps({"model": str(tiny_llama), "max-num-seqs": 7, "max_num_batched_tokens": 96,
+                                "enable_prefix_caching": False, "speculative_config": spec}))
+    cfg = engine_config_from_args(parse("--config", str(path), "--max-num-batched-tokens", "64"))
+    assert cfg.model == str(tiny_llama) and cfg.max_num_seqs == 7 and not cfg.enable_prefix_caching
+    assert cfg.max_num_batched_tokens == 64  # the flag given wins over the file
+    assert cfg.speculative_config.num_speculative_tokens == 2
+    assert engine_config_from_args(parse(str(tiny_llama), "--config", str(path))).model == str(tiny_llama)
+
+
+def test_config_file_round_trips_and_a_relative_model_is_read_from_its_folder(tiny_llama, tmp_path):
+    import json
+    import shutil
+
+    from cinq.commands.engine_args import config_file_dict
+    shutil.copytree(tiny_llama, tmp_path / "m")
+    cfg = EngineConfig(model=str(tmp_path / "m"), max_num_seqs=3, dtype="float32")
+    written = config_file_dict(cfg)
+    assert written == {"model": str(tmp_path / "m"), "max_num_seqs": 3, "dtype": "float32"}
+    (tmp_path / "c.json").write_text(json.dumps({**written, "model": "m"}))
+    back = engine_config_from_args(parse("--config", str(tmp_path / "c.json")))
+    assert back == cfg
+
+
+@pytest.mark.parametrize("content, match", [
+    ('{"max_num_seq": 4}', r"unknown engine argument 'max_num_seq'"),
+    ('[1, 2]', r"one object of engine arguments, got list"),
+    ('{"max_num_seqs": ', r"not valid JSON"),
+    ('{"max_num_seqs": "8"}', r"max_num_seqs must be int, got '8'"),
+    ('{"enable_prefix_caching": 1}', r"enable_prefix_caching must be bool"),
+])
+def test_bad_config_files_give_one_line_naming_the_problem(tmp_path, content, match):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(InvalidParameterError, match=match) as e:
+        engine_config_from_args(parse("--config", str(path)))
+    assert "\n" not in str(e.value)
+    with pytest.raises(InvalidParameterError, match="cannot read"):
+        engine_config_from_args(parse("--config", str(tmp_path / "missing.json")))

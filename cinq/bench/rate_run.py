@@ -1,0 +1,170 @@
+"""One measured run of an engine configuration over a workload at one request rate, in process: requests arrive
+at seeded Poisson times (``rate = inf``: all at once), the engine steps while any is unfinished, and every
+request's time to first token and time per output token are taken from its own metrics, counted from its
+scheduled arrival (a request due while a step runs still waits from when it was due, as a client would).
+
+Besides latency and tokens/s it samples, every step, the KV blocks live requests hold (peak, in bytes with the
+executor's own bytes per block) and the share of those blocks' slots that hold no computed token (KV waste:
+the partly filled last blocks, and slots reserved for drafts not yet verified)."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from cinq.bench.latency_stats import percentile
+from cinq.bench.workload import BenchRequest
+from cinq.config import EngineConfig
+
+
+@dataclass(slots=True)
+class RateRun:
+    """What one run measured. Latencies in milliseconds (p50 / p99 over requests)."""
+
+    rate: float
+    num_requests: int
+    output_tokens: int
+    seconds: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    tpot_p50_ms: float
+    tpot_p99_ms: float
+    peak_kv_blocks: int
+    kv_bytes_per_block: int
+    kv_waste: float  # slots of held blocks without a computed token / slots of held blocks, over all steps
+    tau: float | None  # speculative decoding: tokens per verify step (None without drafts)
+    prefix_cache_hit_rate: float
+    weight_bytes: int
+    outputs: list[list[int]] = field(default_factory=list, repr=False)
+
+    @property
+    def tok_s(self) -> float:
+        return self.output_tokens / self.seconds if self.seconds > 0 else float("nan")
+
+    @property
+    def peak_kv_bytes(self) -> int:
+        return self.peak_kv_blocks * self.kv_bytes_per_block
+
+    def summary(self) -> dict[str, Any]:
+        """Everything but the outputs, for the JSON."""
+        return {"rate": self.rate, "num_requests": self.num_requests, "output_tokens": self.output_tokens,
+                "seconds": self.seconds, "tok_s": self.tok_s, "ttft_p50_ms": self.ttft_p50_ms,
+                "ttft_p99_ms": self.ttft_p99_ms, "tpot_p50_ms": self.tpot_p50_ms, "tpot_p99_ms": self.tpot_p99_ms,
+                "peak_kv_blocks": self.peak_kv_blocks, "peak_kv_bytes": self.peak_kv_bytes,
+                "kv_waste": self.kv_waste, "tau": self.tau, "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
+                "weight_bytes": self.weight_bytes}
+
+
+def arrival_offsets(n: int, rate: float, seed: int) -> list[float]:
+    """Seconds after the start at which each of ``n`` requests arrives: a seeded Poisson process of ``rate``
+    requests per second; all at 0 for ``rate = inf``."""
+    if math.isinf(rate):
+        return [0.0] * n
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
+def module_bytes(*modules: Any) -> int:
+    """Bytes of the distinct tensors (parameters and buffers) of torch modules; a tensor two modules share (a
+    head tied to the target's embeddings) counts once."""
+    import torch
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for m in modules:
+        if not isinstance(m, torch.nn.Module):
+            continue
+        for t in [*m.parameters(), *m.buffers()]:
+            key = (t.untyped_storage().data_ptr(), t.storage_offset())
+            if key not in seen:
+                seen.add(key)
+                total += t.numel() * t.element_size()
+    return total
+
+
+def served_weight_bytes(engine: Any) -> int:
+    """The target's weights plus those of its proposer's modules (a draft model, EAGLE / Medusa heads)."""
+    proposer = engine.executor.proposer
+    extra = [v for v in vars(proposer).values()] if proposer is not None and hasattr(proposer, "__dict__") else []
+    return module_bytes(engine.model, *extra)
+
+
+def run_at_rate(engine: Any, requests: list[BenchRequest], rate: float, seed: int = 0) -> RateRun:
+    """Serve ``requests`` (greedy, exactly ``output_len`` tokens each) arriving at ``rate`` on ``engine`` (an
+    LLMEngine with nothing in flight); see the module docstring."""
+    from cinq.sampling_params import SamplingParams
+    offsets = arrival_offsets(len(requests), rate, seed)
+    kv = engine.kv
+    block_size = engine.executor.runner.block_size
+    before = engine.get_stats()
+    finished: dict[str, Any] = {}
+    due: dict[str, float] = {}
+    held_slots = held_tokens = peak_blocks = 0
+    nxt = 0
+    wall0, t0 = time.time(), time.perf_counter()
+    while nxt < len(requests) or engine.has_unfinished_requests():
+        now = time.perf_counter() - t0
+        while nxt < len(requests) and offsets[nxt] <= now:
+            rid = f"r{nxt}"
+            req = requests[nxt]
+            due[rid] = wall0 + offsets[nxt]
+            engine.add_request(rid, req.prompt, SamplingParams(temperature=0.0, max_tokens=req.output_len,
+                                                               ignore_eos=True), arrival_time=due[rid])
+            nxt += 1
+        if not engine.has_unfinished_requests():
+            time.sleep(max(0.0, offsets[nxt] - (time.perf_counter() - t0)))
+            continue
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out
+        blocks = tokens = 0
+        live: set[int] = set()
+        for r in engine.scheduler.running:
+            ids = kv.block_ids(r.request_id)
+            blocks += len(ids)
+            tokens += min(r.num_computed_tokens, len(ids) * block_size)
+            live.update(ids)
+        held_slots += blocks * block_size
+        held_tokens += tokens
+        peak_blocks = max(peak_blocks, len(live))
+    seconds = time.perf_counter() - t0
+    after = engine.get_stats()
+    ttft, tpot, outputs = [], [], []
+    for i in range(len(requests)):
+        out = finished[f"r{i}"]
+        m = out.metrics
+        ids = out.outputs[0].token_ids
+        outputs.append(list(ids))
+        ttft.append(m.first_token_time - due[f"r{i}"])
+        if len(ids) > 1:
+            tpot.append((m.last_token_time - m.first_token_time) / (len(ids) - 1))
+    drafts = after.spec_decode_num_drafts - before.spec_decode_num_drafts
+    accepted = after.spec_decode_num_accepted_tokens - before.spec_decode_num_accepted_tokens
+    queries = after.prefix_cache_queries - before.prefix_cache_queries
+    hits = after.prefix_cache_hits - before.prefix_cache_hits
+    return RateRun(rate, len(requests), sum(len(o) for o in outputs), seconds,
+                   1000 * percentile(ttft, 50), 1000 * percentile(ttft, 99),
+                   1000 * percentile(tpot, 50), 1000 * percentile(tpot, 99), peak_blocks,
+                   engine.executor.kv_bytes_per_block(block_size),
+                   1 - held_tokens / held_slots if held_slots else 0.0,
+                   1 + accepted / drafts if drafts else None, hits / queries if queries else 0.0,
+                   served_weight_bytes(engine), outputs)
+
+
+def build_engine(config: EngineConfig) -> Any:
+    """An LLMEngine for ``config`` after one short warm-up request (kernels built, allocator warm); the warm-up
+    prompt (the last vocabulary id repeated) shares no prefix-cache block with a real prompt."""
+    from cinq.engine.engine import LLMEngine
+    from cinq.sampling_params import SamplingParams
+    engine = LLMEngine(config)
+    engine.add_request("warmup", [engine.vocab_size - 1] * 8, SamplingParams(temperature=0.0, max_tokens=4,
+                                                                             ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    return engine

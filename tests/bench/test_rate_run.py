@@ -1,0 +1,42 @@
+"""One in-process run at a request rate: every request served in full, latency and KV figures measured."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from cinq.bench.rate_run import arrival_offsets, build_engine, module_bytes, run_at_rate
+from cinq.bench.workload import random_requests
+from cinq.config import EngineConfig
+
+
+def test_arrivals_are_a_seeded_poisson_process_or_all_at_once():
+    assert arrival_offsets(4, math.inf, 0) == [0.0] * 4
+    a = arrival_offsets(50, 10.0, 1)
+    assert a == arrival_offsets(50, 10.0, 1) and a != arrival_offsets(50, 10.0, 2)
+    assert a[0] == 0.0 and all(x < y for x, y in zip(a, a[1:]))
+    assert 2.0 < a[-1] < 10.0  # 49 gaps of mean 0.1 s
+
+
+def test_module_bytes_counts_shared_tensors_once():
+    import torch
+    a = torch.nn.Linear(4, 4, bias=False)
+    b = torch.nn.Linear(4, 4, bias=False)
+    b.weight = a.weight
+    assert module_bytes(a, b) == module_bytes(a) == 16 * 4
+
+
+@pytest.mark.parametrize("rate", [math.inf, 50.0])
+def test_run_serves_every_request_and_measures_it(tiny_llama, rate):
+    engine = build_engine(EngineConfig(model=str(tiny_llama), dtype="float32", num_threads=1, max_model_len=128,
+                                       seed=0))
+    reqs = random_requests(5, engine.vocab_size, (20, 40), (2, 6), seed=0, low_token=10)
+    run = run_at_rate(engine, reqs, rate)
+    assert [len(o) for o in run.outputs] == [r.output_len for r in reqs]
+    assert run.output_tokens == sum(r.output_len for r in reqs) and run.tok_s > 0
+    assert 0 <= run.ttft_p50_ms <= run.ttft_p99_ms and 0 <= run.tpot_p50_ms <= run.tpot_p99_ms
+    assert run.peak_kv_blocks >= 1 and run.peak_kv_bytes == run.peak_kv_blocks * run.kv_bytes_per_block
+    assert 0 <= run.kv_waste < 1 and run.tau is None
+    assert run.weight_bytes == module_bytes(engine.model)
+    assert not engine.has_unfinished_requests()
