@@ -1,5 +1,6 @@
 """``cinq bench stack``: every technique of cinq stacked on one model and one workload, one row per
-configuration, each adding one technique to the row above:
+configuration, each adding one technique to the row above (the flash-attention row excepted on a CPU: the rows
+after it keep the default backend, see ``stack_rows``):
 
   HF transformers -> cinq paged KV + continuous batching -> + prefix caching -> + flash attention backend
   -> + int4 GPTQ -> + EAGLE speculation (adaptive) -> + the distilled student instead of the teacher
@@ -77,10 +78,15 @@ def stack_rows(base: EngineConfig, options: StackOptions, progress: bool = False
     paged = dataclasses.replace(base, enable_prefix_caching=False, attention_backend=None, speculative_config=None)
     prefix = dataclasses.replace(paged, enable_prefix_caching=True)
     fast = dataclasses.replace(prefix, attention_backend=flash)
-    quant = dataclasses.replace(fast, model=str(variant_folder(base.model, spec, root, progress=progress)))
+    # Later rows keep the engine's default backend unless one was asked for: on a CPU the default (sdpa: SDPA's
+    # fused prefill + the native paged decode) is the fast path, while flash-torch (FlashAttention-2 written in
+    # PyTorch ops) saves memory and costs time there, and would hide what the later techniques add.
+    keep = dataclasses.replace(prefix, attention_backend=options.flash_backend)
+    quant = dataclasses.replace(keep, model=str(variant_folder(base.model, spec, root, progress=progress)))
+    only = "" if keep.attention_backend == flash else " (this row; later rows keep the default backend)"
     rows = [StackRow("cinq paged + continuous batching", "paged KV cache, continuous batching", paged),
             StackRow("+ prefix caching", "automatic prefix caching", prefix),
-            StackRow(f"+ {flash} attention", f"attention backend {flash}", fast),
+            StackRow(f"+ {flash} attention", f"attention backend {flash}{only}", fast),
             StackRow(f"+ int{spec.bits} {spec.method.upper()}", f"weights {spec.label}", quant)]
     last = quant
     if options.speculative_config:

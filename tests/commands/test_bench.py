@@ -100,6 +100,9 @@ def test_stack(capsys, tmp_path, tiny_llama):
     assert all(r["rate"]["output_tokens"] == data["workload"]["output_tokens"] for r in cinq_rows)
     assert cinq_rows[0]["inf"]["prefix_cache_hit_rate"] == 0 and cinq_rows[1]["engine_config"]["enable_prefix_caching"]
     assert cinq_rows[-1]["inf"]["weight_bytes"] < cinq_rows[-2]["inf"]["weight_bytes"]  # int8 weights
+    # the flash row alone uses flash-torch on a CPU; the int8 row builds on the default (sdpa) path
+    assert cinq_rows[2]["engine_config"]["attention_backend"] == "flash-torch"
+    assert cinq_rows[3]["engine_config"]["attention_backend"] is None
 
 
 def error_lines(capsys, *argv: str) -> list[str]:
