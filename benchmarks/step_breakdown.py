@@ -188,9 +188,6 @@ def measure(model: str, threads: int, steps: int, repeats: int) -> dict[str, Any
     phases = {p: statistics.median(r.get(p, 0.0) for r in per_repeat) for p in PHASES}
     phases["other"] = statistics.median(instrumented_ms) - sum(phases.values())  # engine / runner / layer glue
     tokens = engine.scheduler.running[0].output_token_ids if engine.scheduler.running else []
-    # the roofline this machine allows now: weight bytes over a measured streaming read (throughput.py's)
-    from throughput import read_bandwidth  # noqa: E402  (after cinq is imported: it must not move sys.path first)
-    bandwidth = read_bandwidth()
     weight_bytes = sum(p.numel() * p.element_size() for p in engine.executor.runner.model.parameters())
     weight_bytes += sum(b.numel() * b.element_size() for b in engine.executor.runner.model.buffers())
     return {"cinq": cinq.__file__, "threads": threads, "torch_threads": torch.get_num_threads(),
@@ -199,8 +196,7 @@ def measure(model: str, threads: int, steps: int, repeats: int) -> dict[str, Any
             "instrumented_step_ms_median": statistics.median(instrumented_ms), "phases_ms": phases,
             "aten_ops": sum(counter.ops.values()), "host_syncs": counter.syncs,
             "top_ops": dict(sorted(counter.ops.items(), key=lambda kv: -kv[1])[:12]),
-            "first_tokens": list(tokens[:64]), "loadavg": os.getloadavg(), "read_bandwidth_gb_s": bandwidth / 1e9,
-            "weight_mb": weight_bytes / 1e6, "roofline_ms": 1e3 * weight_bytes / bandwidth}
+            "first_tokens": list(tokens[:64]), "loadavg": os.getloadavg(), "weight_mb": weight_bytes / 1e6}
 
 
 # ------------------------------------------------------------------------------------------------- the parent
@@ -236,6 +232,13 @@ def _child(code_root: Path, model: str, threads: int, steps: int, repeats: int) 
     result = json.loads(out.strip().splitlines()[-1])
     if not Path(result["cinq"]).resolve().is_relative_to(Path(code_root).resolve()):
         raise RuntimeError(f"measured {result['cinq']}, not the code under {code_root}")
+    result["cinq"] = str(Path(result["cinq"]).resolve().relative_to(Path(code_root).resolve()))  # no machine paths
+    # The roofline this machine allows now: weight bytes over a streaming read measured right after the run, here
+    # (the measured checkout may predate cinq.bench, whose probe this is).
+    from cinq.bench.throughput import read_bandwidth
+    bandwidth = read_bandwidth()
+    result["read_bandwidth_gb_s"] = bandwidth / 1e9
+    result["roofline_ms"] = 1e3 * result["weight_mb"] * 1e6 / bandwidth
     return result
 
 
@@ -267,10 +270,9 @@ def main() -> None:
 
     models = {"cinq-tiny": "cinq-tiny"}
     if args.model_110m:
-        sys.path.insert(0, str(ROOT))
-        from benchmarks.throughput import build_model
+        from cinq.bench.random_model import LLAMA_110M, build_random_llama
         from cinq.cache import cache_dir
-        models["llama-110m"] = str(build_model(cache_dir() / "bench-llama-110m", 768, 12, 12, 2048, 32000))
+        models["llama-110m"] = str(build_random_llama(cache_dir() / "bench-llama-110m", LLAMA_110M))
         if args.int4:
             for head in (True, False):
                 name = "llama-110m-int4" + ("" if head else "-bf16-head")
