@@ -316,7 +316,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             result[name] = SECTIONS[name](args)
         except Exception as e:  # noqa: BLE001 - one section's failure must not cost the others' device time
             traceback.print_exc()
-            result[name] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+            result[name] = {"error": f"{type(e).__name__}: {e}",
+                            "traceback": traceback.format_exc().replace(f"{ROOT}/", "")}  # no machine paths
         result[name]["seconds"] = time.perf_counter() - t
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(f"section {name} done in {result[name]['seconds']:.0f} s", flush=True)
