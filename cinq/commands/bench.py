@@ -253,29 +253,27 @@ _RUNNERS = {"throughput": _run_throughput, "latency": _run_latency, "serve": _ru
             "spec": _run_spec, "stack": _run_stack}
 
 
-def _ints(text: str, name: str) -> list[int]:
-    """A comma-separated list of integers, or one line naming the flag."""
+def _numbers(text: str, name: str, cast: type, what: str) -> list:
+    """A comma-separated list parsed by ``cast``, or one line naming the flag."""
     try:
-        values = [int(v) for v in text.split(",")]
+        return [cast(v) for v in text.split(",")]
     except ValueError:
-        raise InvalidParameterError(f"--{name.replace('_', '-')} must be comma-separated integers, got {text!r}",
+        raise InvalidParameterError(f"--{name.replace('_', '-')} must be comma-separated {what}, got {text!r}",
                                     name) from None
-    return values
+
+
+def _ints(text: str, name: str) -> list[int]:
+    return _numbers(text, name, int, "integers")
+
+
+def _floats(text: str, name: str) -> list[float]:
+    """``inf`` allowed (a request rate)."""
+    return _numbers(text, name, float, "numbers")
 
 
 def _names(text: str) -> tuple[str, ...]:
     """A comma-separated list of names (blank: none)."""
     return tuple(v.strip() for v in text.split(",") if v.strip())
-
-
-def _floats(text: str, name: str) -> list[float]:
-    """A comma-separated list of numbers (``inf`` allowed), or one line naming the flag."""
-    try:
-        values = [float(v) for v in text.split(",")]
-    except ValueError:
-        raise InvalidParameterError(f"--{name.replace('_', '-')} must be comma-separated numbers, got {text!r}",
-                                    name) from None
-    return values
 
 
 def _range(text: str, name: str) -> tuple[int, int]:
