@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Coroutine, Iterator
 from typing import Any
 
@@ -61,3 +62,11 @@ def dp_llm(ray_cluster, dp_loop, tiny_llama):
     dp_loop.run(start())
     yield llm
     dp_loop.run(llm.shutdown_async())
+
+
+def wait_all_alive(llm, timeout: float = 90.0) -> None:
+    """Until every replica is up again (a killed one is re-created in the background); a bounded wait."""
+    deadline = time.monotonic() + timeout
+    while not all(r.alive for r in llm.replicas):
+        assert time.monotonic() < deadline, "a replica was not restarted"
+        time.sleep(0.1)

@@ -11,6 +11,7 @@ import pytest
 from cinq.errors import InvalidParameterError
 from cinq.outputs import RequestOutput
 from cinq.sampling_params import SamplingParams
+from tests.dp.conftest import wait_all_alive
 
 ray = pytest.importorskip("ray")
 
@@ -33,13 +34,6 @@ def replica_hits(llm) -> tuple[int, int]:
     """Prefix-cache (hits, queries) over all replicas, read from them now (not from the polled snapshots)."""
     snaps = ray.get([r.handle.snapshot.remote() for r in llm.replicas])
     return sum(s.stats.prefix_cache_hits for s in snaps), sum(s.stats.prefix_cache_queries for s in snaps)
-
-
-def wait_all_alive(llm, timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not all(r.alive for r in llm.replicas):
-        assert time.monotonic() < deadline, "a replica was not restarted"
-        time.sleep(0.1)
 
 
 def test_requests_spread_over_replicas_and_agree(dp_llm, dp_loop) -> None:

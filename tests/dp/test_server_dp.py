@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from tests.dp.conftest import wait_all_alive
 
 pytest.importorskip("ray")
 
@@ -52,13 +53,6 @@ def dp_server(dp_llm, dp_loop) -> Iterator[str]:
         server.should_exit = True
         done.result(15)
         sock.close()
-
-
-def wait_all_alive(llm, timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not all(r.alive for r in llm.replicas):
-        assert time.monotonic() < deadline, "a replica was not restarted"
-        time.sleep(0.1)
 
 
 def test_stream_cut_by_a_dead_replica_ends_with_an_error_event(dp_llm, dp_server) -> None:
