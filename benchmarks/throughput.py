@@ -58,6 +58,10 @@ def main() -> None:
                           max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_memory=4.0,
                           num_threads=args.threads)
     result = run_throughput(config, opts)
+    # the model's shape, as the results always recorded it (cinq plan --calibrate reads it)
+    result.data["workload"]["model"] = {"hidden": LLAMA_110M.hidden, "layers": LLAMA_110M.layers,
+                                        "heads": LLAMA_110M.heads, "intermediate": LLAMA_110M.intermediate,
+                                        "vocab": LLAMA_110M.vocab, "params": None}
     print_report(result)
     if not args.quick:
         print("wrote", ", ".join(str(p) for p in write_report(result, RESULTS / "throughput")))
