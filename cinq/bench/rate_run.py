@@ -196,14 +196,15 @@ def _record_emission(times: list[float], num_tokens: int, now: float) -> None:
     times += [last + (now - last) * (j + 1) / new for j in range(new)]
 
 
-def build_engine(config: EngineConfig) -> Any:
-    """An LLMEngine for ``config`` after one short warm-up request (kernels built, allocator warm); the warm-up
-    prompt (the last vocabulary id repeated) shares no prefix-cache block with a real prompt."""
+def build_engine(config: EngineConfig, warmup_prompt_len: int = 8) -> Any:
+    """An LLMEngine for ``config`` after one warm-up request (kernels built, allocator warm; a long warm-up prompt
+    also warms the prefill shapes of long prompts); the warm-up prompt (the last vocabulary id repeated) shares no
+    prefix-cache block with a real prompt."""
     from cinq.engine.engine import LLMEngine
     from cinq.sampling_params import SamplingParams
     engine = LLMEngine(config)
-    engine.add_request("warmup", [engine.vocab_size - 1] * 8, SamplingParams(temperature=0.0, max_tokens=4,
-                                                                             ignore_eos=True))
+    engine.add_request("warmup", [engine.vocab_size - 1] * warmup_prompt_len,
+                       SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
     while engine.has_unfinished_requests():
         engine.step()
     return engine

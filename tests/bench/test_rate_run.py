@@ -9,6 +9,7 @@ import pytest
 from cinq.bench.rate_run import arrival_offsets, build_engine, module_bytes, run_at_rate
 from cinq.bench.workload import random_requests
 from cinq.config import EngineConfig
+from cinq.errors import InvalidParameterError
 
 
 def test_arrivals_are_a_seeded_poisson_process_or_all_at_once():
@@ -40,3 +41,20 @@ def test_run_serves_every_request_and_measures_it(tiny_llama, rate):
     assert 0 <= run.kv_waste < 1 and run.tau is None
     assert run.weight_bytes == module_bytes(engine.model)
     assert not engine.has_unfinished_requests()
+
+
+def test_run_keeps_token_times_running_batch_and_given_arrivals(tiny_llama):
+    engine = build_engine(EngineConfig(model=str(tiny_llama), dtype="float32", num_threads=1, max_model_len=128,
+                                       seed=0))
+    reqs = random_requests(4, engine.vocab_size, (10, 20), (3, 5), seed=1, low_token=10)
+    run = run_at_rate(engine, reqs, math.nan, offsets=[0.0, 0.0, 0.05, 0.1])
+    assert [len(t) for t in run.token_times] == [r.output_len for r in reqs]
+    assert all(a <= b for t in run.token_times for a, b in zip(t, t[1:]))
+    assert len(run.itl_ms()) == sum(r.output_len - 1 for r in reqs) and min(run.itl_ms()) >= 0
+    assert len(run.itl_ms([0])) == reqs[0].output_len - 1
+    assert len(run.ttft_s) == 4 and min(run.ttft_s) > 0
+    assert 1 <= run.mean_running <= 4  # two requests run together from the first step
+    with pytest.raises(InvalidParameterError, match="offsets"):
+        run_at_rate(engine, reqs, math.nan, offsets=[0.0, 0.1])
+    with pytest.raises(InvalidParameterError, match="offsets"):
+        run_at_rate(engine, reqs, math.nan, offsets=[0.0, 0.2, 0.1, 0.3])

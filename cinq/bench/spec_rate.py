@@ -1,0 +1,193 @@
+"""Speculation against request rate (and so batch size), adaptive on and off: plain decoding, and each
+speculative config (EAGLE k=3 with the shipped head, prompt lookup) with a fixed k and with ``adaptive: true`` (``spec/adaptive.py`` chooses k per step, 0 =
+off, from measured acceptance and step times per batch-size bucket), each serving the same workload at each
+Poisson rate in process (``rate_run``).
+
+At a low rate the batch stays small and a verify step costs about what a decode step costs, so drafts are nearly
+free tokens; as the rate grows the batch grows, a step's cost grows with its rows, and the k extra rows per request
+that a verify adds stop paying. The crossover is the lowest rate from which speculation's TPOT p50 is no longer
+below plain decoding's (TPOT, not tokens/s: below saturation every configuration delivers the tokens that arrive;
+at rate = inf both agree)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from cinq.bench.mixed_workload import MixedOptions, mixed_workload
+from cinq.bench.progress import progress_bar
+from cinq.bench.report import BenchResult, Table, machine_info, model_label
+from cinq.config import EngineConfig
+from cinq.errors import InvalidParameterError
+
+EAGLE = {"method": "eagle", "model": "cinq-tiny-eagle", "num_speculative_tokens": 3}
+# prompt lookup: the one method that pays at batch 1 on cinq-tiny on a CPU (benchmarks/results/speculative.md),
+# so the one whose crossover the rates can show
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+PLAIN = "plain"
+
+
+@dataclass(slots=True)
+class SpecRateOptions:
+    """Rates (req/s, ``inf`` allowed), the workload and the speculative configs (each run with adaptive off and
+    on; a config's own ``adaptive`` is ignored)."""
+
+    rates: tuple[float, ...] = (2.0, 8.0, 32.0, 128.0, math.inf)
+    workload: MixedOptions = field(default_factory=lambda: MixedOptions(num_requests=48, output_len=(32, 64)))
+    speculative_configs: tuple[dict[str, Any], ...] = field(default_factory=lambda: (dict(EAGLE), dict(NGRAM)))
+
+    def validate(self) -> None:
+        self.workload.validate()
+        if not self.rates or any(not r > 0 for r in self.rates):
+            raise InvalidParameterError(f"rates must be numbers > 0 (inf allowed), got {list(self.rates)}", "rates")
+        if not self.speculative_configs or any("method" not in sc for sc in self.speculative_configs):
+            raise InvalidParameterError("speculative_configs must be one or more configs, each naming a method",
+                                        "speculative_configs")
+
+
+def arm_label(sc: dict[str, Any], adaptive: bool) -> str:
+    """How the table names one speculative arm."""
+    return f"{sc['method']} k={sc.get('num_speculative_tokens')}, adaptive {'on' if adaptive else 'off'}"
+
+
+def arm_configs(config: EngineConfig, options: SpecRateOptions) -> dict[str, EngineConfig]:
+    """Label -> engine config: plain decoding, then each speculative config with adaptive off and on."""
+    arms = {PLAIN: dataclasses.replace(config, speculative_config=None)}
+    for sc in options.speculative_configs:
+        for adaptive in (False, True):
+            arms[arm_label(sc, adaptive)] = dataclasses.replace(config, speculative_config={**sc,
+                                                                                           "adaptive": adaptive})
+    return arms
+
+
+def run_spec_rate(config: EngineConfig, options: SpecRateOptions, progress: bool = True) -> BenchResult:
+    """Every arm at every rate, a fresh engine each (see the module docstring)."""
+    from cinq.bench.latency_stats import percentile
+    from cinq.bench.rate_run import build_engine, run_at_rate
+    from cinq.config import resolve_model
+    from cinq.model.tokenizer import Tokenizer
+    options.validate()
+    config = dataclasses.replace(config, model=str(resolve_model(config.model)),
+                                 seed=config.seed if config.seed is not None else 0)
+    arms = arm_configs(config, options)
+    work = mixed_workload(Tokenizer.from_pretrained(config.tokenizer or config.model), options.workload)
+    bar = progress_bar(len(arms) * len(options.rates), "spec-rate", progress, unit="run")
+    rows = []
+    for rate in options.rates:
+        row: dict[str, Any] = {"rate": rate, "arms": {}}
+        plain_outputs: list[list[int]] = []
+        for label, cfg in arms.items():
+            engine = build_engine(cfg)
+            run = run_at_rate(engine, work.requests, rate, options.workload.seed)
+            arm = row["arms"][label] = run.summary()
+            arm["itl_p99_ms"] = percentile(run.itl_ms(), 99)
+            if label == PLAIN:
+                plain_outputs = run.outputs
+            else:  # greedy speculation reproduces plain decoding's tokens up to bf16 rounding at other row counts
+                arm["same_as_plain"] = sum(a == b for a, b in zip(run.outputs, plain_outputs))
+            del engine
+            bar.update(1)
+        rows.append(row)
+    bar.close()
+    spec_arms = [label for label in arms if label != PLAIN]
+    data = {"config": {"model": model_label(config.model), "dtype": config.dtype, "device": config.device},
+            "options": {"rates": list(options.rates), "workload": options.workload.to_dict(),
+                        "speculative_configs": list(options.speculative_configs)},
+            "workload": {"counts": work.counts(), "prompt_tokens": sum(len(r.prompt) for r in work.requests),
+                         "output_tokens": sum(r.output_len for r in work.requests)},
+            "machine": machine_info(), "arms": list(arms), "rows": rows,
+            "crossover": {label: crossover(rows, label) for label in spec_arms}}
+    return spec_rate_result(data)
+
+
+def crossover(rows: list[dict[str, Any]], arm: str) -> float | None:
+    """The lowest rate from which ``arm``'s TPOT p50 is at least plain decoding's at every higher rate too
+    (None: it pays at every rate measured)."""
+    ordered = sorted(rows, key=lambda r: r["rate"])
+    pays = [r["arms"][arm]["tpot_p50_ms"] < r["arms"][PLAIN]["tpot_p50_ms"] for r in ordered]
+    for i, r in enumerate(ordered):
+        if not any(pays[i:]):
+            return r["rate"]
+    return None
+
+
+def _rate(rate: float) -> str:
+    return "inf" if math.isinf(rate) else f"{rate:g}"
+
+
+def spec_rate_result(data: dict[str, Any]) -> BenchResult:
+    """The table, the headline, the reading and the plot of one run's ``data``."""
+    arms = data["arms"]
+    table = Table("Plain decoding vs speculation, adaptive off and on, by request rate",
+                  ["rate req/s", "arm", "mean running batch", "tok/s", "TPOT p50 / p99 ms", "TPOT p50 x plain",
+                   "ITL p99 ms", "TTFT p50 ms", "tau", "outputs = plain"])
+    for r in data["rows"]:
+        base = r["arms"][PLAIN]["tpot_p50_ms"]
+        for label in arms:
+            a = r["arms"][label]
+            same = "n/a" if label == PLAIN else f"{a['same_as_plain']} / {a['num_requests']}"
+            table.rows.append([_rate(r["rate"]), label, a["mean_running"], a["tok_s"],
+                               f"{a['tpot_p50_ms']:.1f} / {a['tpot_p99_ms']:.1f}", a["tpot_p50_ms"] / base,
+                               a["itl_p99_ms"], a["ttft_p50_ms"], a["tau"], same])
+    cross = Table("Crossover: the lowest rate from which speculation's TPOT p50 is not below plain decoding's",
+                  ["arm", "crossover rate req/s", "mean running batch of plain decoding there"])
+    by_rate = {r["rate"]: r for r in data["rows"]}
+    for label, rate in data["crossover"].items():
+        cross.rows.append([label, _verdict(rate, data["rows"]),
+                           None if rate is None else by_rate[rate]["arms"][PLAIN]["mean_running"]])
+    headline = "; ".join(f"{label}: {_verdict(rate, data['rows'])}" for label, rate in data["crossover"].items()
+                         ) + " (TPOT p50 vs plain decoding)"
+    n, m = data["workload"]["counts"], data["machine"]
+    configs = "; ".join(f"`{sc}`" for sc in data["options"]["speculative_configs"])
+    setup = (f"Target {data['config']['model']} ({data['config']['dtype']}, {data['config']['device']}); "
+             f"speculative configs {configs}, each with adaptive off and on, against plain decoding. Workload: "
+             f"{sum(n.values())} mixed requests ({n}), {data['workload']['prompt_tokens']} prompt and "
+             f"{data['workload']['output_tokens']} output tokens (greedy, ignore_eos), arriving as a seeded Poisson "
+             f"process at each rate (inf: all at once), in process, a fresh engine per (arm, rate). Mean running "
+             f"batch: requests served per engine step, averaged over the run's steps. TPOT per request = (last - "
+             f"first token time) / (tokens - 1), p50 / p99 over requests; ITL p99 over every gap between a "
+             f"request's tokens (tokens of one verify step share its gap). 'outputs = plain': requests whose greedy "
+             f"output equals plain decoding's at the same rate (bf16 rounds a row differently at another row "
+             f"count, so a near-tie may flip). CPU threads {m['threads']} of {m['cpus']}; load average at end "
+             f"{m['loadavg_at_end']} (a shared machine: single runs).")
+
+    def plot(fig: Any) -> None:
+        ax1, ax2 = fig.subplots(1, 2)
+        labels = [_rate(r["rate"]) for r in data["rows"]]
+        for label in arms:
+            ax1.plot(labels, [r["arms"][label]["tpot_p50_ms"] / r["arms"][PLAIN]["tpot_p50_ms"]
+                              for r in data["rows"]], "o-", label=label)
+            ax2.plot(labels, [r["arms"][label]["mean_running"] for r in data["rows"]], "o-", label=label)
+        ax1.axhline(1.0, color="gray", ls=":")
+        ax1.set_xlabel("request rate (req/s)")
+        ax1.set_title("TPOT p50 / plain decoding's (< 1: speculation pays)")
+        ax1.legend(fontsize=7)
+        ax2.set_xlabel("request rate (req/s)")
+        ax2.set_title("mean running batch")
+
+    return BenchResult("spec-rate", "Speculation vs request rate (and batch), adaptive off and on", setup,
+                       [table, cross], headline, data, notes=[_reading(data)], plot=plot)
+
+
+def _verdict(rate: float | None, rows: list[dict[str, Any]]) -> str:
+    if rate is None:
+        return "pays at every rate measured"
+    if rate == min(r["rate"] for r in rows):
+        return f"does not pay even at {_rate(rate)} req/s"
+    return f"stops paying from {_rate(rate)} req/s"
+
+
+def _reading(data: dict[str, Any]) -> str:
+    lo, hi = data["rows"][0], data["rows"][-1]
+
+    def ratio(r: dict[str, Any], label: str) -> str:
+        return f"{r['arms'][label]['tpot_p50_ms'] / r['arms'][PLAIN]['tpot_p50_ms']:.2f}x"
+
+    spec = [label for label in data["arms"] if label != PLAIN]
+    return (f"Reading (from this run's numbers): TPOT p50 against plain decoding at {_rate(lo['rate'])} req/s "
+            f"(plain's mean batch {lo['arms'][PLAIN]['mean_running']:.1f}): "
+            + ", ".join(f"{label} {ratio(lo, label)}" for label in spec)
+            + f"; at {_rate(hi['rate'])} req/s (mean batch {hi['arms'][PLAIN]['mean_running']:.1f}): "
+            + ", ".join(f"{label} {ratio(hi, label)}" for label in spec) + ".")
