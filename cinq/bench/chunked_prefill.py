@@ -35,7 +35,7 @@ class ChunkedPrefillOptions:
     long_output_len: int = 8
     first_long_s: float = 0.2  # the first long prompt's arrival after the decoding requests'
     long_interval_s: float = 0.8  # between long prompts
-    repeats: int = 2  # sweeps over the budgets (the second in reverse order); latency samples pooled over them
+    repeats: int = 3  # sweeps over the budgets (the second in reverse order); latency samples pooled over them
     text: str = "held-out"
     seed: int = 0
 
@@ -162,7 +162,7 @@ def chunked_prefill_result(data: dict[str, Any]) -> BenchResult:
              f"{o['repeats']} sweeps over the budgets (alternating order), latency samples pooled over them, "
              f"throughput from their mean time. TTFT of the long prompts from their arrival; ITL over every "
              f"gap between successive tokens of the decoding requests. CPU threads {m['threads']} of {m['cpus']}; "
-             f"load average at end {m['loadavg_at_end']} (a shared machine: single runs).")
+             f"load average at end {m['loadavg_at_end']} (a shared machine).")
     best = min(rows, key=lambda r: r["itl_p99_ms"])
     reading = (f"Reading (from this run's numbers): the decoding requests' ITL p99 goes from "
                f"{small['itl_p99_ms']:.1f} ms at a budget of {small['budget']} to {large['itl_p99_ms']:.1f} ms at "

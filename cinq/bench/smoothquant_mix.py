@@ -36,6 +36,7 @@ class SmoothQuantMixOptions:
     request_rate: float = 8.0
     quality: QualitySettings = field(default_factory=QualitySettings)
     language_tokens: int = 512  # KL tokens per language of the held-out text
+    rounds: int = 3  # speed runs per (model, rate), the models' order rotated each round; the median one is kept
     variants_dir: str | None = None  # None: the cinq cache
 
     def validate(self) -> None:
@@ -44,6 +45,8 @@ class SmoothQuantMixOptions:
         if not self.request_rate > 0 or math.isinf(self.request_rate):
             raise InvalidParameterError(f"request_rate must be a finite number > 0 (rate = inf is always run), got "
                                         f"{self.request_rate}", "request_rate")
+        if self.rounds < 1:
+            raise InvalidParameterError(f"rounds must be >= 1, got {self.rounds}", "rounds")
         if self.language_tokens < 2:
             raise InvalidParameterError(f"language_tokens must be >= 2, got {self.language_tokens}",
                                         "language_tokens")
@@ -69,7 +72,6 @@ def run_smoothquant_mix(config: EngineConfig, options: SmoothQuantMixOptions,
                         progress: bool = True) -> BenchResult:
     """Measure bf16, static and dynamic SmoothQuant on one workload (see the module docstring). ``batch_mates``:
     a batch-mates run's rows by model label (its labels may carry a parenthesis, e.g. "bf16 (control)")."""
-    from cinq.bench.rate_run import build_engine, run_at_rate
     from cinq.bench.served_quality import engine_quality, held_out_ids, reference_scores
     from cinq.bench.text_languages import language_token_ids
     from cinq.config import resolve_model
@@ -89,25 +91,20 @@ def run_smoothquant_mix(config: EngineConfig, options: SmoothQuantMixOptions,
     ctx = options.quality.context_len
     lang_base = {lang: base_scores(ref, t, ctx, len(t)) for lang, t in per_lang.items()}
     del ref
-    bar = progress_bar(len(models), "smoothquant-mix", progress, unit="model")
-    rows, reference_outputs = [], None
+    bar = progress_bar(len(models) * (2 * options.rounds + 1), "smoothquant-mix", progress, unit="run")
+    speed = _speed_rounds(config, models, work.requests, options, bar)
+    reference_outputs = speed[REFERENCE]["outputs"]
+    rows = []
     for label, folder in models.items():
         cfg = dataclasses.replace(config, model=folder)
-        runs, outputs = {}, None
-        for name, rate in (("inf", math.inf), ("rate", options.request_rate)):
-            engine = build_engine(cfg)  # a fresh engine per rate: no prefix cache carried over
-            run = run_at_rate(engine, work.requests, rate, options.workload.seed)
-            runs[name] = run.summary()
-            outputs = outputs or run.outputs
-            del engine
-        reference_outputs = reference_outputs or outputs
         quality = engine_quality(cfg, ids, options.quality, base)
         served = load_model(folder, dtype=config.dtype, attention_backend=config.attention_backend or "sdpa")
         kl = {lang: score_text(served, t, ctx, lang_base[lang]).kl for lang, t in per_lang.items()}
         del served
-        same = sum(a == b for a, b in zip(outputs, reference_outputs))
-        rows.append({"label": label, "model": _label(folder, config.model), "inf": runs["inf"],
-                     "rate": runs["rate"], "quality": quality.to_dict(), "kl_by_language": kl,
+        sp = speed[label]
+        same = sum(a == b for a, b in zip(sp["outputs"], reference_outputs))
+        rows.append({"label": label, "model": _label(folder, config.model), "inf": sp["inf"], "rate": sp["rate"],
+                     "tok_s_rounds": sp["tok_s_rounds"], "quality": quality.to_dict(), "kl_by_language": kl,
                      "same_as_bf16": same, "batch_mates": _mates(label, batch_mates)})
         bar.update(1)
     bar.close()
@@ -119,6 +116,33 @@ def run_smoothquant_mix(config: EngineConfig, options: SmoothQuantMixOptions,
             "language_tokens": {lang: len(t) for lang, t in per_lang.items()},
             "machine": machine_info(), "rows": rows}
     return smoothquant_mix_result(data)
+
+
+def _speed_rounds(config: EngineConfig, models: dict[str, str], requests: list[Any],
+                  options: SmoothQuantMixOptions, bar: Any) -> dict[str, dict[str, Any]]:
+    """Each model at rate = inf and at the fixed rate, ``rounds`` times with the models' order rotated (a loaded
+    machine drifts); per (model, rate) the run of median tokens/s is kept, every round's tokens/s recorded, and
+    the greedy outputs of the first rate = inf run."""
+    from cinq.bench.rate_run import build_engine, run_at_rate
+    labels = list(models)
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {lb: {"inf": [], "rate": []} for lb in labels}
+    outputs: dict[str, list[list[int]]] = {}
+    for rnd in range(options.rounds):
+        for label in labels[rnd % len(labels):] + labels[:rnd % len(labels)]:
+            for name, rate in (("inf", math.inf), ("rate", options.request_rate)):
+                engine = build_engine(dataclasses.replace(config, model=models[label]))  # no prefix cache carried
+                run = run_at_rate(engine, requests, rate, options.workload.seed)
+                del engine
+                runs[label][name].append(run.summary())
+                outputs.setdefault(label, run.outputs)
+                bar.update(1)
+    out = {}
+    for label in labels:
+        out[label] = {"outputs": outputs[label],
+                      "tok_s_rounds": {name: [r["tok_s"] for r in rs] for name, rs in runs[label].items()}}
+        for name, rs in runs[label].items():
+            out[label][name] = sorted(rs, key=lambda r: r["tok_s"])[len(rs) // 2]
+    return out
 
 
 def _label(folder: str, reference: str) -> str:
@@ -141,13 +165,15 @@ def smoothquant_mix_result(data: dict[str, Any]) -> BenchResult:
     first = rows[0]
     n = data["workload"]["counts"]
     speed = Table(f"Speed under continuous batching: rate = inf and rate = {rate:g} req/s (ratios to {REFERENCE})",
-                  ["model", "tok/s (inf)", f"x {REFERENCE}", "TTFT p50 / p99 ms (inf)", "TPOT p50 / p99 ms (inf)",
+                  ["model", "tok/s (inf)", f"x {REFERENCE}", "tok/s (inf) every round", "TTFT p50 / p99 ms (inf)",
+                   "TPOT p50 / p99 ms (inf)",
                    f"tok/s ({rate:g}/s)", f"TTFT p50 / p99 ms ({rate:g}/s)", f"TPOT p50 / p99 ms ({rate:g}/s)",
                    f"greedy outputs = {REFERENCE}", "changed by batch mates"])
     for r in rows:
         i, f = r["inf"], r["rate"]
         m = r["batch_mates"]
-        speed.rows.append([r["label"], i["tok_s"], i["tok_s"] / first["inf"]["tok_s"], _pair(i, "ttft"),
+        rounds = " / ".join(f"{x:.0f}" for x in r.get("tok_s_rounds", {}).get("inf", []))
+        speed.rows.append([r["label"], i["tok_s"], i["tok_s"] / first["inf"]["tok_s"], rounds, _pair(i, "ttft"),
                            _pair(i, "tpot"), f["tok_s"], _pair(f, "ttft"), _pair(f, "tpot"),
                            f"{r['same_as_bf16']} / {i['num_requests']}",
                            f"{m['differ']} / {m['pairs']}" if m else None])
@@ -173,11 +199,12 @@ def smoothquant_mix_result(data: dict[str, Any]) -> BenchResult:
              f"per token at run time. Workload: {sum(n.values())} mixed requests ({n}), "
              f"{data['workload']['prompt_tokens']} prompt and {data['workload']['output_tokens']} output tokens "
              f"(greedy, ignore_eos), all at once (inf) or as a Poisson process of {rate:g} req/s, in process, a "
-             f"fresh engine per rate. 'greedy outputs = {REFERENCE}': requests of the rate = inf run whose whole "
-             f"output equals the {REFERENCE} engine's. Quality: perplexity, KL and top-1 to the {REFERENCE} model on "
-             f"the first {data['options']['quality']['ppl_tokens']} held-out tokens (context "
-             f"{data['options']['quality']['context_len']}), arithmetic accuracy of the serving engine on "
-             f"{data['options']['quality']['n_problems']} test problems; per language: the held-out records split "
+             f"fresh engine per run; {data['options']['rounds']} rounds, the models' order rotated each round, the "
+             f"run of median tokens/s shown per (model, rate). 'greedy outputs = {REFERENCE}': requests of the "
+             f"first rate = inf run whose whole output equals the {REFERENCE} engine's. Quality: perplexity, KL and "
+             f"top-1 to the {REFERENCE} model on the first {data['options']['quality']['ppl_tokens']} held-out "
+             f"tokens (context {data['options']['quality']['context_len']}), arithmetic accuracy of the serving engine "
+             f"on {data['options']['quality']['n_problems']} test problems; per language: the held-out records split "
              f"by language (cinq/bench/text_languages.py, a script and common-word heuristic), up to "
              f"{data['options']['language_tokens']} tokens each. 'changed by batch mates': target requests whose "
              f"greedy output changed when run among other requests (cinq/bench/batch_mates.py, its own run). CPU "
@@ -207,16 +234,16 @@ def smoothquant_mix_result(data: dict[str, Any]) -> BenchResult:
 
 def _reading(static: dict[str, Any], dynamic: dict[str, Any], langs: list[str]) -> str:
     """The reading paragraph, from the numbers."""
-    ratio = {lg: static["kl_by_language"][lg] / dynamic["kl_by_language"][lg] for lg in langs
-             if dynamic["kl_by_language"][lg]}
-    worst = max(langs, key=lambda lg: static["kl_by_language"][lg])
-    spread = max(static["kl_by_language"].values()) / max(1e-12, min(static["kl_by_language"].values()))
+    s_kl, d_kl = static["kl_by_language"], dynamic["kl_by_language"]
+    ratio = [s_kl[lg] / d_kl[lg] for lg in langs if d_kl[lg]]
+    worst = max(langs, key=lambda lg: s_kl[lg])
+    spread = max(s_kl.values()) / max(1e-12, min(s_kl.values()))
     speed = static["inf"]["tok_s"] / dynamic["inf"]["tok_s"]
-    lo, hi = min(ratio.values(), default=float("nan")), max(ratio.values(), default=float("nan"))
-    return (f"Reading (from this run's numbers): static scales cost {static['quality']['kl'] / dynamic['quality']['kl']:.2f}x "
-            f"the dynamic KL to bf16 overall, {lo:.2f}x to {hi:.2f}x per language; static's worst language is "
-            f"{worst} (KL {_kl(static['kl_by_language'][worst])}, {spread:.1f}x its best). Static serves at "
-            f"{speed:.2f}x dynamic's tokens/s at rate = inf (no per-token max to take).")
+    overall = static["quality"]["kl"] / dynamic["quality"]["kl"] if dynamic["quality"]["kl"] else float("nan")
+    lo, hi = (min(ratio), max(ratio)) if ratio else (float("nan"), float("nan"))
+    return (f"Reading (from this run's numbers): static scales cost {overall:.2f}x the dynamic KL to bf16 overall, "
+            f"{lo:.2f}x to {hi:.2f}x per language; static's worst language is {worst} (KL {_kl(s_kl[worst])}, "
+            f"{spread:.1f}x its best). Static serves at {speed:.2f}x dynamic's tokens/s at rate = inf.")
 
 
 def _pair(run: dict[str, Any], name: str) -> str:

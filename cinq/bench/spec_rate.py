@@ -1,7 +1,7 @@
 """Speculation against request rate (and so batch size), adaptive on and off: plain decoding, and each
-speculative config (EAGLE k=3 with the shipped head, prompt lookup) with a fixed k and with ``adaptive: true`` (``spec/adaptive.py`` chooses k per step, 0 =
-off, from measured acceptance and step times per batch-size bucket), each serving the same workload at each
-Poisson rate in process (``rate_run``).
+speculative config (EAGLE k=3 with the shipped head, prompt lookup) with a fixed k and with ``adaptive: true``
+(``spec/adaptive.py`` chooses k per step, 0 = off, from measured acceptance and step times per batch-size
+bucket), each serving the same workload at each Poisson rate in process (``rate_run``).
 
 At a low rate the batch stays small and a verify step costs about what a decode step costs, so drafts are nearly
 free tokens; as the rate grows the batch grows, a step's cost grows with its rows, and the k extra rows per request
@@ -34,14 +34,17 @@ class SpecRateOptions:
     """Rates (req/s, ``inf`` allowed), the workload and the speculative configs (each run with adaptive off and
     on; a config's own ``adaptive`` is ignored)."""
 
-    rates: tuple[float, ...] = (2.0, 8.0, 32.0, 128.0, math.inf)
-    workload: MixedOptions = field(default_factory=lambda: MixedOptions(num_requests=48, output_len=(32, 64)))
+    rates: tuple[float, ...] = (2.0, 8.0, 32.0, math.inf)
+    workload: MixedOptions = field(default_factory=lambda: MixedOptions(num_requests=32, output_len=(32, 64)))
     speculative_configs: tuple[dict[str, Any], ...] = field(default_factory=lambda: (dict(EAGLE), dict(NGRAM)))
+    rounds: int = 3  # runs per (rate, arm), the arms' order rotated each round; the run of median TPOT p50 is kept
 
     def validate(self) -> None:
         self.workload.validate()
         if not self.rates or any(not r > 0 for r in self.rates):
             raise InvalidParameterError(f"rates must be numbers > 0 (inf allowed), got {list(self.rates)}", "rates")
+        if self.rounds < 1:
+            raise InvalidParameterError(f"rounds must be >= 1, got {self.rounds}", "rounds")
         if not self.speculative_configs or any("method" not in sc for sc in self.speculative_configs):
             raise InvalidParameterError("speculative_configs must be one or more configs, each naming a method",
                                         "speculative_configs")
@@ -73,33 +76,48 @@ def run_spec_rate(config: EngineConfig, options: SpecRateOptions, progress: bool
                                  seed=config.seed if config.seed is not None else 0)
     arms = arm_configs(config, options)
     work = mixed_workload(Tokenizer.from_pretrained(config.tokenizer or config.model), options.workload)
-    bar = progress_bar(len(arms) * len(options.rates), "spec-rate", progress, unit="run")
+    bar = progress_bar(len(arms) * len(options.rates) * options.rounds, "spec-rate", progress, unit="run")
+    labels = list(arms)
+    runs: dict[tuple[float, str], list[dict[str, Any]]] = {(r, lb): [] for r in options.rates for lb in labels}
+    for rnd in range(options.rounds):  # a loaded machine drifts: rotate the arms' order every round
+        for rate in options.rates:
+            outputs: dict[str, list[list[int]]] = {}
+            for label in _rotated(labels, rnd):
+                engine = build_engine(arms[label])
+                run = run_at_rate(engine, work.requests, rate, options.workload.seed)
+                del engine
+                arm = run.summary()
+                arm["itl_p99_ms"] = percentile(run.itl_ms(), 99)
+                outputs[label] = run.outputs
+                runs[(rate, label)].append(arm)
+                bar.update(1)
+            for label in labels[1:]:  # greedy speculation reproduces plain decoding up to bf16 rounding
+                runs[(rate, label)][-1]["same_as_plain"] = sum(a == b for a, b in zip(outputs[label],
+                                                                                      outputs[PLAIN]))
+    bar.close()
     rows = []
     for rate in options.rates:
         row: dict[str, Any] = {"rate": rate, "arms": {}}
-        plain_outputs: list[list[int]] = []
-        for label, cfg in arms.items():
-            engine = build_engine(cfg)
-            run = run_at_rate(engine, work.requests, rate, options.workload.seed)
-            arm = row["arms"][label] = run.summary()
-            arm["itl_p99_ms"] = percentile(run.itl_ms(), 99)
-            if label == PLAIN:
-                plain_outputs = run.outputs
-            else:  # greedy speculation reproduces plain decoding's tokens up to bf16 rounding at other row counts
-                arm["same_as_plain"] = sum(a == b for a, b in zip(run.outputs, plain_outputs))
-            del engine
-            bar.update(1)
+        for label in labels:
+            rs = runs[(rate, label)]
+            row["arms"][label] = {**sorted(rs, key=lambda a: a["tpot_p50_ms"])[len(rs) // 2],
+                                  "tpot_p50_rounds": [a["tpot_p50_ms"] for a in rs],
+                                  "tok_s_rounds": [a["tok_s"] for a in rs]}
         rows.append(row)
-    bar.close()
     spec_arms = [label for label in arms if label != PLAIN]
     data = {"config": {"model": model_label(config.model), "dtype": config.dtype, "device": config.device},
-            "options": {"rates": list(options.rates), "workload": options.workload.to_dict(),
+            "options": {"rates": list(options.rates), "workload": options.workload.to_dict(), "rounds": options.rounds,
                         "speculative_configs": list(options.speculative_configs)},
             "workload": {"counts": work.counts(), "prompt_tokens": sum(len(r.prompt) for r in work.requests),
                          "output_tokens": sum(r.output_len for r in work.requests)},
             "machine": machine_info(), "arms": list(arms), "rows": rows,
             "crossover": {label: crossover(rows, label) for label in spec_arms}}
     return spec_rate_result(data)
+
+
+def _rotated(items: list[str], n: int) -> list[str]:
+    k = n % len(items) if items else 0
+    return items[k:] + items[:k]
 
 
 def crossover(rows: list[dict[str, Any]], arm: str) -> float | None:
@@ -122,7 +140,7 @@ def spec_rate_result(data: dict[str, Any]) -> BenchResult:
     arms = data["arms"]
     table = Table("Plain decoding vs speculation, adaptive off and on, by request rate",
                   ["rate req/s", "arm", "mean running batch", "tok/s", "TPOT p50 / p99 ms", "TPOT p50 x plain",
-                   "ITL p99 ms", "TTFT p50 ms", "tau", "outputs = plain"])
+                   "TPOT p50 every round", "ITL p99 ms", "TTFT p50 ms", "tau", "outputs = plain"])
     for r in data["rows"]:
         base = r["arms"][PLAIN]["tpot_p50_ms"]
         for label in arms:
@@ -130,7 +148,8 @@ def spec_rate_result(data: dict[str, Any]) -> BenchResult:
             same = "n/a" if label == PLAIN else f"{a['same_as_plain']} / {a['num_requests']}"
             table.rows.append([_rate(r["rate"]), label, a["mean_running"], a["tok_s"],
                                f"{a['tpot_p50_ms']:.1f} / {a['tpot_p99_ms']:.1f}", a["tpot_p50_ms"] / base,
-                               a["itl_p99_ms"], a["ttft_p50_ms"], a["tau"], same])
+                               " / ".join(f"{x:.0f}" for x in a.get("tpot_p50_rounds", [])), a["itl_p99_ms"],
+                               a["ttft_p50_ms"], a["tau"], same])
     cross = Table("Crossover: the lowest rate from which speculation's TPOT p50 is not below plain decoding's",
                   ["arm", "crossover rate req/s", "mean running batch of plain decoding there"])
     by_rate = {r["rate"]: r for r in data["rows"]}
@@ -145,13 +164,15 @@ def spec_rate_result(data: dict[str, Any]) -> BenchResult:
              f"speculative configs {configs}, each with adaptive off and on, against plain decoding. Workload: "
              f"{sum(n.values())} mixed requests ({n}), {data['workload']['prompt_tokens']} prompt and "
              f"{data['workload']['output_tokens']} output tokens (greedy, ignore_eos), arriving as a seeded Poisson "
-             f"process at each rate (inf: all at once), in process, a fresh engine per (arm, rate). Mean running "
+             f"process at each rate (inf: all at once), in process, a fresh engine per run; "
+             f"{data['options'].get('rounds', 1)} rounds, the arms' order rotated each round, "
+             f"the run of median TPOT p50 shown per (rate, arm). Mean running "
              f"batch: requests served per engine step, averaged over the run's steps. TPOT per request = (last - "
              f"first token time) / (tokens - 1), p50 / p99 over requests; ITL p99 over every gap between a "
              f"request's tokens (tokens of one verify step share its gap). 'outputs = plain': requests whose greedy "
              f"output equals plain decoding's at the same rate (bf16 rounds a row differently at another row "
              f"count, so a near-tie may flip). CPU threads {m['threads']} of {m['cpus']}; load average at end "
-             f"{m['loadavg_at_end']} (a shared machine: single runs).")
+             f"{m['loadavg_at_end']} (a shared machine).")
 
     def plot(fig: Any) -> None:
         ax1, ax2 = fig.subplots(1, 2)

@@ -18,13 +18,15 @@ def test_bad_rate_names_the_field():
         SmoothQuantMixOptions(request_rate=float("inf")).validate()
     with pytest.raises(InvalidParameterError, match="language_tokens"):
         SmoothQuantMixOptions(language_tokens=1).validate()
+    with pytest.raises(InvalidParameterError, match="rounds"):
+        SmoothQuantMixOptions(rounds=0).validate()
 
 
 def test_three_models_served_and_scored(tiny_llama, tmp_path):
     opts = SmoothQuantMixOptions(workload=MixedOptions(num_requests=4, output_len=(3, 6), max_prompt_tokens=96),
                                  request_rate=50.0, quality=QualitySettings(ppl_tokens=64, context_len=32,
                                                                             n_problems=0),
-                                 language_tokens=40, variants_dir=str(tmp_path))
+                                 language_tokens=40, rounds=2, variants_dir=str(tmp_path))
     mates = {"bf16 (control)": [{"batch": 2, "pairs": 4, "differ": 0}, {"batch": 4, "pairs": 4, "differ": 1}]}
     cfg = EngineConfig(model=str(tiny_llama), dtype="bfloat16", num_threads=1, max_model_len=128, seed=0)
     res = run_smoothquant_mix(cfg, opts, batch_mates=mates, progress=False)
@@ -35,6 +37,8 @@ def test_three_models_served_and_scored(tiny_llama, tmp_path):
         assert r["inf"]["output_tokens"] == r["rate"]["output_tokens"] == out_tokens
         assert set(r["kl_by_language"]) == set(res.data["language_tokens"])
         assert 0 <= r["same_as_bf16"] <= 4
+        rounds = r["tok_s_rounds"]
+        assert len(rounds["inf"]) == len(rounds["rate"]) == 2 and r["inf"]["tok_s"] in rounds["inf"]
     ref = rows[0]
     assert ref["same_as_bf16"] == 4 and ref["quality"]["kl"] < 1e-6
     assert all(v < 1e-6 for v in ref["kl_by_language"].values())

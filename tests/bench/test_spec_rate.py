@@ -33,10 +33,12 @@ def test_arms_are_plain_then_each_config_with_adaptive_off_and_on(tiny_llama):
     assert [a.speculative_config.adaptive for a in list(arms.values())[1:]] == [False, True]
     with pytest.raises(InvalidParameterError, match="rates"):
         SpecRateOptions(rates=(0.0,)).validate()
+    with pytest.raises(InvalidParameterError, match="rounds"):
+        SpecRateOptions(rounds=0).validate()
 
 
 def test_run_serves_every_arm_at_every_rate(tiny_llama):
-    opts = SpecRateOptions(rates=(50.0, math.inf), speculative_configs=(dict(NGRAM),),
+    opts = SpecRateOptions(rates=(50.0, math.inf), speculative_configs=(dict(NGRAM),), rounds=2,
                            workload=MixedOptions(num_requests=4, output_len=(4, 8), max_prompt_tokens=96))
     cfg = EngineConfig(model=str(tiny_llama), dtype="float32", num_threads=1, max_model_len=128, seed=0)
     res = run_spec_rate(cfg, opts, progress=False)
@@ -46,6 +48,7 @@ def test_run_serves_every_arm_at_every_rate(tiny_llama):
     for row in data["rows"]:
         for label, arm in row["arms"].items():
             assert arm["output_tokens"] == out_tokens and arm["mean_running"] >= 1
+            assert len(arm["tpot_p50_rounds"]) == 2 and arm["tpot_p50_ms"] in arm["tpot_p50_rounds"]
             if label != PLAIN:
                 assert 0 <= arm["same_as_plain"] <= 4 and (arm["tau"] is None or 1 <= arm["tau"] <= 4)
     assert set(data["crossover"]) == set(data["arms"][1:])
