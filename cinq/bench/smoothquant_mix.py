@@ -26,6 +26,12 @@ from cinq.errors import InvalidParameterError
 
 SCHEMES = ("static", "dynamic")
 REFERENCE = "bf16"
+STATIC, DYNAMIC = (f"SmoothQuant W8A8 {scheme}" for scheme in SCHEMES)
+
+
+def single_language_label(language: str) -> str:
+    """The row of static scales calibrated on one language of the calibration text."""
+    return f"{STATIC} ({language}-only calibration)"
 
 
 @dataclass(slots=True)
@@ -37,6 +43,9 @@ class SmoothQuantMixOptions:
     quality: QualitySettings = field(default_factory=QualitySettings)
     language_tokens: int = 512  # KL tokens per language of the held-out text
     rounds: int = 3  # speed runs per (model, rate), the models' order rotated each round; the median one is kept
+    # one more static copy calibrated on this language's records of the calibration text alone (None: none), to
+    # show what a calibration distribution that misses the served languages does to each of them
+    calibration_language: str | None = "en"
     variants_dir: str | None = None  # None: the cinq cache
 
     def validate(self) -> None:
@@ -50,20 +59,37 @@ class SmoothQuantMixOptions:
         if self.language_tokens < 2:
             raise InvalidParameterError(f"language_tokens must be >= 2, got {self.language_tokens}",
                                         "language_tokens")
+        from cinq.bench.text_languages import LANGUAGES
+        if self.calibration_language is not None and self.calibration_language not in LANGUAGES:
+            raise InvalidParameterError(f"calibration_language must be one of {', '.join(LANGUAGES)} or None, got "
+                                        f"{self.calibration_language!r}", "calibration_language")
 
 
 def smoothquant_models(model: str, options: SmoothQuantMixOptions, progress: bool = False) -> dict[str, str]:
-    """Label -> folder: the bf16 model and its SmoothQuant W8A8 copies (made once, kept under the variants dir)."""
+    """Label -> folder: the bf16 model and its SmoothQuant W8A8 copies (made once, kept under the variants dir):
+    static and dynamic calibrated on the shipped calibration text, and static calibrated on one language of it."""
     from pathlib import Path
 
+    from cinq.bench.text_languages import language_records
     from cinq.cache import cache_dir
     from cinq.eval.variants import one_variant
-    from cinq.quant.variant_folder import variant_folder
+    from cinq.quant.variant_folder import Calibration, variant_folder
     root = Path(options.variants_dir) if options.variants_dir else cache_dir() / "variants"
     models = {REFERENCE: model}
     for scheme in SCHEMES:
         spec = one_variant(f"smoothquant:{scheme}")
         models[f"SmoothQuant W8A8 {scheme}"] = str(variant_folder(model, spec, root, progress=progress))
+    lang = options.calibration_language
+    if lang is not None:
+        text = root / f"calibration-{lang}.txt"  # the variant's key names this file: its content is fixed by cinq
+        body = "\n\n".join(language_records("calibration").get(lang, []))
+        if not body:
+            raise InvalidParameterError(f"the calibration text has no {lang} records", "calibration_language")
+        root.mkdir(parents=True, exist_ok=True)
+        if not text.is_file() or text.read_text(encoding="utf-8") != body:
+            text.write_text(body, encoding="utf-8")
+        models[single_language_label(lang)] = str(variant_folder(
+            model, one_variant("smoothquant:static"), root, Calibration(text=str(text)), progress=progress))
     return models
 
 
@@ -151,9 +177,10 @@ def _label(folder: str, reference: str) -> str:
 
 
 def _mates(label: str, batch_mates: dict[str, list[dict[str, Any]]] | None) -> dict[str, int] | None:
-    """A model's batch-mates totals (differing pairs of all pairs), matched by label before any parenthesis."""
+    """A model's batch-mates totals (differing pairs of all pairs), matched by label (the bf16 row's may say
+    "(control)")."""
     for name, rows in (batch_mates or {}).items():
-        if name.split(" (")[0] == label.split(" (")[0]:
+        if name.removesuffix(" (control)") == label:
             return {"differ": sum(r["differ"] for r in rows), "pairs": sum(r["pairs"] for r in rows),
                     "batch_sizes": [r["batch"] for r in rows]}
     return None
@@ -184,19 +211,30 @@ def smoothquant_mix_result(data: dict[str, Any]) -> BenchResult:
         acc = None if q["accuracy"] is None else f"{100 * q['accuracy']:.0f} ± {100 * q['accuracy_se']:.0f}"
         quality.rows.append([r["label"], q["perplexity"], _kl(q["kl"]), 100 * (q["top1"] or 0), acc])
     quant = [r for r in rows if r["label"] != REFERENCE]
+    by_label = {r["label"]: r for r in rows}
+    static, dynamic = by_label.get(STATIC), by_label.get(DYNAMIC)
+    lang = data["options"].get("calibration_language")
+    single = by_label.get(single_language_label(lang)) if lang else None
     langs = list(data["language_tokens"])
+    ratios = []  # (column, numerator, denominator)
+    if static and dynamic:
+        ratios.append(("static / dynamic", static, dynamic))
+    if single and static:
+        ratios.append((f"{lang}-only static / static", single, static))
     by_lang = Table(f"KL to {REFERENCE} per language of the held-out text",
-                    ["language", "tokens"] + [r["label"] for r in quant] + (
-                        ["static / dynamic"] if len(quant) == 2 else []))
-    for lang in langs:
-        kls = [r["kl_by_language"][lang] for r in quant]
-        ratio = [kls[0] / kls[1] if kls[1] else None] if len(quant) == 2 else []
-        by_lang.rows.append([lang, data["language_tokens"][lang]] + [_kl(k) for k in kls] + ratio)
+                    ["language", "tokens"] + [r["label"] for r in quant] + [c for c, _, _ in ratios])
+    for lg in langs:
+        kls = [r["kl_by_language"][lg] for r in quant]
+        by_lang.rows.append([lg, data["language_tokens"][lg]] + [_kl(k) for k in kls] + [
+            a["kl_by_language"][lg] / b["kl_by_language"][lg] if b["kl_by_language"][lg] else None
+            for _, a, b in ratios])
     m = data["machine"]
     setup = (f"Model {data['config']['model']} ({data['config']['dtype']}, {data['config']['device']}) and its "
              f"SmoothQuant W8A8 copies (alpha 0.5, calibrated on the shipped calibration text, a mix of every "
              f"language of the corpus): static = one activation scale per tensor fixed at calibration, dynamic = "
-             f"per token at run time. Workload: {sum(n.values())} mixed requests ({n}), "
+             f"per token at run time"
+             + (f"; one more static copy calibrated on the {lang} records of the calibration text alone" if single
+                else "") + f". Workload: {sum(n.values())} mixed requests ({n}), "
              f"{data['workload']['prompt_tokens']} prompt and {data['workload']['output_tokens']} output tokens "
              f"(greedy, ignore_eos), all at once (inf) or as a Poisson process of {rate:g} req/s, in process, a "
              f"fresh engine per run; {data['options']['rounds']} rounds, the models' order rotated each round, the "
@@ -209,11 +247,9 @@ def smoothquant_mix_result(data: dict[str, Any]) -> BenchResult:
              f"{data['options']['language_tokens']} tokens each. 'changed by batch mates': target requests whose "
              f"greedy output changed when run among other requests (cinq/bench/batch_mates.py, its own run). CPU "
              f"threads {m['threads']} of {m['cpus']}; load average at end {m['loadavg_at_end']}.")
-    static = next((r for r in quant if r["label"].endswith("static")), None)
-    dynamic = next((r for r in quant if r["label"].endswith("dynamic")), None)
     headline = "; ".join(f"{r['label']}: {r['inf']['tok_s'] / first['inf']['tok_s']:.2f}x {REFERENCE} tok/s, KL "
                          f"{_kl(r['quality']['kl'])}" for r in quant)
-    notes = [_reading(static, dynamic, langs)] if static and dynamic else []
+    notes = [_reading(static, dynamic, single, lang, langs)] if static and dynamic else []
 
     def plot(fig: Any) -> None:
         ax1, ax2 = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 2]})
@@ -232,7 +268,8 @@ def smoothquant_mix_result(data: dict[str, Any]) -> BenchResult:
                        notes=notes, plot=plot)
 
 
-def _reading(static: dict[str, Any], dynamic: dict[str, Any], langs: list[str]) -> str:
+def _reading(static: dict[str, Any], dynamic: dict[str, Any], single: dict[str, Any] | None, lang: str | None,
+             langs: list[str]) -> str:
     """The reading paragraph, from the numbers."""
     s_kl, d_kl = static["kl_by_language"], dynamic["kl_by_language"]
     ratio = [s_kl[lg] / d_kl[lg] for lg in langs if d_kl[lg]]
@@ -241,9 +278,16 @@ def _reading(static: dict[str, Any], dynamic: dict[str, Any], langs: list[str]) 
     speed = static["inf"]["tok_s"] / dynamic["inf"]["tok_s"]
     overall = static["quality"]["kl"] / dynamic["quality"]["kl"] if dynamic["quality"]["kl"] else float("nan")
     lo, hi = (min(ratio), max(ratio)) if ratio else (float("nan"), float("nan"))
-    return (f"Reading (from this run's numbers): static scales cost {overall:.2f}x the dynamic KL to bf16 overall, "
+    text = (f"Reading (from this run's numbers): static scales cost {overall:.2f}x the dynamic KL to bf16 overall, "
             f"{lo:.2f}x to {hi:.2f}x per language; static's worst language is {worst} (KL {_kl(s_kl[worst])}, "
             f"{spread:.1f}x its best). Static serves at {speed:.2f}x dynamic's tokens/s at rate = inf.")
+    if single is not None:
+        one = {lg: single["kl_by_language"][lg] / s_kl[lg] for lg in langs if s_kl[lg]}
+        hurt = max(one, key=lambda lg: one[lg])
+        text += (f" Calibrated on {lang} alone, static scales give {one.get(lang, float('nan')):.2f}x the "
+                 f"mixed-calibration KL on {lang} itself and up to {one[hurt]:.2f}x on {hurt} (outputs equal to "
+                 f"bf16: {single['same_as_bf16']} vs {static['same_as_bf16']} of the requests).")
+    return text
 
 
 def _pair(run: dict[str, Any], name: str) -> str:

@@ -23,6 +23,7 @@ def test_crossover_is_the_lowest_rate_from_which_speculation_never_pays_again():
     assert crossover([_row(1, 10, 5), _row(4, 10, 12), _row(16, 10, 8)], "s") is None  # pays again at 16
     assert crossover([_row(4, 10, 12), _row(1, 10, 11)], "s") == 1  # never pays; rows in any order
     assert crossover([_row(1, 10, 5)], "s") is None
+    assert crossover([_row(1, 10, 9.8), _row(4, 10, 9.9)], "s") == 1  # within the noise margin: no gain
 
 
 def test_arms_are_plain_then_each_config_with_adaptive_off_and_on(tiny_llama):
@@ -53,3 +54,11 @@ def test_run_serves_every_arm_at_every_rate(tiny_llama):
                 assert 0 <= arm["same_as_plain"] <= 4 and (arm["tau"] is None or 1 <= arm["tau"] <= 4)
     assert set(data["crossover"]) == set(data["arms"][1:])
     assert "Crossover" in markdown(res)
+
+
+def test_with_rounds_an_arm_pays_only_beyond_the_spread():
+    from cinq.bench.spec_rate import pays
+    row = {"rate": 1.0, "arms": {PLAIN: {"tpot_p50_ms": 10, "tpot_p50_rounds": [9, 10, 12]},
+                                 "a": {"tpot_p50_ms": 8, "tpot_p50_rounds": [7, 8, 8.5]},
+                                 "b": {"tpot_p50_ms": 8, "tpot_p50_rounds": [7, 8, 9.5]}}}
+    assert pays(row, "a") and not pays(row, "b")
