@@ -2,8 +2,8 @@
 
 * batch-mates: SmoothQuant W8A8 static vs dynamic activation scales under continuous batching: does a request's
   greedy output change with its batch mates? (cinq/bench/batch_mates.py)
-* smoothquant-mix: SmoothQuant static (per tensor, calibrated on the shipped calibration text) vs dynamic (per
-  token) vs bf16 serving the mixed multilingual chat + code + arithmetic workload: KL to bf16 overall and per
+* smoothquant-mix: SmoothQuant static (per tensor, calibrated on the shipped calibration text; and a copy
+  calibrated on its English records alone) vs dynamic (per token) vs bf16 serving the mixed multilingual chat + code + arithmetic workload: KL to bf16 overall and per
   language, arithmetic accuracy as served, tokens/s, TTFT and TPOT at rate = inf and a fixed rate; the
   batch-mates result folded in (cinq/bench/smoothquant_mix.py)
 * spec-rate: plain decoding vs EAGLE k=3 (the shipped head) and prompt lookup, adaptive off and on, at Poisson

@@ -1,6 +1,7 @@
 """SmoothQuant W8A8 under continuous batching with a mixed workload: static activation scales (per tensor, fixed
 at calibration on one distribution, the shipped calibration text) against dynamic ones (per token, each row's own
-max) against the bf16 model they were made from.
+max) against the bf16 model they were made from; and static scales calibrated on one language of that text alone
+(``calibration_language``), which shows whether the calibration distribution matters for the languages served.
 
 Each model serves the mixed multilingual chat + code + arithmetic workload (``mixed_workload``) in process at
 rate = inf and at a fixed Poisson rate (``rate_run``): output tokens/s, TTFT and TPOT, and how many requests'
