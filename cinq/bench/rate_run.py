@@ -186,6 +186,18 @@ def run_at_rate(engine: Any, requests: list[BenchRequest], rate: float, seed: in
                    served_weight_bytes(engine), running_sum / steps if steps else 0.0, outputs, ttft, token_times)
 
 
+def rotated(items: list[Any], n: int) -> list[Any]:
+    """``items`` started at position ``n`` (mod their count): the order of round ``n`` when configurations take
+    turns on a machine whose speed drifts."""
+    k = n % len(items) if items else 0
+    return items[k:] + items[:k]
+
+
+def median_by(summaries: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """Of several rounds' summaries, the one whose ``key`` is the median (the upper one of an even count)."""
+    return sorted(summaries, key=lambda s: s[key])[len(summaries) // 2]
+
+
 def _record_emission(times: list[float], num_tokens: int, now: float) -> None:
     """Extend one request's emission times to ``num_tokens`` tokens at ``now``; several new tokens in one step
     (speculation) share the gap since its previous token equally, so ITL is per token, not per step."""

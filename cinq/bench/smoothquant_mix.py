@@ -150,12 +150,12 @@ def _speed_rounds(config: EngineConfig, models: dict[str, str], requests: list[A
     """Each model at rate = inf and at the fixed rate, ``rounds`` times with the models' order rotated (a loaded
     machine drifts); per (model, rate) the run of median tokens/s is kept, every round's tokens/s recorded, and
     the greedy outputs of the first rate = inf run."""
-    from cinq.bench.rate_run import build_engine, run_at_rate
+    from cinq.bench.rate_run import build_engine, median_by, rotated, run_at_rate
     labels = list(models)
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {lb: {"inf": [], "rate": []} for lb in labels}
     outputs: dict[str, list[list[int]]] = {}
     for rnd in range(options.rounds):
-        for label in labels[rnd % len(labels):] + labels[:rnd % len(labels)]:
+        for label in rotated(labels, rnd):
             for name, rate in (("inf", math.inf), ("rate", options.request_rate)):
                 engine = build_engine(dataclasses.replace(config, model=models[label]))  # no prefix cache carried
                 run = run_at_rate(engine, requests, rate, options.workload.seed)
@@ -168,7 +168,7 @@ def _speed_rounds(config: EngineConfig, models: dict[str, str], requests: list[A
         out[label] = {"outputs": outputs[label],
                       "tok_s_rounds": {name: [r["tok_s"] for r in rs] for name, rs in runs[label].items()}}
         for name, rs in runs[label].items():
-            out[label][name] = sorted(rs, key=lambda r: r["tok_s"])[len(rs) // 2]
+            out[label][name] = median_by(rs, "tok_s")
     return out
 
 

@@ -70,7 +70,7 @@ def arm_configs(config: EngineConfig, options: SpecRateOptions) -> dict[str, Eng
 def run_spec_rate(config: EngineConfig, options: SpecRateOptions, progress: bool = True) -> BenchResult:
     """Every arm at every rate, a fresh engine each (see the module docstring)."""
     from cinq.bench.latency_stats import percentile
-    from cinq.bench.rate_run import build_engine, run_at_rate
+    from cinq.bench.rate_run import build_engine, median_by, rotated, run_at_rate
     from cinq.config import resolve_model
     from cinq.model.tokenizer import Tokenizer
     options.validate()
@@ -84,7 +84,7 @@ def run_spec_rate(config: EngineConfig, options: SpecRateOptions, progress: bool
     for rnd in range(options.rounds):  # a loaded machine drifts: rotate the arms' order every round
         for rate in options.rates:
             outputs: dict[str, list[list[int]]] = {}
-            for label in _rotated(labels, rnd):
+            for label in rotated(labels, rnd):
                 engine = build_engine(arms[label])
                 run = run_at_rate(engine, work.requests, rate, options.workload.seed)
                 del engine
@@ -102,22 +102,17 @@ def run_spec_rate(config: EngineConfig, options: SpecRateOptions, progress: bool
         row: dict[str, Any] = {"rate": rate, "arms": {}}
         for label in labels:
             rs = runs[(rate, label)]
-            row["arms"][label] = {**sorted(rs, key=lambda a: a["tpot_p50_ms"])[len(rs) // 2],
+            row["arms"][label] = {**median_by(rs, "tpot_p50_ms"),
                                   "tpot_p50_rounds": [a["tpot_p50_ms"] for a in rs],
                                   "tok_s_rounds": [a["tok_s"] for a in rs]}
         rows.append(row)
     data = {"config": {"model": model_label(config.model), "dtype": config.dtype, "device": config.device},
-            "options": {"rates": list(options.rates), "workload": options.workload.to_dict(), "rounds": options.rounds,
-                        "speculative_configs": list(options.speculative_configs)},
+            "options": {"rates": list(options.rates), "workload": options.workload.to_dict(),
+                        "rounds": options.rounds, "speculative_configs": list(options.speculative_configs)},
             "workload": {"counts": work.counts(), "prompt_tokens": sum(len(r.prompt) for r in work.requests),
                          "output_tokens": sum(r.output_len for r in work.requests)},
             "machine": machine_info(), "arms": list(arms), "rows": rows}
     return spec_rate_result(data)
-
-
-def _rotated(items: list[str], n: int) -> list[str]:
-    k = n % len(items) if items else 0
-    return items[k:] + items[:k]
 
 
 def pays(row: dict[str, Any], arm: str) -> bool:

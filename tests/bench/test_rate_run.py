@@ -58,3 +58,12 @@ def test_run_keeps_token_times_running_batch_and_given_arrivals(tiny_llama):
         run_at_rate(engine, reqs, math.nan, offsets=[0.0, 0.1])
     with pytest.raises(InvalidParameterError, match="offsets"):
         run_at_rate(engine, reqs, math.nan, offsets=[0.0, 0.2, 0.1, 0.3])
+
+
+def test_rounds_rotate_the_order_and_keep_the_median_run():
+    from cinq.bench.rate_run import median_by, rotated
+    assert [rotated(["a", "b", "c"], n) for n in range(4)] == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"],
+                                                               ["a", "b", "c"]]
+    assert rotated([], 3) == []
+    runs = [{"tok_s": 5.0, "i": 0}, {"tok_s": 1.0, "i": 1}, {"tok_s": 3.0, "i": 2}]
+    assert median_by(runs, "tok_s")["i"] == 2 and median_by(runs[:2], "tok_s")["i"] == 0
