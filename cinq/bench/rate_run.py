@@ -5,7 +5,10 @@ scheduled arrival (a request due while a step runs still waits from when it was 
 
 Besides latency and tokens/s it samples, every step, the KV blocks live requests hold (peak, in bytes with the
 executor's own bytes per block) and the share of those blocks' slots that hold no computed token (KV waste:
-the partly filled last blocks, and slots reserved for drafts not yet verified)."""
+the partly filled last blocks, and slots reserved for drafts not yet verified) and the mean number of running
+requests per step (the batch the run actually reached). Each request's emission times are kept too, for
+inter-token latency (ITL: the gaps between a request's successive tokens, a step that emits several tokens at once
+counting as that many equal gaps)."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from typing import Any
 from cinq.bench.latency_stats import percentile
 from cinq.bench.workload import BenchRequest
 from cinq.config import EngineConfig
+from cinq.errors import InvalidParameterError
 
 
 @dataclass(slots=True)
@@ -38,7 +42,10 @@ class RateRun:
     tau: float | None  # speculative decoding: tokens per verify step (None without drafts)
     prefix_cache_hit_rate: float
     weight_bytes: int
+    mean_running: float = 0.0  # running requests per engine step, averaged over the run's steps
     outputs: list[list[int]] = field(default_factory=list, repr=False)
+    ttft_s: list[float] = field(default_factory=list, repr=False)  # per request, seconds from its arrival
+    token_times: list[list[float]] = field(default_factory=list, repr=False)  # per request: one time per token
 
     @property
     def tok_s(self) -> float:
@@ -55,7 +62,15 @@ class RateRun:
                 "ttft_p99_ms": self.ttft_p99_ms, "tpot_p50_ms": self.tpot_p50_ms, "tpot_p99_ms": self.tpot_p99_ms,
                 "peak_kv_blocks": self.peak_kv_blocks, "peak_kv_bytes": self.peak_kv_bytes,
                 "kv_waste": self.kv_waste, "tau": self.tau, "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
-                "weight_bytes": self.weight_bytes}
+                "weight_bytes": self.weight_bytes, "mean_running": self.mean_running}
+
+    def itl_ms(self, indices: list[int] | None = None) -> list[float]:
+        """Inter-token gaps in milliseconds of the requests at ``indices`` (default: all), pooled."""
+        gaps = []
+        for i in range(len(self.token_times)) if indices is None else indices:
+            times = self.token_times[i]
+            gaps += [1000 * (b - a) for a, b in zip(times, times[1:])]
+        return gaps
 
 
 def arrival_offsets(n: int, rate: float, seed: int) -> list[float]:
@@ -95,17 +110,24 @@ def served_weight_bytes(engine: Any) -> int:
     return module_bytes(engine.model, *extra)
 
 
-def run_at_rate(engine: Any, requests: list[BenchRequest], rate: float, seed: int = 0) -> RateRun:
+def run_at_rate(engine: Any, requests: list[BenchRequest], rate: float, seed: int = 0,
+                offsets: list[float] | None = None) -> RateRun:
     """Serve ``requests`` (greedy, exactly ``output_len`` tokens each) arriving at ``rate`` on ``engine`` (an
-    LLMEngine with nothing in flight); see the module docstring."""
+    LLMEngine with nothing in flight); see the module docstring. ``offsets`` (seconds after the start, one per
+    request, ascending) replaces the Poisson arrivals of ``rate`` for a workload with its own timing."""
     from cinq.sampling_params import SamplingParams
-    offsets = arrival_offsets(len(requests), rate, seed)
+    if offsets is None:
+        offsets = arrival_offsets(len(requests), rate, seed)
+    if len(offsets) != len(requests) or any(b < a for a, b in zip(offsets, offsets[1:])):
+        raise InvalidParameterError(f"offsets must give one ascending arrival time per request ({len(requests)}), "
+                                    f"got {len(offsets)}", "offsets")
     kv = engine.kv
     block_size = engine.executor.runner.block_size
     before = engine.get_stats()
     finished: dict[str, Any] = {}
     due: dict[str, float] = {}
-    held_slots = held_tokens = peak_blocks = 0
+    held_slots = held_tokens = peak_blocks = steps = running_sum = 0
+    emitted: dict[str, list[float]] = {}
     nxt = 0
     wall0, t0 = time.time(), time.perf_counter()
     while nxt < len(requests) or engine.has_unfinished_requests():
@@ -120,9 +142,15 @@ def run_at_rate(engine: Any, requests: list[BenchRequest], rate: float, seed: in
         if not engine.has_unfinished_requests():
             time.sleep(max(0.0, offsets[nxt] - (time.perf_counter() - t0)))
             continue
-        for out in engine.step():
+        outs = engine.step()
+        now_wall = time.time()
+        for out in outs:
+            _record_emission(emitted.setdefault(out.request_id, []), len(out.outputs[0].token_ids), now_wall)
             if out.finished:
                 finished[out.request_id] = out
+        # the batch this step served: what still runs plus what it finished
+        running_sum += len(engine.scheduler.running) + sum(1 for out in outs if out.finished)
+        steps += 1
         blocks = tokens = 0
         live: set[int] = set()
         for r in engine.scheduler.running:
@@ -135,12 +163,13 @@ def run_at_rate(engine: Any, requests: list[BenchRequest], rate: float, seed: in
         peak_blocks = max(peak_blocks, len(live))
     seconds = time.perf_counter() - t0
     after = engine.get_stats()
-    ttft, tpot, outputs = [], [], []
+    ttft, tpot, outputs, token_times = [], [], [], []
     for i in range(len(requests)):
         out = finished[f"r{i}"]
         m = out.metrics
         ids = out.outputs[0].token_ids
         outputs.append(list(ids))
+        token_times.append(emitted.get(f"r{i}", []))
         ttft.append(m.first_token_time - due[f"r{i}"])
         if len(ids) > 1:
             tpot.append((m.last_token_time - m.first_token_time) / (len(ids) - 1))
@@ -154,17 +183,40 @@ def run_at_rate(engine: Any, requests: list[BenchRequest], rate: float, seed: in
                    engine.executor.kv_bytes_per_block(block_size),
                    1 - held_tokens / held_slots if held_slots else 0.0,
                    1 + accepted / drafts if drafts else None, hits / queries if queries else 0.0,
-                   served_weight_bytes(engine), outputs)
+                   served_weight_bytes(engine), running_sum / steps if steps else 0.0, outputs, ttft, token_times)
 
 
-def build_engine(config: EngineConfig) -> Any:
-    """An LLMEngine for ``config`` after one short warm-up request (kernels built, allocator warm); the warm-up
-    prompt (the last vocabulary id repeated) shares no prefix-cache block with a real prompt."""
+def rotated(items: list[Any], n: int) -> list[Any]:
+    """``items`` started at position ``n`` (mod their count): the order of round ``n`` when configurations take
+    turns on a machine whose speed drifts."""
+    k = n % len(items) if items else 0
+    return items[k:] + items[:k]
+
+
+def median_by(summaries: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """Of several rounds' summaries, the one whose ``key`` is the median (the upper one of an even count)."""
+    return sorted(summaries, key=lambda s: s[key])[len(summaries) // 2]
+
+
+def _record_emission(times: list[float], num_tokens: int, now: float) -> None:
+    """Extend one request's emission times to ``num_tokens`` tokens at ``now``; several new tokens in one step
+    (speculation) share the gap since its previous token equally, so ITL is per token, not per step."""
+    new = num_tokens - len(times)
+    if new <= 0:
+        return
+    last = times[-1] if times else now
+    times += [last + (now - last) * (j + 1) / new for j in range(new)]
+
+
+def build_engine(config: EngineConfig, warmup_prompt_len: int = 8) -> Any:
+    """An LLMEngine for ``config`` after one warm-up request (kernels built, allocator warm; a long warm-up prompt
+    also warms the prefill shapes of long prompts); the warm-up prompt (the last vocabulary id repeated) shares no
+    prefix-cache block with a real prompt."""
     from cinq.engine.engine import LLMEngine
     from cinq.sampling_params import SamplingParams
     engine = LLMEngine(config)
-    engine.add_request("warmup", [engine.vocab_size - 1] * 8, SamplingParams(temperature=0.0, max_tokens=4,
-                                                                             ignore_eos=True))
+    engine.add_request("warmup", [engine.vocab_size - 1] * warmup_prompt_len,
+                       SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
     while engine.has_unfinished_requests():
         engine.step()
     return engine

@@ -9,6 +9,7 @@ import pytest
 from cinq.bench.rate_run import arrival_offsets, build_engine, module_bytes, run_at_rate
 from cinq.bench.workload import random_requests
 from cinq.config import EngineConfig
+from cinq.errors import InvalidParameterError
 
 
 def test_arrivals_are_a_seeded_poisson_process_or_all_at_once():
@@ -40,3 +41,29 @@ def test_run_serves_every_request_and_measures_it(tiny_llama, rate):
     assert 0 <= run.kv_waste < 1 and run.tau is None
     assert run.weight_bytes == module_bytes(engine.model)
     assert not engine.has_unfinished_requests()
+
+
+def test_run_keeps_token_times_running_batch_and_given_arrivals(tiny_llama):
+    engine = build_engine(EngineConfig(model=str(tiny_llama), dtype="float32", num_threads=1, max_model_len=128,
+                                       seed=0))
+    reqs = random_requests(4, engine.vocab_size, (10, 20), (3, 5), seed=1, low_token=10)
+    run = run_at_rate(engine, reqs, math.nan, offsets=[0.0, 0.0, 0.05, 0.1])
+    assert [len(t) for t in run.token_times] == [r.output_len for r in reqs]
+    assert all(a <= b for t in run.token_times for a, b in zip(t, t[1:]))
+    assert len(run.itl_ms()) == sum(r.output_len - 1 for r in reqs) and min(run.itl_ms()) >= 0
+    assert len(run.itl_ms([0])) == reqs[0].output_len - 1
+    assert len(run.ttft_s) == 4 and min(run.ttft_s) > 0
+    assert 1 <= run.mean_running <= 4  # two requests run together from the first step
+    with pytest.raises(InvalidParameterError, match="offsets"):
+        run_at_rate(engine, reqs, math.nan, offsets=[0.0, 0.1])
+    with pytest.raises(InvalidParameterError, match="offsets"):
+        run_at_rate(engine, reqs, math.nan, offsets=[0.0, 0.2, 0.1, 0.3])
+
+
+def test_rounds_rotate_the_order_and_keep_the_median_run():
+    from cinq.bench.rate_run import median_by, rotated
+    assert [rotated(["a", "b", "c"], n) for n in range(4)] == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"],
+                                                               ["a", "b", "c"]]
+    assert rotated([], 3) == []
+    runs = [{"tok_s": 5.0, "i": 0}, {"tok_s": 1.0, "i": 1}, {"tok_s": 3.0, "i": 2}]
+    assert median_by(runs, "tok_s")["i"] == 2 and median_by(runs[:2], "tok_s")["i"] == 0
