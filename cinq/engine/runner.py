@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
+from cinq.compilation_config import CompilationConfig
 from cinq.engine.batch_inputs import BatchInputs, TreeGroup, build_batch
+from cinq.engine.compiled_decode import CompiledDecode
 from cinq.engine.io import NewRequestData, RunnerOutput, ScheduledSeq, SchedulerOutput, TokenLogprobs
 from cinq.engine.shape_buckets import MAX_PAD_ROWS, bucket_rows
 from cinq.layers.sampler import Sampler, SamplingMetadata
@@ -62,7 +64,8 @@ class ModelRunner:
     """Runs the model over scheduled sequences and samples."""
 
     def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, device: torch.device,
-                 kv_dtype: torch.dtype, seed: int = 0, proposer: Proposer | None = None) -> None:
+                 kv_dtype: torch.dtype, seed: int = 0, proposer: Proposer | None = None,
+                 compilation: CompilationConfig | None = None) -> None:
         self.model = model
         self.device = device
         self.block_size = block_size
@@ -88,6 +91,11 @@ class ModelRunner:
         self.proposer = proposer
         if proposer is not None:
             proposer.initialize_cache(num_blocks + len(self.pad_block_ids), block_size, self.pad_block_ids)
+        # torch.compile of plain decode steps (compilation_config): tables as wide as the longest sequence can need
+        self.compiled: CompiledDecode | None = None
+        if compilation is not None and compilation.enabled and proposer is None:
+            self.compiled = CompiledDecode(model, compilation, min(num_blocks, -(-cfg.max_position_embeddings //
+                                                                               block_size)))
 
     @staticmethod
     def kv_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
@@ -121,6 +129,8 @@ class ModelRunner:
         # Decode-like sequences first: the attention backends batch them in their decode kernel. A padding
         # sequence last (its own scratch blocks, no logits) keeps the GEMM shapes to a few buckets.
         tree = TreeGroup(proposals.parents) if proposals is not None and proposals.parents else None
+        if self.compiled is not None and tree is None and self._run_compiled(seqs, out):
+            return out
         batch = build_batch(seqs, self.block_size, self.pad_block_ids, self.device, tree=tree)
         layer_states = None
         if self.proposer is not None and self.proposer.needs_layer_states:
@@ -148,6 +158,33 @@ class ModelRunner:
         if self.proposer is not None:
             self._commit(batch, hidden, layer_states, out, kept)
         return out
+
+    def _run_compiled(self, seqs: list[ScheduledSeq], out: RunnerOutput) -> bool:
+        """Run a plain decode step through the compiled step of its padded batch size; False (nothing done) when
+        the step does not qualify or its size could not be compiled."""
+        assert self.compiled is not None
+        size = self.compiled.size_for(seqs)
+        if size is None:
+            return False
+        batch = build_batch(seqs, self.block_size, self.pad_block_ids, self.device, decode_batch=size,
+                            table_width=self.compiled.table_width)
+        logits = self.compiled.logits(batch, size)
+        if logits is None:
+            return False
+        self._sample(logits[:len(batch.seqs)], batch.seqs, out)
+        return True
+
+    def compile_decode(self) -> dict[int, float]:
+        """Compile the decode step of every compile size now (dummy steps on the scratch blocks, as vLLM captures
+        CUDA graphs at start-up); returns the seconds each took (sizes that failed run eager)."""
+        assert self.compiled is not None
+        with torch.inference_mode():
+            for size in self.compiled.config.compile_sizes:
+                batch = build_batch([], self.block_size, self.pad_block_ids, self.device, decode_batch=size,
+                                    table_width=self.compiled.table_width)
+                self.compiled.logits(batch, size)
+        self.compiled.steps = 0
+        return dict(self.compiled.compile_times_s)
 
     def _propose(self, seqs: list[ScheduledSeq]) -> Proposals:
         assert self.proposer is not None
