@@ -23,6 +23,7 @@ import torch
 from cinq.compilation_config import CompilationConfig
 from cinq.engine.batch_inputs import BatchInputs
 from cinq.engine.io import ScheduledSeq
+from cinq.kernels.cpu_native import warm_native_kernels
 from cinq.kernels import custom_ops  # noqa: F401  (registers torch.ops.cinq.*, which the traced kernels call)
 from cinq.model.llama import LlamaForCausalLM
 
@@ -40,14 +41,18 @@ class CompiledDecode:
         self.compile_times_s: dict[int, float] = {}
         self.failed: set[int] = set()
         self.steps = 0  # decode steps run compiled (tests check the path is taken)
+        warm_native_kernels()  # loaded and probed before any trace: dynamo cannot call into the extensions
         if torch._dynamo.config.recompile_limit < _RECOMPILE_LIMIT:  # process-wide, set once by the executor
             torch._dynamo.config.recompile_limit = _RECOMPILE_LIMIT
 
         def step(input_ids: torch.Tensor, positions: torch.Tensor, meta: object) -> torch.Tensor:
             return model.compute_logits(model(input_ids, positions, meta))  # type: ignore[arg-type]
 
+        # inductor computes fused bf16 element-wise ops in float32 and rounds once; emulating eager's rounding of
+        # every intermediate keeps the compiled step's tokens those of the eager step
+        options = {"emulate_precision_casts": True} if config.backend == "inductor" else None
         self._step: Callable[..., torch.Tensor] = torch.compile(step, backend=config.backend, fullgraph=True,
-                                                                dynamic=False)
+                                                                dynamic=False, options=options)
 
     def size_for(self, seqs: list[ScheduledSeq]) -> int | None:
         """The compiled batch size this step runs at, or None (eager): only steps of plain one-token decodes."""

@@ -72,6 +72,9 @@ class UniProcExecutor:
                                   seed=self.seed, proposer=self.proposer, compilation=compilation)
         if self.runner.compiled is not None:
             times = self.runner.compile_decode()
+            if not times:
+                log.warning("torch.compile of the decode step failed for every size; decode runs eager")
+                return
             log.warning("compiled the decode step (torch.compile, backend %s) for batch sizes %s in %.1f s (%s)%s",
                         compilation.backend, sorted(times), sum(times.values()),
                         ", ".join(f"{n}: {t:.1f} s" for n, t in sorted(times.items())),

@@ -109,9 +109,11 @@ def call_native(mod: Any, name: str, *args: Any) -> Any:
 
 
 def warm_native_kernels() -> None:
-    """Build (or load from the cache) every native kernel now; the first build takes about a minute."""
+    """Build (or load from the cache) every native kernel now; the first build takes about a minute. Also settles
+    ``small_m_rows()``, so that no step (nor a torch.compile trace, which cannot call the extension) probes it."""
     for source in sorted(_SOURCES.glob("*.cpp")):
         native_module(source.stem)
+    small_m_rows()
 
 
 def paged_decode_native(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,

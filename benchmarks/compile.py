@@ -1,0 +1,178 @@
+"""torch.compile of the decode step against eager, batch 1, in the same run: ms per decode step (wall and process
+CPU), start-up compile time (a cold inductor cache, then a warm one), and whether the greedy tokens are equal.
+
+Each measurement is a subprocess (alternating eager / compiled, ``--rounds`` times, so drifting load on this
+shared machine hits both alike), timed like benchmarks/step_breakdown.py's clean step: a 32-token prompt, 20
+warm-up decode steps, then ``--repeats`` x ``--steps`` timed steps; medians are reported. Models: cinq-tiny bf16
+and its RTN int4 (g128, LM head int4) version.
+
+    python benchmarks/compile.py                    # cinq-tiny bf16 + int4, 1 thread
+    python benchmarks/compile.py --threads 1,2
+    python benchmarks/compile.py --render           # the .md again from the saved .json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+COMPILED = {"mode": 3, "backend": "inductor", "compile_sizes": [1]}
+
+
+def measure(model: str, threads: int, steps: int, repeats: int, compilation: dict[str, Any] | None) -> dict[str, Any]:
+    """One configuration's numbers (in a child process)."""
+    import torch
+
+    from cinq.config import EngineConfig
+    from cinq.engine.engine import LLMEngine
+    from cinq.sampling_params import SamplingParams
+
+    torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    engine = LLMEngine(EngineConfig(model=model, dtype="bfloat16", kv_cache_memory=0.5, seed=0, max_num_seqs=4,
+                                    compilation_config=compilation))
+    startup_s = time.perf_counter() - t0
+    compiled = engine.executor.runner.compiled
+    engine.add_request("b1", list(range(10, 42)), SamplingParams(temperature=0, max_tokens=1000, ignore_eos=True))
+    engine.step()  # prefill
+    for _ in range(20):
+        engine.step()
+    step_ms, cpu_ms = [], []
+    for _ in range(repeats):
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(steps):
+            engine.step()
+        step_ms.append(1e3 * (time.perf_counter() - t0) / steps)
+        cpu_ms.append(1e3 * (time.process_time() - c0) / steps)
+    tokens = engine.scheduler.running[0].output_token_ids
+    return {"threads": threads, "startup_s": startup_s,
+            "compile_s": sum(compiled.compile_times_s.values()) if compiled is not None else 0.0,
+            "compiled_steps": compiled.steps if compiled is not None else 0,
+            "step_ms_median": statistics.median(step_ms), "step_ms_all": step_ms,
+            "cpu_ms_median": statistics.median(cpu_ms), "cpu_ms_all": cpu_ms,
+            "first_tokens": list(tokens[:64]), "loadavg": os.getloadavg()}
+
+
+def _child(model: str, threads: int, steps: int, repeats: int, compilation: dict[str, Any] | None,
+           inductor_cache: Path) -> dict[str, Any]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
+               TORCHINDUCTOR_CACHE_DIR=str(inductor_cache))
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--measure-only", "--model", model, "--threads",
+           str(threads), "--steps", str(steps), "--repeats", str(repeats), "--config", json.dumps(compilation)]
+    out = subprocess.run(cmd, env=env, cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _int4_model() -> str:
+    """cinq-tiny quantized RTN int4 (group 128, GPTQ format, LM head int4), built once into the cinq cache."""
+    from cinq.assets import resolve_model_path
+    from cinq.cache import cache_dir
+    from cinq.quant.config import QuantConfig
+    from cinq.quant.pipeline import quantize_model
+
+    out = cache_dir() / "bench-cinq-tiny-int4"
+    if not (out / "config.json").is_file():
+        quantize_model(resolve_model_path("cinq-tiny"), out,
+                       QuantConfig(method="rtn", bits=4, group_size=128, lm_head=True), progress=False)
+    return str(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", default="1", help="torch thread counts to measure")
+    ap.add_argument("--steps", type=int, default=50, help="decode steps per timed repeat")
+    ap.add_argument("--repeats", type=int, default=7, help="timed repeats (medians are reported)")
+    ap.add_argument("--rounds", type=int, default=2, help="eager/compiled alternations per configuration")
+    ap.add_argument("--no-int4", action="store_true", help="cinq-tiny bf16 only")
+    ap.add_argument("--model", default="cinq-tiny")
+    ap.add_argument("--config", default="null", help=argparse.SUPPRESS)
+    ap.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--render", action="store_true", help="rewrite the .md from the saved .json (no measuring)")
+    args = ap.parse_args()
+    if args.render:
+        write(json.loads((RESULTS / "compile.json").read_text()))
+        return
+    if args.measure_only:
+        from cinq.process_env import set_omp_wait_policy
+        set_omp_wait_policy()
+        print(json.dumps(measure(args.model, int(args.threads), args.steps, args.repeats, json.loads(args.config))))
+        return
+    models = {"cinq-tiny bf16": "cinq-tiny"}
+    if not args.no_int4:
+        models["cinq-tiny int4 (RTN g128)"] = _int4_model()
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = Path(tmp) / "inductor"  # starts empty: the first compiled run pays a cold compile
+        for name, model in models.items():
+            for threads in [int(x) for x in args.threads.split(",")]:
+                samples: dict[str, list[dict[str, Any]]] = defaultdict(list)
+                for _ in range(args.rounds):
+                    for label, cfg in (("eager", None), ("compiled", COMPILED)):
+                        r = _child(model, threads, args.steps, args.repeats, cfg, cache)
+                        samples[label].append(r)
+                        print(f"{name} t={threads} {label}: {r['step_ms_median']:.3f} ms/step "
+                              f"({r['cpu_ms_median']:.3f} CPU ms), start-up {r['startup_s']:.1f} s (compile "
+                              f"{r['compile_s']:.1f} s), load {r['loadavg'][0]:.2f}", flush=True)
+                e, c = samples["eager"], samples["compiled"]
+                run = {"model": name, "threads": threads, "eager": _merge(e), "compiled": _merge(c),
+                       "compile_s_each": [s["compile_s"] for s in c],
+                       "tokens_equal": all(s["first_tokens"] == e[0]["first_tokens"] for s in e + c)}
+                run["ratio_wall"] = run["eager"]["step_ms_median"] / run["compiled"]["step_ms_median"]
+                run["ratio_cpu"] = run["eager"]["cpu_ms_median"] / run["compiled"]["cpu_ms_median"]
+                print(f"{name} t={threads}: eager / compiled = {run['ratio_wall']:.2f}x wall, "
+                      f"{run['ratio_cpu']:.2f}x CPU; tokens equal: {run['tokens_equal']}", flush=True)
+                runs.append(run)
+    write({"compilation_config": COMPILED, "runs": runs})
+
+
+def _merge(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several child runs of one configuration: medians of the per-run medians."""
+    out = dict(samples[-1])
+    for key in ("step_ms_median", "cpu_ms_median", "startup_s"):
+        out[key] = statistics.median(s[key] for s in samples)
+    out["step_ms_all"] = [x for s in samples for x in s["step_ms_all"]]
+    out["loadavg"] = [s["loadavg"] for s in samples]
+    return out
+
+
+def write(result: dict[str, Any]) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "compile.json").write_text(json.dumps(result, indent=2) + "\n")
+    cfg = json.dumps(result["compilation_config"])
+    lines = ["# torch.compile of the decode step vs eager (batch 1, same run)", "",
+             f"`python benchmarks/compile.py`: greedy batch-1 decode after a 32-token prompt, bf16 compute; "
+             f"compiled = `--compilation-config '{cfg}'`, eager = the default. Eager and compiled alternate in "
+             "subprocesses; ms / step are medians over repeats and rounds (wall, and process CPU time, which "
+             "leaves out the waits on this shared 2-core machine). Compile time is the start-up compile of the "
+             "batch-1 step: the first compiled run starts from an empty inductor cache (cold), later ones reuse it "
+             "(warm).", "",
+             "| model | threads | eager ms / step (wall, CPU) | compiled ms / step (wall, CPU) | eager / compiled "
+             "(wall, CPU) | compile s (cold, then warm) | start-up s (eager, compiled) | greedy tokens equal | "
+             "load avg (1 min) |", "|---|---:|---:|---:|---:|---:|---:|---|---|"]
+    for r in result["runs"]:
+        e, c = r["eager"], r["compiled"]
+        loads = ", ".join(f"{x[0]:.1f}" for x in e["loadavg"] + c["loadavg"])
+        lines.append(f"| {r['model']} | {r['threads']} | {e['step_ms_median']:.3f}, {e['cpu_ms_median']:.3f} | "
+                     f"{c['step_ms_median']:.3f}, {c['cpu_ms_median']:.3f} | {r['ratio_wall']:.2f}x, "
+                     f"{r['ratio_cpu']:.2f}x | {', '.join(f'{s:.1f}' for s in r['compile_s_each'])} | "
+                     f"{e['startup_s']:.1f}, {c['startup_s']:.1f} | {r['tokens_equal']} | {loads} |")
+    lines += ["", "A ratio above 1 means the compiled step is faster. The default stays eager unless the compiled "
+              "batch-1 step is faster here and its start-up compile acceptable (docs/architecture.md, Decisions).",
+              ""]
+    (RESULTS / "compile.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {RESULTS / 'compile.md'}")
+
+
+if __name__ == "__main__":
+    main()
