@@ -182,6 +182,9 @@ class ModelRunner:
             for size in self.compiled.config.compile_sizes:
                 batch = build_batch([], self.block_size, self.pad_block_ids, self.device, decode_batch=size,
                                     table_width=self.compiled.table_width)
+                # one eager step first fills the model's lazy caches (rope tables): traced empty, they would be
+                # guards that the first real step fails, a recompile
+                self.model(batch.input_ids, batch.positions, batch.meta)
                 self.compiled.logits(batch, size)
         self.compiled.steps = 0
         return dict(self.compiled.compile_times_s)

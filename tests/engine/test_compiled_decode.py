@@ -39,7 +39,7 @@ def test_aot_eager_step_is_taken_padded_and_gives_the_eager_tokens(tiny_llama):
     # sizes 1 and 4: steps of 3 decodes pad to 4, steps of 2 too; batch 1 runs its own size
     tokens, compiled = generate(tiny_llama, {"mode": 3, "backend": "aot_eager", "compile_sizes": [1, 4]})
     assert sorted(compiled.compile_times_s) == [1, 4] and not compiled.failed
-    assert compiled.steps >= 12  # every step once all three decode, and the tail of the longest one
+    assert compiled.steps >= 11  # every decode step of the last prompt (its first token came with its prefill)
     assert tokens == eager
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2  # one graph per size: no recompiles
 
