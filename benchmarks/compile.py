@@ -56,12 +56,58 @@ def measure(model: str, threads: int, steps: int, repeats: int, compilation: dic
         step_ms.append(1e3 * (time.perf_counter() - t0) / steps)
         cpu_ms.append(1e3 * (time.process_time() - c0) / steps)
     tokens = engine.scheduler.running[0].output_token_ids
-    return {"threads": threads, "startup_s": startup_s,
+    return {"threads": threads, "startup_s": startup_s, "native_calls_per_step": _count_native_calls(engine),
             "compile_s": sum(compiled.compile_times_s.values()) if compiled is not None else 0.0,
             "compiled_steps": compiled.steps if compiled is not None else 0,
             "step_ms_median": statistics.median(step_ms), "step_ms_all": step_ms,
             "cpu_ms_median": statistics.median(cpu_ms), "cpu_ms_all": cpu_ms,
             "first_tokens": list(tokens[:64]), "loadavg": os.getloadavg()}
+
+
+def _count_native_calls(engine: Any) -> int:
+    """Native kernel calls in one decode step (each is one torch.ops.cinq call in the compiled step); 0 when the
+    step runs compiled (the graph calls the ops without Python)."""
+    import cinq.kernels.cpu_native as cpu_native
+    import cinq.layers.quantization.native as int4_native
+
+    calls = [0]
+    real = cpu_native.call_native
+
+    def counted(*args: Any) -> Any:
+        calls[0] += 1
+        return real(*args)
+    cpu_native.call_native = int4_native.call_native = counted
+    try:
+        engine.step()
+    finally:
+        cpu_native.call_native = int4_native.call_native = real
+    return calls[0]
+
+
+def dispatch_cost(calls: int = 5000) -> dict[str, float]:
+    """Microseconds per call of one batch-1 RMSNorm kernel ([1, 384] bf16, cinq-tiny's width): the extension
+    called directly (eager steps) and through its custom op torch.ops.cinq.rms_norm (the compiled step), in
+    alternation."""
+    import torch
+
+    from cinq.kernels import custom_ops  # noqa: F401
+    from cinq.kernels.cpu_native import native_module
+
+    mod = native_module("rms_norm")
+    x, w = torch.randn(1, 384).to(torch.bfloat16), torch.ones(384, dtype=torch.bfloat16)
+    ways = {"direct_us": lambda: mod.rms_norm(x, x, w, 1e-5),
+            "custom_op_us": lambda: torch.ops.cinq.rms_norm(x, x, w, 1e-5)}
+    samples: dict[str, list[float]] = defaultdict(list)
+    with torch.inference_mode():
+        for _ in range(5):
+            for name, fn in ways.items():
+                for _ in range(200):
+                    fn()
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                samples[name].append(1e6 * (time.perf_counter() - t0) / calls)
+    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 def _child(model: str, threads: int, steps: int, repeats: int, compilation: dict[str, Any] | None,
@@ -98,10 +144,14 @@ def main() -> None:
     ap.add_argument("--model", default="cinq-tiny")
     ap.add_argument("--config", default="null", help=argparse.SUPPRESS)
     ap.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--dispatch-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--render", action="store_true", help="rewrite the .md from the saved .json (no measuring)")
     args = ap.parse_args()
     if args.render:
         write(json.loads((RESULTS / "compile.json").read_text()))
+        return
+    if args.dispatch_only:
+        print(json.dumps(dispatch_cost()))
         return
     if args.measure_only:
         from cinq.process_env import set_omp_wait_policy
@@ -133,7 +183,11 @@ def main() -> None:
                 print(f"{name} t={threads}: eager / compiled = {run['ratio_wall']:.2f}x wall, "
                       f"{run['ratio_cpu']:.2f}x CPU; tokens equal: {run['tokens_equal']}", flush=True)
                 runs.append(run)
-    write({"compilation_config": COMPILED, "runs": runs})
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--dispatch-only"], check=True, cwd=ROOT,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True).stdout
+    dispatch = json.loads(out.strip().splitlines()[-1])
+    print(f"one native call: {dispatch['direct_us']:.1f} us direct, {dispatch['custom_op_us']:.1f} us as a custom op")
+    write({"compilation_config": COMPILED, "runs": runs, "dispatch": dispatch})
 
 
 def _merge(samples: list[dict[str, Any]]) -> dict[str, Any]:
@@ -167,6 +221,23 @@ def write(result: dict[str, Any]) -> None:
                      f"{c['step_ms_median']:.3f}, {c['cpu_ms_median']:.3f} | {r['ratio_wall']:.2f}x, "
                      f"{r['ratio_cpu']:.2f}x | {', '.join(f'{s:.1f}' for s in r['compile_s_each'])} | "
                      f"{e['startup_s']:.1f}, {c['startup_s']:.1f} | {r['tokens_equal']} | {loads} |")
+    d = result.get("dispatch")
+    if d:
+        extra_us = d["custom_op_us"] - d["direct_us"]
+        lines += ["", f"Why: the compiled step calls each native kernel through its torch custom op "
+                  f"(`torch.ops.cinq.*`, a Python kernel behind the dispatcher): {d['custom_op_us']:.1f} us a call "
+                  f"against {d['direct_us']:.1f} us for the direct extension call of eager steps (one batch-1 "
+                  f"RMSNorm, measured in this run). Per decode step (an estimate from these two figures):", "",
+                  "| model | native calls / step | extra dispatch (ms) | compiled - eager CPU (ms) | so inductor saves "
+                  "on the rest (ms) |", "|---|---:|---:|---:|---:|"]
+        for r in result["runs"]:
+            n = r["eager"]["native_calls_per_step"]
+            tax = n * extra_us / 1e3
+            loss = r["compiled"]["cpu_ms_median"] - r["eager"]["cpu_ms_median"]
+            lines.append(f"| {r['model']} | {n} | {tax:.2f} | {loss:+.2f} | {tax - loss:.2f} |")
+        lines += ["", "Registering the kernels in C++ (TORCH_LIBRARY, no Python in the dispatch; not tried) could remove "
+                  "most of that tax, for a gain of about the last column; the rest of the step is the weight "
+                  "stream, which compiling does not change."]
     lines += ["", "A ratio above 1 means the compiled step is faster. The default stays eager unless the compiled "
               "batch-1 step is faster here and its start-up compile acceptable (docs/architecture.md, Decisions).",
               ""]
