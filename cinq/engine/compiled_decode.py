@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 
 from cinq.compilation_config import CompilationConfig
-from cinq.engine.batch_inputs import BatchInputs
+from cinq.engine.batch_inputs import BatchInputs, build_batch
 from cinq.engine.io import ScheduledSeq
 from cinq.kernels.cpu_native import warm_native_kernels
 from cinq.kernels import custom_ops  # noqa: F401  (registers torch.ops.cinq.*, which the traced kernels call)
@@ -32,11 +32,16 @@ _RECOMPILE_LIMIT = 64  # dynamo keeps one graph per (model, size) on the step's 
 
 
 class CompiledDecode:
-    """The compiled decode step of one model: ``logits(batch)`` for batches built with ``decode_batch`` =
-    ``size_for(seqs)`` and ``table_width``."""
+    """The compiled decode step of one model runner (its block size, scratch blocks for the padding, device):
+    ``run(seqs)`` for a step's sequences."""
 
-    def __init__(self, model: LlamaForCausalLM, config: CompilationConfig, table_width: int) -> None:
+    def __init__(self, model: LlamaForCausalLM, config: CompilationConfig, block_size: int, pad_block_ids: list[int],
+                 device: torch.device, table_width: int) -> None:
+        self.model = model
         self.config = config
+        self.block_size = block_size
+        self.pad_block_ids = pad_block_ids
+        self.device = device
         self.table_width = table_width
         self.compile_times_s: dict[int, float] = {}
         self.failed: set[int] = set()
@@ -53,6 +58,34 @@ class CompiledDecode:
         options = {"emulate_precision_casts": True} if config.backend == "inductor" else None
         self._step: Callable[..., torch.Tensor] = torch.compile(step, backend=config.backend, fullgraph=True,
                                                                 dynamic=False, options=options)
+
+    def run(self, seqs: list[ScheduledSeq]) -> tuple[BatchInputs, torch.Tensor] | None:
+        """The step's batch (its sequences in row order) and the float32 logits of its rows (padding rows last),
+        or None when the step is not a plain decode of a compile size (or that size failed to compile): the
+        caller runs it eager."""
+        size = self.size_for(seqs)
+        if size is None:
+            return None
+        batch = self._batch(seqs, size)
+        logits = self.logits(batch, size)
+        return None if logits is None else (batch, logits)
+
+    def compile_all(self) -> dict[int, float]:
+        """Compile every compile size now, on dummy steps over the scratch blocks (as vLLM captures CUDA graphs at
+        start-up); returns the seconds each took (sizes that failed run eager)."""
+        with torch.inference_mode():
+            for size in self.config.compile_sizes:
+                batch = self._batch([], size)
+                # one eager step first fills the model's lazy caches (rope tables): traced empty, they would be
+                # guards that the first real step fails, a recompile
+                self.model(batch.input_ids, batch.positions, batch.meta)
+                self.logits(batch, size)
+        self.steps = 0
+        return dict(self.compile_times_s)
+
+    def _batch(self, seqs: list[ScheduledSeq], size: int) -> BatchInputs:
+        return build_batch(seqs, self.block_size, self.pad_block_ids, self.device, decode_batch=size,
+                           table_width=self.table_width)
 
     def size_for(self, seqs: list[ScheduledSeq]) -> int | None:
         """The compiled batch size this step runs at, or None (eager): only steps of plain one-token decodes."""

@@ -94,8 +94,8 @@ class ModelRunner:
         # torch.compile of plain decode steps (compilation_config): tables as wide as the longest sequence can need
         self.compiled: CompiledDecode | None = None
         if compilation is not None and compilation.enabled and proposer is None:
-            self.compiled = CompiledDecode(model, compilation, min(num_blocks, -(-cfg.max_position_embeddings //
-                                                                               block_size)))
+            self.compiled = CompiledDecode(model, compilation, block_size, self.pad_block_ids, device,
+                                           min(num_blocks, -(-cfg.max_position_embeddings // block_size)))
 
     @staticmethod
     def kv_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
@@ -129,8 +129,12 @@ class ModelRunner:
         # Decode-like sequences first: the attention backends batch them in their decode kernel. A padding
         # sequence last (its own scratch blocks, no logits) keeps the GEMM shapes to a few buckets.
         tree = TreeGroup(proposals.parents) if proposals is not None and proposals.parents else None
-        if self.compiled is not None and tree is None and self._run_compiled(seqs, out):
-            return out
+        if self.compiled is not None and tree is None:
+            ran = self.compiled.run(seqs)  # plain decode steps of a compile size
+            if ran is not None:
+                batch, logits = ran
+                self._sample(logits[:len(batch.seqs)], batch.seqs, out)
+                return out
         batch = build_batch(seqs, self.block_size, self.pad_block_ids, self.device, tree=tree)
         layer_states = None
         if self.proposer is not None and self.proposer.needs_layer_states:
@@ -158,36 +162,6 @@ class ModelRunner:
         if self.proposer is not None:
             self._commit(batch, hidden, layer_states, out, kept)
         return out
-
-    def _run_compiled(self, seqs: list[ScheduledSeq], out: RunnerOutput) -> bool:
-        """Run a plain decode step through the compiled step of its padded batch size; False (nothing done) when
-        the step does not qualify or its size could not be compiled."""
-        assert self.compiled is not None
-        size = self.compiled.size_for(seqs)
-        if size is None:
-            return False
-        batch = build_batch(seqs, self.block_size, self.pad_block_ids, self.device, decode_batch=size,
-                            table_width=self.compiled.table_width)
-        logits = self.compiled.logits(batch, size)
-        if logits is None:
-            return False
-        self._sample(logits[:len(batch.seqs)], batch.seqs, out)
-        return True
-
-    def compile_decode(self) -> dict[int, float]:
-        """Compile the decode step of every compile size now (dummy steps on the scratch blocks, as vLLM captures
-        CUDA graphs at start-up); returns the seconds each took (sizes that failed run eager)."""
-        assert self.compiled is not None
-        with torch.inference_mode():
-            for size in self.compiled.config.compile_sizes:
-                batch = build_batch([], self.block_size, self.pad_block_ids, self.device, decode_batch=size,
-                                    table_width=self.compiled.table_width)
-                # one eager step first fills the model's lazy caches (rope tables): traced empty, they would be
-                # guards that the first real step fails, a recompile
-                self.model(batch.input_ids, batch.positions, batch.meta)
-                self.compiled.logits(batch, size)
-        self.compiled.steps = 0
-        return dict(self.compiled.compile_times_s)
 
     def _propose(self, seqs: list[ScheduledSeq]) -> Proposals:
         assert self.proposer is not None

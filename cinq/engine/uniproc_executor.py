@@ -71,7 +71,7 @@ class UniProcExecutor:
         self.runner = ModelRunner(self.model, num_blocks, self.config.block_size, self.device, self.dtype,
                                   seed=self.seed, proposer=self.proposer, compilation=compilation)
         if self.runner.compiled is not None:
-            times = self.runner.compile_decode()
+            times = self.runner.compiled.compile_all()
             if not times:
                 log.warning("torch.compile of the decode step failed for every size; decode runs eager")
                 return
@@ -82,8 +82,9 @@ class UniProcExecutor:
                         else "")
 
     def _compilation(self) -> CompilationConfig | None:
-        """The compilation config the runner gets: None when eager (the default, --enforce-eager, or a device other
-        than the CPU, whose decode kernels are not registered as custom ops), its sizes capped at max_num_seqs."""
+        """The compilation config the runner gets, its sizes capped at max_num_seqs; None when eager: the default,
+        --enforce-eager, or what the compiled step does not cover (a device other than the CPU, whose kernels are
+        not custom ops; a runner-side proposer; tensor parallelism)."""
         cc = self.config.compilation_config
         if not self.config.compiles_decode or cc is None:
             return None
@@ -91,8 +92,10 @@ class UniProcExecutor:
             log.warning("compilation_config: the compiled decode step is built for the CPU; %s runs eager",
                         self.device)
             return None
-        if self.proposer is not None:
-            log.warning("compilation_config: speculative decoding with a runner-side proposer runs eager")
+        if self.proposer is not None or self.config.tensor_parallel_size > 1:
+            # a proposer needs the target's hidden states; tensor parallelism's collectives run in forward hooks
+            log.warning("compilation_config: %s runs eager", "tensor parallelism" if self.proposer is None else
+                        "speculative decoding with a runner-side proposer")
             return None
         sizes = [n for n in cc.compile_sizes if n <= self.config.max_num_seqs] or cc.compile_sizes[:1]
         return dataclasses.replace(cc, compile_sizes=sizes)
