@@ -2,8 +2,8 @@
 CPU), start-up compile time (a cold inductor cache, then a warm one), and whether the greedy tokens are equal.
 
 Each measurement is a subprocess (alternating eager / compiled, ``--rounds`` times, so drifting load on this
-shared machine hits both alike), timed like benchmarks/step_breakdown.py's clean step: a 32-token prompt, 20
-warm-up decode steps, then ``--repeats`` x ``--steps`` timed steps; medians are reported. Models: cinq-tiny bf16
+shared machine hits both alike) timing benchmarks/step_breakdown.py's clean step (its engine and loop: a 32-token
+prompt, 20 warm-up decode steps, then ``--repeats`` x ``--steps`` timed steps); medians are reported. Models: cinq-tiny bf16
 and its RTN int4 (g128, LM head int4) version.
 
     python benchmarks/compile.py                    # cinq-tiny bf16 + int4, 1 thread
@@ -31,30 +31,15 @@ COMPILED = {"mode": 3, "backend": "inductor", "compile_sizes": [1]}
 
 
 def measure(model: str, threads: int, steps: int, repeats: int, compilation: dict[str, Any] | None) -> dict[str, Any]:
-    """One configuration's numbers (in a child process)."""
-    import torch
+    """One configuration's numbers (in a child process): benchmarks/step_breakdown.py's engine and clean step."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from step_breakdown import _engine, clean_steps
 
-    from cinq.config import EngineConfig
-    from cinq.engine.engine import LLMEngine
-    from cinq.sampling_params import SamplingParams
-
-    torch.set_num_threads(threads)
     t0 = time.perf_counter()
-    engine = LLMEngine(EngineConfig(model=model, dtype="bfloat16", kv_cache_memory=0.5, seed=0, max_num_seqs=4,
-                                    compilation_config=compilation))
-    startup_s = time.perf_counter() - t0
+    engine = _engine(model, threads, compilation_config=compilation)
+    startup_s = time.perf_counter() - t0  # the engine's start-up (compiling included) and the prompt's prefill
     compiled = engine.executor.runner.compiled
-    engine.add_request("b1", list(range(10, 42)), SamplingParams(temperature=0, max_tokens=1000, ignore_eos=True))
-    engine.step()  # prefill
-    for _ in range(20):
-        engine.step()
-    step_ms, cpu_ms = [], []
-    for _ in range(repeats):
-        t0, c0 = time.perf_counter(), time.process_time()
-        for _ in range(steps):
-            engine.step()
-        step_ms.append(1e3 * (time.perf_counter() - t0) / steps)
-        cpu_ms.append(1e3 * (time.process_time() - c0) / steps)
+    step_ms, cpu_ms = clean_steps(engine, steps, repeats)
     tokens = engine.scheduler.running[0].output_token_ids
     return {"threads": threads, "startup_s": startup_s, "native_calls_per_step": _count_native_calls(engine),
             "compile_s": sum(compiled.compile_times_s.values()) if compiled is not None else 0.0,
@@ -209,8 +194,9 @@ def write(result: dict[str, Any]) -> None:
              f"compiled = `--compilation-config '{cfg}'`, eager = the default. Eager and compiled alternate in "
              "subprocesses; ms / step are medians over repeats and rounds (wall, and process CPU time, which "
              "leaves out the waits on this shared 2-core machine). Compile time is the start-up compile of the "
-             "batch-1 step: the first compiled run starts from an empty inductor cache (cold), later ones reuse it "
-             "(warm).", "",
+             "batch-1 step: the benchmark's first compiled run (the first model's) starts from an empty inductor cache "
+             "(cold), later ones reuse it (warm). With the machine this loaded, wall times mostly measure waiting "
+             "for a core: read the CPU column.", "",
              "| model | threads | eager ms / step (wall, CPU) | compiled ms / step (wall, CPU) | eager / compiled "
              "(wall, CPU) | compile s (cold, then warm) | start-up s (eager, compiled) | greedy tokens equal | "
              "load avg (1 min) |", "|---|---:|---:|---:|---:|---:|---:|---|---|"]
