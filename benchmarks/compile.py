@@ -3,8 +3,8 @@ CPU), start-up compile time (a cold inductor cache, then a warm one), and whethe
 
 Each measurement is a subprocess (alternating eager / compiled, ``--rounds`` times, so drifting load on this
 shared machine hits both alike) timing benchmarks/step_breakdown.py's clean step (its engine and loop: a 32-token
-prompt, 20 warm-up decode steps, then ``--repeats`` x ``--steps`` timed steps); medians are reported. Models: cinq-tiny bf16
-and its RTN int4 (g128, LM head int4) version.
+prompt, 20 warm-up decode steps, then ``--repeats`` x ``--steps`` timed steps); medians are reported. Models:
+cinq-tiny bf16 and its RTN int4 (g128, LM head int4) version.
 
     python benchmarks/compile.py                    # cinq-tiny bf16 + int4, 1 thread
     python benchmarks/compile.py --threads 1,2
@@ -221,7 +221,8 @@ def write(result: dict[str, Any]) -> None:
             tax = n * extra_us / 1e3
             loss = r["compiled"]["cpu_ms_median"] - r["eager"]["cpu_ms_median"]
             lines.append(f"| {r['model']} | {n} | {tax:.2f} | {loss:+.2f} | {tax - loss:.2f} |")
-        lines += ["", "Registering the kernels in C++ (TORCH_LIBRARY, no Python in the dispatch; not tried) could remove "
+        lines += ["", "Registering the kernels in C++ (TORCH_LIBRARY, no Python in the dispatch; not tried) could "
+                  "remove "
                   "most of that tax, for a gain of about the last column; the rest of the step is the weight "
                   "stream, which compiling does not change."]
     lines += ["", "A ratio above 1 means the compiled step is faster. The default stays eager unless the compiled "

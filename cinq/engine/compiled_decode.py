@@ -23,8 +23,9 @@ import torch
 from cinq.compilation_config import CompilationConfig
 from cinq.engine.batch_inputs import BatchInputs, build_batch
 from cinq.engine.io import ScheduledSeq
-from cinq.kernels.cpu_native import warm_native_kernels
 from cinq.kernels import custom_ops  # noqa: F401  (registers torch.ops.cinq.*, which the traced kernels call)
+from cinq.kernels.cpu_native import warm_native_kernels
+from cinq.kernels.metadata import AttentionMetadata
 from cinq.model.llama import LlamaForCausalLM
 
 log = logging.getLogger(__name__)
@@ -47,11 +48,11 @@ class CompiledDecode:
         self.failed: set[int] = set()
         self.steps = 0  # decode steps run compiled (tests check the path is taken)
         warm_native_kernels()  # loaded and probed before any trace: dynamo cannot call into the extensions
-        if torch._dynamo.config.recompile_limit < _RECOMPILE_LIMIT:  # process-wide, set once by the executor
+        if torch._dynamo.config.recompile_limit < _RECOMPILE_LIMIT:  # process-wide: raised, never lowered
             torch._dynamo.config.recompile_limit = _RECOMPILE_LIMIT
 
-        def step(input_ids: torch.Tensor, positions: torch.Tensor, meta: object) -> torch.Tensor:
-            return model.compute_logits(model(input_ids, positions, meta))  # type: ignore[arg-type]
+        def step(input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+            return model.compute_logits(model(input_ids, positions, meta))
 
         # inductor computes fused bf16 element-wise ops in float32 and rounds once; emulating eager's rounding of
         # every intermediate keeps the compiled step's tokens those of the eager step
