@@ -222,9 +222,8 @@ def write(result: dict[str, Any]) -> None:
             loss = r["compiled"]["cpu_ms_median"] - r["eager"]["cpu_ms_median"]
             lines.append(f"| {r['model']} | {n} | {tax:.2f} | {loss:+.2f} | {tax - loss:.2f} |")
         lines += ["", "Registering the kernels in C++ (TORCH_LIBRARY, no Python in the dispatch; not tried) could "
-                  "remove "
-                  "most of that tax, for a gain of about the last column; the rest of the step is the weight "
-                  "stream, which compiling does not change."]
+                  "remove most of that tax, for a gain of about the last column; the rest of the step is the "
+                  "weight stream, which compiling does not change."]
     lines += ["", "A ratio above 1 means the compiled step is faster. The default stays eager unless the compiled "
               "batch-1 step is faster here and its start-up compile acceptable (docs/architecture.md, Decisions).",
               ""]
