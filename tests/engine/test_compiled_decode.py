@@ -29,15 +29,17 @@ def generate(model, compilation: dict | None, dtype: str = "bfloat16", max_token
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     yield
     torch._dynamo.reset()
 
 
-def test_aot_eager_step_is_taken_padded_and_gives_the_eager_tokens(tiny_llama):
-    eager, none = generate(tiny_llama, None)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])  # native kernels as custom ops / the PyTorch paths
+def test_aot_eager_step_is_taken_padded_and_gives_the_eager_tokens(tiny_llama, dtype):
+    eager, none = generate(tiny_llama, None, dtype)
     assert none is None
     # sizes 1 and 4: steps of 3 decodes pad to 4, steps of 2 too; batch 1 runs its own size
-    tokens, compiled = generate(tiny_llama, {"mode": 3, "backend": "aot_eager", "compile_sizes": [1, 4]})
+    tokens, compiled = generate(tiny_llama, {"mode": 3, "backend": "aot_eager", "compile_sizes": [1, 4]}, dtype)
     assert sorted(compiled.compile_times_s) == [1, 4] and not compiled.failed
     assert compiled.steps >= 11  # every decode step of the last prompt (its first token came with its prefill)
     assert tokens == eager
