@@ -140,7 +140,8 @@ class _Counter:
             torch.Tensor.tolist = tolist
 
 
-def _engine(model: str, threads: int) -> Any:
+def _engine(model: str, threads: int, **engine_args: Any) -> Any:
+    """An engine (``engine_args``: further EngineConfig fields) with one greedy request past its prefill."""
     import torch
 
     from cinq.config import EngineConfig
@@ -148,7 +149,8 @@ def _engine(model: str, threads: int) -> Any:
     from cinq.sampling_params import SamplingParams
 
     torch.set_num_threads(threads)
-    engine = LLMEngine(EngineConfig(model=model, dtype="bfloat16", kv_cache_memory=0.5, seed=0, max_num_seqs=4))
+    engine = LLMEngine(EngineConfig(model=model, dtype="bfloat16", kv_cache_memory=0.5, seed=0, max_num_seqs=4,
+                                    **engine_args))
     engine.add_request("b1", list(range(10, 42)), SamplingParams(temperature=0, max_tokens=100_000 // 100,
                                                                  ignore_eos=True))
     engine.step()  # prefill
@@ -162,15 +164,7 @@ def measure(model: str, threads: int, steps: int, repeats: int) -> dict[str, Any
     import cinq
 
     engine = _engine(model, threads)
-    for _ in range(20):  # warm-up: shapes, caches, native kernels
-        engine.step()
-    step_ms, cpu_ms = [], []
-    for _ in range(repeats):  # clean: no instrumentation at all
-        t0, c0 = time.perf_counter(), _clock()
-        for _ in range(steps):
-            engine.step()
-        step_ms.append(1e3 * (time.perf_counter() - t0) / steps)
-        cpu_ms.append(1e3 * (_clock() - c0) / steps)
+    step_ms, cpu_ms = clean_steps(engine, steps, repeats)
     counter = _Counter()
     counter.run(engine.step)
     timers = _instrument(engine)
@@ -197,6 +191,21 @@ def measure(model: str, threads: int, steps: int, repeats: int) -> dict[str, Any
             "aten_ops": sum(counter.ops.values()), "host_syncs": counter.syncs,
             "top_ops": dict(sorted(counter.ops.items(), key=lambda kv: -kv[1])[:12]),
             "first_tokens": list(tokens[:64]), "loadavg": os.getloadavg(), "weight_mb": weight_bytes / 1e6}
+
+
+def clean_steps(engine: Any, steps: int, repeats: int) -> tuple[list[float], list[float]]:
+    """After 20 warm-up steps (shapes, caches, native kernels), ``repeats`` times the wall and process CPU ms per
+    step over ``steps`` decode steps, without any instrumentation."""
+    for _ in range(20):
+        engine.step()
+    step_ms, cpu_ms = [], []
+    for _ in range(repeats):
+        t0, c0 = time.perf_counter(), _clock()
+        for _ in range(steps):
+            engine.step()
+        step_ms.append(1e3 * (time.perf_counter() - t0) / steps)
+        cpu_ms.append(1e3 * (_clock() - c0) / steps)
+    return step_ms, cpu_ms
 
 
 # ------------------------------------------------------------------------------------------------- the parent

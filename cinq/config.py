@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from cinq.compilation_config import CompilationConfig
 from cinq.errors import InvalidParameterError
 from cinq.spec.config import BUILT_METHODS, SpeculativeConfig
 
@@ -102,6 +103,11 @@ class EngineConfig:
         None, "speculative decoding as vLLM's JSON, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
               "\"prompt_lookup_max\": 3}' or '{\"method\": \"eagle\", \"model\": \"cinq-tiny-eagle\", "
               "\"num_speculative_tokens\": 3}' (ngram, draft model, eagle, eagle3, medusa)", parse=json_object)
+    enforce_eager: bool = _arg(False, "never compile: run every step eager, whatever --compilation-config says")
+    compilation_config: CompilationConfig | dict[str, Any] | None = _arg(
+        None, "torch.compile of the CPU decode step as vLLM's JSON, e.g. '{\"mode\": 3, \"compile_sizes\": [1, 2, 4, "
+              "8]}' (mode 0: eager, the default; backend inductor | aot_eager | eager); decode steps of a listed "
+              "batch size (padded up to the next one) run compiled, the rest eager", parse=json_object)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str):
@@ -140,6 +146,12 @@ class EngineConfig:
             raise InvalidParameterError(
                 f"speculative_config must be a JSON object, got {type(self.speculative_config).__name__}",
                 "speculative_config")
+        if isinstance(self.compilation_config, dict):
+            self.compilation_config = CompilationConfig.from_dict(self.compilation_config)
+        elif self.compilation_config is not None and not isinstance(self.compilation_config, CompilationConfig):
+            raise InvalidParameterError(
+                f"compilation_config must be a JSON object, got {type(self.compilation_config).__name__}",
+                "compilation_config")
         if self.speculative_config is not None and self.speculative_config.method not in BUILT_METHODS:
             raise InvalidParameterError(
                 f"speculative_config.method {self.speculative_config.method!r} is not built yet (built: "
@@ -150,6 +162,11 @@ class EngineConfig:
             raise InvalidParameterError(
                 f"speculative_config.method {self.speculative_config.method!r} is not supported with "
                 f"tensor_parallel_size {self.tensor_parallel_size} (only 'ngram' is)", "speculative_config")
+
+    @property
+    def compiles_decode(self) -> bool:
+        """True when decode steps are to be compiled: a compilation_config with mode > 0 and no enforce_eager."""
+        return not self.enforce_eager and self.compilation_config is not None and self.compilation_config.enabled
 
     @property
     def parallel_config(self) -> ParallelConfig:

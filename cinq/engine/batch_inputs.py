@@ -59,19 +59,27 @@ class TreeGroup:
 
 
 def build_batch(seqs: list[ScheduledSeq], block_size: int, pad_block_ids: list[int], device: torch.device,
-                ql: int | None = None, tree: TreeGroup | None = None) -> BatchInputs:
+                ql: int | None = None, tree: TreeGroup | None = None, decode_batch: int | None = None,
+                table_width: int = 0) -> BatchInputs:
     """Order ``seqs`` (decode-like of length ``ql`` first; default: ``decode_query_len``; with ``tree``: its
-    sequences), pad, build inputs."""
+    sequences), pad, build inputs.
+
+    ``decode_batch`` (one-token decodes only, the compiled step): pad with one-token decodes on the scratch blocks
+    to that many sequences instead of bucketing rows; ``table_width``: block tables at least that wide. Together
+    they give every step of a batch size the same tensor shapes."""
     if tree is not None:
         ql = len(next(iter(tree.parents.values())))
         ordered = sorted(seqs, key=lambda s: s.request_id not in tree.parents)
     else:
         ql = decode_query_len(seqs) if ql is None else ql
         ordered = sorted(seqs, key=lambda s: len(s.token_ids) != ql)
-    num_tokens = sum(len(s.token_ids) for s in ordered)
-    pad = bucket_rows(num_tokens) - num_tokens
-    padded = ordered + [ScheduledSeq(PAD_ID, [0] * pad, 0, pad_block_ids, 0)] if pad else ordered
-    meta, input_ids, positions = prepare_inputs(padded, ql, block_size, device)
+    if decode_batch is not None:
+        padded = ordered + [ScheduledSeq(PAD_ID, [0], 0, pad_block_ids[:1], 0)] * (decode_batch - len(ordered))
+    else:
+        num_tokens = sum(len(s.token_ids) for s in ordered)
+        pad = bucket_rows(num_tokens) - num_tokens
+        padded = ordered + [ScheduledSeq(PAD_ID, [0] * pad, 0, pad_block_ids, 0)] if pad else ordered
+    meta, input_ids, positions = prepare_inputs(padded, ql, block_size, device, table_width)
     if tree is not None:
         _apply_tree(tree, ordered[:len(tree.parents)], meta, positions, device)
     starts = [0, *itertools.accumulate(len(s.token_ids) for s in ordered)]
@@ -94,7 +102,7 @@ def _apply_tree(tree: TreeGroup, seqs: list[ScheduledSeq], meta: AttentionMetada
     positions[:len(order) * q] = start + depth
 
 
-def prepare_inputs(seqs: list[ScheduledSeq], ql: int, block_size: int, device: torch.device
+def prepare_inputs(seqs: list[ScheduledSeq], ql: int, block_size: int, device: torch.device, table_width: int = 0
                    ) -> tuple[AttentionMetadata, torch.Tensor, torch.Tensor]:
     """Metadata, input ids and positions of ``seqs`` as ordered (decode-like of length ``ql`` first).
 
@@ -108,7 +116,7 @@ def prepare_inputs(seqs: list[ScheduledSeq], ql: int, block_size: int, device: t
     for s, end in zip(seqs, seq_lens):
         positions.extend(range(s.start_pos, end))
         slots.extend(_slots(s.block_ids, s.start_pos, end, block_size))
-    width = max(len(s.block_ids) for s in seqs)
+    width = max(table_width, *(len(s.block_ids) for s in seqs))
     tables = [list(s.block_ids) + [0] * (width - len(s.block_ids)) for s in seqs]
     num_decodes = next((i for i, n in enumerate(q_lens) if n != ql), len(q_lens))
     i64, i32 = torch.long, torch.int32

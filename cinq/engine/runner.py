@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
+from cinq.compilation_config import CompilationConfig
 from cinq.engine.batch_inputs import BatchInputs, TreeGroup, build_batch
+from cinq.engine.compiled_decode import CompiledDecode
 from cinq.engine.io import NewRequestData, RunnerOutput, ScheduledSeq, SchedulerOutput, TokenLogprobs
 from cinq.engine.shape_buckets import MAX_PAD_ROWS, bucket_rows
 from cinq.layers.sampler import Sampler, SamplingMetadata
@@ -62,7 +64,8 @@ class ModelRunner:
     """Runs the model over scheduled sequences and samples."""
 
     def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, device: torch.device,
-                 kv_dtype: torch.dtype, seed: int = 0, proposer: Proposer | None = None) -> None:
+                 kv_dtype: torch.dtype, seed: int = 0, proposer: Proposer | None = None,
+                 compilation: CompilationConfig | None = None) -> None:
         self.model = model
         self.device = device
         self.block_size = block_size
@@ -88,6 +91,11 @@ class ModelRunner:
         self.proposer = proposer
         if proposer is not None:
             proposer.initialize_cache(num_blocks + len(self.pad_block_ids), block_size, self.pad_block_ids)
+        # torch.compile of plain decode steps (compilation_config): tables as wide as the longest sequence can need
+        self.compiled: CompiledDecode | None = None
+        if compilation is not None and compilation.enabled and proposer is None:
+            self.compiled = CompiledDecode(model, compilation, block_size, self.pad_block_ids, device,
+                                           min(num_blocks, -(-cfg.max_position_embeddings // block_size)))
 
     @staticmethod
     def kv_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
@@ -121,6 +129,12 @@ class ModelRunner:
         # Decode-like sequences first: the attention backends batch them in their decode kernel. A padding
         # sequence last (its own scratch blocks, no logits) keeps the GEMM shapes to a few buckets.
         tree = TreeGroup(proposals.parents) if proposals is not None and proposals.parents else None
+        if self.compiled is not None and tree is None:
+            ran = self.compiled.run(seqs)  # plain decode steps of a compile size
+            if ran is not None:
+                batch, logits = ran
+                self._sample(logits[:len(batch.seqs)], batch.seqs, out)
+                return out
         batch = build_batch(seqs, self.block_size, self.pad_block_ids, self.device, tree=tree)
         layer_states = None
         if self.proposer is not None and self.proposer.needs_layer_states:

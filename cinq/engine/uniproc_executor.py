@@ -6,10 +6,12 @@ once, at start-up, in the process that runs the model: nothing else in the engin
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
 
+from cinq.compilation_config import CompilationConfig
 from cinq.config import EngineConfig
 from cinq.distributed.parallel_state import TPShard
 from cinq.engine.host_memory import keep_freed_memory
@@ -65,8 +67,38 @@ class UniProcExecutor:
 
     def initialize_cache(self, num_blocks: int) -> None:
         """Allocate ``num_blocks`` KV blocks and the runner that owns them."""
+        compilation = self._compilation()
         self.runner = ModelRunner(self.model, num_blocks, self.config.block_size, self.device, self.dtype,
-                                  seed=self.seed, proposer=self.proposer)
+                                  seed=self.seed, proposer=self.proposer, compilation=compilation)
+        if self.runner.compiled is not None:
+            times = self.runner.compiled.compile_all()
+            if not times:
+                log.warning("torch.compile of the decode step failed for every size; decode runs eager")
+                return
+            log.warning("compiled the decode step (torch.compile, backend %s) for batch sizes %s in %.1f s (%s)%s",
+                        compilation.backend, sorted(times), sum(times.values()),
+                        ", ".join(f"{n}: {t:.1f} s" for n, t in sorted(times.items())),
+                        f"; sizes {sorted(self.runner.compiled.failed)} run eager" if self.runner.compiled.failed
+                        else "")
+
+    def _compilation(self) -> CompilationConfig | None:
+        """The compilation config the runner gets, its sizes capped at max_num_seqs; None when eager: the default,
+        --enforce-eager, or what the compiled step does not cover (a device other than the CPU, whose kernels are
+        not custom ops; a runner-side proposer; tensor parallelism)."""
+        cc = self.config.compilation_config
+        if not self.config.compiles_decode or cc is None:
+            return None
+        if self.device.type != "cpu":
+            log.warning("compilation_config: the compiled decode step is built for the CPU; %s runs eager",
+                        self.device)
+            return None
+        if self.proposer is not None or self.config.tensor_parallel_size > 1:
+            # a proposer needs the target's hidden states; tensor parallelism's collectives run in forward hooks
+            log.warning("compilation_config: %s runs eager", "tensor parallelism" if self.proposer is None else
+                        "speculative decoding with a runner-side proposer")
+            return None
+        sizes = [n for n in cc.compile_sizes if n <= self.config.max_num_seqs] or cc.compile_sizes[:1]
+        return dataclasses.replace(cc, compile_sizes=sizes)
 
     def execute_model(self, sched: SchedulerOutput) -> RunnerOutput:
         """Run one step (also for an empty one: it still drops finished requests' runner state)."""

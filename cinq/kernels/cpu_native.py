@@ -99,10 +99,21 @@ def _cpu_key() -> str:
     return hashlib.sha256(flags.encode()).hexdigest()[:10]
 
 
+def call_native(mod: Any, name: str, *args: Any) -> Any:
+    """``mod.<name>(*args)``, the extension's function. While ``torch.compile`` traces, the same kernel as the torch
+    custom op ``torch.ops.cinq.<name>`` (``cinq.kernels.custom_ops``, registered by whoever compiles): dynamo cannot
+    trace a pybind call. Eager steps keep the direct call: a custom op's dispatch costs ~10 us a call."""
+    if torch.compiler.is_compiling():
+        return getattr(torch.ops.cinq, name)(*args)
+    return getattr(mod, name)(*args)
+
+
 def warm_native_kernels() -> None:
-    """Build (or load from the cache) every native kernel now; the first build takes about a minute."""
+    """Build (or load from the cache) every native kernel now; the first build takes about a minute. Also settles
+    ``small_m_rows()``, so that no step (nor a torch.compile trace, which cannot call the extension) probes it."""
     for source in sorted(_SOURCES.glob("*.cpp")):
         native_module(source.stem)
+    small_m_rows()
 
 
 def paged_decode_native(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
@@ -126,7 +137,8 @@ def paged_decode_native(query: torch.Tensor, kv_cache: torch.Tensor, block_table
     # the kernel reads the first nd rows of the tables and lengths and takes a bf16 query itself: at batch 1 every
     # Python-side op here would cost more than the attention
     q = query if query.dtype in (torch.float32, torch.bfloat16) else query.float()
-    out = mod.paged_decode(q, kv_cache, _int32(block_tables), _int32(seq_lens), float(scale), int(query_len), tree)
+    out = call_native(mod, "paged_decode", q, kv_cache, _int32(block_tables), _int32(seq_lens), float(scale),
+                      int(query_len), tree)
     return out if q is query else out.to(query.dtype)
 
 
@@ -164,7 +176,7 @@ def small_m_linear_native(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
         b = bias if bias.dtype in (torch.bfloat16, torch.float32) else bias.float()
         b = b if b.is_contiguous() else b.contiguous()
     flat = x.dim() == 2 and x.is_contiguous()
-    out = mod.small_m_linear(x if flat else x.reshape(rows, k).contiguous(), weight, b)
+    out = call_native(mod, "small_m_linear", x if flat else x.reshape(rows, k).contiguous(), weight, b)
     return out if flat else out.view(*x.shape[:-1], weight.shape[0])
 
 
@@ -188,7 +200,7 @@ def rms_norm_native(x: torch.Tensor, residual: torch.Tensor | None, weight: torc
     mod = native_module("rms_norm")
     if mod is None:
         return None
-    y, res = mod.rms_norm(x, _NO_RESIDUAL if residual is None else residual, weight, float(eps))
+    y, res = call_native(mod, "rms_norm", x, _NO_RESIDUAL if residual is None else residual, weight, float(eps))
     return y, (None if residual is None else res)
 
 
@@ -201,7 +213,7 @@ def rotary_native(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos
     mod = native_module("rotary")
     if mod is None:
         return False
-    mod.rotary_(q, k, positions, cos_sin)
+    call_native(mod, "rotary_", q, k, positions, cos_sin)
     return True
 
 
@@ -217,5 +229,5 @@ def write_kv_native(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tens
     mod = native_module("kv_write")
     if mod is None:
         return False
-    mod.write_kv(key, value, kv_cache, slot_mapping)
+    call_native(mod, "write_kv", key, value, kv_cache, slot_mapping)
     return True

@@ -67,7 +67,10 @@ def sdpa_decode(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
     _, hq, d = query.shape
     _, num_blocks, block_size, hkv, _ = kv_cache.shape
     group = hq // hkv
-    nblocks = -(-max(meta.seq_lens_cpu[:nd]) // block_size)
+    if torch.compiler.is_compiling():  # host values would be guards, a recompile per length: the table's width
+        nblocks = meta.block_tables.shape[1]
+    else:
+        nblocks = -(-max(meta.seq_lens_cpu[:nd]) // block_size)
     pos = torch.arange(nblocks * block_size, device=query.device)
     seq_lens = meta.seq_lens[:nd, None]
     valid = pos[None, :] < seq_lens  # [nd, L]

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from cinq.kernels.cpu_native import native_module
+from cinq.kernels.cpu_native import call_native, native_module
 from cinq.layers.quantization.qweight import QuantizedWeight
 
 
@@ -43,4 +43,4 @@ def int4_linear(x: torch.Tensor, t: dict[str, torch.Tensor], group: int) -> torc
     assert module is not None, "int4_linear called without the native module"
     if x.dtype != torch.bfloat16:
         x = x.to(torch.bfloat16)
-    return module.int4_linear(x.contiguous(), t["packed"], t["scales"], t["sz128"], group)
+    return call_native(module, "int4_linear", x.contiguous(), t["packed"], t["scales"], t["sz128"], group)

@@ -1,0 +1,70 @@
+"""The compiled decode step (compilation_config): taken for plain decode steps of a compile size (padded up to
+it), eager for everything else, and the same greedy tokens as eager."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cinq.config import EngineConfig
+from cinq.engine.engine import LLMEngine
+from cinq.sampling_params import SamplingParams
+
+PROMPTS = [list(range(5, 5 + n)) for n in (7, 19, 33)]  # three lengths: prefills of 1-3 chunks, then decodes
+
+
+def generate(model, compilation: dict | None, dtype: str = "bfloat16", max_tokens: int = 12, **kw):
+    engine = LLMEngine(EngineConfig(model=str(model), dtype=dtype, num_kv_blocks=64, seed=0, max_num_seqs=4,
+                                    max_num_batched_tokens=32, compilation_config=compilation, **kw))
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(f"r{i}", prompt, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+    tokens = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                tokens[out.request_id] = out.outputs[0].token_ids
+    return tokens, engine.executor.runner.compiled
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])  # native kernels as custom ops / the PyTorch paths
+def test_aot_eager_step_is_taken_padded_and_gives_the_eager_tokens(tiny_llama, dtype):
+    eager, none = generate(tiny_llama, None, dtype)
+    assert none is None
+    # sizes 1 and 4: steps of 3 decodes pad to 4, steps of 2 too; batch 1 runs its own size
+    tokens, compiled = generate(tiny_llama, {"mode": 3, "backend": "aot_eager", "compile_sizes": [1, 4]}, dtype)
+    assert sorted(compiled.compile_times_s) == [1, 4] and not compiled.failed
+    assert compiled.steps >= 11  # every decode step of the last prompt (its first token came with its prefill)
+    assert tokens == eager
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2  # one graph per size: no recompiles
+
+
+def test_enforce_eager_and_sizes_past_max_num_seqs(tiny_llama):
+    _, compiled = generate(tiny_llama, {"mode": 3, "backend": "eager"}, max_tokens=2, enforce_eager=True)
+    assert compiled is None
+    _, compiled = generate(tiny_llama, {"mode": 3, "backend": "eager", "compile_sizes": [2, 8, 16]}, max_tokens=2)
+    assert compiled.config.compile_sizes == [2]  # max_num_seqs 4: larger sizes are never used
+
+
+def test_steps_past_the_largest_size_run_eager(tiny_llama):
+    tokens, compiled = generate(tiny_llama, {"mode": 3, "backend": "aot_eager", "compile_sizes": [1]})
+    eager, _ = generate(tiny_llama, None)
+    assert tokens == eager
+    # only the last request's final decodes run alone; every step with 2-3 decodes was eager
+    assert 0 < compiled.steps < 12
+
+
+@pytest.mark.slow
+def test_inductor_step_gives_the_eager_tokens(tiny_llama):
+    eager, _ = generate(tiny_llama, None, max_tokens=24)
+    tokens, compiled = generate(tiny_llama, {"mode": 3, "backend": "inductor", "compile_sizes": [1, 2, 4]},
+                                max_tokens=24)
+    assert sorted(compiled.compile_times_s) == [1, 2, 4] and compiled.steps > 0
+    assert tokens == eager
