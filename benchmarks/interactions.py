@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -95,10 +96,46 @@ def batch_mates_section(quick: bool, variants_dir: str | None) -> dict[str, list
 
 def saved_batch_mates() -> dict[str, list[dict[str, Any]]] | None:
     """The batch-mates rows of the last full run (its own file, else the first interactions run's file)."""
-    for path in (out_prefix("batch-mates").with_suffix(".json"), RESULTS / "interactions.json"):
-        if path.is_file():
-            return json.loads(path.read_text())["results"]
-    return None
+    path = out_prefix("batch-mates").with_suffix(".json")
+    return json.loads(path.read_text())["results"] if path.is_file() else None
+
+
+# interactions.md: every interaction table of issue 12 in one file, in this order (file stem, heading, and the
+# "## " section of that file to take, None for all of it). quant_spec is written by benchmarks/quant_spec.py and
+# the eviction sweep by the prefix benchmark; the rest by this script.
+INDEX = (("interactions_quant_spec", "Quantized target x speculation", None),
+         ("interactions_smoothquant_mix", "SmoothQuant static vs dynamic under mixed batches", None),
+         ("interactions_batch_mates", "SmoothQuant: does a request's output depend on its batch mates?", None),
+         ("interactions_spec_rate", "Speculation vs request rate, adaptive off and on", None),
+         ("prefix", "Prefix-cache hit rate vs KV budget", "## Eviction"),
+         ("interactions_chunked_prefill", "Chunked-prefill budget vs TTFT and ITL", None))
+
+
+def assemble() -> Path:
+    """Write benchmarks/results/interactions.md from the section files that exist (each measured on its own; this
+    only gathers them, one level deeper, under one table of contents)."""
+    parts, toc = [], []
+    for stem, title, only in INDEX:
+        path = RESULTS / f"{stem}.md"
+        if not path.is_file():
+            continue
+        lines = path.read_text().splitlines()
+        if only is not None:  # one "## " section of a larger report
+            start = next(i for i, line in enumerate(lines) if line.startswith(only))
+            end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+            lines = lines[start + 1:end]
+        elif lines and lines[0].startswith("# "):
+            lines = lines[1:]
+        body = [("#" + line) if line.startswith("#") else line for line in lines]
+        anchor = re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")  # GitHub's heading anchors
+        toc.append(f"- [{title}](#{anchor}) (from `{path.name}`)")
+        parts += [f"## {title}", "", f"*From `{path.name}`.*", "", *body, ""]
+    out = RESULTS / "interactions.md"
+    out.write_text("\n".join(["# Interactions: how cinq's techniques change each other", "",
+                               "Each section is its own measured run (its file, model, load and commands are in the "
+                               "section); `python benchmarks/interactions.py --assemble` gathers them here.", "",
+                               *toc, "", *parts]).rstrip() + "\n")
+    return out
 
 
 def main() -> int:
@@ -107,9 +144,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", action="append", choices=SECTIONS, help="run this section (repeatable; default all)")
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, writes nothing")
+    ap.add_argument("--assemble", action="store_true", help="only gather the section files into interactions.md")
     ap.add_argument("--variants-dir", default=None, help="keep the quantized copies here (default: the cinq cache; "
                                                          "with --quick a temp dir)")
     args = ap.parse_args()
+    if args.assemble:
+        print("wrote", assemble().relative_to(ROOT))
+        return 0
     from cinq.bench.chunked_prefill import ChunkedPrefillOptions, run_chunked_prefill
     from cinq.bench.mixed_workload import MixedOptions
     from cinq.bench.report import print_report, write_report
@@ -149,6 +190,8 @@ def main() -> int:
         if not args.quick:
             for path in write_report(result, out_prefix(section)):
                 print("wrote", path.relative_to(ROOT), flush=True)
+    if not args.quick:
+        print("wrote", assemble().relative_to(ROOT))
     return 0
 
 
