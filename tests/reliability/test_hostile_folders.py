@@ -20,7 +20,6 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from cinq.cli import main
 from cinq.errors import ModelLoadError
 from cinq.model.loader import load_model
 from cinq.model.tokenizer import Tokenizer
@@ -240,15 +239,6 @@ def cinq(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           stdin=subprocess.DEVNULL, timeout=timeout)
 
 
-def cinq_here(capsys: pytest.CaptureFixture, *args: str) -> subprocess.CompletedProcess:
-    """``cinq ARGS`` through ``cinq.cli.main`` in this process, as ``cinq()`` reports it. Only for folders that cannot
-    hang or exhaust memory even if the loader were wrong: it saves a process start (torch's import) per case."""
-    capsys.readouterr()
-    status = main(list(args))
-    out = capsys.readouterr()
-    return subprocess.CompletedProcess(["cinq", *args], status, out.out, out.err)
-
-
 def assert_clear_cli_error(r: subprocess.CompletedProcess, command: str, folder: Path, file: str,
                            pattern: str) -> None:
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
@@ -272,7 +262,7 @@ def test_the_spoiled_folders_differ_from_a_good_one(tiny_llama):
     load_all(tiny_llama)  # the copy each case starts from loads: what fails is the spoiled file
 
 
-def test_pickle_named_safetensors_is_refused_without_unpickling(tiny_llama, tmp_path, capsys):
+def test_pickle_named_safetensors_is_refused_without_unpickling(tiny_llama, tmp_path, run_cli):
     live = tmp_path / "live-marker"
     pickle.loads(_pickle_bytes(live))  # the payload is live: unpickling it does create its marker
     assert live.exists()
@@ -282,7 +272,7 @@ def test_pickle_named_safetensors_is_refused_without_unpickling(tiny_llama, tmp_
     with pytest.raises(ModelLoadError, match=r"model\.safetensors: not a safetensors file: it is a pickle"):
         load_all(folder)
     assert not marker.exists()
-    r = cinq_here(capsys, "generate", str(folder), "-p", "x", "--max-tokens", "1")
+    r = run_cli("generate", str(folder), "-p", "x", "--max-tokens", "1")
     assert_clear_cli_error(r, "generate", folder, WEIGHTS, r"pickle.*never unpickles")
     assert not marker.exists()
 
@@ -301,11 +291,11 @@ CLI_CASES = sorted(RISKY) + ["truncated-safetensors", "header-claims-terabytes",
 
 
 @pytest.mark.parametrize("case", CLI_CASES)
-def test_cinq_generate_on_a_hostile_folder_is_one_clear_line(case, tiny_llama, tmp_path, capsys):
+def test_cinq_generate_on_a_hostile_folder_is_one_clear_line(case, tiny_llama, tmp_path, run_cli):
     folder, file, pattern = spoiled(tiny_llama, tmp_path, case)
     argv = ("generate", str(folder), "-p", "x", "--max-tokens", "1")
-    # the risky folders (a hang, a 64 GiB read) only ever in a process of their own; main() is the same code
-    r = cinq(*argv, timeout=120) if case in RISKY else cinq_here(capsys, *argv)
+    # the risky folders (a hang, a 64 GiB read) only ever in a process of their own and its timeout
+    r = cinq(*argv, timeout=120) if case in RISKY else run_cli(*argv)
     assert_clear_cli_error(r, "generate", folder, file, pattern)
 
 
