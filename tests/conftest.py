@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -37,3 +39,25 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def tiny_llama(tiny_models) -> Path:
     return tiny_models("llama")
+
+
+@pytest.fixture
+def run_cli(capsys, monkeypatch):
+    """``run_cli(*args, stdin="")``: ``cinq ARGS`` through ``cinq.cli.main`` in the test process, reported as
+    ``subprocess.run`` reports a process (returncode, stdout, stderr).
+
+    Each ``python -m cinq.cli`` process pays torch's import (3-5 s on this loaded 2-core machine); keep a process
+    for what needs one (a signal, a possible hang bounded by a timeout, the entry point itself)."""
+    from cinq.cli import main
+
+    def run(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
+        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+        capsys.readouterr()
+        try:
+            status = main(list(args))
+        except SystemExit as e:  # argparse's refusals
+            status = e.code if isinstance(e.code, int) else 1
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(["cinq", *args], status, out.out, out.err)
+
+    return run

@@ -84,8 +84,14 @@ def reaches(graph: dict[str, set[str]], start: str) -> set[str]:
     return seen
 
 
-def test_no_module_imports_itself_through_others() -> None:
-    assert find_cycle(import_graph()) is None
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    """cinq's import graph, parsed once for the tests that read it (a parse of every module per test added up)."""
+    return import_graph()
+
+
+def test_no_module_imports_itself_through_others(graph: dict[str, set[str]]) -> None:
+    assert find_cycle(graph) is None
 
 
 def test_the_cycle_finder_finds_a_planted_cycle(tmp_path: Path) -> None:
@@ -111,8 +117,7 @@ LAYERING = [
 
 
 @pytest.mark.parametrize("importer,forbidden", LAYERING)
-def test_imports_point_down_the_layers(importer: str, forbidden: tuple[str, ...]) -> None:
-    graph = import_graph()
+def test_imports_point_down_the_layers(importer: str, forbidden: tuple[str, ...], graph: dict[str, set[str]]) -> None:
     for mod in [m for m in graph if m == importer or m.startswith(importer + ".")]:
         bad = sorted(t for t in reaches(graph, mod) if t.startswith(forbidden))
         assert not bad, f"{mod} reaches {bad}"

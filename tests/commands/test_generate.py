@@ -12,9 +12,9 @@ def cinq(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
-def test_init_model_then_generate_json(tmp_path):
+def test_init_model_then_generate_json(tmp_path, run_cli):
     out = tmp_path / "m"
-    r = cinq("init-model", str(out), "--hidden-size", "64", "--num-layers", "2", "--num-kv-heads", "2")
+    r = run_cli("init-model", str(out), "--hidden-size", "64", "--num-layers", "2", "--num-kv-heads", "2")
     assert r.returncode == 0, r.stderr
     r = cinq("generate", str(out), "-p", "abc", "-p", "xyz", "--max-tokens", "5", "--temperature", "0",
              "--ignore-eos", "--json", "--dtype", "float32")
@@ -24,15 +24,15 @@ def test_init_model_then_generate_json(tmp_path):
     assert "KV cache" in r.stderr  # start-up report
 
 
-def test_chat_streams_reply_and_quits_on_empty_line(tiny_llama):
-    r = cinq("chat", str(tiny_llama), "--max-tokens", "4", "--temperature", "0", "--ignore-eos",
+def test_chat_streams_reply_and_quits_on_empty_line(tiny_llama, run_cli):
+    r = run_cli("chat", str(tiny_llama), "--max-tokens", "4", "--temperature", "0", "--ignore-eos",
              stdin="hello\nagain\n\n")
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("assistant> ") == 2
 
 
-def test_bad_flag_value_is_one_clear_line(tiny_llama):
-    r = cinq("generate", str(tiny_llama), "--temperature", "-1")
+def test_bad_flag_value_is_one_clear_line(tiny_llama, run_cli):
+    r = run_cli("generate", str(tiny_llama), "--temperature", "-1")
     assert r.returncode == 2 and "temperature must be in [0.0, 100.0]" in r.stderr
     assert "Traceback" not in r.stderr
 
@@ -66,10 +66,10 @@ def test_json_line_survives_splitlines():
     assert json.loads(line) == row and "ünï 中" in line
 
 
-def test_generate_with_tensor_parallel_size_2_matches_one_device(tiny_llama):
+def test_generate_with_tensor_parallel_size_2_matches_one_device(tiny_llama, run_cli):
     args = ("generate", str(tiny_llama), "-p", "abc", "-p", "hello there", "--max-tokens", "6", "--temperature", "0",
             "--ignore-eos", "--json", "--dtype", "float32")
-    one = cinq(*args)
+    one = run_cli(*args)  # the reference in this process; TP = 2 as a user runs it (its workers are processes anyway)
     two = cinq(*args, "--tensor-parallel-size", "2")
     assert one.returncode == 0 and two.returncode == 0, two.stderr
     texts = [[json.loads(line)["text"] for line in r.stdout.splitlines()] for r in (one, two)]

@@ -29,8 +29,8 @@ def cinq(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
       '{"method": "draft_model", "model": "no-such-model", "num_speculative_tokens": 2}', "-p", "hi"],
      "speculative_config.model"),
 ])
-def test_a_bad_model_argument_is_one_line_naming_it(argv, field, tmp_path):
-    r = cinq(*[a.replace("{tmp}", str(tmp_path)) for a in argv])
+def test_a_bad_model_argument_is_one_line_naming_it(argv, field, tmp_path, run_cli):
+    r = run_cli(*[a.replace("{tmp}", str(tmp_path)) for a in argv])
     assert r.returncode == 2, r.stderr
     errors = [line for line in r.stderr.splitlines() if not line.startswith("INFO ")]
     assert len(errors) == 1, r.stderr
@@ -39,20 +39,20 @@ def test_a_bad_model_argument_is_one_line_naming_it(argv, field, tmp_path):
     assert "Traceback" not in r.stderr
 
 
-def test_a_bad_student_and_generation_config_name_their_flags(tmp_path):
-    r = cinq("distill", "--teacher", "cinq-tiny", "--student", "nope", "--data", str(tmp_path), "--out",
+def test_a_bad_student_and_generation_config_name_their_flags(tmp_path, run_cli):
+    r = run_cli("distill", "--teacher", "cinq-tiny", "--student", "nope", "--data", str(tmp_path), "--out",
              str(tmp_path / "d"))
     assert r.returncode == 2 and r.stderr.strip().startswith("cinq distill: error: --student: 'nope' is neither")
-    r = cinq("generate", "--generation-config", str(tmp_path), "-p", "hi")
+    r = run_cli("generate", "--generation-config", str(tmp_path), "-p", "hi")
     assert r.returncode == 2 and "cinq generate: error: generation_config: " in r.stderr
     assert "Traceback" not in r.stderr
 
 
-def test_generate_with_the_embedded_model_by_name_writes_a_few_lines_and_repeats_with_a_seed():
+def test_generate_with_the_embedded_model_by_name_writes_a_few_lines_and_repeats_with_a_seed(run_cli):
     if shipped_model_path("cinq-tiny") is None:
         pytest.skip("cinq-tiny is not shipped in this checkout")
-    runs = [cinq("generate", "cinq-tiny", "-p", "Once upon a time", "--seed", "0", "--json", "--num-kv-blocks", "64")
-            for _ in range(2)]
+    argv = ("generate", "cinq-tiny", "-p", "Once upon a time", "--seed", "0", "--json", "--num-kv-blocks", "64")
+    runs = [cinq(*argv), run_cli(*argv)]  # the repeat in this process: one process start fewer
     assert all(r.returncode == 0 for r in runs), runs[0].stderr
     assert runs[0].stdout == runs[1].stdout
     row = json.loads(runs[0].stdout)

@@ -75,7 +75,7 @@ def test_calibrate_against_the_measured_rows():
     (["--calibrate", "--results-dir", "no/such/dir"], "--results-dir"),
     (["Llama-3-8B", "--dtype", "int3"], "--dtype"),
 ])
-def test_bad_input_is_one_line_naming_the_flag(args, flag):
-    r = cinq(*args)
+def test_bad_input_is_one_line_naming_the_flag(args, flag, run_cli):
+    r = run_cli("plan", *args)
     assert r.returncode == 2 and flag in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) <= 2  # argparse's own: usage + message

@@ -45,26 +45,18 @@ def test_tp2_matches_tp1_tokens_and_logprobs(tiny_models, arch):
     # llama: 2 KV heads split 1 + 1; llama3: 1 KV head replicated on both ranks; qwen2: qkv bias and tied
     # embeddings; qwen3: q/k norms. The byte vocabulary (263) is odd: the last rank's vocab shard is padded.
     model = tiny_models(arch)
-    ref = run(LLM(str(model), **ENGINE), PROMPTS, SCORED)
+    ref = LLM(str(model), **ENGINE).generate(PROMPTS, SCORED)
     llm = tp_llm(model)
     try:
-        got = run(llm, PROMPTS, SCORED)
+        got = llm.generate(PROMPTS, SCORED)
     finally:
         llm.engine.shutdown()
     for r, g in zip(ref, got):
-        assert g.token_ids == r.token_ids
-        assert_close_logprobs(r.logprobs, g.logprobs)
-
-
-def test_prompt_logprobs_match(tiny_llama):
-    ref = LLM(str(tiny_llama), **ENGINE).generate(PROMPTS[1], SCORED)[0].prompt_logprobs
-    llm = tp_llm(tiny_llama)
-    try:
-        got = llm.generate(PROMPTS[1], SCORED)[0].prompt_logprobs
-    finally:
-        llm.engine.shutdown()
-    assert got[0] is None and ref[0] is None
-    assert_close_logprobs(ref[1:], got[1:])
+        assert g.outputs[0].token_ids == r.outputs[0].token_ids
+        assert_close_logprobs(r.outputs[0].logprobs, g.outputs[0].logprobs)
+        # prompt logprobs too (the first prompt token has none)
+        assert g.prompt_logprobs[0] is None and r.prompt_logprobs[0] is None
+        assert_close_logprobs(r.prompt_logprobs[1:], g.prompt_logprobs[1:])
 
 
 def test_prefix_caching_and_preemption_match_tp1(tiny_llama):

@@ -83,3 +83,26 @@ def teacher(tiny_corpus, tmp_path_factory) -> Path:
                                    eval_every=50, progress=False))
     assert summary["finished"]
     return out / "model"
+
+
+@pytest.fixture
+def few_arithmetic_problems(monkeypatch) -> int:
+    """Cap the arithmetic problems the training commands generate: a model card's evaluation and a task mix.
+
+    ``cinq train --export`` evaluates the card on 300 corpus-level and 1,000 easy problems, and ``--task`` mixes in
+    40,000 generated problems (no flag sets either count): decoding and tokenizing those were ~90% of the
+    train/distill command tests' time. The cards and runs are the same with fewer problems; only the counts
+    shrink. Returns the cap on evaluated problems."""
+    from cinq.train import evaluate, pretrain
+    cap, task_cap = 6, 300
+    full_eval, full_task = evaluate.arithmetic_eval, pretrain.task_tokens
+
+    def capped_eval(model_dir, n: int = 300, *args, **kwargs):
+        return full_eval(model_dir, min(n, cap), *args, **kwargs)
+
+    def capped_task(tokenizer, task: str, n_problems: int, *args, **kwargs):
+        return full_task(tokenizer, task, min(n_problems, task_cap), *args, **kwargs)
+
+    monkeypatch.setattr(evaluate, "arithmetic_eval", capped_eval)
+    monkeypatch.setattr(pretrain, "task_tokens", capped_task)
+    return cap

@@ -5,7 +5,8 @@ import json
 from cinq.cli import main
 
 
-def test_train_then_distill_with_baseline_report_and_export(tiny_corpus, tmp_path, monkeypatch):
+def test_train_then_distill_with_baseline_report_and_export(tiny_corpus, tmp_path, monkeypatch,
+                                                            few_arithmetic_problems):
     monkeypatch.setattr("sys.argv", ["cinq"])  # the cards record the command line
     teacher_run, card_dir = tmp_path / "t", tmp_path / "shipped-teacher"
     assert main(["train", "--data", str(tiny_corpus), "--out", str(teacher_run), "--config", "micro",
@@ -30,7 +31,8 @@ def test_train_then_distill_with_baseline_report_and_export(tiny_corpus, tmp_pat
     assert "Forward KL" in (tmp_path / "shipped-student" / "README.md").read_text()
 
 
-def test_train_init_from_with_a_task_mix_continues_and_keeps_the_stages(tiny_corpus, tmp_path, monkeypatch, capsys):
+def test_train_init_from_with_a_task_mix_continues_and_keeps_the_stages(tiny_corpus, tmp_path, monkeypatch, capsys,
+                                                                       few_arithmetic_problems):
     """An anneal: `cinq train --init-from` starts from the shipped weights, mixes in the generated task, and the
     exported card keeps the first stage's command and token count."""
     def cinq(*argv: str) -> int:  # the card records the command line from sys.argv

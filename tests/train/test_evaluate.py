@@ -34,7 +34,7 @@ def test_arithmetic_eval_scores_greedy_completions(teacher, generator):
     assert len(out["samples"]) == 3 and all(isinstance(x["completion"], str) for x in out["samples"])
 
 
-def test_ship_run_writes_a_complete_card(teacher, tiny_corpus, tmp_path):
+def test_ship_run_writes_a_complete_card(teacher, tiny_corpus, tmp_path, few_arithmetic_problems):
     dest = tmp_path / "shipped"
     result = ship_run(teacher.parent, dest, tiny_corpus, "micro-teacher", "A test model.",
                       ["cinq data build --out X", "cinq train ..."], n_arith=4)
