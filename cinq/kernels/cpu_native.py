@@ -1,5 +1,5 @@
 """Native CPU kernels (``cinq/kernels/cpu/*.cpp``): built on first use with the system C++ compiler through
-``torch.utils.cpp_extension``, cached in the cinq cache by source content, torch version and CPU (a build
+``torch.utils.cpp_extension``, cached in the cinq cache by source content, Python environment, torch version and CPU (a build
 says so in the log, with its time; ``scripts/setup.sh`` builds them), and optional — when one cannot be built the
 caller runs its PyTorch path (said once in the log). ``CINQ_NATIVE_KERNELS=0`` disables them all. A kernel whose
 build has no fast path for this CPU (``has_fast_path()`` false: no AVX512-BF16) is not used either: its portable
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -59,9 +60,10 @@ def native_module(name: str) -> Any | None:
 
 
 def _build_or_load(name: str) -> Any:
-    """Load ``cpu/<name>.cpp``'s extension from the cache, compiling it first when this source (by content), torch
-    version and CPU have no build yet. The source is compiled from a copy inside its build folder, so every
-    checkout of the same source shares one build instead of recompiling for its own path."""
+    """Load ``cpu/<name>.cpp``'s extension from the cache, compiling it first when this source (by content), Python
+    environment, torch version and CPU have no build yet. The source is compiled from a copy inside its build
+    folder, so every checkout of the same source using one environment shares one build instead of recompiling
+    for its own path."""
     import hashlib
     import time
 
@@ -69,7 +71,9 @@ def _build_or_load(name: str) -> Any:
 
     from cinq.cache import cache_dir
     source = (_SOURCES / f"{name}.cpp").read_bytes()
-    key = hashlib.sha256(source).hexdigest()[:12]
+    # The build command holds this interpreter's include paths: two environments sharing one build folder would
+    # each see the other's command and recompile every time, so the environment is part of the key.
+    key = hashlib.sha256(source + sys.prefix.encode()).hexdigest()[:12]
     build = cache_dir() / "torch_extensions" / f"torch-{torch.__version__}-{_cpu_key()}" / f"{name}-{key}"
     build.mkdir(parents=True, exist_ok=True)
     copy = build / f"{name}.cpp"
