@@ -1,9 +1,10 @@
 """Native CPU kernels (``cinq/kernels/cpu/*.cpp``): built on first use with the system C++ compiler through
 ``torch.utils.cpp_extension``, cached in the cinq cache by source content, Python environment, torch version and
 CPU (a build says so in the log, with its time; ``scripts/setup.sh`` builds them), and optional — when one cannot
-be built the caller runs its PyTorch path (said once in the log). ``CINQ_NATIVE_KERNELS=0`` disables them all. A kernel whose
-build has no fast path for this CPU (``has_fast_path()`` false: no AVX512-BF16) is not used either: its portable
-loop would be slower than PyTorch's. Builds use ``-march=native``, so the cache is keyed by the CPU's features.
+be built the caller runs its PyTorch path (said once in the log). ``CINQ_NATIVE_KERNELS=0`` disables them all. A
+kernel whose build has no fast path for this CPU (``has_fast_path()`` false: no AVX512-BF16) is not used either:
+its portable loop would be slower than PyTorch's. Builds use ``-march=native``, so the cache is keyed by the
+CPU's features.
 
 * ``paged_decode.cpp``: decode attention read straight from the KV pages (no gathered copy of the contexts).
 * ``small_m_gemm.cpp``: bf16 linear for 1-8 activation rows at memory bandwidth (decode at small batch, a
