@@ -72,14 +72,17 @@ def _build_or_load(name: str) -> Any:
 
     from cinq.cache import cache_dir
     source = (_SOURCES / f"{name}.cpp").read_bytes()
+    headers = {h.name: h.read_bytes() for h in sorted(_SOURCES.glob("*.h"))}  # included as "name.h"
     # The build command holds this interpreter's include paths: two environments sharing one build folder would
     # each see the other's command and recompile every time, so the environment is part of the key.
-    key = hashlib.sha256(source + sys.prefix.encode()).hexdigest()[:12]
+    key = hashlib.sha256(source + b"".join(headers.values()) + sys.prefix.encode()).hexdigest()[:12]
     build = cache_dir() / "torch_extensions" / f"torch-{torch.__version__}-{_cpu_key()}" / f"{name}-{key}"
     build.mkdir(parents=True, exist_ok=True)
+    for file_name, data in [(f"{name}.cpp", source), *headers.items()]:
+        copy = build / file_name
+        if not copy.is_file() or copy.read_bytes() != data:
+            copy.write_bytes(data)
     copy = build / f"{name}.cpp"
-    if not copy.is_file() or copy.read_bytes() != source:
-        copy.write_bytes(source)
     fresh = not any(build.glob("*.so"))
     if fresh:
         log.warning("building the native CPU kernel %s (once per machine and source version, ~1 min)", name)

@@ -22,14 +22,11 @@
 #define CINQ_INT4_AVX512 1
 #endif
 
+#include "bf16.h"
+
 namespace {
 
-inline float bf16_to_float(uint16_t v) {
-  uint32_t bits = static_cast<uint32_t>(v) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
+using cinq_bf16::bf16_to_float;
 
 constexpr int kMaxRows = 4;  // activation rows sharing one pass over the weights
 

@@ -14,23 +14,12 @@
 #include <cstdint>
 #include <cstring>
 
+#include "bf16.h"
+
 namespace {
 
-inline float bf16_to_float(uint16_t v) {
-  uint32_t bits = static_cast<uint32_t>(v) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-
-// float -> bf16, round to nearest even (as c10::BFloat16 does for finite values; NaN stays NaN)
-inline uint16_t float_to_bf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN (bit test: -ffast-math drops std::isnan)
-  bits += 0x7fff + ((bits >> 16) & 1);
-  return static_cast<uint16_t>(bits >> 16);
-}
+using cinq_bf16::bf16_to_float;
+using cinq_bf16::float_to_bf16;
 
 // One row of n values: optional residual add into s (written to res_out), then the norm into y.
 inline void norm_row(const uint16_t* x, const uint16_t* res, const uint16_t* w, uint16_t* y, uint16_t* res_out,

@@ -12,25 +12,13 @@
 #include <cstdint>
 #include <cstring>
 
+#include "bf16.h"
+
 namespace {
 
-inline float bf16_to_float(uint16_t v) {
-  uint32_t bits = static_cast<uint32_t>(v) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-
-// float -> bf16, round to nearest even; NaN stays NaN (bit test: -ffast-math drops std::isnan)
-inline uint16_t float_to_bf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-  bits += 0x7fff + ((bits >> 16) & 1);
-  return static_cast<uint16_t>(bits >> 16);
-}
-
-inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+using cinq_bf16::bf16_to_float;
+using cinq_bf16::float_to_bf16;
+using cinq_bf16::round_bf16;
 
 inline void rotate_head(uint16_t* x, const uint16_t* cos, const uint16_t* sin, int64_t half) {
   for (int64_t i = 0; i < half; ++i) {

@@ -30,6 +30,8 @@
 #include <unistd.h>
 #endif
 
+#include "bf16.h"
+
 namespace {
 
 constexpr int kMaxRows = 8;
@@ -45,12 +47,7 @@ constexpr int64_t kAmxMinRows = 1;
 // before the prefetch), and other CPUs' `vdpbf16ps` throughput is unmeasured: 7-8 rows stay with oneDNN there.
 constexpr int kVectorFastRows = 6;
 
-inline float bf16_to_float(uint16_t v) {
-  uint32_t bits = static_cast<uint32_t>(v) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
+using cinq_bf16::bf16_to_float;
 
 // Output rows per tile for MB activation rows: the most that keeps the tile's accumulators within one reduction.
 template <int MB>
