@@ -67,14 +67,25 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--no-fixed-k", action="store_true", help="adaptive k only (no fixed-k tau runs)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--reading", default=None, help="the reading paragraph to keep with the results")
+    ap.add_argument("--rerender", default=None, metavar="JSON",
+                    help="rebuild the report from an earlier run's JSON (with --reading: add it) instead of measuring")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "interactions_quant_spec"))
     args = ap.parse_args()
     from cinq.assets import resolve_model_path
-    from cinq.bench.quant_spec import DENSE, TARGETS, QuantSpecOptions, run_quant_spec
+    from cinq.bench.quant_spec import DENSE, TARGETS, QuantSpecOptions, quant_spec_result, run_quant_spec
     from cinq.bench.report import print_report, write_report
     from cinq.errors import InvalidParameterError
     from cinq.eval.variants import one_variant
     from cinq.quant.variant_folder import variant_folder
+    if args.rerender:  # the measurements as they were, the reading added or replaced
+        data = {k: v for k, v in json.loads(Path(args.rerender).read_text()).items()
+                if k not in ("kind", "title", "headline")}
+        result = quant_spec_result({**data, "reading": args.reading or data.get("reading")})
+        print_report(result)
+        for path in write_report(result, args.out):
+            print("wrote", path)
+        return 0
     src = resolve_model_path("cinq-tiny")
     names = {entry or DENSE: label for label, entry in TARGETS}
     chosen = TARGETS[:2] if args.quick else TARGETS
@@ -90,13 +101,17 @@ def main() -> int:
             name = "bf16 control" if entry == DENSE else "retrained on target"
             retrained[names[entry]] = head(Path(folder), name, names[entry])
     general = [head(resolve_model_path("cinq-tiny-eagle"), "shipped", DENSE)]
+    control = None
     if DENSE in retrained:  # the reduced-budget control: trained on bf16, measured everywhere
         general.append(retrained.pop(DENSE))
+        control = general[-1].name
     options = QuantSpecOptions(batch_sizes=tuple(int(b) for b in args.batches.split(",")),
                                num_prompts=2 if args.quick else args.num_prompts,
                                max_tokens=8 if args.quick else args.max_tokens, fixed_k=not args.no_fixed_k,
                                num_threads=args.threads, extra=teacher_identity(src))
-    result = run_quant_spec(targets, general, retrained, options)
+    result = run_quant_spec(targets, general, retrained, options, control)
+    if args.reading:
+        result = quant_spec_result({**result.data, "reading": args.reading})
     print_report(result)
     if not args.quick:
         for path in write_report(result, args.out):

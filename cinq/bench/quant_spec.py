@@ -75,11 +75,14 @@ def heads_for(target: str, general: list[Head], retrained: dict[str, Head]) -> l
 
 
 def run_quant_spec(targets: dict[str, Path], general: list[Head], retrained: dict[str, Head],
-                   options: QuantSpecOptions, progress: bool = True) -> BenchResult:
-    """Measure every (target, batch, head, mode) against plain decoding of that target in the same run."""
+                   options: QuantSpecOptions, control: str | None = None, progress: bool = True) -> BenchResult:
+    """Measure every (target, batch, head, mode) against plain decoding of that target in the same run.
+    ``control``: the name of the general head trained with the retrained heads' budget (their comparison)."""
     options.validate()
     if not targets:
         raise InvalidParameterError("no target to measure", "targets")
+    if control is not None and control not in [h.name for h in general]:
+        raise InvalidParameterError(f"control head {control!r} is not among {[h.name for h in general]}", "control")
     unknown = sorted(set(retrained) - set(targets))
     if unknown:
         raise InvalidParameterError(f"retrained heads for unknown targets {unknown}; targets: {list(targets)}",
@@ -118,7 +121,8 @@ def run_quant_spec(targets: dict[str, Path], general: list[Head], retrained: dic
     bar.close()
     data = {"config": {"targets": {k: _short(v) for k, v in targets.items()},
                        "heads": [{"name": h.name, "folder": _short(h.folder), "trained_on": h.trained_on,
-                                  "budget": h.budget} for h in [*general, *retrained.values()]]},
+                                  "budget": h.budget} for h in [*general, *retrained.values()]],
+                       "control": control},
             "options": dataclasses.asdict(options), "machine": machine_info(), "rows": rows}
     return quant_spec_result(data)
 
@@ -152,6 +156,35 @@ def _summary(data: dict[str, Any]) -> Table:
     return table
 
 
+def _effects(data: dict[str, Any]) -> Table | None:
+    """Per target at the smallest batch: tau of each dense-trained head and its change from the dense target, and
+    the retrained head's tau against the head trained on the dense model with the same budget (the control)."""
+    fixed = data["options"]["fixed_k"]
+    batch = min(r["batch"] for r in data["rows"])
+
+    def tau(target: str, pred: Any) -> float | None:
+        return next((r["tau"] for r in data["rows"] if r["target"] == target and r["batch"] == batch
+                     and r["adaptive"] != fixed and pred(r)), None)
+    general = list(dict.fromkeys(r["head"] for r in data["rows"] if r["head_trained_on"] == DENSE))
+    targets = list(dict.fromkeys(r["target"] for r in data["rows"]))
+    if DENSE not in targets:
+        return None
+    control = data["config"].get("control")
+    cols = ["target"] + [f"tau {h} (vs bf16 target)" for h in general] + ["tau retrained", "retrained - control"]
+    table = Table(f"Does quantizing lower tau, does retraining win it back? (batch {batch}, tau at "
+                  f"{'fixed' if fixed else 'adaptive'} k)", cols)
+    for t in targets:
+        row: list[Any] = [t]
+        for h in general:
+            mine, dense = tau(t, lambda r: r["head"] == h), tau(DENSE, lambda r: r["head"] == h)
+            row.append(None if mine is None else f"{mine:.2f} ({mine - dense:+.2f})" if dense else f"{mine:.2f}")
+        own = tau(t, lambda r: r["head_trained_on"] == t and r["head_trained_on"] != DENSE)
+        ctl = tau(t, lambda r: r["head"] == control) if control else None
+        row += [own, None if own is None or ctl is None else f"{own - ctl:+.2f}"]
+        table.rows.append(row)
+    return table
+
+
 def quant_spec_result(data: dict[str, Any]) -> BenchResult:
     """The report of a ``run_quant_spec`` run (also rebuilt from its JSON)."""
     o, m = data["options"], data["machine"]
@@ -174,6 +207,8 @@ def quant_spec_result(data: dict[str, Any]) -> BenchResult:
                 f"/{len(data['rows'])} runs; adaptive EAGLE speedup over plain decoding "
                 f"{min(r['speedup'] for r in adaptive):.2f}x to {max(r['speedup'] for r in adaptive):.2f}x")
     notes = [] if identical else ["Some speculative runs did not reproduce plain greedy output (see the table)."]
+    if data.get("reading"):
+        notes.insert(0, f"Reading: {data['reading']}")
     if o.get("extra"):
         notes.append("Recorded with the run: " + "; ".join(f"{k}: {v}" for k, v in o["extra"].items()) + ".")
 
@@ -198,4 +233,5 @@ def quant_spec_result(data: dict[str, Any]) -> BenchResult:
         ax1.legend(fontsize=7)
 
     return BenchResult("quant-spec", "Quantized target x speculation: EAGLE heads trained on bf16 vs retrained on "
-                       "the quantized target", setup, [_summary(data), detail], headline, data, notes, plot=plot)
+                       "the quantized target", setup, [t for t in (_effects(data), _summary(data), detail) if t is not None],
+                       headline, data, notes, plot=plot)

@@ -41,7 +41,7 @@ def test_heads_for_adds_the_targets_own_head_once() -> None:
 def test_every_head_runs_on_its_targets_and_keeps_greedy_output(setup, tmp_path: Path) -> None:
     targets, general, retrained = setup
     options = QuantSpecOptions(num_prompts=2, prompt_len=12, max_tokens=6, k=2, extra={"teacher": "tiny"})
-    result = run_quant_spec(targets, general, retrained, options, progress=False)
+    result = run_quant_spec(targets, general, retrained, options, control="dense-trained", progress=False)
     rows = result.data["rows"]
     got = sorted((r["target"], r["head"], r["adaptive"]) for r in rows)
     assert got == sorted([("bf16", "dense-trained", True), ("bf16", "dense-trained", False),
@@ -50,13 +50,20 @@ def test_every_head_runs_on_its_targets_and_keeps_greedy_output(setup, tmp_path:
     assert all(r["greedy_identical"] for r in rows)
     fixed = [r for r in rows if not r["adaptive"]]
     assert all(1.0 <= r["tau"] <= options.k + 1 for r in fixed)  # k fixed: every step drafts
-    summary = result.tables[0]
+    effects, summary = result.tables[0], result.tables[1]
     assert [row[0] for row in summary.rows] == ["bf16", "int4"]
     assert summary.rows[0][summary.columns.index("tau retrained (k fixed)")] is None  # not measured on bf16
+    # the comparison: the retrained head's tau against the control's on the same target, at fixed k
+    tau = {(r["target"], r["head"]): r["tau"] for r in fixed}
+    assert effects.rows[1][-2:] == [tau["int4", "retrained"],
+                                    f"{tau['int4', 'retrained'] - tau['int4', 'dense-trained']:+.2f}"]
+    assert effects.rows[1][1] == (f"{tau['int4', 'dense-trained']:.2f} "
+                                  f"({tau['int4', 'dense-trained'] - tau['bf16', 'dense-trained']:+.2f})")
     # the report rebuilds from its own JSON, with what was recorded alongside
     write_report(result, tmp_path / "qs")
     again = quant_spec_result(json.loads((tmp_path / "qs.json").read_text()))
     assert markdown(again) == markdown(result) and "teacher: tiny" in markdown(again)
+    assert "Reading: int4 drafts alike" in markdown(quant_spec_result({**result.data, "reading": "int4 drafts alike"}))
 
 
 def test_bad_input_names_the_field(setup) -> None:
@@ -67,3 +74,6 @@ def test_bad_input_names_the_field(setup) -> None:
     with pytest.raises(InvalidParameterError) as e:
         run_quant_spec(targets, general, retrained, QuantSpecOptions(k=0), progress=False)
     assert e.value.param == "k"
+    with pytest.raises(InvalidParameterError) as e:
+        run_quant_spec(targets, general, retrained, QuantSpecOptions(), control="nope", progress=False)
+    assert e.value.param == "control"
