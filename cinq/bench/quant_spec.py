@@ -23,6 +23,7 @@ from cinq.bench.spec import compare, measure
 from cinq.bench.workload import TokenWindows, text_tokens
 from cinq.config import EngineConfig
 from cinq.errors import InvalidParameterError
+from cinq.eval.head_transfer import held_out_acceptance
 
 DENSE = "bf16"
 # (label, cinq eval --variants entry): the issue's targets; the dense model is the first
@@ -52,6 +53,8 @@ class QuantSpecOptions:
     text: str = "held-out"
     k: int = 3
     fixed_k: bool = True  # also measure with adaptive off (tau at a fixed draft length)
+    offline_prompts: int = 32  # held-out tau offline (cinq/eval/head_transfer.py) on this many prompts; 0: off
+    offline_max_tokens: int = 64
     num_threads: int | None = None
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)  # recorded as given (teacher identity, budgets, ...)
@@ -59,6 +62,9 @@ class QuantSpecOptions:
     def validate(self) -> None:
         if not self.batch_sizes or min(self.batch_sizes) < 1:
             raise InvalidParameterError(f"batch sizes must be >= 1, got {list(self.batch_sizes)}", "batch_sizes")
+        if self.offline_prompts < 0 or self.offline_max_tokens < 1:
+            raise InvalidParameterError(f"offline_prompts must be >= 0 and offline_max_tokens >= 1, got "
+                                        f"{self.offline_prompts} and {self.offline_max_tokens}", "offline_prompts")
         for name in ("num_prompts", "prompt_len", "max_tokens", "k"):
             if getattr(self, name) < 1:
                 raise InvalidParameterError(f"{name} must be >= 1, got {getattr(self, name)}", name)
@@ -91,9 +97,10 @@ def run_quant_spec(targets: dict[str, Path], general: list[Head], retrained: dic
     first = next(iter(targets.values()))
     text = TokenWindows(text_tokens(Tokenizer.from_pretrained(first), options.text), start=options.seed * 7919)
     prompts = [text.take(options.prompt_len) for _ in range(options.num_prompts)]
+    held_out = [text.take(options.prompt_len) for _ in range(options.offline_prompts)]
     modes = [True, False] if options.fixed_k else [True]
     plan = [(t, b) for t in targets for b in options.batch_sizes]
-    total = sum(2 + len(modes) * len(heads_for(t, general, retrained)) for t, _ in plan)
+    total = sum(2 + len(modes) * len(heads_for(t, general, retrained)) for t, _ in plan) + (len(targets) if held_out else 0)
     bar = progress_bar(total, "quant-spec", progress, unit="run")
     rows: list[dict[str, Any]] = []
     for label, batch in plan:
@@ -118,12 +125,20 @@ def run_quant_spec(targets: dict[str, Path], general: list[Head], retrained: dic
                            "head_budget": head.budget, "adaptive": adaptive, "baseline_drift": round(drift, 3)},
                           base, r)
             rows.append(row)
+    offline = []
+    for label in targets if held_out else []:  # no timing: after the served runs, while the bar is still up
+        heads = heads_for(label, general, retrained)
+        got = held_out_acceptance(targets[label], {h.name: h.folder for h in heads}, held_out,
+                                  options.offline_max_tokens, options.k)
+        offline += [{"target": label, "head": h.name, "head_trained_on": h.trained_on, "tau": got[h.name]["tau"],
+                     "accept_rate": got[h.name]["accept_rate"], "steps": got[h.name]["steps"]} for h in heads]
+        bar.update(1)
     bar.close()
     data = {"config": {"targets": {k: _short(v) for k, v in targets.items()},
                        "heads": [{"name": h.name, "folder": _short(h.folder), "trained_on": h.trained_on,
                                   "budget": h.budget} for h in [*general, *retrained.values()]],
                        "control": control},
-            "options": dataclasses.asdict(options), "machine": machine_info(), "rows": rows}
+            "options": dataclasses.asdict(options), "machine": machine_info(), "rows": rows, "offline": offline}
     return quant_spec_result(data)
 
 
@@ -156,33 +171,41 @@ def _summary(data: dict[str, Any]) -> Table:
     return table
 
 
-def _effects(data: dict[str, Any]) -> Table | None:
-    """Per target at the smallest batch: tau of each dense-trained head and its change from the dense target, and
-    the retrained head's tau against the head trained on the dense model with the same budget (the control)."""
-    fixed = data["options"]["fixed_k"]
-    batch = min(r["batch"] for r in data["rows"])
-
-    def tau(target: str, pred: Any) -> float | None:
-        return next((r["tau"] for r in data["rows"] if r["target"] == target and r["batch"] == batch
-                     and r["adaptive"] != fixed and pred(r)), None)
-    general = list(dict.fromkeys(r["head"] for r in data["rows"] if r["head_trained_on"] == DENSE))
-    targets = list(dict.fromkeys(r["target"] for r in data["rows"]))
+def _effects(rows: list[dict[str, Any]], control: str | None, title: str) -> Table | None:
+    """Per target: tau of each dense-trained head and its change from the dense target, and the retrained head's
+    tau against the head trained on the dense model with the same budget (``control``). ``rows``: one
+    measurement per (target, head)."""
+    targets = list(dict.fromkeys(r["target"] for r in rows))
     if DENSE not in targets:
         return None
-    control = data["config"].get("control")
-    cols = ["target"] + [f"tau {h} (vs bf16 target)" for h in general] + ["tau retrained", "retrained - control"]
-    table = Table(f"Does quantizing lower tau, does retraining win it back? (batch {batch}, tau at "
-                  f"{'fixed' if fixed else 'adaptive'} k)", cols)
+    tau = {(r["target"], r["head"]): r["tau"] for r in rows}
+    general = list(dict.fromkeys(r["head"] for r in rows if r["head_trained_on"] == DENSE))
+    table = Table(title, ["target"] + [f"tau {h} (vs bf16 target)" for h in general]
+                  + ["tau retrained", "retrained - control"])
     for t in targets:
         row: list[Any] = [t]
         for h in general:
-            mine, dense = tau(t, lambda r: r["head"] == h), tau(DENSE, lambda r: r["head"] == h)
+            mine, dense = tau.get((t, h)), tau.get((DENSE, h))
             row.append(None if mine is None else f"{mine:.2f} ({mine - dense:+.2f})" if dense else f"{mine:.2f}")
-        own = tau(t, lambda r: r["head_trained_on"] == t and r["head_trained_on"] != DENSE)
-        ctl = tau(t, lambda r: r["head"] == control) if control else None
+        own = next((r["tau"] for r in rows if r["target"] == t and r["head_trained_on"] == t != DENSE), None)
+        ctl = tau.get((t, control)) if control else None
         row += [own, None if own is None or ctl is None else f"{own - ctl:+.2f}"]
         table.rows.append(row)
     return table
+
+
+def _comparisons(data: dict[str, Any]) -> list[Table | None]:
+    """The comparison from served tau (smallest batch, fixed k when measured) and from held-out tau (offline)."""
+    o, control = data["options"], data["config"].get("control")
+    batch = min(r["batch"] for r in data["rows"])
+    served = [r for r in data["rows"] if r["batch"] == batch and r["adaptive"] != o["fixed_k"]]
+    out = [_effects(served, control, f"Does quantizing lower tau, does retraining win it back? Served, batch {batch}, "
+                                     f"k={o['k']} {'fixed' if o['fixed_k'] else 'adaptive'}")]
+    if data.get("offline"):
+        out.insert(0, _effects(data["offline"], control, (
+            f"The same from held-out tau: each target's own greedy continuations ({o['offline_prompts']} prompts x "
+            f"up to {o['offline_max_tokens']} tokens, float32), k={o['k']} drafts, offline")))
+    return out
 
 
 def quant_spec_result(data: dict[str, Any]) -> BenchResult:
@@ -233,5 +256,5 @@ def quant_spec_result(data: dict[str, Any]) -> BenchResult:
         ax1.legend(fontsize=7)
 
     return BenchResult("quant-spec", "Quantized target x speculation: EAGLE heads trained on bf16 vs retrained on "
-                       "the quantized target", setup, [t for t in (_effects(data), _summary(data), detail) if t is not None],
+                       "the quantized target", setup, [t for t in (*_comparisons(data), _summary(data), detail) if t is not None],
                        headline, data, notes, plot=plot)

@@ -40,7 +40,8 @@ def test_heads_for_adds_the_targets_own_head_once() -> None:
 
 def test_every_head_runs_on_its_targets_and_keeps_greedy_output(setup, tmp_path: Path) -> None:
     targets, general, retrained = setup
-    options = QuantSpecOptions(num_prompts=2, prompt_len=12, max_tokens=6, k=2, extra={"teacher": "tiny"})
+    options = QuantSpecOptions(num_prompts=2, prompt_len=12, max_tokens=6, k=2, offline_prompts=3,
+                               offline_max_tokens=8, extra={"teacher": "tiny"})
     result = run_quant_spec(targets, general, retrained, options, control="dense-trained", progress=False)
     rows = result.data["rows"]
     got = sorted((r["target"], r["head"], r["adaptive"]) for r in rows)
@@ -50,7 +51,11 @@ def test_every_head_runs_on_its_targets_and_keeps_greedy_output(setup, tmp_path:
     assert all(r["greedy_identical"] for r in rows)
     fixed = [r for r in rows if not r["adaptive"]]
     assert all(1.0 <= r["tau"] <= options.k + 1 for r in fixed)  # k fixed: every step drafts
-    effects, summary = result.tables[0], result.tables[1]
+    offline, effects, summary = result.tables[0], result.tables[1], result.tables[2]
+    assert offline.title.startswith("The same from held-out tau") and effects.title.startswith("Does quantizing")
+    held = {(r["target"], r["head"]): r["tau"] for r in result.data["offline"]}
+    assert set(held) == {(t, h) for t, h, _ in got} and all(1.0 <= v <= options.k + 1 for v in held.values())
+    assert offline.rows[1][-2] == held["int4", "retrained"]
     assert [row[0] for row in summary.rows] == ["bf16", "int4"]
     assert summary.rows[0][summary.columns.index("tau retrained (k fixed)")] is None  # not measured on bf16
     # the comparison: the retrained head's tau against the control's on the same target, at fixed k
