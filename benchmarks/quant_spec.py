@@ -65,6 +65,7 @@ def main() -> int:
     ap.add_argument("--batches", default="1", help="comma list of batch sizes")
     ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--offline-prompts", type=int, default=32, help="held-out tau offline on this many prompts (0: off)")
     ap.add_argument("--no-fixed-k", action="store_true", help="adaptive k only (no fixed-k tau runs)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--reading", default=None, help="the reading paragraph to keep with the results")
@@ -108,6 +109,7 @@ def main() -> int:
     options = QuantSpecOptions(batch_sizes=tuple(int(b) for b in args.batches.split(",")),
                                num_prompts=2 if args.quick else args.num_prompts,
                                max_tokens=8 if args.quick else args.max_tokens, fixed_k=not args.no_fixed_k,
+                               offline_prompts=4 if args.quick else args.offline_prompts,
                                num_threads=args.threads, extra=teacher_identity(src))
     result = run_quant_spec(targets, general, retrained, options, control)
     if args.reading:
