@@ -203,7 +203,8 @@ def _comparisons(data: dict[str, Any]) -> list[Table | None]:
                                      f"k={o['k']} {'fixed' if o['fixed_k'] else 'adaptive'}")]
     if data.get("offline"):
         out.insert(0, _effects(data["offline"], control, (
-            f"The same from held-out tau: each target's own greedy continuations ({o['offline_prompts']} prompts x "
+            f"Does quantizing lower tau, does retraining win it back? Held-out tau offline, on each target's own "
+            f"greedy continuations ({o['offline_prompts']} prompts x "
             f"up to {o['offline_max_tokens']} tokens, float32), k={o['k']} drafts, offline")))
     return out
 
