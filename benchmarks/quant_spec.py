@@ -65,7 +65,8 @@ def main() -> int:
     ap.add_argument("--batches", default="1", help="comma list of batch sizes")
     ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--offline-prompts", type=int, default=32, help="held-out tau offline on this many prompts (0: off)")
+    ap.add_argument("--offline-prompts", type=int, default=32,
+                    help="held-out tau offline on this many prompts (0: off)")
     ap.add_argument("--no-fixed-k", action="store_true", help="adaptive k only (no fixed-k tau runs)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--reading", default=None, help="the reading paragraph to keep with the results")

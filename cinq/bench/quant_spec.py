@@ -100,7 +100,8 @@ def run_quant_spec(targets: dict[str, Path], general: list[Head], retrained: dic
     held_out = [text.take(options.prompt_len) for _ in range(options.offline_prompts)]
     modes = [True, False] if options.fixed_k else [True]
     plan = [(t, b) for t in targets for b in options.batch_sizes]
-    total = sum(2 + len(modes) * len(heads_for(t, general, retrained)) for t, _ in plan) + (len(targets) if held_out else 0)
+    total = sum(2 + len(modes) * len(heads_for(t, general, retrained)) for t, _ in plan)
+    total += len(targets) if held_out else 0
     bar = progress_bar(total, "quant-spec", progress, unit="run")
     rows: list[dict[str, Any]] = []
     for label, batch in plan:
@@ -256,6 +257,6 @@ def quant_spec_result(data: dict[str, Any]) -> BenchResult:
         ax2.axhline(1.0, color="gray", ls=":")
         ax1.legend(fontsize=7)
 
+    tables = [t for t in (*_comparisons(data), _summary(data), detail) if t is not None]
     return BenchResult("quant-spec", "Quantized target x speculation: EAGLE heads trained on bf16 vs retrained on "
-                       "the quantized target", setup, [t for t in (*_comparisons(data), _summary(data), detail) if t is not None],
-                       headline, data, notes, plot=plot)
+                       "the quantized target", setup, tables, headline, data, notes, plot=plot)
