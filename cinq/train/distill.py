@@ -106,7 +106,11 @@ def load_student(spec: str, tokenizer_dir: Path, seed: int) -> Any:
 
 
 def load_teacher(path: str | Path) -> Any:
+    """A frozen float32 teacher (or draft-head target); a weight-only quantized one computes through its dense
+    dequantized weights (the same function, at training-forward speed: cinq/layers/quantization/linear.py)."""
+    from cinq.layers.quantization.linear import dequantize_weight_only
     teacher = load_model(path, dtype="float32")
+    dequantize_weight_only(teacher)
     teacher.requires_grad_(False)
     return teacher.eval()
 

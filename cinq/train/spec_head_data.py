@@ -6,7 +6,8 @@ number from every corpus language (``prompt_mix`` balanced; natural: in the spli
 as many in total; cinq/train/seqkd.py ``mixed_prompts``), with cinq's own serving engine
 (cinq/train/generation.py); each sequence is kept whole (prompt + continuation, positions from 0 as served).
 A set is cached in the run folder under a key of everything that produced it (target, corpus, split, prompt mix,
-sampling settings), so a rerun reuses it and any change regenerates it.
+sampling settings), so a rerun reuses it and any change regenerates it. A quantized target is its own target
+(``sequences_identity``): its sequences and features are its own, not those of the model it was quantized from.
 
 Training sets sample from the target (``temperature``); held-out sets are its greedy continuations of prompts
 from the corpus test split, which neither the target nor the heads trained on.
@@ -141,6 +142,17 @@ def target_sequences(target_dir: str | Path, target: Any, data_dir: str | Path, 
     seqs.save(path)
     sidecar.write_text(json.dumps(seqs.info, indent=1) + "\n")
     return seqs
+
+
+def sequences_identity(target_dir: str | Path, target: Any, fingerprint: str) -> str:
+    """The target part of a cached set's key: the head's target fingerprint (an embedding probe), and for a
+    quantized target also a hash of its weights. Quantized copies keep the model's embeddings, so the probe alone
+    would hand an int4 target's run (sharing ``generated_dir``) the sequences its bf16 source wrote. Dense
+    targets keep the probe alone, so caches made before quantized targets were told apart still match."""
+    if not target.config.quantization_config:
+        return fingerprint
+    from cinq.eval.quant_study import content_hash
+    return f"{fingerprint}+{content_hash(Path(target_dir))[:16]}"
 
 
 class SequenceSampler:

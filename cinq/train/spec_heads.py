@@ -44,7 +44,8 @@ from cinq.train.distill import load_teacher
 from cinq.train.losses import forward_kl
 from cinq.train.model_card import _cpu_name
 from cinq.train.seqkd import PROMPT_MIXES
-from cinq.train.spec_head_data import GenerationSettings, SequenceSampler, TargetSequences, target_sequences
+from cinq.train.spec_head_data import (GenerationSettings, SequenceSampler, TargetSequences, sequences_identity,
+                                       target_sequences)
 from cinq.train.trainer import Trainer
 from cinq.train.training_run import run_training, train_settings
 
@@ -140,10 +141,10 @@ class HeadTrainer:
         cache = Path(job.generated_dir) if job.generated_dir else self.out
         gen = GenerationSettings("train", job.train_prompts, job.max_prompt, job.max_tokens, job.sample_temperature,
                                  job.seed, job.generator, prompt_mix=job.prompt_mix)
-        self.train_seqs = target_sequences(self.target_dir, self.target, job.data_dir, gen, cache,
-                                           self.fingerprint.fingerprint, self.eos)
+        identity = sequences_identity(self.target_dir, self.target, self.fingerprint.fingerprint)
+        self.train_seqs = target_sequences(self.target_dir, self.target, job.data_dir, gen, cache, identity, self.eos)
         self.eval_seqs = target_sequences(self.target_dir, self.target, job.data_dir, held_out_settings(job), cache,
-                                          self.fingerprint.fingerprint, self.eos)
+                                          identity, self.eos)
         self.sampler = SequenceSampler(self.train_seqs, job.batch_size, job.seed)
 
     def _check_same_job(self) -> None:

@@ -1,6 +1,9 @@
 """Training speculative heads on the target's own sequences: the loss goes down for every method, a resumed run
 follows the uninterrupted one, other settings are refused on resume, generated sets are cached by their
-settings (the prompt mix included: balanced per language or the corpus's natural proportions), and `cinq distill --heads ...` runs end to end (engine generation, export with a model card)."""
+settings (the prompt mix included: balanced per language or the corpus's natural proportions), a quantized
+target's run learns from that target's own sequences and features (not its dense source's, even when they share
+a generated-set folder), and `cinq distill --heads ...` runs end to end (engine generation, export with a model
+card), for a quantized target too."""
 
 from __future__ import annotations
 
@@ -14,13 +17,37 @@ import torch
 
 from cinq.cli import main
 from cinq.errors import InvalidParameterError
+from cinq.layers.quantization.linear import QuantizedLinear
 from cinq.model.loader import load_model
+from cinq.quant.config import QuantConfig
+from cinq.quant.pipeline import quantize_model
 from cinq.spec.eagle import load_eagle_head
 from cinq.spec.medusa import load_medusa_heads
 from cinq.train import spec_head_data
 from cinq.train.seqkd import balanced_prompts, corpus_prompts, mixed_prompts, natural_prompts
 from cinq.train.spec_head_data import GenerationSettings, target_sequences
 from cinq.train.spec_heads import HeadJob, HeadTrainer
+
+
+@pytest.fixture(scope="module")
+def int4_teacher(teacher, tmp_path_factory):
+    """The micro teacher quantized (int4 RTN, groups of 32: its embedding stays the dense one)."""
+    out = tmp_path_factory.mktemp("int4-teacher")
+    quantize_model(teacher, out, QuantConfig("rtn", 4, 32), None, progress=False)
+    return out
+
+
+def greedy_agreement(model, seqs) -> float:
+    """Share of generated tokens that are ``model``'s argmax after their prefix (1.0: its greedy output)."""
+    same = total = 0
+    with torch.no_grad():
+        for i in range(len(seqs)):
+            seq = torch.as_tensor(seqs.sequence(i).astype("int64"))[None]
+            start = int(seqs.prompt_lens[i])
+            guess = model.compute_logits(model(seq[:, :-1]))[0, start - 1:].argmax(-1)
+            same += int((guess == seq[0, start:]).sum())
+            total += seq.shape[1] - start
+    return same / total
 
 
 def job(teacher, corpus, out, method="eagle", **kw) -> HeadJob:
@@ -130,6 +157,27 @@ def test_the_prompt_mix_is_part_of_the_cache_key(teacher, tiny_corpus, tmp_path)
     assert len(list(tmp_path.glob("target-train-*.npz"))) == 2 and b.info["settings"]["prompt_mix"] == "natural"
 
 
+def test_a_quantized_target_trains_on_its_own_sequences_and_features(teacher, int4_teacher, tiny_corpus,
+                                                                     tmp_path) -> None:
+    shared = dict(generated_dir=str(tmp_path / "gen"), sample_temperature=0.0, max_run_s=0.0)
+    dense = HeadTrainer(job(teacher, tiny_corpus, tmp_path / "dense", **shared))
+    quant = HeadTrainer(job(int4_teacher, tiny_corpus, tmp_path / "int4", **shared))
+    # the quantized copy keeps the dense embedding: the same head fingerprint, yet its own cached sets
+    assert quant.fingerprint.fingerprint == dense.fingerprint.fingerprint
+    assert len(list((tmp_path / "gen").glob("target-train-*.npz"))) == 2
+    assert quant.train_seqs.info["target"] != dense.train_seqs.info["target"]
+    # the data is the int4 target's greedy writing, not its dense source's
+    assert greedy_agreement(quant.target, quant.train_seqs) == 1.0
+    assert greedy_agreement(dense.target, quant.train_seqs) < 1.0
+    # the features the head learns from are the quantized forward's
+    assert any(isinstance(m, QuantizedLinear) for m in quant.target.modules())
+    tokens, _ = quant.sampler.batch(0)
+    with torch.no_grad():
+        fq, fd = quant.target.forward_with_hidden_states(tokens)[0], dense.target.forward_with_hidden_states(tokens)[0]
+    assert not torch.allclose(fq, fd, atol=1e-3)
+    assert quant.run()["step"] == 1  # and it trains
+
+
 @pytest.mark.parametrize("method,extra", [("eagle", []), ("eagle3", []), ("medusa", []),
                                           ("medusa", ["--medusa-lm-head", "target"])])
 def test_cli_trains_exports_and_resumes(teacher, tiny_corpus, tmp_path, monkeypatch, method: str,
@@ -154,6 +202,17 @@ def test_cli_trains_exports_and_resumes(teacher, tiny_corpus, tmp_path, monkeypa
         assert load_eagle_head(dest, target, torch.float32, "cpu", "sdpa").method == method
     assert main(argv) == 0  # the same command again: resumes a finished run, trains nothing more
     assert json.loads((out / "summary.json").read_text())["step"] == 4
+
+
+def test_cli_trains_a_head_for_a_quantized_target(int4_teacher, tiny_corpus, tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr("sys.argv", ["cinq"])
+    out, dest = tmp_path / "run", tmp_path / "shipped"
+    assert main(["distill", "--heads", "eagle", "--target", str(int4_teacher), "--data", str(tiny_corpus), "--out",
+                 str(out), "--tokens", str(2 * 4 * 24), "--batch-size", "4", "--warmup", "1", "--train-prompts", "8",
+                 "--eval-prompts", "4", "--max-prompt", "8", "--max-tokens", "16", "--eval-max-tokens", "8",
+                 "--sample-temperature", "0", "--no-progress", "--export", str(dest)]) == 0
+    head = load_eagle_head(dest, load_model(int4_teacher, torch.float32), torch.float32, "cpu", "sdpa")
+    assert head.method == "eagle" and head.spec.target.name == int4_teacher.name
 
 
 def test_cli_heads_need_a_target(tiny_corpus, tmp_path) -> None:

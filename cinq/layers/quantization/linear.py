@@ -275,3 +275,25 @@ class W8A8Linear(QuantizedLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         t = self._kernel_tensors()
         return self._add_bias(w8a8_mm(x, t["w_t"], t["w_scale"], t.get("input_scale")))
+
+
+def dequantize_weight_only(model: nn.Module) -> int:
+    """Serve every weight-only quantized layer of ``model`` (GPTQ / RTN / AWQ) from the dense weight its kernel
+    computes with, read back through the kernel itself (y = I W^T), so the function stays the quantized model's.
+    For forwards over many rows at once, as when a frozen quantized target teaches a draft head: the CPU int4 /
+    int8 kernels are built for decode-sized batches and run a float32 training forward 25-100x slower than a
+    dense matmul. W8A8 layers are kept (their output also depends on the activations' quantization). Returns the
+    number of layers converted."""
+    from cinq.layers.quantization.kernels import DEQUANTIZED_AT_LOAD
+    n = 0
+    for m in model.modules():
+        if not isinstance(m, (GPTQLinear, AWQLinear)) or m.kind in ("unloaded", DEQUANTIZED_AT_LOAD):
+            continue
+        t = m._kernel_tensors()
+        device = next(iter(t.values())).device
+        with torch.no_grad():
+            eye = torch.eye(m.in_features, dtype=m.compute_dtype, device=device)
+            w = weight_only_mm(m.kind, t, m.group, eye).t().contiguous()
+        m._install(Prepared(DEQUANTIZED_AT_LOAD, {"weight": w}), tuple(k for k in t if k != "bias"))
+        n += 1
+    return n

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from cinq.errors import ModelLoadError
-from cinq.layers.quantization.linear import AWQLinear, GPTQLinear, W8A8Linear
+from cinq.layers.quantization.linear import AWQLinear, GPTQLinear, W8A8Linear, dequantize_weight_only
 from cinq.layers.quantization.packing import awq_pack, gptq_pack, w8a8_pack
 from cinq.layers.weight_loader import CheckpointTensor, OutputShards
 from cinq.quant.rtn import rtn_quantize
@@ -66,6 +66,27 @@ def test_w8a8_linear(static):
     y = lin(x.bfloat16())
     assert y.dtype == torch.bfloat16
     assert float((y.float() - x @ w.t()).abs().max() / (x @ w.t()).abs().max()) < 5e-2
+
+
+def test_dequantize_weight_only_keeps_the_function_and_the_w8a8_layers():
+    gen = torch.Generator().manual_seed(9)
+    w = torch.randn(64, 128, generator=gen)
+    model = torch.nn.ModuleDict({
+        "gptq4": fill(build_like_loader(GPTQLinear, 128, 64, True, 4, 32, prefix="a", dtype=torch.float32),
+                      {**gptq_pack(rtn_quantize(w, 4, 32, True, min_zero=1)), "bias": torch.randn(64).half()}),
+        "gptq8": fill(build_like_loader(GPTQLinear, 128, 64, False, 8, -1, prefix="b", dtype=torch.float32),
+                      gptq_pack(rtn_quantize(w, 8, -1, False, min_zero=1))),
+        "awq": fill(build_like_loader(AWQLinear, 128, 64, False, 32, dtype=torch.float32),
+                    awq_pack(rtn_quantize(w, 4, 32, sym=False))),
+        "w8a8": fill(build_like_loader(W8A8Linear, 128, 64, False, dtype=torch.float32), w8a8_pack(w, None))})
+    x = torch.randn(300, 128, generator=gen)  # training-forward sized: many rows
+    before = {name: m(x) for name, m in model.items()}
+    kinds = {name: m.kind for name, m in model.items()}
+    assert dequantize_weight_only(model) == 3
+    for name, m in model.items():
+        assert (m.kind == kinds[name]) == (name == "w8a8")  # activation-quantized layers keep their kernel
+        torch.testing.assert_close(m(x), before[name], atol=1e-4, rtol=1e-4)
+    assert dequantize_weight_only(model) == 0  # already dense: nothing left to convert
 
 
 def test_quantized_linear_errors():
