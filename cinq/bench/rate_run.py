@@ -73,6 +73,13 @@ class RateRun:
         return gaps
 
 
+def check_fixed_rate(rate: float) -> None:
+    """A benchmark's fixed request rate (its rate = inf run is always made besides): a finite number > 0."""
+    if not rate > 0 or math.isinf(rate):
+        raise InvalidParameterError(f"request_rate must be a finite number > 0 (rate = inf is always run), got "
+                                    f"{rate}", "request_rate")
+
+
 def arrival_offsets(n: int, rate: float, seed: int) -> list[float]:
     """Seconds after the start at which each of ``n`` requests arrives: a seeded Poisson process of ``rate``
     requests per second; all at 0 for ``rate = inf``."""

@@ -52,9 +52,8 @@ class SmoothQuantMixOptions:
     def validate(self) -> None:
         self.workload.validate()
         self.quality.validate()
-        if not self.request_rate > 0 or math.isinf(self.request_rate):
-            raise InvalidParameterError(f"request_rate must be a finite number > 0 (rate = inf is always run), got "
-                                        f"{self.request_rate}", "request_rate")
+        from cinq.bench.rate_run import check_fixed_rate
+        check_fixed_rate(self.request_rate)
         if self.rounds < 1:
             raise InvalidParameterError(f"rounds must be >= 1, got {self.rounds}", "rounds")
         if self.language_tokens < 2:

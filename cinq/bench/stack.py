@@ -48,9 +48,8 @@ class StackOptions:
     def validate(self) -> None:
         self.workload.validate()
         self.quality.validate()
-        if not self.request_rate > 0 or math.isinf(self.request_rate):
-            raise InvalidParameterError(f"request_rate must be a finite number > 0 (rate = inf is always run), got "
-                                        f"{self.request_rate}", "request_rate")
+        from cinq.bench.rate_run import check_fixed_rate
+        check_fixed_rate(self.request_rate)
         if self.price_per_hour < 0:
             raise InvalidParameterError(f"price_per_hour must be >= 0, got {self.price_per_hour}", "price_per_hour")
         if self.hf_batch_size < 1:
