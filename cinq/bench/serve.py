@@ -84,11 +84,17 @@ def run_serve(config: EngineConfig, options: ServeOptions, progress: bool = True
         asyncio.run(run_rate(base_url, options.served_model_name, warmup, float("inf"), options.seed))
         for rate, reqs in zip(options.request_rates, workloads):
             bar = progress_bar(len(reqs), f"rate {rate:g}", progress)
+            client0, server0 = time.process_time(), process_cpu_s(proc)
             with LoadSampler() as load:
                 results, duration = asyncio.run(run_rate(base_url, options.served_model_name, reqs, rate,
                                                          options.seed, on_done=lambda: bar.update(1)))
             bar.close()
-            runs.append(summarize(rate, results, duration, load.samples))
+            run = summarize(rate, results, duration, load.samples)
+            # CPU seconds per wall second: on a machine of few cores the client's share is taken from the server
+            run["client_cores"] = (time.process_time() - client0) / duration
+            if proc is not None:
+                run["server_cores"] = (process_cpu_s(proc) - server0) / duration
+            runs.append(run)
     finally:
         if proc is not None:
             proc.terminate()
@@ -174,6 +180,17 @@ def start_server(config: EngineConfig, server_flags: list[str]) -> tuple[subproc
             return proc, m.group(1)
 
 
+def process_cpu_s(proc: subprocess.Popen | None) -> float:
+    """User + system CPU seconds of a child process so far (Linux /proc; 0 elsewhere or without one)."""
+    if proc is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
+
+
 def offline_baseline(config: EngineConfig, reqs: list[BenchRequest], warmup: list[BenchRequest]) -> dict[str, Any]:
     """The same workload through the engine directly, all requests queued at once (no HTTP, no asyncio), after
     the same full-size warm-up pass the server got. The step loop runs in its own thread, as in AsyncLLM: on a
@@ -190,7 +207,7 @@ def offline_baseline(config: EngineConfig, reqs: list[BenchRequest], warmup: lis
             engine.add_request(f"warm-{i}", r.prompt, SamplingParams(temperature=0, max_tokens=r.output_len,
                                                                      ignore_eos=True))
         run_until_done(engine)
-        start = time.perf_counter()
+        start, cpu0 = time.perf_counter(), time.process_time()
         for i, r in enumerate(reqs):
             engine.add_request(str(i), r.prompt, SamplingParams(temperature=0, max_tokens=r.output_len,
                                                                 ignore_eos=True, output_kind=OutputKind.FINAL_ONLY))
@@ -198,7 +215,7 @@ def offline_baseline(config: EngineConfig, reqs: list[BenchRequest], warmup: lis
         duration = time.perf_counter() - start
         produced = sum(len(o.outputs[0].token_ids) for o in outs.values())
         result.update(duration_s=duration, output_tokens=produced, output_throughput=produced / duration,
-                      request_throughput=len(reqs) / duration)
+                      request_throughput=len(reqs) / duration, cores=(time.process_time() - cpu0) / duration)
 
     thread = threading.Thread(target=loop, name="offline-engine")
     thread.start()
@@ -211,17 +228,21 @@ def _result(data: dict[str, Any]) -> BenchResult:
     f = lambda d: f"{d['mean']:.0f} / {d['median']:.0f} / {d['p99']:.0f}"  # noqa: E731
     table = Table("Server, streaming /v1/completions", [
         "rate (req/s)", "done", "req/s", "out tok/s", "TTFT mean / med / p99 (ms)", "TPOT mean / med / p99 (ms)",
-        "ITL mean / med / p99 (ms)", "load avg (mean / max)"])
+        "ITL mean / med / p99 (ms)", "CPU cores used: server / client", "load avg (mean / max)"])
+    cores = lambda r: (f"{r['server_cores']:.2f} / {r['client_cores']:.2f}"  # noqa: E731
+                       if "server_cores" in r else f"- / {r.get('client_cores', float('nan')):.2f}")
     for r in data["runs"]:
         table.rows.append([_rate(r["request_rate"]), f"{r['completed']}/{r['completed'] + r['failed']}",
                            r["request_throughput"], r["output_throughput"], f(r["ttft_ms"]), f(r["tpot_ms"]),
-                           f(r["itl_ms"]), f"{r['load_avg_1m']['mean']:.1f} / {r['load_avg_1m']['max']:.1f}"])
+                           f(r["itl_ms"]), cores(r),
+                           f"{r['load_avg_1m']['mean']:.1f} / {r['load_avg_1m']['max']:.1f}"])
     base = data.get("baseline")
     if base:
         table.rows.append(["offline engine (baseline)", f"{cfg['num_prompts']}/{cfg['num_prompts']}",
-                           base["request_throughput"], base["output_throughput"], "", "", "", ""])
+                           base["request_throughput"], base["output_throughput"], "", "", "",
+                           f"{base.get('cores', float('nan')):.2f} (engine)", ""])
         table.rows.append([f"server at rate {data['ratio_rate']} / offline", "", "",
-                           data["ratio_server_over_offline"], "", "", "", ""])
+                           data["ratio_server_over_offline"], "", "", "", "", ""])
         headline = (f"server at rate {data['ratio_rate']} / offline engine = "
                     f"{data['ratio_server_over_offline']:.2f}x output tokens/s")
     else:
@@ -236,7 +257,9 @@ def _result(data: dict[str, Any]) -> BenchResult:
                  "ITL: gaps between a request's streamed chunks as the client reads them (vLLM's definition; a "
                  "chunk is one engine step, or several merged when a reader falls behind, so at saturation the "
                  "median can be ~0). The client runs on the same machine as the server; the load average column "
-                 "says how busy the machine was (other jobs included).")
+                 "says how busy the machine was (other jobs included). CPU cores used: CPU seconds per wall second "
+                 "of the server process and of the benchmark's client (this process) during the run, and of the "
+                 "offline engine during its run: where cores are few, what the client uses the server cannot.")
 
     def plot(fig: Any) -> None:
         runs = data["runs"]
