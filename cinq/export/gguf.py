@@ -1,6 +1,6 @@
 """A dense model folder as one GGUF file that llama.cpp runs (``cinq export --format gguf``).
 
-The ``gguf`` package (an optional extra: ``pip install cinq[gguf]``) writes the file and quantizes in numpy.
+The ``gguf`` package (a dependency: cinq reads GGUF files too) writes the file and quantizes in numpy.
 Tensor names and metadata follow llama.cpp's own converter: ``token_embd``, ``blk.N.attn_q`` ..., the
 ``<arch>.*`` hyper-parameters and the tokenizer (cinq/export/gguf_vocab.py).
 
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -37,27 +36,11 @@ from cinq.errors import InvalidParameterError, ModelLoadError
 from cinq.export import GGUF_OUTTYPES
 from cinq.export.gguf_vocab import GGUFVocab, read_gguf_vocab
 from cinq.model.config import ModelConfig
+from cinq.model.gguf.names import ARCHITECTURES, gguf_tensor_name, permute_for_llama_rope
 from cinq.model.loader import iter_checkpoint
 
 log = logging.getLogger(__name__)
 
-# cinq architecture -> (GGUF architecture, q/k rows permuted for adjacent-pair rope)
-ARCHITECTURES: dict[str, tuple[str, bool]] = {
-    "LlamaForCausalLM": ("llama", True),
-    "MistralForCausalLM": ("llama", True),  # llama.cpp's converter writes Mistral as llama too
-    "Qwen2ForCausalLM": ("qwen2", False),
-    "Qwen3ForCausalLM": ("qwen3", False),
-}
-
-_GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-                 "lm_head.weight": "output.weight"}
-_LAYER_NAMES = {
-    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-}
-_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)")
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # recomputed by every runtime
 
 
@@ -73,24 +56,6 @@ class GGUFExportResult:
     seconds: float
     kept_bf16: list[str] = field(default_factory=list)  # matrices whose rows are not whole quant blocks
     vocab: GGUFVocab | None = None
-
-
-def gguf_tensor_name(hf_name: str) -> str | None:
-    """The GGUF name of a Hugging Face checkpoint tensor (``model.layers.3.mlp.up_proj.weight`` ->
-    ``blk.3.ffn_up.weight``), or None for a name with no GGUF counterpart."""
-    if hf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[hf_name]
-    m = _LAYER_RE.fullmatch(hf_name)
-    if m is None or m.group(2) not in _LAYER_NAMES:
-        return None
-    return f"blk.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
-
-
-def permute_for_llama_rope(w: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """Rows of a q/k projection (weight [heads * d, in] or bias [heads * d]) reordered per head from rotate-half
-    rope order to adjacent-pair order: row j < d/2 of a head goes to 2j, row d/2 + j to 2j + 1."""
-    d = w.shape[0] // num_heads
-    return w.reshape(num_heads, 2, d // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
 def export_gguf(model: str | Path, out: str | Path, outtype: str = "bf16") -> GGUFExportResult:

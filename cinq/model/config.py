@@ -134,8 +134,14 @@ class ModelConfig:
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> ModelConfig:
-        """Read ``config.json`` (and eos ids from ``generation_config.json``) in a model folder."""
+        """Read ``config.json`` (and eos ids from ``generation_config.json``) in a model folder; a GGUF file (or a
+        folder holding one) reads the file's metadata (cinq/model/gguf/model.py)."""
         path = Path(path)
+        from cinq.model.gguf.file import find_gguf_file
+        gguf = find_gguf_file(path)
+        if gguf is not None:
+            from cinq.model.gguf.model import gguf_model_config
+            return gguf_model_config(gguf)
         cfg_file = path / "config.json"
         if not exists(cfg_file):
             raise ModelLoadError(f"{path}: no config.json (is this a Hugging Face model folder?)")

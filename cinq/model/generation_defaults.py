@@ -51,13 +51,38 @@ def read_sampling_defaults(generation_config: str, model: str | Path) -> dict[st
     if generation_config in IGNORE:
         return {}
     if generation_config == AUTO:
-        file = Path(model) / "generation_config.json"
+        file, named = _auto_source(Path(model))
+        if named is not None:
+            return sampling_defaults_from_dict(named.generation_config, sampling_defaults_source(generation_config,
+                                                                                                 model))
         return sampling_defaults_from_dict(read_json(file), str(file)) if exists(file) else {}
     file = Path(generation_config) / "generation_config.json"
     if not exists(file):
         raise ModelLoadError(f"generation_config: {generation_config!r} is none of 'auto', 'vllm' and a folder "
                              f"holding a generation_config.json", "generation_config")
     return sampling_defaults_from_dict(read_json(file), str(file))
+
+
+def _auto_source(model: Path) -> tuple[Path, Any]:
+    """(the generation_config.json "auto" reads, the named real model whose defaults apply instead, or None). A GGUF
+    file has no such file inside: one beside it is read, else cinq's defaults for a named real model's file."""
+    if not model.is_file():
+        return model / "generation_config.json", None
+    from cinq.assets.real_models import real_model_for_file
+    file = model.parent / "generation_config.json"
+    return file, None if exists(file) else real_model_for_file(model)
+
+
+def sampling_defaults_source(generation_config: str, model: str | Path) -> str:
+    """Where ``read_sampling_defaults`` took its values from, for the load line."""
+    if generation_config in IGNORE:
+        return "none (--generation-config vllm)"
+    if generation_config != AUTO:
+        return str(Path(generation_config) / "generation_config.json")
+    file, named = _auto_source(Path(model))
+    if named is not None:
+        return f"cinq's defaults for {named.name} ({named.why_defaults})"
+    return f"the model's {file.name}"
 
 
 def sampling_defaults_from_dict(gen: Mapping[str, Any], source: str = "generation_config.json") -> dict[str, Any]:

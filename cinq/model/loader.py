@@ -26,12 +26,14 @@ from torch import nn
 from cinq.distributed.parallel_state import TPShard, building_shard
 from cinq.errors import ModelLoadError
 from cinq.layers.quantization.format import DEFAULT_FORMAT, QuantFormat
+from cinq.layers.linear import LinearFactory
 from cinq.layers.quantization.linear import QuantizedLinear
 from cinq.layers.weight_loader import CheckpointTensor, check_and_copy
 from cinq.model.checkpoint_files import check_safetensors_file, checkpoint_files
 from cinq.model.checkpoint_names import expected_checkpoint_names, mapping_of, resolve
 from cinq.model.config import ModelConfig
 from cinq.model.llama import LlamaForCausalLM
+from cinq.model.gguf.file import GGUF_QUANT_METHOD, find_gguf_file
 from cinq.model.memory import check_fits
 
 # checkpoint_files is re-exported: the offline tools find a folder's shards through this module.
@@ -71,9 +73,12 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 
 def quant_factory(config: ModelConfig, source: str | Path = "config.json") -> QuantFormat | None:
-    """The linear factory for a quantized checkpoint, or None for a dense one (errors name ``source``)."""
+    """The linear factory for a quantized checkpoint, or None for a dense one (errors name ``source``). A GGUF
+    file's factory needs the file: ``cinq.model.gguf.model.gguf_format``."""
     if not config.quantization_config:
         return None
+    if config.quantization_config.get("quant_method") == GGUF_QUANT_METHOD:
+        raise ModelLoadError(f"{source}: a GGUF model's linears are built from its file (gguf_format)")
     try:
         return QuantFormat.from_hf(config.quantization_config)
     except ModelLoadError as e:
@@ -88,6 +93,8 @@ _METHOD_NAMES = {"rtn": "RTN", "gptq": "GPTQ", "awq": "AWQ", "smoothquant": "Smo
 def quantization_summary(config: ModelConfig) -> str | None:
     """How a quantized checkpoint stores its weights, for the load line: "GPTQ int4, group 128" (the method that
     chose the integers; the storage format too when it is not that method's own); None for a dense one."""
+    if (config.quantization_config or {}).get("quant_method") == GGUF_QUANT_METHOD:
+        return config.quantization_config.get("summary", "GGUF")
     quant = quant_factory(config)
     if quant is None:
         return None
@@ -108,12 +115,15 @@ def quantization_summary(config: ModelConfig) -> str | None:
 
 def build_empty_model(config: ModelConfig, dtype: torch.dtype, device: torch.device | str,
                       attention_backend: str = "sdpa", path: Path | None = None,
-                      shard: TPShard | None = None) -> LlamaForCausalLM:
+                      shard: TPShard | None = None, quant: LinearFactory | None = None) -> LlamaForCausalLM:
     """The model with uninitialised storage on ``device`` (fill it with ``load_weights``). With ``path`` (the
-    folder it comes from), refuses first a model that cannot fit in the device's available memory. ``shard``:
-    build only that tensor-parallel rank's part (None: the whole model)."""
+    folder or file it comes from), refuses first a model that cannot fit in the device's available memory.
+    ``shard``: build only that tensor-parallel rank's part (None: the whole model). ``quant``: the linear factory
+    (default: the one ``config.quantization_config`` describes)."""
     with default_dtype(dtype), torch.device("meta"), building_shard(shard):
-        quant = quant_factory(config, path / "config.json" if path is not None else "config.json")
+        if quant is None:
+            quant = quant_factory(config, path / "config.json" if path is not None and path.is_dir()
+                                  else path or "config.json")
         model = LlamaForCausalLM(config, quant, attention_backend, dtype=dtype)
     if path is not None:
         model.tie_weights()  # count a tied embedding once
@@ -126,6 +136,11 @@ def build_empty_model(config: ModelConfig, dtype: torch.dtype, device: torch.dev
 def load_weights(model: LlamaForCausalLM, path: Path) -> None:
     """Fill the model from the folder's checkpoint tensors, then let layers repack (process_weights_after_loading)."""
     load_tensors(model, iter_checkpoint(path))
+    finish_loading(model)
+
+
+def finish_loading(model: nn.Module) -> None:
+    """Let every layer repack what it loaded (``process_weights_after_loading``)."""
     for module in model.modules():
         hook = getattr(module, "process_weights_after_loading", None)
         if hook is not None:
@@ -178,11 +193,15 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
 
 def load_model(path: str | Path, dtype: str | torch.dtype = "bfloat16", device: str | torch.device = "cpu",
                attention_backend: str = "sdpa", shard: TPShard | None = None) -> LlamaForCausalLM:
-    """Load a Hugging Face model folder into a ready-to-run ``LlamaForCausalLM`` in eval mode; with ``shard``,
+    """Load a Hugging Face model folder (or a GGUF file, or a folder holding one) into a ready-to-run ``LlamaForCausalLM`` in eval mode; with ``shard``,
     only that tensor-parallel rank's part (each tensor's slice is read alone from the file)."""
     path = Path(path)
-    config = ModelConfig.from_pretrained(path)
     dtype = parse_dtype(dtype)
+    gguf = find_gguf_file(path)
+    if gguf is not None:
+        from cinq.model.gguf.model import load_gguf_model
+        return load_gguf_model(gguf, dtype, device, attention_backend, shard)
+    config = ModelConfig.from_pretrained(path)
     for file in checkpoint_files(path):  # a hostile file is refused before memory is allocated for the model
         check_safetensors_file(file)
     model = build_empty_model(config, dtype, device, attention_backend, path, shard)

@@ -94,7 +94,7 @@ def check_fits(model: nn.Module, dtype: torch.dtype, device: torch.device | str,
         return
     dtype_name = str(dtype).removeprefix("torch.")
     raise ModelLoadError(
-        f"{path / 'config.json'}: the model needs {_size(weights + tables)} ({dtype_name} weights {_size(weights)} "
+        f"{path / 'config.json' if path.is_dir() else path}: the model needs {_size(weights + tables)} ({dtype_name} weights {_size(weights)} "
         f"+ rotary tables {_size(tables)}) but only {_size(available)} of memory is available on {device}: "
         f"check hidden_size, intermediate_size, num_hidden_layers, vocab_size and max_position_embeddings, or "
         f"use a smaller or quantized model")

@@ -105,9 +105,17 @@ class Tokenizer:
 
     @classmethod
     def from_pretrained(cls, path: str | Path, eos_token_ids: list[int] | None = None) -> Tokenizer:
-        """Load ``tokenizer.json`` + ``tokenizer_config.json`` (+ a ``chat_template.jinja`` if present); a file
-        that is missing, too large, not a regular file or corrupted is a ModelLoadError naming it."""
+        """Load ``tokenizer.json`` + ``tokenizer_config.json`` (+ a ``chat_template.jinja`` if present), or the
+        vocabulary of a GGUF file (cinq/model/gguf/tokenizer.py); a file that is missing, too large, not a regular file or corrupted is a ModelLoadError naming it."""
         path = Path(path)
+        from cinq.model.gguf.file import find_gguf_file
+        gguf = find_gguf_file(path)
+        if gguf is not None and not exists(path / "tokenizer.json"):
+            from cinq.model.gguf.model import gguf_hf_tokenizer, gguf_model_config
+            config = gguf_model_config(gguf)
+            tok, tok_config = gguf_hf_tokenizer(gguf, config.vocab_size)
+            return cls(tok, tok_config, list(dict.fromkeys(config.eos_token_ids + list(eos_token_ids or []))),
+                       source=str(gguf))
         tok_file = path / "tokenizer.json"
         if not exists(tok_file):
             raise ModelLoadError(f"{path}: no tokenizer.json (cinq needs a fast-tokenizer file)")

@@ -34,8 +34,8 @@ def test_a_bad_model_argument_is_one_line_naming_it(argv, field, tmp_path, run_c
     assert r.returncode == 2, r.stderr
     errors = [line for line in r.stderr.splitlines() if not line.startswith("INFO ")]
     assert len(errors) == 1, r.stderr
-    assert errors[0].startswith(f"cinq {argv[0]}: error: {field}: 'no-such-model' is neither a model folder nor an "
-                                f"embedded model (embedded models: cinq-tiny")
+    assert errors[0].startswith(f"cinq {argv[0]}: error: {field}: 'no-such-model' is neither a model folder, a GGUF "
+                                f"file nor a model name (model names: cinq-tiny")
     assert "Traceback" not in r.stderr
 
 
@@ -57,4 +57,4 @@ def test_generate_with_the_embedded_model_by_name_writes_a_few_lines_and_repeats
     assert runs[0].stdout == runs[1].stdout
     row = json.loads(runs[0].stdout)
     assert 24 <= row["num_tokens"] <= 96  # the shipped generation config's min_new_tokens / max_new_tokens
-    assert "default sampling parameters from the model's generation config" in runs[0].stderr
+    assert "default sampling parameters from the model's generation_config.json" in runs[0].stderr

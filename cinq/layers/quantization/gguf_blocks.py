@@ -1,0 +1,66 @@
+"""GGUF's 32-value quantization blocks that cinq serves without requantizing: Q8_0, Q4_0 and Q4_1.
+
+Per block of 32 consecutive input channels of one output row (llama.cpp's ggml-common.h layouts):
+    Q8_0  34 bytes: d fp16 | 32 x int8 q                      W = d * q
+    Q4_0  18 bytes: d fp16 | 16 bytes of nibbles              W = d * (q - 8)
+    Q4_1  20 bytes: d fp16 | m fp16 | 16 bytes of nibbles     W = d * q + m
+Nibbles: byte j holds value j in its low half and value j + 16 in its high half.
+
+``decode_blocks`` turns a row-major [N, K / 32 * block bytes] byte matrix into integer codes and float32 scales
+and offsets per (row, block) in the affine form every kernel here takes, W = scale * code + offset (Q4_0's offset
+is -8d). The form is exact: d and m are fp16, a code has at most 8 bits, so scale * code is exact in float32 and
+scale * code + offset rounds once, as the gguf package's reference dequantization does — the values equal it bit
+for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+BLOCK = 32
+BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
+NATIVE_TYPES = tuple(BLOCK_BYTES)
+
+
+@dataclass(slots=True)
+class BlockCodes:
+    """A GGUF block-quantized matrix decoded: ``codes`` [N, K] (int8 for Q8_0, uint8 0..15 for the 4-bit types),
+    ``scales`` and ``offsets`` float32 [N, K / 32] (offsets None for Q8_0)."""
+
+    type_name: str
+    codes: torch.Tensor
+    scales: torch.Tensor
+    offsets: torch.Tensor | None
+
+    @property
+    def bits(self) -> int:
+        return 8 if self.type_name == "Q8_0" else 4
+
+    def dequantize(self) -> torch.Tensor:
+        """W [N, K] float32, computed as the kernels mean it: scale * code (+ offset), per block."""
+        n, k = self.codes.shape
+        w = self.codes.float().view(n, k // BLOCK, BLOCK) * self.scales.unsqueeze(-1)
+        if self.offsets is not None:
+            w = w + self.offsets.unsqueeze(-1)
+        return w.view(n, k)
+
+
+def decode_blocks(raw: torch.Tensor, type_name: str) -> BlockCodes:
+    """Decode ``raw`` uint8 [N, K / 32 * BLOCK_BYTES[type_name]] into codes, scales and offsets."""
+    n, row_bytes = raw.shape
+    size = BLOCK_BYTES[type_name]
+    blocks = raw.reshape(n, row_bytes // size, size)
+    d = blocks[..., 0:2].contiguous().view(torch.float16).squeeze(-1).float()
+    if type_name == "Q8_0":
+        codes = blocks[..., 2:].contiguous().view(torch.int8).reshape(n, -1)
+        return BlockCodes(type_name, codes, d, None)
+    start = 4 if type_name == "Q4_1" else 2
+    packed = blocks[..., start:]
+    codes = torch.cat([packed & 0x0F, packed >> 4], dim=-1).reshape(n, -1)  # low halves: values 0..15
+    if type_name == "Q4_1":
+        offsets = blocks[..., 2:4].contiguous().view(torch.float16).squeeze(-1).float()
+    else:
+        offsets = d * -8.0
+    return BlockCodes(type_name, codes, d, offsets)

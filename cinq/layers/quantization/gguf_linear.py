@@ -1,0 +1,86 @@
+"""``GGUFLinear``: a linear whose weight is a GGUF file's own Q8_0 / Q4_0 / Q4_1 blocks, served without
+requantizing (cinq/layers/quantization/gguf_blocks.py has the layouts).
+
+It loads the blocks as bytes (``weight``: uint8 [N, K / 32 * block bytes]; a merged projection's shards are whole
+rows, so they concatenate like dense ones), then ``process_weights_after_loading`` decodes them once and hands them
+to the kernel: for bf16 on the CPU, cinq's native grouped kernels (int8 with one scale per 32-value block for Q8_0;
+4-bit with a float32 scale and offset per block for Q4_0 / Q4_1: Q4_1's minimum is not an integer zero point, so
+the kernel takes the affine form W = scale * q + offset rather than GPTQ's scale * (q - zero)). Elsewhere (float32
+parity runs, CUDA, no native build) the exact values are dequantized once to the compute dtype and run dense; the
+log says so once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cinq.errors import InvalidParameterError
+from cinq.layers.linear_split import LinearSplit
+from cinq.layers.quantization.gguf_blocks import BLOCK, BLOCK_BYTES, BlockCodes, decode_blocks
+from cinq.layers.quantization.kernels import DEQUANTIZED_AT_LOAD, Prepared, say_once, weight_only_mm
+from cinq.layers.quantization.linear import QuantizedLinear
+from cinq.layers.weight_loader import OutputShards, ParamLayout
+
+_ROWS = ParamLayout(output_dim=0)
+
+
+def prepare_blocks(codes: BlockCodes, device: torch.device, dtype: torch.dtype) -> Prepared:
+    """The kernel for decoded GGUF blocks on ``device`` computing in ``dtype``: native grouped int8 / affine int4
+    for bf16 on the CPU when built, else the exact values dequantized once."""
+    from cinq.layers.quantization import native
+    if device.type == "cpu" and dtype == torch.bfloat16 and getattr(native, "affine_kernels_available",
+                                                                    lambda: False)():
+        if codes.bits == 8:
+            return Prepared("gguf_int8", native.pack_int8_grouped(codes.codes, codes.scales, BLOCK), BLOCK)
+        return Prepared("gguf_int4", native.pack_int4_affine(codes.codes, codes.scales, codes.offsets, BLOCK),
+                        BLOCK)
+    say_once(f"GGUF {codes.type_name} blocks: no native kernel for {dtype} on {device.type}; dequantized once "
+             f"at load (same values, dense speed and memory)")
+    return Prepared(DEQUANTIZED_AT_LOAD, {"weight": codes.dequantize().to(device=device, dtype=dtype)})
+
+
+def gguf_mm(kind: str, t: dict[str, torch.Tensor], group: int, x: torch.Tensor) -> torch.Tensor:
+    """y = x W^T for a prepared GGUF layer; x [..., K] -> [..., N] in x's dtype."""
+    if kind == DEQUANTIZED_AT_LOAD:
+        return weight_only_mm(kind, t, group, x)
+    from cinq.layers.quantization import native
+    lead, k = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(-1, k)
+    fn = native.int8_grouped_linear if kind == "gguf_int8" else native.int4_affine_linear
+    y = fn(x2 if x2.dtype == torch.bfloat16 else x2.to(torch.bfloat16), t, group)
+    return (y if y.dtype == x.dtype else y.to(x.dtype)).reshape(*lead, -1)
+
+
+class GGUFLinear(QuantizedLinear):
+    """A linear stored as one GGUF block type (``type_name`` in Q8_0, Q4_0, Q4_1), merged shards included."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, type_name: str, prefix: str = "", *,
+                 compute_dtype: torch.dtype, output_shards: OutputShards | None = None,
+                 split: LinearSplit | None = None) -> None:
+        super().__init__(in_features, out_features, bias, prefix, compute_dtype, output_shards, split)
+        if split is not None:
+            raise InvalidParameterError(f"{prefix}: GGUF {type_name} weights are served natively with "
+                                        f"tensor_parallel_size 1 only", "tensor_parallel_size")
+        if type_name not in BLOCK_BYTES:
+            raise InvalidParameterError(f"{prefix}: GGUF type {type_name!r} is not served natively "
+                                        f"({', '.join(BLOCK_BYTES)})", "type_name")
+        if in_features % BLOCK:
+            raise InvalidParameterError(f"{prefix}: in_features {in_features} is not a multiple of {BLOCK}",
+                                        "in_features")
+        self.type_name = type_name
+        row_bytes = in_features // BLOCK * BLOCK_BYTES[type_name]
+        self._checkpoint_buffer("weight", (out_features, row_bytes), torch.uint8, _ROWS)
+
+    def block_codes(self) -> BlockCodes:
+        """The loaded blocks decoded (before ``process_weights_after_loading``)."""
+        return decode_blocks(self.weight, self.type_name)
+
+    def process_weights_after_loading(self) -> None:
+        prepared = prepare_blocks(self.block_codes(), self.weight.device, self.compute_dtype)
+        self._install(prepared, ("weight",))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._add_bias(gguf_mm(self.kind, self._kernel_tensors(), self.group, x))
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, gguf={self.type_name}"
