@@ -307,6 +307,8 @@ def find_gguf_file(path: str | Path) -> Path | None:
     ModelLoadError listing them."""
     path = Path(path)
     if path.is_file():
+        if path.suffix.lower() == ".gguf" and not is_gguf_file(path):
+            raise ModelLoadError(f"{path}: magic: not a GGUF file (it does not start with 'GGUF')")
         return path if is_gguf_file(path) else None
     if not path.is_dir() or (path / "config.json").exists():
         return None

@@ -103,6 +103,9 @@ def _byte_level(gguf: GGUFFile, tokens: list[str]) -> HFTokenizer:
     if bad is not None:
         raise ModelLoadError(f"{gguf.path}: metadata 'tokenizer.ggml.merges': {' '.join(bad)!r} is not two "
                              f"tokens separated by a space")
+    # A merge of parts outside the vocabulary can never fire (llama.cpp keeps it, tokenizers refuses it): cinq's
+    # own exporter writes one such merge for a merge-free byte vocabulary, since GGUF has no empty arrays.
+    merges = [m for m in merges if m[0] in vocab and m[1] in vocab]
     try:
         tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
     except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception for a merge of unknown tokens

@@ -1,0 +1,65 @@
+"""GGUF Q8_0 / Q4_0 / Q4_1 blocks: decoded values equal the gguf package's reference dequantization (float32, bit
+for bit but for the sign of zero), and ``GGUFLinear`` computes x W^T with them, merged shards included."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from cinq.layers.quantization.gguf_blocks import NATIVE_TYPES, decode_blocks
+from cinq.layers.quantization.gguf_linear import GGUFLinear
+from cinq.layers.weight_loader import CheckpointTensor, OutputShards
+
+gguf_quants = pytest.importorskip("gguf.quants")
+from gguf.constants import GGMLQuantizationType  # noqa: E402
+
+
+def _blocks(w: np.ndarray, kind: str) -> np.ndarray:
+    return gguf_quants.quantize(w.astype(np.float32), GGMLQuantizationType[kind])
+
+
+@pytest.mark.parametrize("kind", NATIVE_TYPES)
+def test_decoded_values_equal_the_reference_dequantization(kind: str):
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((13, 96)).astype(np.float32) * rng.uniform(0.01, 2.0, (13, 1)).astype(np.float32)
+    w[3, :32] = 0.0  # an all-zero block: scale 0
+    w[5, 32:64] = 1.0  # a constant block: Q4_1's minimum carries it
+    q = _blocks(w, kind)
+    ref = gguf_quants.dequantize(q, GGMLQuantizationType[kind])
+    mine = decode_blocks(torch.from_numpy(q.copy()), kind).dequantize().numpy()
+    assert mine.dtype == np.float32 and np.array_equal(mine, ref)  # equal values (+0.0 == -0.0)
+    nonzero = mine != 0
+    assert np.array_equal(mine.view(np.uint32)[nonzero], ref.view(np.uint32)[nonzero])
+
+
+def test_a_wrong_nibble_order_is_caught():
+    """The decoder's own check: swapping the halves of each byte (values j and j + 16) changes the values."""
+    w = np.random.default_rng(2).standard_normal((4, 64)).astype(np.float32)
+    q = _blocks(w, "Q4_0")
+    swapped = q.copy()
+    swapped[:, 2:18] = (q[:, 2:18] >> 4) | ((q[:, 2:18] & 0x0F) << 4)
+    ref = gguf_quants.dequantize(q, GGMLQuantizationType.Q4_0)
+    assert not np.array_equal(decode_blocks(torch.from_numpy(swapped), "Q4_0").dequantize().numpy(), ref)
+
+
+@pytest.mark.parametrize("kind", NATIVE_TYPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gguf_linear_merged_shards_compute_x_w_transposed(kind: str, dtype: torch.dtype):
+    rng = np.random.default_rng(3)
+    sizes = {"q": 64, "k": 32, "v": 32}
+    shards = OutputShards(tuple(sizes), tuple(sizes.values()))
+    layer = GGUFLinear(128, 128, False, kind, "model.layers.0.self_attn.qkv_proj", compute_dtype=dtype,
+                       output_shards=shards)
+    refs = []
+    for shard, n in sizes.items():
+        q = _blocks(rng.standard_normal((n, 128)).astype(np.float32) * 0.1, kind)
+        refs.append(gguf_quants.dequantize(q, GGMLQuantizationType[kind]))
+        layer.weight_loader("weight", CheckpointTensor.in_memory(f"{shard}_proj.weight", torch.from_numpy(q.copy())),
+                            shard)
+    layer.process_weights_after_loading()
+    x = torch.from_numpy(rng.standard_normal((5, 128)).astype(np.float32))
+    want = x @ torch.from_numpy(np.concatenate(refs)).T
+    got = layer(x.to(dtype)).float()
+    tol = 1e-5 if dtype == torch.float32 else 0.02 * want.abs().max().item()
+    assert (got - want).abs().max().item() <= tol
