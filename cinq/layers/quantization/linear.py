@@ -221,8 +221,8 @@ class GPTQLinear(QuantizedLinear):
         none (see ``quantized_weights``)."""
         parts = self.quantized_weights()
         if len(parts) != 1:
-            raise ModelLoadError(f"{self.prefix}: its shards carry {len(parts)} different g_idx; unpack them with "
-                                 f"quantized_weights()")
+            raise ModelLoadError(f"{self.prefix}: its shards' g_idx differ ({len(parts)} runs of agreeing shards); "
+                                 f"unpack them with quantized_weights()")
         return parts[0]
 
     def _unpack(self, cols: slice, g_idx: torch.Tensor, name: str) -> QuantizedWeight:
