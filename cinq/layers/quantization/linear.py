@@ -8,9 +8,9 @@ Each holds its checkpoint tensors as buffers with the format's names and shapes,
 
 Merging is exact for all three: the packed tensors are laid out per output channel, so shards concatenate along
 the output dimension (whole int32 words: every shard's width is a multiple of the channels per word). What is
-not per output channel is kept per shard or reconciled: GPTQ's g_idx is kept per shard ([num_shards, K]) and,
-where act-order files give the shards different ones, served as one kernel per run of agreeing shards
-(shard_kernels.py says why); W8A8's static input scale, see ``W8A8Linear``.
+not per output channel is kept per shard or reconciled: GPTQ's g_idx, one for all shards when they agree and,
+where act-order files give the shards different ones, one kernel per run of agreeing shards (shard_kernels.py
+says why); W8A8's static input scale, see ``W8A8Linear``.
 
 Tensor parallelism (``split``, cinq/layers/linear_split.py) narrows each checkpoint tensor to the rank's part
 before reading it: output channels for a column split (each shard's g_idx whole), input channels for a row split
@@ -143,10 +143,11 @@ class GPTQLinear(QuantizedLinear):
     """A linear stored as GPTQ v1/v2 tensors (qweight, qzeros, scales, g_idx); 2, 3, 4 or 8 bits (2 and 3 are
     served dequantized at load: kernels.DEQUANTIZED_AT_LOAD).
 
-    Merged from shards, its ``g_idx`` buffer is [num_shards, K], one row per shard as the file gives it. Shards
-    that agree (no act-order, or one act-order permutation for all) load as one weight and one kernel; shards
-    that differ (AutoGPTQ / GPTQModel quantizing each projection with its own Hessian order) are served as one
-    kernel per run of agreeing shards, concatenated along N (kind ``shard_kernels``; see shard_kernels.py)."""
+    Merged from shards, its ``g_idx`` buffer holds the first loaded shard's; a shard whose g_idx differs keeps
+    its own until loading ends (so the common case allocates exactly what an unmerged layer does). Shards that
+    agree (no act-order, or one act-order permutation for all) load as one weight and one kernel; shards that
+    differ (AutoGPTQ / GPTQModel quantizing each projection with its own Hessian order) are served as one kernel
+    per run of agreeing shards, concatenated along N (kind ``shard_kernels``; see shard_kernels.py)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, bits: int, group_size: int,
                  version: int = 1, prefix: str = "", *, compute_dtype: torch.dtype,
@@ -172,21 +173,15 @@ class GPTQLinear(QuantizedLinear):
                                 ParamLayout(1, input_dim=0, input_pack=values))
         self._checkpoint_buffer("qzeros", shapes["qzeros"], torch.int32, ParamLayout(1, values if words == 1 else 1))
         self._checkpoint_buffer("scales", shapes["scales"], torch.float16, ParamLayout(1))
-        # One g_idx row per shard when merged (act-order files may give each projection its own permutation).
-        g_shape = shapes["g_idx"] if output_shards is None else (len(output_shards.ids), *shapes["g_idx"])
-        self._checkpoint_buffer("g_idx", g_shape, torch.int32, _PER_INPUT)
+        self._checkpoint_buffer("g_idx", shapes["g_idx"], torch.int32, _PER_INPUT)
+        self._shard_g_idx: dict[ShardId, torch.Tensor] = {}  # shards whose g_idx differs from the buffer's
         self.shard_kernels: ShardKernels | None = None  # set when merged shards need different g_idx
 
     def weight_loader(self, name: str, loaded: CheckpointTensor, shard_id: ShardId | None = None) -> None:
-        """As the base class; one shard's g_idx fills its row of the merged [num_shards, K] g_idx, one shard's
+        """As the base class; one shard's g_idx is kept when it differs from the first loaded one's, one shard's
         3-bit qzeros fill words [start * 3 / 32, (start + size) * 3 / 32)."""
         if name == "g_idx" and shard_id is not None and self.output_shards is not None:
-            self.output_shards.span(shard_id, self.prefix)  # an unknown shard id is named here
-            if self.split is not None:  # column: whole; row: the rank's input channels
-                loaded = self.split.narrow(loaded, _PER_INPUT, shard_id, self.output_shards, self.out_features,
-                                           self.prefix)
-            row = self.g_idx[self.output_shards.ids.index(shard_id)]
-            check_and_copy(row, loaded, f"shard {shard_id!r} of the model's", _SHAPE_HINT)
+            self._load_shard_g_idx(loaded, shard_id)
             return
         values, words = pack_unit(self.bits)
         if name != "qzeros" or words == 1 or shard_id is None or self.output_shards is None:
@@ -199,21 +194,37 @@ class GPTQLinear(QuantizedLinear):
         rows = self.qzeros.narrow(1, start // values * words, size // values * words)
         check_and_copy(rows, loaded, f"shard {shard_id!r} of the model's", _SHAPE_HINT)
 
+    def _load_shard_g_idx(self, loaded: CheckpointTensor, shard_id: ShardId) -> None:
+        """The first shard's g_idx fills the buffer; a later one is kept aside only when it differs from it."""
+        self.output_shards.span(shard_id, self.prefix)  # an unknown shard id is named here
+        if self.split is not None:  # column: whole; row: the rank's input channels
+            loaded = self.split.narrow(loaded, _PER_INPUT, shard_id, self.output_shards, self.out_features,
+                                       self.prefix)
+        what = f"shard {shard_id!r} of the model's"
+        if "g_idx" not in self._shared_loaded:
+            check_and_copy(self.g_idx, loaded, what, _SHAPE_HINT)
+            self._shared_loaded.add("g_idx")
+            return
+        own = torch.empty_like(self.g_idx)
+        check_and_copy(own, loaded, what, _SHAPE_HINT)
+        if not torch.equal(own, self.g_idx):
+            self._shard_g_idx[shard_id] = own
+
     def quantized_weights(self) -> list[QuantizedWeight]:
         """The checkpoint tensors unpacked (before ``process_weights_after_loading``): one weight per run of
         adjacent shards sharing a g_idx, in output order; a single weight when unmerged or all shards agree."""
         if self.output_shards is None:
             return [self._unpack(slice(None), self.g_idx, self.prefix)]
-        runs = g_idx_runs(self.g_idx)
-        if len(runs) == 1:  # the common case: exactly the unmerged layer's path
-            return [self._unpack(slice(None), self.g_idx[0], self.prefix)]
         ids, sizes = self.output_shards.ids, self.output_shards.sizes
+        rows = [self._shard_g_idx.get(s, self.g_idx) for s in ids]
+        runs = g_idx_runs(rows)
+        if len(runs) == 1:  # the common case: exactly the unmerged layer's path
+            return [self._unpack(slice(None), self.g_idx, self.prefix)]
         out = []
         for first, stop in runs:
             lo = sum(sizes[:first])
             names = "+".join(str(s) for s in ids[first:stop])
-            out.append(self._unpack(slice(lo, lo + sum(sizes[first:stop])), self.g_idx[first],
-                                    f"{self.prefix}[{names}]"))
+            out.append(self._unpack(slice(lo, lo + sum(sizes[first:stop])), rows[first], f"{self.prefix}[{names}]"))
         return out
 
     def quantized_weight(self) -> QuantizedWeight:
@@ -238,12 +249,11 @@ class GPTQLinear(QuantizedLinear):
     def process_weights_after_loading(self) -> None:
         device = self.qweight.device
         parts = [prepare_weight_only(qw, device, self.compute_dtype, self.prefix) for qw in self.quantized_weights()]
+        self._shard_g_idx.clear()
         drop = ("qweight", "qzeros", "scales", "g_idx")
-        if len(parts) == 1:
-            self._install(parts[0], drop)
-            return
-        self._install(Prepared(SHARD_KERNELS), drop)
-        self.shard_kernels = ShardKernels(parts)
+        self._install(parts[0] if len(parts) == 1 else Prepared(SHARD_KERNELS), drop)
+        if len(parts) > 1:
+            self.shard_kernels = ShardKernels(parts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         parts = self.shard_kernels  # None (a plain attribute) unless the shards need different g_idx

@@ -9,7 +9,7 @@ Why separate kernels (and not one): the fast kernels make act-order groups conti
 once with one permutation of K (kernels.py, ``perm``), which a merged weight whose shards need different
 permutations cannot have. The alternatives were worse: expanding scales and zeros per input channel runs the
 whole layer on the dequantize-then-matmul path on every call (tens of times slower at decode, and 2x the codes'
-bytes), and keeping g_idx as [num_shards, K] in one kernel would need a kernel that does not exist. So the
+bytes), and one kernel taking a g_idx per output shard would be a new kernel for every device. So the
 shards are split into runs of adjacent shards that share a g_idx (q and k may agree while v differs: two runs),
 each run is prepared as its own ``QuantizedWeight`` by the ordinary ``prepare_weight_only`` (the same kernel
 choice as an unmerged projection of that size), and the runs' outputs, computed from the same input, are
@@ -20,6 +20,8 @@ act-order at all) the layer is one ``QuantizedWeight`` and one kernel exactly as
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
@@ -28,12 +30,12 @@ from cinq.layers.quantization.kernels import Prepared, weight_only_mm
 SHARD_KERNELS = "shard_kernels"  # the kind of a merged linear served as one kernel per run of shards
 
 
-def g_idx_runs(g_idx: torch.Tensor) -> list[tuple[int, int]]:
-    """Runs of adjacent shards whose g_idx rows are equal, as (first shard, one past the last), in output order.
-    ``g_idx`` is [num_shards, K]; a single run when all the shards agree."""
+def g_idx_runs(rows: Sequence[torch.Tensor]) -> list[tuple[int, int]]:
+    """Runs of adjacent shards whose g_idx (``rows``, one per shard in output order) are equal, as (first shard,
+    one past the last), in output order; a single run when all the shards agree."""
     runs: list[tuple[int, int]] = []
-    for i in range(g_idx.shape[0]):
-        if runs and torch.equal(g_idx[i], g_idx[runs[-1][0]]):
+    for i, row in enumerate(rows):
+        if runs and (row is rows[runs[-1][0]] or torch.equal(row, rows[runs[-1][0]])):
             runs[-1] = (runs[-1][0], i + 1)
         else:
             runs.append((i, i + 1))

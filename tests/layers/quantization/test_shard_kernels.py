@@ -18,10 +18,10 @@ IDS = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12], [40, 41, 42, 43, 44, 45, 46, 47
 
 def test_g_idx_runs_groups_adjacent_equal_rows():
     a, b = torch.arange(8), torch.arange(8).flip(0)
-    assert g_idx_runs(torch.stack([a, a, a])) == [(0, 3)]
-    assert g_idx_runs(torch.stack([a, a, b])) == [(0, 2), (2, 3)]
-    assert g_idx_runs(torch.stack([a, b, a])) == [(0, 1), (1, 2), (2, 3)]  # only adjacent shards share a kernel
-    assert g_idx_runs(torch.stack([a, b, b])) == [(0, 1), (1, 3)]
+    assert g_idx_runs([a, a, a]) == [(0, 3)]
+    assert g_idx_runs([a, a.clone(), b]) == [(0, 2), (2, 3)]  # equal values, not only the same tensor
+    assert g_idx_runs([a, b, a]) == [(0, 1), (1, 2), (2, 3)]  # only adjacent shards share a kernel
+    assert g_idx_runs([a, b, b.clone()]) == [(0, 1), (1, 3)]
 
 
 @pytest.fixture(scope="module")
