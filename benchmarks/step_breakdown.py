@@ -342,7 +342,7 @@ def _goals(runs: list[dict[str, Any]]) -> list[str]:
                      f"{tiny['roofline_ms']:.2f} ms) | {'met' if tiny['step_ms_median'] <= 1 else 'missed'} |")
     for t in sorted({r["threads"] for r in runs}):
         dense = after.get(("llama-110m", t))
-        for name, what in (("llama-110m-int4", "LM head int4 (cinq quantize's default now)"),
+        for name, what in (("llama-110m-int4", "LM head int4 (cinq quantize --lm-head)"),
                            ("llama-110m-int4-bf16-head", "LM head bf16")):
             int4 = after.get((name, t))
             if dense and int4:

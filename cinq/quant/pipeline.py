@@ -8,8 +8,6 @@ from the float one (their scales are exact float transformations; their search t
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 import resource
 import time
 from dataclasses import dataclass, field
@@ -26,8 +24,6 @@ from cinq.model.config import ModelConfig
 from cinq.quant.config import QuantConfig
 from cinq.quant.rtn import rtn_quantize
 from cinq.quant.writer import ShardWriter, write_configs
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -65,21 +61,6 @@ def check_shapes(c: ModelConfig, cfg: QuantConfig) -> None:
         if fmt.format == "awq" and fmt.group_size > 0 and k % fmt.group_size:
             raise InvalidParameterError(f"{name}: in_features {k} is not a multiple of group_size {cfg.group_size} "
                                         f"(AWQ files need whole groups; use --format gptq)", "group_size")
-
-
-def default_lm_head(src: str | Path, cfg: QuantConfig) -> QuantConfig:
-    """``cfg`` with the LM head quantized when nothing was asked: for 4-bit GPTQ-format files whose head packs.
-    At batch 1 an int4 step streams the whole head, in bf16 as many bytes as the int4 decoder of a ~110M model
-    (measured on it: 4.2 -> 1.3 ms of a ~11 ms step, benchmarks/results/step_breakdown.md)."""
-    if cfg.lm_head or cfg.bits != 4 or cfg.format not in ("gptq", "gptq_v2"):
-        return cfg
-    with_head = QuantConfig.of(dataclasses.replace(cfg.target, lm_head=True), cfg.recipe)
-    try:
-        check_shapes(CheckpointReader(Path(src)).config, with_head)
-    except InvalidParameterError as e:
-        log.info("LM head left in bf16: %s", e)
-        return cfg
-    return with_head
 
 
 def _pack(cfg: QuantConfig, qw: QuantizedWeight) -> dict[str, torch.Tensor]:

@@ -43,3 +43,13 @@ def test_gptq_config_has_the_fields_autogptq_writes():
     qc = QuantConfig("gptq", 4, 128).quantize_config_json()
     assert qc is not None and "quant_method" not in qc and qc["bits"] == 4
     assert QuantConfig("awq", 4, 128).quantize_config_json() is None
+
+
+def test_the_lm_head_stays_dense_by_default():
+    """Quantizing the head (round-to-nearest) doubled a real model's perplexity loss: jobs leave it dense unless
+    they ask, as do `cinq eval --variants` studies."""
+    from cinq.eval.variants import parse_variants
+    assert QuantConfig("gptq", 4, 128).lm_head is False and QuantConfig("gptq", 4, 128).to_hf()["lm_head"] is False
+    specs, _ = parse_variants("rtn:4;gptq:4+act;awq:4", [128])
+    assert [s.quant_config().lm_head for s in specs] == [False, False, False]
+    assert QuantConfig("gptq", 4, 128, lm_head=True).to_hf()["lm_head"] is True

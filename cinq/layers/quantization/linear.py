@@ -8,13 +8,14 @@ Each holds its checkpoint tensors as buffers with the format's names and shapes,
 
 Merging is exact for all three: the packed tensors are laid out per output channel, so shards concatenate along
 the output dimension (whole int32 words: every shard's width is a multiple of the channels per word). What is
-not per output channel must agree between shards: GPTQ's g_idx (q/k/v share their input, hence their Hessian
-and act-order permutation) is checked on load; W8A8's static input scale, see ``W8A8Linear``.
+not per output channel is kept per shard or reconciled: GPTQ's g_idx, one for all shards when they agree and,
+where act-order files give the shards different ones, one kernel per run of agreeing shards (shard_kernels.py
+says why); W8A8's static input scale, see ``W8A8Linear``.
 
 Tensor parallelism (``split``, cinq/layers/linear_split.py) narrows each checkpoint tensor to the rank's part
-before reading it: output channels for a column split (g_idx whole), input channels for a row split (packed
-rows of qweight, g_idx; AWQ's group rows; GPTQ keeps every group, act-order scattering channels over them, and
-drops the unused ones after loading).
+before reading it: output channels for a column split (each shard's g_idx whole), input channels for a row split
+(packed rows of qweight, g_idx; AWQ's group rows; GPTQ keeps every group, act-order scattering channels over
+them, and drops the unused ones after loading).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from cinq.layers.quantization.kernels import Prepared, prepare_weight_only, w8a8
 from cinq.layers.quantization.packing import awq_shapes, awq_unpack, gptq_shapes, gptq_unpack, pack_unit
 from cinq.layers.linear_split import ROW, LinearSplit
 from cinq.layers.quantization.qweight import QuantizedWeight
+from cinq.layers.quantization.shard_kernels import SHARD_KERNELS, ShardKernels, g_idx_runs
 from cinq.layers.weight_loader import (CheckpointTensor, OutputShards, ParamLayout, ShardId, check_and_copy,
                                        load_sharded)
 
@@ -139,7 +141,13 @@ def _packed_dims(prefix: str, what: str, size: int, bits: int) -> int:
 
 class GPTQLinear(QuantizedLinear):
     """A linear stored as GPTQ v1/v2 tensors (qweight, qzeros, scales, g_idx); 2, 3, 4 or 8 bits (2 and 3 are
-    served dequantized at load: kernels.DEQUANTIZED_AT_LOAD)."""
+    served dequantized at load: kernels.DEQUANTIZED_AT_LOAD).
+
+    Merged from shards, its ``g_idx`` buffer holds the first loaded shard's; a shard whose g_idx differs keeps
+    its own until loading ends (so the common case allocates exactly what an unmerged layer does). Shards that
+    agree (no act-order, or one act-order permutation for all) load as one weight and one kernel; shards that
+    differ (AutoGPTQ / GPTQModel quantizing each projection with its own Hessian order) are served as one kernel
+    per run of agreeing shards, concatenated along N (kind ``shard_kernels``; see shard_kernels.py)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, bits: int, group_size: int,
                  version: int = 1, prefix: str = "", *, compute_dtype: torch.dtype,
@@ -166,9 +174,15 @@ class GPTQLinear(QuantizedLinear):
         self._checkpoint_buffer("qzeros", shapes["qzeros"], torch.int32, ParamLayout(1, values if words == 1 else 1))
         self._checkpoint_buffer("scales", shapes["scales"], torch.float16, ParamLayout(1))
         self._checkpoint_buffer("g_idx", shapes["g_idx"], torch.int32, _PER_INPUT)
+        self._shard_g_idx: dict[ShardId, torch.Tensor] = {}  # shards whose g_idx differs from the buffer's
+        self.shard_kernels: ShardKernels | None = None  # set when merged shards need different g_idx
 
     def weight_loader(self, name: str, loaded: CheckpointTensor, shard_id: ShardId | None = None) -> None:
-        """As the base class; one shard's 3-bit qzeros fill words [start * 3 / 32, (start + size) * 3 / 32)."""
+        """As the base class; one shard's g_idx is kept when it differs from the first loaded one's, one shard's
+        3-bit qzeros fill words [start * 3 / 32, (start + size) * 3 / 32)."""
+        if name == "g_idx" and shard_id is not None and self.output_shards is not None:
+            self._load_shard_g_idx(loaded, shard_id)
+            return
         values, words = pack_unit(self.bits)
         if name != "qzeros" or words == 1 or shard_id is None or self.output_shards is None:
             super().weight_loader(name, loaded, shard_id)
@@ -180,18 +194,71 @@ class GPTQLinear(QuantizedLinear):
         rows = self.qzeros.narrow(1, start // values * words, size // values * words)
         check_and_copy(rows, loaded, f"shard {shard_id!r} of the model's", _SHAPE_HINT)
 
+    def _load_shard_g_idx(self, loaded: CheckpointTensor, shard_id: ShardId) -> None:
+        """The first shard's g_idx fills the buffer; a later one is kept aside only when it differs from it."""
+        self.output_shards.span(shard_id, self.prefix)  # an unknown shard id is named here
+        if self.split is not None:  # column: whole; row: the rank's input channels
+            loaded = self.split.narrow(loaded, _PER_INPUT, shard_id, self.output_shards, self.out_features,
+                                       self.prefix)
+        what = f"shard {shard_id!r} of the model's"
+        if "g_idx" not in self._shared_loaded:
+            check_and_copy(self.g_idx, loaded, what, _SHAPE_HINT)
+            self._shared_loaded.add("g_idx")
+            return
+        own = torch.empty_like(self.g_idx)
+        check_and_copy(own, loaded, what, _SHAPE_HINT)
+        if not torch.equal(own, self.g_idx):
+            self._shard_g_idx[shard_id] = own
+
+    def quantized_weights(self) -> list[QuantizedWeight]:
+        """The checkpoint tensors unpacked (before ``process_weights_after_loading``): one weight per run of
+        adjacent shards sharing a g_idx, in output order; a single weight when unmerged or all shards agree."""
+        if self.output_shards is None:
+            return [self._unpack(slice(None), self.g_idx, self.prefix)]
+        ids, sizes = self.output_shards.ids, self.output_shards.sizes
+        rows = [self._shard_g_idx.get(s, self.g_idx) for s in ids]
+        runs = g_idx_runs(rows)
+        if len(runs) == 1:  # the common case: exactly the unmerged layer's path
+            return [self._unpack(slice(None), self.g_idx, self.prefix)]
+        out = []
+        for first, stop in runs:
+            lo = sum(sizes[:first])
+            names = "+".join(str(s) for s in ids[first:stop])
+            out.append(self._unpack(slice(lo, lo + sum(sizes[first:stop])), rows[first], f"{self.prefix}[{names}]"))
+        return out
+
     def quantized_weight(self) -> QuantizedWeight:
-        """The checkpoint tensors unpacked (before ``process_weights_after_loading``)."""
-        t = {"qweight": self.qweight, "qzeros": self.qzeros, "scales": self.scales, "g_idx": self.g_idx}
-        qw = gptq_unpack(t, self.bits, self.group_size, self.version, name=self.prefix)
+        """The checkpoint tensors unpacked as one weight; a merged layer whose shards carry different g_idx has
+        none (see ``quantized_weights``)."""
+        parts = self.quantized_weights()
+        if len(parts) != 1:
+            raise ModelLoadError(f"{self.prefix}: its shards' g_idx differ ({len(parts)} runs of agreeing shards); "
+                                 f"unpack them with quantized_weights()")
+        return parts[0]
+
+    def _unpack(self, cols: slice, g_idx: torch.Tensor, name: str) -> QuantizedWeight:
+        """Output channels ``cols`` (whole packing units: the constructor checked every shard's width) with
+        ``g_idx``."""
+        values, words = pack_unit(self.bits)
+        zero_cols = cols if cols.start is None else slice(cols.start // values * words, cols.stop // values * words)
+        t = {"qweight": self.qweight[:, cols], "qzeros": self.qzeros[:, zero_cols], "scales": self.scales[:, cols],
+             "g_idx": g_idx}
+        qw = gptq_unpack(t, self.bits, self.group_size, self.version, name=name)
         return qw.groups_in_use() if self.split is not None and self.split.parallel == ROW else qw
 
     def process_weights_after_loading(self) -> None:
-        qw = self.quantized_weight()
-        prepared = prepare_weight_only(qw, self.qweight.device, self.compute_dtype, self.prefix)
-        self._install(prepared, ("qweight", "qzeros", "scales", "g_idx"))
+        device = self.qweight.device
+        parts = [prepare_weight_only(qw, device, self.compute_dtype, self.prefix) for qw in self.quantized_weights()]
+        self._shard_g_idx.clear()
+        drop = ("qweight", "qzeros", "scales", "g_idx")
+        self._install(parts[0] if len(parts) == 1 else Prepared(SHARD_KERNELS), drop)
+        if len(parts) > 1:
+            self.shard_kernels = ShardKernels(parts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        parts = self.shard_kernels  # None (a plain attribute) unless the shards need different g_idx
+        if parts is not None:
+            return self._add_bias(parts(x))
         return self._add_bias(weight_only_mm(self.kind, self._kernel_tensors(), self.group, x))
 
 
@@ -286,8 +353,16 @@ def dequantize_weight_only(model: nn.Module) -> int:
     number of layers converted."""
     from cinq.layers.quantization.kernels import DEQUANTIZED_AT_LOAD
     n = 0
-    for m in model.modules():
+    for m in list(model.modules()):
         if not isinstance(m, (GPTQLinear, AWQLinear)) or m.kind in ("unloaded", DEQUANTIZED_AT_LOAD):
+            continue
+        if m.kind == SHARD_KERNELS:  # one dense weight for all the runs
+            with torch.no_grad():
+                w = m.shard_kernels.dense_weight(m.in_features, m.compute_dtype)
+            del m.shard_kernels
+            m.shard_kernels = None
+            m._install(Prepared(DEQUANTIZED_AT_LOAD, {"weight": w}), ())
+            n += 1
             continue
         t = m._kernel_tensors()
         device = next(iter(t.values())).device

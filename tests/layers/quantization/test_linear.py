@@ -8,9 +8,12 @@ import torch
 
 from cinq.errors import ModelLoadError
 from cinq.layers.quantization.linear import AWQLinear, GPTQLinear, W8A8Linear, dequantize_weight_only
-from cinq.layers.quantization.packing import awq_pack, gptq_pack, w8a8_pack
+from cinq.layers.linear_split import column_split
+from cinq.layers.quantization.packing import awq_pack, gptq_pack, gptq_unpack, w8a8_pack
+from cinq.layers.quantization.shard_kernels import SHARD_KERNELS
 from cinq.layers.weight_loader import CheckpointTensor, OutputShards
 from cinq.quant.rtn import rtn_quantize
+from tests.layers.quantization.act_order import act_order_rtn
 
 
 def build_like_loader(cls, *args, dtype=torch.bfloat16, **kwargs):
@@ -141,21 +144,69 @@ def test_merged_weight_only_linear_equals_the_separate_ones(fmt):
             separate[s] = fill(build_like_loader(GPTQLinear, 128, ws.shape[0], False, 4, 32), packed[s])
     cls, args = (AWQLinear, (32,)) if fmt == "awq" else (GPTQLinear, (4, 32))
     merged = load_merged(build_like_loader(cls, 128, SHARDS.total, False, *args, output_shards=SHARDS), packed)
-    assert merged.kind == separate["q"].kind
+    assert merged.kind == separate["q"].kind  # one kernel when the shards agree (act-order or not)
+    assert getattr(merged, "shard_kernels", None) is None
     x = torch.randn(3, 128, generator=gen).bfloat16()
     assert_merged_equals_separate(merged, separate, x)
 
 
-def test_merged_gptq_refuses_shards_with_different_g_idx():
-    packed = {}
-    for i, (s, ws) in enumerate(shard_weights(13).items()):
-        qw = rtn_quantize(ws, 4, 32, sym=True, min_zero=1)
-        if s == "v":
-            qw.g_idx = torch.flip(qw.g_idx, [0])
-        packed[s] = gptq_pack(qw, 1)
+def file_weight(tensors, group=32):
+    """The float32 weight a GPTQ v1 4-bit file holds (its fp16 scales)."""
+    return gptq_unpack(tensors, 4, group, 1).dequantize()
+
+
+@pytest.mark.parametrize("k,group,shared,runs", [
+    (128, 32, {}, 3),  # q, k, v each their own act-order: three kernels
+    (128, 32, {"k": "q"}, 2),  # q and k agree, v differs: two
+    (256, 128, {"v": "k"}, 2),  # groups of 128 in bf16: the native int4 kernel where it builds
+])
+def test_merged_gptq_serves_shards_with_different_act_order_g_idx(k, group, shared, runs):
+    gen = torch.Generator().manual_seed(13)
+    seed = {s: i for i, s in enumerate(SHARDS.ids)}
+    seed.update({s: seed[other] for s, other in shared.items()})
+    qws = {s: act_order_rtn(torch.randn(n, k, generator=gen), group, seed[s]) for s, n in zip(SHARDS.ids, SHARDS.sizes)}
+    packed = {s: gptq_pack(qw, 1) for s, qw in qws.items()}
+    separate = {s: fill(build_like_loader(GPTQLinear, k, qw.out_features, False, 4, group), packed[s])
+                for s, qw in qws.items()}
+    merged = load_merged(build_like_loader(GPTQLinear, k, SHARDS.total, False, 4, group, prefix="attn.qkv_proj",
+                                           output_shards=SHARDS), packed)
+    assert merged.kind == SHARD_KERNELS and len(merged.shard_kernels.parts) == runs
+    assert [p.kind for p in merged.shard_kernels.parts][-1] == separate["v"].kind  # the unmerged layer's kernel
+    assert not any(n in dict(merged.named_buffers()) for n in ("qweight", "g_idx"))  # checkpoint copies dropped
+    x = torch.randn(3, k, generator=gen).bfloat16()
+    assert_merged_equals_separate(merged, separate, x)
+    ref = x.float() @ torch.cat([file_weight(packed[s], group) for s in SHARDS.ids]).t()
+    assert float((merged(x).float() - ref).abs().max() / ref.abs().max()) < 2e-2
+    # dequantize_weight_only: one dense weight for all the runs, the same function (up to bf16 rounding)
+    assert dequantize_weight_only(torch.nn.ModuleDict({"qkv": merged})) == 1
+    assert merged.kind == "dequantized_at_load" and merged.shard_kernels is None
+    assert float((merged(x).float() - ref).abs().max() / ref.abs().max()) < 2e-2
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_merged_gptq_with_different_g_idx_splits_by_columns(rank):
+    """Tensor parallelism: each rank's q/k/v columns keep their own shard's g_idx (read whole)."""
+    gen = torch.Generator().manual_seed(15)
+    qws = {s: act_order_rtn(torch.randn(n, 128, generator=gen), 32, i)
+           for i, (s, n) in enumerate(zip(SHARDS.ids, SHARDS.sizes))}
+    packed = {s: gptq_pack(qw, 1) for s, qw in qws.items()}
+    half = OutputShards(SHARDS.ids, tuple(n // 2 for n in SHARDS.sizes))
+    split = column_split(rank, 2, {s: rank * n for s, n in zip(half.ids, half.sizes)})
+    part = load_merged(build_like_loader(GPTQLinear, 128, half.total, False, 4, 32, output_shards=half,
+                                         split=split, dtype=torch.float32), packed)
+    assert part.kind == SHARD_KERNELS
+    x = torch.randn(4, 128, generator=gen)
+    cols = [file_weight(packed[s])[rank * n:(rank + 1) * n] for s, n in zip(half.ids, half.sizes)]
+    torch.testing.assert_close(part(x), x @ torch.cat(cols).t(), atol=1e-4, rtol=1e-4)
+
+
+def test_merged_gptq_names_a_bad_shard_g_idx():
+    qws = {s: act_order_rtn(torch.randn(n, 128), 32, i) for i, (s, n) in enumerate(zip(SHARDS.ids, SHARDS.sizes))}
+    packed = {s: gptq_pack(qw, 1) for s, qw in qws.items()}
+    packed["v"]["g_idx"] = torch.full((128,), 9, dtype=torch.int32)  # only 4 groups exist
     merged = build_like_loader(GPTQLinear, 128, SHARDS.total, False, 4, 32, prefix="attn.qkv_proj",
                                output_shards=SHARDS)
-    with pytest.raises(ModelLoadError, match=r"'v_proj\.g_idx' differs .*attn\.qkv_proj"):
+    with pytest.raises(ModelLoadError, match=r"attn\.qkv_proj\[v\]\.g_idx: needs 128 entries in \[0, 4\)"):
         load_merged(merged, packed)
 
 
