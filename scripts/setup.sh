@@ -79,4 +79,4 @@ from cinq.kernels.cpu_native import warm_native_kernels; warm_native_kernels()" 
 else
   echo "not built (cinq runs its PyTorch paths); see $PWD/$LOG"
 fi
-echo "setup: done: $(.venv/bin/cinq --version) in $PWD/.venv; try: .venv/bin/cinq generate smollm2-135m-instruct --chat -p \"What is the capital of France?\""
+echo "setup: done: $(.venv/bin/cinq --version) in $PWD/.venv; try: .venv/bin/cinq generate smollm2-135m-instruct --chat -p \"Name the capital of Japan.\""

@@ -1,6 +1,11 @@
 """The engines the batch-1 latency benchmark times, one interface each (``run(prompt, new_tokens) ->
 TokenTimes``): cinq in a precision variant (bf16, RTN int8, GPTQ int4), Hugging Face ``generate`` and llama.cpp on
-the same weights exported to GGUF (optional: llama-cpp-python, ``pip install 'cinq[llama]'``)."""
+the same weights exported to GGUF (optional: llama-cpp-python, ``pip install 'cinq[llama]'``).
+
+A GGUF model (e.g. ``smollm2-135m-instruct``) is timed on the same files in both engines: its dense folder is the
+file dequantized (cinq/export/hf_folder.py), the variants are that folder exported as bf16 / q8_0 / q4_0 GGUF
+files, which cinq loads natively too (no requantization: q8_0 and q4_0 blocks go to its int8 / int4 kernels), and
+the ``file`` variant is the original file itself in both engines."""
 
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ from typing import Protocol
 from cinq.config import EngineConfig
 from cinq.errors import InvalidParameterError
 
-VARIANTS = ("bf16", "int8", "int4")
+VARIANTS = ("bf16", "int8", "int4", "file")  # file: a GGUF model's own file, in cinq and llama.cpp alike
 BASELINES = ("hf", "llama.cpp")
 # cinq variant -> the GGUF matrix type reading the same bytes per weight in a decode step
 GGUF_TYPE = {"bf16": "bf16", "int8": "q8_0", "int4": "q4_0"}
@@ -130,7 +135,14 @@ def check_names(values: tuple[str, ...], allowed: tuple[str, ...], param: str) -
 
 
 def variant_config(config: EngineConfig, variant: str, work: Path) -> EngineConfig:
-    """``config`` running the dense model (bf16) or a cached int8 / int4 quantization of it."""
+    """``config`` running the dense model (bf16) or a cached int8 / int4 quantization of it; for a GGUF model,
+    the GGUF file of that type (the one llama.cpp runs) or, ``file``, the model's own file."""
+    source = source_gguf(config)
+    if source is not None:
+        path = source if variant == "file" else gguf_file(dense_folder(config, work), GGUF_TYPE[variant], work)
+        return dataclasses.replace(config, model=str(path), dtype="bfloat16")
+    if variant == "file":
+        raise InvalidParameterError("variant 'file' needs a GGUF model (e.g. smollm2-135m-instruct)", "variants")
     if variant == "bf16":
         return dataclasses.replace(config, dtype="bfloat16")
     bits, method = (8, "rtn") if variant == "int8" else (4, "gptq")
@@ -138,10 +150,25 @@ def variant_config(config: EngineConfig, variant: str, work: Path) -> EngineConf
                                dtype="bfloat16")
 
 
-def dense_folder(config: EngineConfig) -> Path:
-    """The folder of ``config``'s model (an embedded name resolved)."""
+def source_gguf(config: EngineConfig) -> Path | None:
+    """The GGUF file ``config``'s model is, or None for a folder."""
     from cinq.assets import resolve_model_path
-    return Path(resolve_model_path(config.model or None, "model"))
+    from cinq.model.gguf.file import find_gguf_file
+    return find_gguf_file(Path(resolve_model_path(config.model or None, "model")))
+
+
+def dense_folder(config: EngineConfig, work: Path | None = None) -> Path:
+    """The folder of ``config``'s model (an embedded name resolved); a GGUF model's dequantized copy in ``work``."""
+    from cinq.assets import resolve_model_path
+    path = Path(resolve_model_path(config.model or None, "model"))
+    source = source_gguf(config)
+    if source is None:
+        return path
+    out = (work or Path(".")) / f"{_tag(source)}-dense"
+    if not (out / "config.json").is_file():
+        from cinq.export.hf_folder import gguf_to_folder
+        gguf_to_folder(source, out)
+    return out
 
 
 def _tag(src: Path) -> str:
@@ -198,18 +225,19 @@ def build_engines(config: EngineConfig, variants: tuple[str, ...], baselines: tu
     hf_name = f"HF {short_dtype(hf_dtype)}"
     threads: tuple[int | None, ...] = threads_list or (None,)
     cinq_runners: dict[str, CinqRunner] = {}  # one engine per variant: torch threads are set per measurement
-    hf_runner = HFRunner(dense_folder(config), hf_dtype) if hf else None
+    hf_runner = HFRunner(dense_folder(config, work), hf_dtype) if hf else None
     engines: list[TimedEngine] = []
     for t in threads:
         for i, variant in enumerate(variants or ("",)):
             name = f"cinq {variant}" if variant else f"cinq {short_dtype(config.dtype)}"
             if name not in cinq_runners:
                 cinq_runners[name] = CinqRunner(variant_config(config, variant, work) if variant else config)
-            gguf_name = f"llama.cpp {GGUF_TYPE.get(variant, '')}"
+            gguf_name = f"llama.cpp {GGUF_TYPE.get(variant, '')}" if variant != "file" else "llama.cpp file"
             vs = gguf_name if llama and variant else (hf_name if hf else None)
             engines.append(TimedEngine(name, t, cinq_runners[name], vs))
             if llama and variant:
-                path = gguf_file(dense_folder(config), GGUF_TYPE[variant], work)
+                path = (source_gguf(config) if variant == "file" else
+                        gguf_file(dense_folder(config, work), GGUF_TYPE[variant], work))
                 engines.append(TimedEngine(gguf_name, t, LlamaCppRunner(path, t or _torch_threads(), n_ctx)))
             if hf_runner is not None and i == 0:
                 engines.append(TimedEngine(hf_name, t, hf_runner, "llama.cpp bf16" if llama and "bf16" in variants
