@@ -25,12 +25,19 @@ def hf_available() -> bool:
 
 
 def load_hf_model(path: str, dtype: str, device: str = "cpu") -> Any:
-    """The model folder loaded by transformers onto ``device``, in eval mode (local files only: nothing is
-    downloaded)."""
+    """The model folder (or GGUF file: transformers' own GGUF loader, the same values cinq serves) loaded by
+    transformers onto ``device``, in eval mode (local files only: nothing is downloaded)."""
+    from pathlib import Path
+
     import torch
     from transformers import AutoModelForCausalLM
-    return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, _TORCH_DTYPES[dtype]),
-                                                local_files_only=True).to(device).eval()
+
+    from cinq.model.gguf.file import find_gguf_file
+    gguf = find_gguf_file(Path(path))
+    extra = {} if gguf is None else {"gguf_file": gguf.name}
+    folder = path if gguf is None else str(gguf.parent)
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, _TORCH_DTYPES[dtype]),
+                                                local_files_only=True, **extra).to(device).eval()
 
 
 def _sync(model: Any) -> None:
