@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from cinq.layers.sampler import Sampler, SamplingMetadata, apply_penalties
@@ -98,3 +99,17 @@ def test_logprobs_are_raw_with_ranks():
     assert out.logprob_token_ids.tolist() == [[1, 3]]
     assert torch.allclose(out.logprobs, raw[:, [1, 3]])
     assert out.sampled_rank.item() == 1 and abs(out.sampled_logprob.item() - raw[0, 1].item()) < 1e-6
+
+
+@pytest.mark.parametrize("peak", [0.0, 12.0])  # flat rows fall back to the full sort, peaked ones take topk
+def test_top_p_over_a_large_vocabulary_keeps_what_the_full_sort_keeps(peak: float, monkeypatch):
+    import cinq.layers.sampler as sampler
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 49152, generator=gen) * 2
+    logits[:, :20] += peak
+    p = torch.tensor([0.9, 0.5, 0.99, 0.2])
+    fast = sampler.apply_top_k_top_p(logits, None, p)
+    assert (sampler._top_p_among_candidates(logits, p) is None) == (peak == 0.0)
+    monkeypatch.setattr(sampler, "TOP_P_CANDIDATES", 10 ** 9)
+    full = sampler.apply_top_k_top_p(logits, None, p)
+    assert torch.equal(fast, full)
