@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
 
 from cinq.errors import ModelLoadError
@@ -138,10 +138,10 @@ def _sentencepiece(gguf: GGUFFile, tokens: list[str]) -> HFTokenizer:
     unk = _token_id(gguf, "unknown_token_id", len(tokens))
     tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=tokens[unk] if unk is not None else None,
                                  fuse_unk=True, byte_fallback=True))
-    if gguf.get("tokenizer.ggml.add_space_prefix", True) is not False:
-        tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
-    else:
-        tok.normalizer = normalizers.Replace(" ", "\u2581")
+    # Metaspace (as transformers' LlamaTokenizer): spaces become \u2581 and one is prepended to the first piece
+    # unless it already starts with one (a text starting with spaces gets no extra)
+    prepend = "first" if gguf.get("tokenizer.ggml.add_space_prefix", True) is not False else "never"
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=prepend, split=False)
     tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
                                      decoders.Strip(" ", 1, 0)])
     return tok
