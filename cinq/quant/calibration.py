@@ -81,8 +81,10 @@ class CheckpointReader:
         self.path = Path(path)
         self.config = ModelConfig.from_pretrained(self.path)
         if self.config.quantization_config:
-            raise ModelLoadError(f"{self.path}: already quantized "
-                                 f"({self.config.quantization_config.get('quant_method')}); quantize a dense model")
+            method = self.config.quantization_config.get("quant_method")
+            how = (f"; to requantize its values, write them as a dense folder first: cinq export {self.path} "
+                   f"--format hf --out DIR") if method == "gguf" else ""
+            raise ModelLoadError(f"{self.path}: already quantized ({method}); quantize a dense model{how}")
         self.raw_config: dict[str, Any] = json.loads((self.path / "config.json").read_text())
         self._where: dict[str, Path] = {}
         for file in checkpoint_files(self.path):
