@@ -2,14 +2,17 @@
 ``torch.utils.cpp_extension``, cached in the cinq cache by source content, Python environment, torch version and
 CPU (a build says so in the log, with its time; ``scripts/setup.sh`` builds them), and optional — when one cannot
 be built the caller runs its PyTorch path (said once in the log). ``CINQ_NATIVE_KERNELS=0`` disables them all. A
-kernel whose build has no fast path for this CPU (``has_fast_path()`` false: no AVX512-BF16) is not used either:
-its portable loop would be slower than PyTorch's. Builds use ``-march=native``, so the cache is keyed by the
+kernel whose build has no fast path for this CPU (``has_fast_path()`` false: e.g. no AVX2 + FMA) is not used either:
+its portable loop would be slower than PyTorch's. Builds use ``-march=native`` and ``-fopenmp``, so the cache is keyed by the
 CPU's features.
 
 * ``paged_decode.cpp``: decode attention read straight from the KV pages (no gathered copy of the contexts).
 * ``small_m_gemm.cpp``: bf16 linear for 1-8 activation rows at memory bandwidth (decode at small batch, a
-  speculative verify of up to 7 drafts): AMX tiles where the CPU and OS allow them, AVX512-BF16 otherwise.
-* ``int4_linear.cpp``: GPTQ/AWQ int4 linear with bf16 activations (used by ``cinq.layers.quantization.kernels``).
+  speculative verify of up to 7 drafts): AMX tiles where the CPU and OS allow them, AVX512-BF16 vector tiles, or
+  AVX2 + FMA (e.g. AMD Zen 3).
+* ``grouped_int_linear.cpp``: int4 affine (GGUF Q4_0 / Q4_1, GPTQ / AWQ) and int8 grouped (GGUF Q8_0, per channel)
+  linears with bf16 activations, AVX2 (used by ``cinq.layers.quantization.native`` / ``kernels``).
+* ``small_m.h``: what the decode-sized linears share: one contiguous range of output rows per thread, prefetch.
 * ``rms_norm.cpp``: RMSNorm with the fused residual add, bf16 (``cinq.layers.norm``): one call per norm instead
   of ~10 ATen ops, which at batch 1 cost far more than the arithmetic.
 * ``rotary.cpp``: rotary embedding of q and k in place, bf16 (``cinq.layers.rotary``), for the same reason.
@@ -36,6 +39,14 @@ _small_m_rows: int | None = None  # small_m_rows(), once known
 _NO_TREE = torch.empty(0, dtype=torch.bool)  # "causal among the new rows": one shared tensor, nothing per call
 _NO_RESIDUAL = torch.empty(0, dtype=torch.bfloat16)  # rms_norm without a residual add
 _NO_BIAS = torch.empty(0)  # small_m_linear without a bias
+# -fopenmp: ``at::parallel_for`` is a header template that splits work only where the extension itself is compiled
+# with OpenMP (``#ifdef _OPENMP``); without the flag every kernel ran on one thread whatever torch's thread count.
+# Linked with -fopenmp, the extension asks for libgomp.so.1, which the loader resolves to the copy torch has
+# already loaded: one OpenMP runtime, torch's pool and thread count.
+# CINQ_REGISTER_OPS: the kernels that register their torch.ops.cinq op in C++ (custom_ops.py) do so in these
+# builds only.
+_CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-DCINQ_REGISTER_OPS"]
+_LDFLAGS = ["-fopenmp"]
 
 
 def native_module(name: str) -> Any | None:
@@ -75,7 +86,8 @@ def _build_or_load(name: str) -> Any:
     headers = {h.name: h.read_bytes() for h in sorted(_SOURCES.glob("*.h"))}  # included as "name.h"
     # The build command holds this interpreter's include paths: two environments sharing one build folder would
     # each see the other's command and recompile every time, so the environment is part of the key.
-    key = hashlib.sha256(source + b"".join(headers.values()) + sys.prefix.encode()).hexdigest()[:12]
+    key = hashlib.sha256(source + b"".join(headers.values()) + sys.prefix.encode()
+                         + " ".join(_CFLAGS + _LDFLAGS).encode()).hexdigest()[:12]
     build = cache_dir() / "torch_extensions" / f"torch-{torch.__version__}-{_cpu_key()}" / f"{name}-{key}"
     build.mkdir(parents=True, exist_ok=True)
     for file_name, data in [(f"{name}.cpp", source), *headers.items()]:
@@ -88,7 +100,7 @@ def _build_or_load(name: str) -> Any:
         log.warning("building the native CPU kernel %s (once per machine and source version, ~1 min)", name)
     t0 = time.perf_counter()
     module = load(name=f"cinq_{name}_{key}", sources=[str(copy)], build_directory=str(build),
-                  extra_cflags=["-O3", "-march=native", "-ffast-math"], verbose=False)
+                  extra_cflags=_CFLAGS, extra_ldflags=_LDFLAGS, verbose=False)
     if fresh:
         log.warning("built the native CPU kernel %s in %.0f s", name, time.perf_counter() - t0)
     return module
