@@ -24,16 +24,33 @@ from cinq.layers.weight_loader import OutputShards, ParamLayout
 _ROWS = ParamLayout(output_dim=0)
 
 
-def prepare_blocks(codes: BlockCodes, device: torch.device, dtype: torch.dtype) -> Prepared:
-    """The kernel for decoded GGUF blocks on ``device`` computing in ``dtype``: native grouped int8 / affine int4
-    for bf16 on the CPU when built, else the exact values dequantized once."""
+def kernel_tensors(raw: torch.Tensor, type_name: str) -> dict[str, torch.Tensor]:
+    """The native kernels' tensors straight from a GGUF block matrix ``raw`` uint8 [N, K / 32 * block bytes], equal
+    to ``native.pack_int4_affine`` / ``pack_int8_grouped`` of the decoded blocks: GGUF's nibble order (byte j: value
+    j low, j + 16 high) is the kernel's, so the codes are the blocks' bytes and only the fp16 scales widen (decoding
+    to one code per byte and packing again took seconds per model)."""
+    n, row_bytes = raw.shape
+    size = BLOCK_BYTES[type_name]
+    blocks = raw.reshape(n, row_bytes // size, size)
+    d = blocks[..., 0:2].contiguous().view(torch.float16).squeeze(-1).float()
+    if type_name == "Q8_0":
+        return {"codes": blocks[..., 2:].contiguous().view(torch.int8).reshape(n, -1), "scales": d}
+    start = 4 if type_name == "Q4_1" else 2
+    mins = blocks[..., 2:4].contiguous().view(torch.float16).squeeze(-1).float() if type_name == "Q4_1" else d * -8.0
+    offset = 8 if type_name == "Q4_0" else 0  # Q4_0 dequantizes as d * (q - 8), as native.pack_int4_affine notes
+    return {"codes": blocks[..., start:].reshape(n, -1).contiguous(), "scales": d, "mins": mins,
+            "q_offset": torch.tensor(offset, dtype=torch.int32)}
+
+
+def prepare_blocks(raw: torch.Tensor, type_name: str, dtype: torch.dtype) -> Prepared:
+    """The kernel for GGUF blocks ``raw`` computing in ``dtype``: native grouped int8 / affine int4 for bf16 on the
+    CPU when built, else the exact values dequantized once."""
     from cinq.layers.quantization import native
-    if device.type == "cpu" and dtype == torch.bfloat16 and getattr(native, "affine_kernels_available",
-                                                                    lambda: False)():
-        if codes.bits == 8:
-            return Prepared("gguf_int8", native.pack_int8_grouped(codes.codes, codes.scales, BLOCK), BLOCK)
-        return Prepared("gguf_int4", native.pack_int4_affine(codes.codes, codes.scales, codes.offsets, BLOCK),
-                        BLOCK)
+    device = raw.device
+    if device.type == "cpu" and dtype == torch.bfloat16 and native.affine_kernels_available():
+        kind = "gguf_int8" if type_name == "Q8_0" else "gguf_int4"
+        return Prepared(kind, kernel_tensors(raw, type_name), BLOCK)
+    codes = decode_blocks(raw, type_name)
     say_once(f"GGUF {codes.type_name} blocks: no native kernel for {dtype} on {device.type}; dequantized once "
              f"at load (same values, dense speed and memory)")
     return Prepared(DEQUANTIZED_AT_LOAD, {"weight": codes.dequantize().to(device=device, dtype=dtype)})
@@ -76,7 +93,7 @@ class GGUFLinear(QuantizedLinear):
         return decode_blocks(self.weight, self.type_name)
 
     def process_weights_after_loading(self) -> None:
-        prepared = prepare_blocks(self.block_codes(), self.weight.device, self.compute_dtype)
+        prepared = prepare_blocks(self.weight, self.type_name, self.compute_dtype)
         self._install(prepared, ("weight",))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

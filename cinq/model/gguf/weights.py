@@ -12,6 +12,7 @@ The ``llama`` architecture's q/k rows are permuted back to rotate-half order as 
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -93,11 +94,19 @@ def _first_shard(prefix: str, shards: OutputShards) -> str:
     return prefix
 
 
+def _view(array: np.ndarray) -> torch.Tensor:
+    """A tensor over the read-only mapped file, without a copy: the layers copy what they keep (torch warns about
+    a read-only buffer, and nothing here writes to it)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(array)
+
+
 def dequantize_info(gguf: GGUFFile, info: GGUFTensorInfo) -> torch.Tensor:
     """The tensor's values (float types as stored, every other type float32 via the gguf package's reference)."""
     raw = gguf.tensor_bytes(info)
     if info.type_name in _FLOAT_DTYPES:
-        return torch.frombuffer(bytearray(raw), dtype=_FLOAT_DTYPES[info.type_name]).reshape(info.shape)
+        return _view(raw).view(_FLOAT_DTYPES[info.type_name]).reshape(info.shape)
     from gguf.constants import GGMLQuantizationType
     from gguf.quants import dequantize
     rows = raw.reshape(-1, info.row_bytes)
@@ -106,8 +115,8 @@ def dequantize_info(gguf: GGUFFile, info: GGUFTensorInfo) -> torch.Tensor:
 
 
 def raw_blocks(gguf: GGUFFile, info: GGUFTensorInfo) -> torch.Tensor:
-    """The tensor's blocks as uint8 [rows, row bytes] (copied out of the mapping)."""
-    return torch.from_numpy(gguf.tensor_bytes(info).reshape(-1, info.row_bytes).copy())
+    """The tensor's blocks as uint8 [rows, row bytes] (a view of the mapping)."""
+    return _view(gguf.tensor_bytes(info).reshape(-1, info.row_bytes))
 
 
 def iter_gguf_checkpoint(gguf: GGUFFile, fmt: GGUFFormat | None, heads: dict[str, int]) -> Iterator[CheckpointTensor]:

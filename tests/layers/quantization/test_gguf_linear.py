@@ -63,3 +63,21 @@ def test_gguf_linear_merged_shards_compute_x_w_transposed(kind: str, dtype: torc
     got = layer(x.to(dtype)).float()
     tol = 1e-5 if dtype == torch.float32 else 0.02 * want.abs().max().item()
     assert (got - want).abs().max().item() <= tol
+
+
+@pytest.mark.parametrize("kind", NATIVE_TYPES)
+def test_kernel_tensors_from_raw_blocks_equal_packing_the_decoded_blocks(kind: str):
+    from cinq.layers.quantization import native
+    from cinq.layers.quantization.gguf_linear import kernel_tensors
+    w = np.random.default_rng(4).standard_normal((6, 128)).astype(np.float32)
+    raw = torch.from_numpy(_blocks(w, kind).copy())
+    codes = decode_blocks(raw, kind)
+    packed = native.pack_int8_grouped(codes.codes, codes.scales, 32) if kind == "Q8_0" else \
+        native.pack_int4_affine(codes.codes, codes.scales, codes.offsets, 32)
+    mine = kernel_tensors(raw, kind)
+    assert mine.keys() == packed.keys() and all(torch.equal(mine[k], packed[k]) for k in mine)
+    ref = gguf_quants.dequantize(raw.numpy(), GGMLQuantizationType[kind])
+    back = native.dequantize_int8_grouped(mine, 32) if kind == "Q8_0" else native.dequantize_int4_affine(mine, 32)
+    back = back.numpy()
+    assert np.array_equal(back, ref)  # the values the kernel computes with: bit for bit but the sign of zero
+    assert np.array_equal(back.view(np.uint32)[back != 0], ref.view(np.uint32)[ref != 0])
