@@ -147,6 +147,7 @@ class EngineCoreOutputs:
     timestamp: float = 0.0
     step_error: str | None = None
     failed_request_ids: list[str] = field(default_factory=list)
+    num_added: int = 0  # sequences the core has taken in since it started (the front end's waiting count)
 
 
 @dataclass(slots=True)

@@ -1,8 +1,14 @@
 """Test servers: the real app under uvicorn on a free loopback port, in a thread of the test process (so a test
-can also look at the engine behind it)."""
+can also look at the engine behind it).
+
+``engine_core``: "inproc" (the default: tests that look into the engine, ``server.engine``, need it in this
+process) or "process" (the engine core in its own process, as ``cinq serve`` runs it). ``CINQ_TEST_ENGINE_CORE``
+changes the default, so a suite can be run against the split server as it is:
+``CINQ_TEST_ENGINE_CORE=process pytest tests/reliability``."""
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -26,7 +32,13 @@ class RunningServer:
 
     @property
     def engine(self):
+        """The LLMEngine behind an in-process server (a split server has none here: see ``core_pid``)."""
         return self.llm.engine
+
+    @property
+    def core_pid(self) -> int | None:
+        """The engine core's process (None in-process)."""
+        return getattr(self.llm, "core_pid", None)
 
     @property
     def api(self) -> str:
@@ -49,20 +61,20 @@ class RunningServer:
 
 @contextmanager
 def serve(model: Path, api_key: str | None = None, max_waiting_requests: int | None = None,
-          limits: object | None = None, metrics_require_api_key: bool = False,
+          limits: object | None = None, metrics_require_api_key: bool = False, engine_core: str | None = None,
           **engine_args: object) -> Iterator[RunningServer]:
     """A live server as `cinq serve` builds it (same app, same uvicorn config); ``limits``: a
-    ``ConnectionLimits`` (default: cinq serve's defaults)."""
+    ``ConnectionLimits`` (default: cinq serve's defaults); ``engine_core``: see the module docstring."""
     import uvicorn
 
     from cinq.config import EngineConfig
-    from cinq.engine.async_engine import AsyncLLM
-    from cinq.engine.engine import LLMEngine
+    from cinq.engine.protocol import make_engine_client
     from cinq.server.app import build_app
     from cinq.server.connections import ConnectionLimits, uvicorn_config
 
     args = {"dtype": "float32", "num_kv_blocks": 512, "block_size": 16, **engine_args}
-    llm = AsyncLLM(LLMEngine(EngineConfig.from_kwargs(str(model), **args)), max_waiting_requests)
+    mode = engine_core or os.environ.get("CINQ_TEST_ENGINE_CORE", "inproc")
+    llm = make_engine_client(EngineConfig.from_kwargs(str(model), **args), max_waiting_requests, mode)
     app = build_app(llm, [MODEL_NAME], str(model), api_key, metrics_require_api_key)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
@@ -74,6 +86,7 @@ def serve(model: Path, api_key: str | None = None, max_waiting_requests: int | N
     deadline = time.monotonic() + 30
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
+            llm.shutdown()
             raise RuntimeError("the test server did not start")
         time.sleep(0.02)
     try:
@@ -82,3 +95,4 @@ def serve(model: Path, api_key: str | None = None, max_waiting_requests: int | N
         server.should_exit = True
         thread.join(15)
         sock.close()
+        llm.shutdown()  # the app's lifespan did already; a no-op then (a core process must never outlive a test)
