@@ -32,8 +32,11 @@ class RunningServer:
 
     @property
     def engine(self):
-        """The LLMEngine behind an in-process server (a split server has none here: see ``core_pid``)."""
-        return self.llm.engine
+        """The LLMEngine behind an in-process server; for a split server a ``CoreStatsView`` (what tests read of
+        the engine, from the stats its core publishes; nothing there can be patched)."""
+        if hasattr(self.llm, "engine"):
+            return self.llm.engine
+        return CoreStatsView(self.llm)
 
     @property
     def core_pid(self) -> int | None:
@@ -59,12 +62,36 @@ class RunningServer:
             time.sleep(0.05)
 
 
+class CoreStatsView:
+    """``server.engine`` of a server whose engine core runs in another process: the engine's read-only numbers,
+    from the core's published stats (``EngineClient.get_stats``) and its start-up limits."""
+
+    def __init__(self, llm: object) -> None:
+        self._llm = llm
+
+    @property
+    def kv(self) -> CoreStatsView:
+        return self
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.num_blocks - round(self._llm.get_stats().kv_cache_usage * self.num_blocks)
+
+    def __getattr__(self, name: str):  # num_blocks, max_model_len, vocab_size, get_stats, config, ...
+        return getattr(self._llm, name)
+
+    def has_unfinished_requests(self) -> bool:
+        s = self._llm.get_stats()
+        return s.num_running + s.num_waiting > 0
+
+
 @contextmanager
 def serve(model: Path, api_key: str | None = None, max_waiting_requests: int | None = None,
           limits: object | None = None, metrics_require_api_key: bool = False, engine_core: str | None = None,
-          **engine_args: object) -> Iterator[RunningServer]:
+          on_core_start: object | None = None, **engine_args: object) -> Iterator[RunningServer]:
     """A live server as `cinq serve` builds it (same app, same uvicorn config); ``limits``: a
-    ``ConnectionLimits`` (default: cinq serve's defaults); ``engine_core``: see the module docstring."""
+    ``ConnectionLimits`` (default: cinq serve's defaults); ``engine_core``: see the module docstring;
+    ``on_core_start``: a fault to inject in a core process (``AsyncMPLLM``'s argument; implies "process")."""
     import uvicorn
 
     from cinq.config import EngineConfig
@@ -73,8 +100,13 @@ def serve(model: Path, api_key: str | None = None, max_waiting_requests: int | N
     from cinq.server.connections import ConnectionLimits, uvicorn_config
 
     args = {"dtype": "float32", "num_kv_blocks": 512, "block_size": 16, **engine_args}
-    mode = engine_core or os.environ.get("CINQ_TEST_ENGINE_CORE", "inproc")
-    llm = make_engine_client(EngineConfig.from_kwargs(str(model), **args), max_waiting_requests, mode)
+    config = EngineConfig.from_kwargs(str(model), **args)
+    if on_core_start is not None:
+        from cinq.engine.async_mp_llm import AsyncMPLLM
+        llm = AsyncMPLLM(config, max_waiting_requests, on_core_start=on_core_start)
+    else:
+        mode = engine_core or os.environ.get("CINQ_TEST_ENGINE_CORE", "inproc")
+        llm = make_engine_client(config, max_waiting_requests, mode)
     app = build_app(llm, [MODEL_NAME], str(model), api_key, metrics_require_api_key)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
