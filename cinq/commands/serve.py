@@ -73,7 +73,12 @@ def stats_interval(args: argparse.Namespace) -> float:
     return 0.0 if args.disable_log_stats else args.log_stats_interval
 
 
+def _sigterm_as_interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
 def run(args: argparse.Namespace) -> int:
+    import signal
     import socket
 
     import uvicorn
@@ -136,9 +141,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"cinq serve: listening on http://{url_host}:{port}  (OpenAI API at /v1, playground at /, "
           f"metrics at /metrics)", flush=True)
     server = uvicorn.Server(uvicorn_config(app, limits, args.uvicorn_log_level))
+    # uvicorn shuts down gracefully on SIGINT and SIGTERM (the app's lifespan stops the engine core), then raises
+    # the signal again with the handlers it found: SIGTERM then ends as Ctrl-C does, as a clean exit.
+    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its graceful shutdown: that is a clean exit
         pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print("cinq serve: stopped", flush=True)
     return 0

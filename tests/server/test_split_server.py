@@ -31,14 +31,16 @@ def plant_faults(core) -> None:
 
 
 def child_pids(pid: int) -> set[int]:
-    """Live (not zombie) processes whose parent is ``pid``."""
+    """Live (not zombie) processes whose parent is ``pid``, but multiprocessing's resource tracker (one per
+    process that ever spawned: it ends with its parent, by design)."""
     out = set()
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
+            tracker = b"resource_tracker" in (stat.parent / "cmdline").read_bytes()
         except OSError:
             continue
-        if int(fields[1]) == pid and fields[0] != "Z":
+        if int(fields[1]) == pid and fields[0] != "Z" and not tracker:
             out.add(int(stat.parent.name))
     return out
 
