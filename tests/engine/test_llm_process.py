@@ -27,7 +27,10 @@ def test_process_core_matches_the_in_process_engine(tiny_llama):
         for g, w in zip(got + got_stop, want + want_stop):
             assert [(c.token_ids, c.text, c.finish_reason) for c in g.outputs] == \
                    [(c.token_ids, c.text, c.finish_reason) for c in w.outputs]
-        assert got[2].outputs[0].logprobs == want[2].outputs[0].logprobs
+        # the same up to float32 rounding: the core may batch these requests differently (bucketed shapes)
+        for g_pos, w_pos in zip(got[2].outputs[0].logprobs, want[2].outputs[0].logprobs):
+            assert g_pos.keys() == w_pos.keys()
+            assert all(g_pos[t].logprob == pytest.approx(w_pos[t].logprob, abs=1e-4) for t in g_pos)
         assert got_stop[0].outputs[0].finish_reason == "stop"
         stats = split.engine.get_stats()
         assert stats.generation_tokens >= 4 * 12  # as of the last step (the stop-string abort lands after it)
