@@ -241,6 +241,13 @@ class EngineCore:
         st.prefix_cache_queries = kv.stats.queries
         st.prefix_cache_hits = kv.stats.hits
         st.num_preemptions = self.scheduler.num_preemptions
+        block_size, slots, tokens = self.config.block_size, 0, 0
+        for req in self.scheduler.running:
+            entry = kv.requests.get(req.request_id)
+            held = len(entry.blocks) * block_size if entry is not None else 0
+            slots += held
+            tokens += min(req.num_computed_tokens, held)
+        st.kv_slots_held, st.kv_tokens_held = slots, tokens
         snap = EngineStats(**{name: getattr(st, name) for name in st.__dataclass_fields__})
         snap.finished_by_reason = dict(st.finished_by_reason)
         snap.spec_decode_num_accepted_tokens_per_pos = list(st.spec_decode_num_accepted_tokens_per_pos)
