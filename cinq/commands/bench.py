@@ -97,6 +97,9 @@ def _add_serve(q: argparse.ArgumentParser) -> None:
     b.add_argument("--engine-core", default="process", choices=("process", "inproc"),
                    help="the server's engine core: its own process (cinq serve's default) or the server's "
                         "(default %(default)s)")
+    b.add_argument("--no-hop", action="store_true",
+                   help="skip measuring the process hop's latency (one request of one token, core in process vs "
+                        "in-process; two more engine starts)")
 
 
 def _add_prefix(q: argparse.ArgumentParser) -> None:
@@ -213,6 +216,7 @@ def _run_serve(config: EngineConfig, args: argparse.Namespace, progress: bool) -
                         num_prompts=args.num_prompts, input_len=args.input_len, output_len=args.output_len,
                         seed=_seed(args), baseline=not args.no_baseline, base_url=args.base_url,
                         served_model_name=args.served_model_name, tag=args.tag, engine_core=args.engine_core,
+                        hop=not args.no_hop,
                         command="cinq " + " ".join(sys.argv[1:]))
     return run_serve(config, opts, progress)
 

@@ -158,10 +158,14 @@ class AsyncMPLLM:
         req = self.input_processor.process(request_id, prompt, params, arrival_time, prompt_text, language)
         self.output_processor.add_request(request_id, req.prompt_text, req.prompt_token_ids, req.params,
                                           req.child_ids, req.arrival_time, req.language)
+        try:
+            self.client.add(req.core_requests)
+        except CoreDiedError as e:  # died a moment ago: the reader reports it to everyone else
+            self.output_processor.abort(request_id)
+            raise EngineDeadError(str(e)) from None
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = queue
         self._sent += len(req.core_requests)
-        self.client.add(req.core_requests)
         return RequestStream(request_id, queue, self, params.output_kind is OutputKind.DELTA)
 
     async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str,

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 600.0  # loading a big model may take long; a dead core is seen within a poll
 _POLL_MS = 100
+_CONNECT_WAIT_MS = 1000
 
 
 class CoreDiedError(RuntimeError):
@@ -50,6 +51,9 @@ class CoreProcClient:
         self._zctx = zmq.Context()
         self._input = self._zctx.socket(zmq.PUSH)
         self._input.setsockopt(zmq.LINGER, 1000)
+        # Sends never block the caller (the server's event loop): no high-water mark, and a send with no core
+        # connected (it died a moment ago) fails at once instead of waiting for a peer that will not come.
+        self._input.setsockopt(zmq.SNDHWM, 0)
         self._input.bind(input_addr)
         self._output = self._zctx.socket(zmq.PULL)
         self._output.setsockopt(zmq.LINGER, 0)
@@ -108,12 +112,35 @@ class CoreProcClient:
 
     # ---- traffic ----------------------------------------------------------------------------------------------
     def add(self, requests: list[EngineCoreRequest]) -> None:
-        """Send one request's sequences (its n children) together."""
-        self._input.send_multipart(encode(ADD, requests), copy=False)
+        """Send one request's sequences (its n children) together; ``CoreDiedError`` when no core is there."""
+        self._send(encode(ADD, requests))
 
     def abort(self, request_ids: list[str], status: str = "abort") -> None:
+        """End sequences in the core (``status``: "abort", "stop" or "error"); a gone core needs no abort."""
         if request_ids and not self._closed:
-            self._input.send_multipart(encode(ABORT, CoreAbort(request_ids, status)))
+            try:
+                self._send(encode(ABORT, CoreAbort(request_ids, status)))
+            except CoreDiedError:
+                pass
+
+    def _send(self, frames: list[bytes]) -> None:
+        if self._closed:
+            raise CoreDiedError("the engine core was shut down")
+        try:
+            self._input.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            return
+        except zmq.Again:
+            pass
+        # No core connected: just starting (its connect is asynchronous) or just died. Wait a moment for the one,
+        # fail for the other.
+        if self.proc.is_alive() and self._input.poll(_CONNECT_WAIT_MS, zmq.POLLOUT):
+            try:
+                self._input.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                return
+            except zmq.Again:
+                pass
+        raise CoreDiedError(f"the engine core process (pid {self.proc.pid}) is not connected "
+                            f"({self.death_reason()})")
 
     def recv(self, timeout_ms: int = _POLL_MS) -> EngineCoreOutputs | None:
         """The next step's outputs, or None after ``timeout_ms``; ``CoreDiedError`` once the process is gone

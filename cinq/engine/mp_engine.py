@@ -71,7 +71,11 @@ class MPLLMEngine:
         req = self.input_processor.process(request_id, prompt, params, arrival_time, prompt_text, language)
         self.output_processor.add_request(request_id, req.prompt_text, req.prompt_token_ids, req.params,
                                           req.child_ids, req.arrival_time, req.language)
-        self.client.add(req.core_requests)
+        try:
+            self.client.add(req.core_requests)
+        except CoreDiedError as e:
+            self.output_processor.abort(request_id)
+            raise EngineDeadError(str(e)) from None
 
     def abort_request(self, request_ids: str | list[str]) -> None:
         for rid in [request_ids] if isinstance(request_ids, str) else request_ids:

@@ -119,3 +119,11 @@ def test_a_killed_core_ends_every_open_request_with_a_clear_error(split):
         t0 = time.monotonic()
         again = client.post(split.api + "/completions", json={**BODY, "prompt": GOOD})
         assert again.status_code == 503 and time.monotonic() - t0 < 5  # refused at once, not a timeout
+    # A send that races the death (before the reader saw it) fails at once too: it never waits for a peer.
+    from cinq.engine.core_client import CoreDiedError
+    from cinq.engine.io import EngineCoreRequest
+    from cinq.sampling_params import SamplingParams
+    t0 = time.monotonic()
+    with pytest.raises(CoreDiedError, match="SIGKILL"):
+        split.llm.client.add([EngineCoreRequest("late", GOOD, SamplingParams(), 4, time.time())])
+    assert time.monotonic() - t0 < 5
