@@ -45,11 +45,12 @@ def test_a_start_up_failure_is_the_cores_own_error(tiny_llama, tmp_path):
     with pytest.raises(ModelLoadError) as in_process:
         LLMEngine(config)
     before = set(Path(os.environ.get("TMPDIR", "/tmp")).glob("cinq-core-*"))
+    children = child_pids(os.getpid())  # other tests' helpers (a Ray cluster) may be running
     with pytest.raises(ModelLoadError) as split:
         AsyncMPLLM(config)
     assert str(split.value) == str(in_process.value) and split.value.param == in_process.value.param
     assert "config.json" in str(split.value) and "\n" not in str(split.value)
-    assert not child_pids(os.getpid())  # the core exited and was reaped
+    assert child_pids(os.getpid()) <= children  # the core exited and was reaped
     assert set(Path(os.environ.get("TMPDIR", "/tmp")).glob("cinq-core-*")) <= before  # its socket folder too
 
 
