@@ -44,6 +44,8 @@ def main() -> None:
     ap.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (server and baseline)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--engine-core", default="process", choices=("process", "inproc"),
+                    help="the server's engine core: its own process (default) or inside the server")
     ap.add_argument("--tag", default="default-model")
     ap.add_argument("--note", default="", help="a line for the markdown (e.g. how --model was built)")
     ap.add_argument("--quick", action="store_true", help="16 requests, rates 8,inf (smoke run)")
@@ -56,6 +58,7 @@ def main() -> None:
                         input_len=args.input_len, output_len=args.output_len, seed=args.seed,
                         baseline=not args.no_baseline, base_url=args.base_url,
                         served_model_name=args.served_model_name, tag=args.tag, note=args.note,
+                        engine_core=args.engine_core,
                         command="python benchmarks/serving.py " + " ".join(sys.argv[1:]))
     result = run_serve(config, opts)
     print_report(result)

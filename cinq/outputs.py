@@ -98,6 +98,10 @@ class EngineStats:
     prompt_tokens: int = 0  # prompt tokens computed (not counting cache hits)
     generation_tokens: int = 0
     num_steps: int = 0
+    # running requests' KV: the slots of the blocks they hold (shared ones counted for each) and the tokens in
+    # them; 1 - tokens / slots is the KV waste of the moment (the benchmarks' "KV waste")
+    kv_slots_held: int = 0
+    kv_tokens_held: int = 0
     finished_by_reason: dict[str, int] = field(default_factory=dict)
     # speculative decoding, vLLM's counters: verify steps with drafts, tokens drafted, accepted, accepted by position
     spec_decode_num_drafts: int = 0

@@ -128,8 +128,7 @@ def run_at_rate(engine: Any, requests: list[BenchRequest], rate: float, seed: in
     if len(offsets) != len(requests) or any(b < a for a, b in zip(offsets, offsets[1:])):
         raise InvalidParameterError(f"offsets must give one ascending arrival time per request ({len(requests)}), "
                                     f"got {len(offsets)}", "offsets")
-    kv = engine.kv
-    block_size = engine.executor.runner.block_size
+    block_size = engine.config.block_size
     before = engine.get_stats()
     finished: dict[str, Any] = {}
     due: dict[str, float] = {}
@@ -155,19 +154,13 @@ def run_at_rate(engine: Any, requests: list[BenchRequest], rate: float, seed: in
             _record_emission(emitted.setdefault(out.request_id, []), len(out.outputs[0].token_ids), now_wall)
             if out.finished:
                 finished[out.request_id] = out
-        # the batch this step served: what still runs plus what it finished
-        running_sum += len(engine.scheduler.running) + sum(1 for out in outs if out.finished)
+        # the batch this step served: what still runs plus what it finished; the KV held, as the core publishes it
+        st = engine.get_stats()
+        running_sum += st.num_running + sum(1 for out in outs if out.finished)
         steps += 1
-        blocks = tokens = 0
-        live: set[int] = set()
-        for r in engine.scheduler.running:
-            ids = kv.block_ids(r.request_id)
-            blocks += len(ids)
-            tokens += min(r.num_computed_tokens, len(ids) * block_size)
-            live.update(ids)
-        held_slots += blocks * block_size
-        held_tokens += tokens
-        peak_blocks = max(peak_blocks, len(live))
+        held_slots += st.kv_slots_held
+        held_tokens += st.kv_tokens_held
+        peak_blocks = max(peak_blocks, round(st.kv_cache_usage * st.num_kv_blocks))
     seconds = time.perf_counter() - t0
     after = engine.get_stats()
     ttft, tpot, outputs, token_times = [], [], [], []

@@ -4,7 +4,10 @@ throughput, and the machine's load average during each run.
 
 By default it starts ``cinq serve`` itself with the engine flags given (on a free loopback port) and afterwards
 measures the offline engine (``LLMEngine``, all requests at once, same engine config) on the rate=inf workload as
-the baseline: the ratio says what the HTTP + async + streaming path costs at saturation.
+the baseline: the ratio says what the HTTP + async + streaming path costs at saturation. The server's engine core
+runs in its own process (``--engine-core process``, cinq serve's default): CPU cores are reported for the front
+end (HTTP, detokenization, SSE) and the core (the step loop) apart. With the baseline it also measures the process
+hop's latency for one request of one token (``cinq.bench.core_hop``).
 
 Workload: random token-id prompts (lengths uniform in [input_len/2, 3*input_len/2]), outputs uniform in
 [output_len/2, 3*output_len/2] (ignore_eos), greedy. The client (httpx, async) reads the SSE stream itself; with
@@ -50,6 +53,8 @@ class ServeOptions:
     tag: str = "default-model"
     note: str = ""
     command: str = ""  # the command line, for the report
+    engine_core: str = "process"  # cinq serve --engine-core
+    hop: bool = True  # with the baseline: the process hop's latency, one request of one token
 
     def validate(self) -> None:
         if self.num_prompts < 1:
@@ -78,13 +83,16 @@ def run_serve(config: EngineConfig, options: ServeOptions, progress: bool = True
                              options.seed + 1000)
     proc, base_url = None, options.base_url
     if base_url is None:
-        proc, base_url = start_server(config, ["--max-waiting-requests", str(10 * options.num_prompts)])
+        proc, base_url, core_pid = start_server(config, ["--max-waiting-requests", str(10 * options.num_prompts),
+                                                         "--engine-core", options.engine_core])
+    else:
+        core_pid = None
     runs = []
     try:
         asyncio.run(run_rate(base_url, options.served_model_name, warmup, float("inf"), options.seed))
         for rate, reqs in zip(options.request_rates, workloads):
             bar = progress_bar(len(reqs), f"rate {rate:g}", progress)
-            client0, server0 = time.process_time(), process_cpu_s(proc)
+            client0, server0, core0 = time.process_time(), process_cpu_s(proc), pid_cpu_s(core_pid)
             with LoadSampler() as load:
                 results, duration = asyncio.run(run_rate(base_url, options.served_model_name, reqs, rate,
                                                          options.seed, on_done=lambda: bar.update(1)))
@@ -94,6 +102,8 @@ def run_serve(config: EngineConfig, options: ServeOptions, progress: bool = True
             run["client_cores"] = (time.process_time() - client0) / duration
             if proc is not None:
                 run["server_cores"] = (process_cpu_s(proc) - server0) / duration
+            if core_pid is not None:
+                run["core_cores"] = (pid_cpu_s(core_pid) - core0) / duration
             runs.append(run)
     finally:
         if proc is not None:
@@ -102,7 +112,8 @@ def run_serve(config: EngineConfig, options: ServeOptions, progress: bool = True
     data: dict[str, Any] = {
         "config": {"model": model_label(config.model), "dtype": config.dtype, "tag": options.tag,
                    "num_prompts": options.num_prompts, "input_len": options.input_len,
-                   "output_len": options.output_len, "command": options.command, "note": options.note},
+                   "output_len": options.output_len, "command": options.command, "note": options.note,
+                   "engine_core": options.engine_core},
         "machine": machine_info(), "runs": runs}
     if options.baseline and options.base_url is None:
         at = [r["request_rate"] for r in runs].index("inf") if "inf" in [r["request_rate"] for r in runs] else -1
@@ -110,6 +121,9 @@ def run_serve(config: EngineConfig, options: ServeOptions, progress: bool = True
         data["baseline"] = base
         data["ratio_server_over_offline"] = runs[at]["output_throughput"] / base["output_throughput"]
         data["ratio_rate"] = runs[at]["request_rate"]
+        if options.hop:
+            from cinq.bench.core_hop import measure_hop
+            data["hop"] = measure_hop(config)
     return _result(data)
 
 
@@ -158,9 +172,10 @@ def summarize(rate: float, results: list[ClientResult], duration: float, load: l
     }
 
 
-def start_server(config: EngineConfig, server_flags: list[str]) -> tuple[subprocess.Popen, str]:
+def start_server(config: EngineConfig, server_flags: list[str]) -> tuple[subprocess.Popen, str, int | None]:
     """``cinq serve`` with this engine config on a free loopback port, in a child process running this copy
-    of cinq; returns it and its URL once it listens."""
+    of cinq; returns it, its URL once it listens and its engine core's pid (None: the core is in the server's
+    process)."""
     from cinq.commands.engine_args import engine_argv
     cmd = [sys.executable, "-m", "cinq.cli", "serve", *engine_argv(config), "--port", "0", *server_flags]
     env = dict(os.environ)
@@ -177,15 +192,21 @@ def start_server(config: EngineConfig, server_flags: list[str]) -> tuple[subproc
         m = re.search(r"listening on (http://\S+)", line)
         if m:
             threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # keep draining
-            return proc, m.group(1)
+            core = re.search(r"engine core in process (\d+)", "".join(banner))
+            return proc, m.group(1), int(core.group(1)) if core else None
 
 
 def process_cpu_s(proc: subprocess.Popen | None) -> float:
     """User + system CPU seconds of a child process so far (Linux /proc; 0 elsewhere or without one)."""
-    if proc is None:
+    return pid_cpu_s(proc.pid if proc is not None else None)
+
+
+def pid_cpu_s(pid: int | None) -> float:
+    """User + system CPU seconds of process ``pid`` so far, its own threads only (Linux /proc; 0 otherwise)."""
+    if pid is None:
         return 0.0
     try:
-        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
@@ -228,9 +249,13 @@ def _result(data: dict[str, Any]) -> BenchResult:
     f = lambda d: f"{d['mean']:.0f} / {d['median']:.0f} / {d['p99']:.0f}"  # noqa: E731
     table = Table("Server, streaming /v1/completions", [
         "rate (req/s)", "done", "req/s", "out tok/s", "TTFT mean / med / p99 (ms)", "TPOT mean / med / p99 (ms)",
-        "ITL mean / med / p99 (ms)", "CPU cores used: server / client", "load avg (mean / max)"])
-    cores = lambda r: (f"{r['server_cores']:.2f} / {r['client_cores']:.2f}"  # noqa: E731
-                       if "server_cores" in r else f"- / {r.get('client_cores', float('nan')):.2f}")
+        "ITL mean / med / p99 (ms)", "CPU cores used: front end / core / client", "load avg (mean / max)"])
+
+    def cores(r: dict[str, Any]) -> str:
+        front = f"{r['server_cores']:.2f}" if "server_cores" in r else "-"
+        core = f"{r['core_cores']:.2f}" if "core_cores" in r else "-"
+        return f"{front} / {core} / {r.get('client_cores', float('nan')):.2f}"
+
     for r in data["runs"]:
         table.rows.append([_rate(r["request_rate"]), f"{r['completed']}/{r['completed'] + r['failed']}",
                            r["request_throughput"], r["output_throughput"], f(r["ttft_ms"]), f(r["tpot_ms"]),
@@ -247,6 +272,11 @@ def _result(data: dict[str, Any]) -> BenchResult:
                     f"{data['ratio_server_over_offline']:.2f}x output tokens/s")
     else:
         headline = "no offline baseline (--no-baseline, or --base-url names a server this run did not start)"
+    hop = data.get("hop")
+    if hop:
+        table.rows.append(["1 request, 1 token: core in process / in-process (ms, median)", "", "", "",
+                           f"{hop['process']['median']:.1f} / {hop['inproc']['median']:.1f}", "", "",
+                           f"hop: {hop['overhead_ms']:+.1f} ms", ""])
     setup = (f"`{cfg['command']}`\n\nModel: {cfg['model']} ({cfg['dtype']}); {cfg['num_prompts']} requests per "
              f"rate, prompt lengths {around(cfg['input_len'])} tokens, outputs {around(cfg['output_len'])} tokens "
              f"(ignore_eos, greedy), streaming /v1/completions via httpx. Machine: {m['cpu']}, {m['cpus']} CPUs. "
@@ -258,8 +288,10 @@ def _result(data: dict[str, Any]) -> BenchResult:
                  "chunk is one engine step, or several merged when a reader falls behind, so at saturation the "
                  "median can be ~0). The client runs on the same machine as the server; the load average column "
                  "says how busy the machine was (other jobs included). CPU cores used: CPU seconds per wall second "
-                 "of the server process and of the benchmark's client (this process) during the run, and of the "
-                 "offline engine during its run: where cores are few, what the client uses the server cannot.")
+                 "of the server's front end process (HTTP, detokenization, SSE), of its engine core process (the step "
+                 "loop; '-' when the core runs inside the server) and of the benchmark's client (this process) "
+                 "during the run, and of the offline engine during its run: where cores are few, what the client "
+                 "uses the server cannot.")
 
     def plot(fig: Any) -> None:
         runs = data["runs"]

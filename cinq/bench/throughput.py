@@ -87,18 +87,16 @@ def _run_cinq(engine: Any, reqs: list[BenchRequest], progress: bool) -> dict[str
     for i, r in enumerate(reqs):
         engine.add_request(f"t{i}", r.prompt, SamplingParams(temperature=0, max_tokens=r.output_len,
                                                              ignore_eos=True, output_kind=OutputKind.FINAL_ONLY))
-    bs, max_len = engine.config.block_size, engine.max_model_len
+    max_len = engine.max_model_len
     waste_paged: list[float] = []
     waste_naive: list[float] = []
-    steps_before = engine.stats.num_steps
+    steps_before = engine.get_stats().num_steps
 
     def sample_waste(eng: Any) -> None:
-        running = eng.scheduler.running
-        if running:
-            used = sum(r.num_computed_tokens for r in running)
-            reserved = (eng.kv.num_blocks - eng.kv.num_free_blocks) * bs
-            waste_paged.append(1 - used / reserved)
-            waste_naive.append(1 - used / (len(running) * max_len))
+        st = eng.get_stats()  # what the core publishes: no reaching into its scheduler
+        if st.num_running and st.kv_slots_held:
+            waste_paged.append(1 - st.kv_tokens_held / st.kv_slots_held)
+            waste_naive.append(1 - st.kv_tokens_held / (st.num_running * max_len))
 
     bar = progress_bar(len(reqs), "cinq", progress)
     t0 = time.perf_counter()
@@ -110,7 +108,7 @@ def _run_cinq(engine: Any, reqs: list[BenchRequest], progress: bool) -> dict[str
     if gen != expected:
         raise RuntimeError(f"cinq generated {gen} tokens, the workload asked for {expected}")
     return {"tokens": gen, "seconds": elapsed, "tok_s": gen / elapsed,
-            "steps": engine.stats.num_steps - steps_before,
+            "steps": engine.get_stats().num_steps - steps_before,
             "kv_waste_paged": sum(waste_paged) / max(len(waste_paged), 1),
             "kv_waste_naive_max_len": sum(waste_naive) / max(len(waste_naive), 1), "max_model_len": max_len}
 

@@ -94,6 +94,12 @@ def _add_serve(q: argparse.ArgumentParser) -> None:
     b.add_argument("--served-model-name", default=None, help="'model' field of the requests (with --base-url)")
     b.add_argument("--tag", default="default-model", help="name of the run in the report (default %(default)s)")
     b.add_argument("--no-baseline", action="store_true", help="skip the offline-engine baseline")
+    b.add_argument("--engine-core", default="process", choices=("process", "inproc"),
+                   help="the server's engine core: its own process (cinq serve's default) or the server's "
+                        "(default %(default)s)")
+    b.add_argument("--no-hop", action="store_true",
+                   help="skip measuring the process hop's latency (one request of one token, core in process vs "
+                        "in-process; two more engine starts)")
 
 
 def _add_prefix(q: argparse.ArgumentParser) -> None:
@@ -209,7 +215,8 @@ def _run_serve(config: EngineConfig, args: argparse.Namespace, progress: bool) -
     opts = ServeOptions(request_rates=tuple(_floats(args.request_rates, "request_rates")),
                         num_prompts=args.num_prompts, input_len=args.input_len, output_len=args.output_len,
                         seed=_seed(args), baseline=not args.no_baseline, base_url=args.base_url,
-                        served_model_name=args.served_model_name, tag=args.tag,
+                        served_model_name=args.served_model_name, tag=args.tag, engine_core=args.engine_core,
+                        hop=not args.no_hop,
                         command="cinq " + " ".join(sys.argv[1:]))
     return run_serve(config, opts, progress)
 

@@ -30,6 +30,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--served-model-name", nargs="+", default=None,
                    help="model name(s) clients send in 'model' (default: the model path; the embedded "
                         "model's folder name, e.g. cinq-tiny, when no path is given)")
+    s.add_argument("--engine-core", default="process", choices=("process", "inproc"),
+                   help="where the engine core (scheduler, model, step loop) runs: its own process behind ZMQ, "
+                        "so the step loop does not share the GIL with HTTP and streaming (default), or a thread "
+                        "of the server's process (inproc)")
     s.add_argument("--max-waiting-requests", type=int, default=1024,
                    help="waiting sequences beyond which requests get 503 + Retry-After (default %(default)s)")
     s.add_argument("--request-body-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT, metavar="SECONDS",
@@ -69,15 +73,19 @@ def stats_interval(args: argparse.Namespace) -> float:
     return 0.0 if args.disable_log_stats else args.log_stats_interval
 
 
+def _sigterm_as_interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
 def run(args: argparse.Namespace) -> int:
+    import signal
     import socket
 
     import uvicorn
 
     from cinq.commands.engine_args import engine_config_from_args
     from cinq.config import ParallelConfig
-    from cinq.engine.async_engine import AsyncLLM
-    from cinq.engine.engine import LLMEngine
+    from cinq.engine.protocol import make_engine_client
     from cinq.errors import InvalidParameterError
     from cinq.server.app import build_app
     from cinq.server.connections import ConnectionLimits, uvicorn_config
@@ -109,11 +117,8 @@ def run(args: argparse.Namespace) -> int:
               f"{args.data_parallel_routing} routing", flush=True)
         llm = DPAsyncLLM(config, dp, args.max_waiting_requests, args.ray_address,
                          RouterConfig(args.data_parallel_routing, config.block_size))
-        engine, architecture = llm.engine, llm.engine.architecture
     else:
-        engine = LLMEngine(config)
-        llm = AsyncLLM(engine, args.max_waiting_requests)
-        architecture = engine.model_config.architecture
+        llm = make_engine_client(config, args.max_waiting_requests, args.engine_core)
     # No model given: the embedded one, served under its own name (e.g. "cinq-tiny"), as vLLM serves a path.
     names = args.served_model_name or [args.model or Path(config.model).name]
     api_key = args.api_key if args.api_key is not None else os.environ.get("CINQ_API_KEY") or None
@@ -122,19 +127,28 @@ def run(args: argparse.Namespace) -> int:
         from cinq.dp.metrics import DPCollector
         app.state.ctx.metrics.registry.register(DPCollector(llm, names[0]))  # router decisions, replica loads
     url_host = f"[{host}]" if ":" in host else host
-    print(f"cinq serve: model {config.model} ({architecture}, {config.dtype}, "
-          f"{config.device}) served as {names[0]!r}; max_model_len {engine.max_model_len}", flush=True)
-    print(f"cinq serve: KV cache {engine.num_blocks} blocks x {config.block_size} tokens "
-          f"= {engine.num_blocks * config.block_size} tokens{' per replica' if dp > 1 else ''}; "
+    core = ""
+    if not on_ray:
+        pid = getattr(llm, "core_pid", None)
+        core = f", engine core in process {pid}" if pid else ", engine core in this process"
+    print(f"cinq serve: model {config.model} ({llm.architecture}, {config.dtype}, "
+          f"{config.device}{core}) served as {names[0]!r}; max_model_len {llm.max_model_len}", flush=True)
+    print(f"cinq serve: KV cache {llm.num_blocks} blocks x {config.block_size} tokens "
+          f"= {llm.num_blocks * config.block_size} tokens{' per replica' if dp > 1 else ''}; "
           f"max {config.max_num_seqs} running, "
           f"{args.max_waiting_requests} waiting; auth {'on' if api_key else 'off'}; request timeout "
           f"{limits.request_timeout:g} s, concurrency cap {limits.limit_concurrency or 'none'}", flush=True)
     print(f"cinq serve: listening on http://{url_host}:{port}  (OpenAI API at /v1, playground at /, "
           f"metrics at /metrics)", flush=True)
     server = uvicorn.Server(uvicorn_config(app, limits, args.uvicorn_log_level))
+    # uvicorn shuts down gracefully on SIGINT and SIGTERM (the app's lifespan stops the engine core), then raises
+    # the signal again with the handlers it found: SIGTERM then ends as Ctrl-C does, as a clean exit.
+    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its graceful shutdown: that is a clean exit
         pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print("cinq serve: stopped", flush=True)
     return 0

@@ -1,5 +1,5 @@
-"""DPAsyncLLM: N engine replicas as Ray actors behind one front end with AsyncLLM's async interface, so that the
-server (``build_app``) serves it as it serves one ``AsyncLLM``.
+"""DPAsyncLLM: N engine replicas as Ray actors behind one front end with the ``EngineClient`` interface
+(engine/protocol.py), so that the server (``build_app``) serves it as it serves one engine.
 
 Each request goes to the replica ``PrefixRouter`` chooses (prefix affinity, else the least-loaded, by requests
 in flight from this front end) and its outputs stream back through a Ray streaming generator
@@ -27,6 +27,7 @@ from cinq.dp.router import NoReplicaError, PrefixRouter, RouterConfig
 from cinq.dp.stats import sum_stats, without_gauges
 from cinq.engine.async_engine import EngineDeadError, EngineOverloadedError
 from cinq.errors import InvalidParameterError
+from cinq.model.tokenizer import Tokenizer
 from cinq.outputs import EngineStats, RequestOutput
 from cinq.sampling_params import SamplingParams
 
@@ -36,21 +37,8 @@ POLL_INTERVAL_S = 0.5  # replica stats (and idle replicas' liveness) are polled 
 RESTART_ATTEMPTS = 5
 
 
-class DPEngineView:
-    """What the server reads off ``llm.engine`` (tokenizer, limits, config), for the engines in the replicas."""
-
-    def __init__(self, config: EngineConfig, info: ReplicaInfo) -> None:
-        self.config = config
-        self.tokenizer = info.tokenizer
-        self.max_model_len = info.max_model_len
-        self.vocab_size = info.vocab_size
-        self.num_blocks = info.num_blocks
-        self.architecture = info.architecture
-        self.default_sampling_params = info.default_sampling_params
-
-
 class DPAsyncLLM:
-    """``AsyncLLM``'s interface over ``data_parallel_size`` replicas (see the module docstring). Construction
+    """The ``EngineClient`` interface over ``data_parallel_size`` replicas (see the module docstring). Construction
     connects to Ray (``ray_address``; None: $RAY_ADDRESS, else a new local cluster, unless this process is
     already connected) and waits until every replica has loaded its engine. ``replica_num_cpus``: CPUs each
     replica reserves (default: ``config.num_threads``, else an equal share of the cluster's); a replica on a
@@ -98,7 +86,7 @@ class DPAsyncLLM:
                 ray.kill(h, no_restart=True)
             self._disconnect()
             raise unwrap(e) from None  # e.g. the model's own load error, not Ray's wrapper around it
-        self.engine = DPEngineView(config, infos[0])
+        self.info: ReplicaInfo = infos[0]  # every replica runs the same config: the first speaks for all
         self.replicas = [ReplicaSlot(i, h) for i, h in enumerate(handles)]
 
     # ---- life cycle ---------------------------------------------------------------------------------------------
@@ -144,6 +132,33 @@ class DPAsyncLLM:
             ray.shutdown()
             self._owns_ray = False
 
+    # ---- what the server reads (EngineClient) --------------------------------------------------------------------
+    dead_error: str | None = None  # a dead replica is replaced; the front end itself never reports one
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.info.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.info.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.info.vocab_size
+
+    @property
+    def num_blocks(self) -> int:
+        return self.info.num_blocks
+
+    @property
+    def architecture(self) -> str:
+        return self.info.architecture
+
+    @property
+    def default_sampling_params(self) -> dict[str, Any]:
+        return self.info.default_sampling_params
+
     @property
     def stopping(self) -> bool:
         """Shutting down: a request whose replica dies now is not re-sent."""
@@ -161,7 +176,7 @@ class DPAsyncLLM:
         error (a ``CinqError``) or ``EngineOverloadedError`` as ``AsyncLLM.add_request`` does."""
         if not self.is_running:
             raise EngineDeadError("the data-parallel front end is not running")
-        token_ids = prompt if isinstance(prompt, list) else self.engine.tokenizer.encode(prompt)
+        token_ids = prompt if isinstance(prompt, list) else self.tokenizer.encode(prompt)
         req = DPRequest(request_id, prompt, token_ids, params, prompt_text, arrival_time or time.time(), language)
         stream = DPRequestStream(self, req)
         await stream.submit()

@@ -47,21 +47,23 @@ class ReplicaSnapshot:
 
 
 class EngineReplica:
-    """The body of a replica actor: one ``AsyncLLM``, and the tasks of the requests it is streaming (so that an
+    """The body of a replica actor: one ``EngineClient`` (``AsyncLLM``), and the tasks of the requests it is streaming (so that an
     abort from the front end can stop the stream, which aborts the request in the engine)."""
 
     def __init__(self, config: EngineConfig, max_waiting_requests: int | None = None) -> None:
-        from cinq.engine.async_engine import AsyncLLM  # loads torch and the model: only inside the actor
-        self.llm = AsyncLLM.from_config(config, max_waiting_requests)
+        # Loads torch and the model: only inside the actor. The core runs in the actor's process: the actor is
+        # already a process of its own, whose event loop only relays outputs.
+        from cinq.engine.protocol import make_engine_client
+        self.llm = make_engine_client(config, max_waiting_requests, "inproc")
         self._tasks: dict[str, asyncio.Task] = {}
         self._early_aborts: set[str] = set()
 
     async def ready(self) -> ReplicaInfo:
         """Start the engine loop (on the actor's event loop) and describe the engine."""
         self.llm.start()
-        engine = self.llm.engine
-        return ReplicaInfo(engine.tokenizer, engine.max_model_len, engine.vocab_size, engine.num_blocks,
-                           engine.model_config.architecture, dict(engine.default_sampling_params))
+        llm = self.llm
+        return ReplicaInfo(llm.tokenizer, llm.max_model_len, llm.vocab_size, llm.num_blocks, llm.architecture,
+                           dict(llm.default_sampling_params))
 
     async def generate(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                        prompt_text: str | None, arrival_time: float,

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from cinq.outputs import EngineStats, SpecDecodingStats
 
 # Fields that describe the present (not counters since start): a replica that died contributes none of them.
-GAUGES = ("num_running", "num_waiting", "kv_cache_usage", "num_kv_blocks")
+GAUGES = ("num_running", "num_waiting", "kv_cache_usage", "num_kv_blocks", "kv_slots_held", "kv_tokens_held")
 
 
 def sum_stats(snapshots: Iterable[EngineStats]) -> EngineStats:

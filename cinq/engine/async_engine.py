@@ -33,10 +33,12 @@ import time
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from cinq.config import EngineConfig
 from cinq.engine.engine import LLMEngine
 from cinq.errors import CinqError, InvalidParameterError
+from cinq.model.tokenizer import Tokenizer
 from cinq.outputs import CompletionOutput, EngineStats, RequestOutput
 from cinq.sampling_params import OutputKind, SamplingParams
 
@@ -77,13 +79,22 @@ class _Abort:
     request_id: str
 
 
+def check_max_waiting(max_waiting_requests: int | None) -> None:
+    """The waiting bound must be >= 1 (or None: no bound)."""
+    if max_waiting_requests is not None and max_waiting_requests < 1:
+        raise InvalidParameterError(
+            f"max_waiting_requests must be >= 1 or None, got {max_waiting_requests}", "max_waiting_requests")
+
+
 class AsyncLLM:
-    """Async front of one ``LLMEngine``: ``generate()`` yields a request's outputs as the engine produces them."""
+    """Async front of one ``LLMEngine`` in this process (the engine core in a thread): ``generate()`` yields a
+    request's outputs as the engine produces them. An ``EngineClient``; ``AsyncMPLLM`` is the same with the core
+    in its own process."""
+
+    dead_error: str | None = None  # an in-process core dies with the process: never set
 
     def __init__(self, engine: LLMEngine, max_waiting_requests: int | None = None) -> None:
-        if max_waiting_requests is not None and max_waiting_requests < 1:
-            raise InvalidParameterError(
-                f"max_waiting_requests must be >= 1 or None, got {max_waiting_requests}", "max_waiting_requests")
+        check_max_waiting(max_waiting_requests)
         self.engine = engine
         self.max_waiting_requests = max_waiting_requests
         # Hooks called on the event loop with every finished RequestOutput (metrics).
@@ -106,6 +117,35 @@ class AsyncLLM:
     @classmethod
     def from_config(cls, config: EngineConfig, max_waiting_requests: int | None = None) -> AsyncLLM:
         return cls(LLMEngine(config), max_waiting_requests)
+
+    # ---- what the server reads (EngineClient) --------------------------------------------------------------------
+    @property
+    def config(self) -> EngineConfig:
+        return self.engine.config
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.vocab_size
+
+    @property
+    def num_blocks(self) -> int:
+        return self.engine.num_blocks
+
+    @property
+    def architecture(self) -> str:
+        return self.engine.model_config.architecture
+
+    @property
+    def default_sampling_params(self) -> dict[str, Any]:
+        return self.engine.default_sampling_params
 
     # ---- life cycle ---------------------------------------------------------------------------------------------
     def start(self) -> None:

@@ -11,15 +11,23 @@ internals by hand:
 
 Production code pays nothing: nothing in the engine checks for faults. ``inject_fault`` wraps, on this one engine
 instance only, the method the site runs through (``OutputProcessor.add_request`` to plant a failing
-detokenizer; ``Scheduler._check_stop``), and ``remove()`` deletes the wrappers again.
+detokenizer; ``Scheduler._check_stop``), and ``remove()`` deletes the wrappers again. ``inject_step_fault`` makes
+a whole step raise (the batched forward pass) while a matching request is in it.
+
+For an engine core in its own process, pass the injection as ``AsyncMPLLM(..., on_core_start=...)``: a picklable
+callable run on the core there, e.g. ``functools.partial(inject_fault, site="stop_check",
+match=PromptStartsWith((7, 7)))`` (the "stop_check" and "step" sites live in the core; "detokenize" in the front
+end).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from cinq.engine.core import EngineCore
     from cinq.engine.engine import LLMEngine
 
 SITES = ("detokenize", "stop_check")
@@ -48,7 +56,35 @@ class _FailingDetokenizer:
         return getattr(self._inner, name)
 
 
-def inject_fault(engine: LLMEngine, site: str, match: Match, after_tokens: int = 0) -> Callable[[], None]:
+@dataclass(frozen=True, slots=True)
+class PromptStartsWith:
+    """A picklable ``Match`` (it can travel to a core process): prompts that start with ``prefix``."""
+
+    prefix: tuple[int, ...]
+
+    def __call__(self, _request_id: str, prompt: list[int]) -> bool:
+        return tuple(prompt[:len(self.prefix)]) == self.prefix
+
+
+def inject_step_fault(core: EngineCore | LLMEngine, match: Match) -> Callable[[], None]:
+    """Make every step that computes a request selected by ``match`` raise ``InjectedFault`` from the executor
+    (as a failing forward pass would). Returns a function that removes the fault."""
+    executor = core.executor
+    requests = core.scheduler.requests
+    real_execute = executor.execute_model
+
+    def execute_model(sched: Any) -> Any:
+        for seq in sched.seqs:
+            req = requests.get(seq.request_id)
+            if req is not None and match(seq.request_id, req.prompt_token_ids):
+                raise InjectedFault("injected step fault")
+        return real_execute(sched)
+
+    executor.execute_model = execute_model  # type: ignore[method-assign]
+    return lambda: executor.__dict__.pop("execute_model", None)
+
+
+def inject_fault(engine: LLMEngine | EngineCore, site: str, match: Match, after_tokens: int = 0) -> Callable[[], None]:
     """Make requests selected by ``match`` raise ``InjectedFault`` at ``site`` once they have ``after_tokens``
     output tokens behind them. Returns a function that removes the fault (requests already planted with a
     failing detokenizer keep it)."""

@@ -1,5 +1,5 @@
-"""The FastAPI application: OpenAI-compatible routes over one AsyncLLM, plus health, metrics, tokenizer routes,
-live engine stats and the playground page.
+"""The FastAPI application: OpenAI-compatible routes over one EngineClient (by default the engine core in its
+own process), plus health, metrics, tokenizer routes, live engine stats and the playground page.
 
 Request bodies are parsed by hand (not by FastAPI's signature magic) so that every malformed body — bad JSON,
 wrong types, out-of-range values, text that is not valid Unicode — becomes a 4xx with an OpenAI-shaped error
@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from starlette.requests import ClientDisconnect
 
 from cinq import __version__
-from cinq.engine.async_engine import AsyncLLM
+from cinq.engine.protocol import EngineClient
 from cinq.outputs import EngineStats
 from cinq.server.auth import APIKeyMiddleware
 from cinq.server.body import read_json_object
@@ -41,7 +41,7 @@ STATIC_DIR = Path(__file__).resolve().parent / "static"
 M = TypeVar("M", bound=BaseModel)
 
 
-def build_app(llm: AsyncLLM, model_names: list[str], model_path: str, api_key: str | None = None,
+def build_app(llm: EngineClient, model_names: list[str], model_path: str, api_key: str | None = None,
               metrics_require_api_key: bool = False, log_stats_interval: float = 0.0) -> FastAPI:
     """The server for ``llm``; the engine loop starts and stops with the app's lifespan. With ``api_key`` every
     route but ``/health`` and the playground page needs it (``/metrics`` only with ``metrics_require_api_key``).
@@ -116,7 +116,8 @@ def build_app(llm: AsyncLLM, model_names: list[str], model_path: str, api_key: s
     @app.get("/health")
     async def health() -> Response:
         if not llm.is_running:
-            return APIError(503, "the engine loop is not running", None, "engine_unavailable").response()
+            why = f"the engine core {llm.dead_error}" if llm.dead_error else "the engine loop is not running"
+            return APIError(503, why, None, "engine_unavailable").response()
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")
@@ -134,7 +135,7 @@ def build_app(llm: AsyncLLM, model_names: list[str], model_path: str, api_key: s
                 "num_steps": s.num_steps, "num_preemptions": s.num_preemptions,
                 "prefix_cache_hit_rate": s.prefix_cache_hit_rate, "finished_by_reason": s.finished_by_reason,
                 "step_failures": llm.num_step_failures,
-                "spec_decode": _spec_decode_stats(s, llm.engine.config.speculative_config)}
+                "spec_decode": _spec_decode_stats(s, llm.config.speculative_config)}
 
     @app.get("/", response_class=HTMLResponse)
     async def playground() -> HTMLResponse:

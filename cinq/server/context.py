@@ -1,4 +1,4 @@
-"""What every route needs: the AsyncLLM, the served model's names, and the steps common to completions and chat
+"""What every route needs: the EngineClient, the served model's names, and the steps common to completions and chat
 (model-name check, tokenization off the event loop, adding a batch of prompts all-or-nothing)."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from cinq.engine.async_engine import AsyncLLM, RequestStream
+from cinq.engine.async_engine import RequestStream
+from cinq.engine.protocol import EngineClient
 from cinq.model.tokenizer import Tokenizer
 from cinq.sampling_params import SamplingParams
 from cinq.server.errors import APIError
@@ -28,7 +29,7 @@ class Prompt:
 
 @dataclass(slots=True)
 class ServerContext:
-    llm: AsyncLLM
+    llm: EngineClient
     model_names: list[str]  # the first is the name the server reports
     model_path: str
     metrics: ServerMetrics
@@ -41,20 +42,20 @@ class ServerContext:
 
     @property
     def tokenizer(self) -> Tokenizer:
-        return self.llm.engine.tokenizer
+        return self.llm.tokenizer
 
     @property
     def default_sampling_params(self) -> dict[str, Any]:
         """What requests that omit sampling fields get (the model's generation config; {} with none)."""
-        return getattr(self.llm.engine, "default_sampling_params", {})
+        return self.llm.default_sampling_params
 
     @property
     def max_model_len(self) -> int:
-        return self.llm.engine.max_model_len
+        return self.llm.max_model_len
 
     @property
     def vocab_size(self) -> int:
-        return self.llm.engine.vocab_size
+        return self.llm.vocab_size
 
     def check_model(self, name: str | None) -> None:
         """A request may omit ``model``; naming another model is a 404, as with OpenAI."""

@@ -57,7 +57,7 @@ def test_latency_flags_reach_the_options(capsys, tmp_path, tiny_llama):
 
 def test_serve(capsys, tmp_path, tiny_llama):
     out, data = bench(capsys, tmp_path, "serve", str(tiny_llama), "--request-rates", "inf", "--num-prompts", "3",
-                      "--input-len", "8", "--output-len", "4")
+                      "--input-len", "8", "--output-len", "4", "--no-hop")
     assert "offline engine (baseline)" in out and "server at rate inf / offline" in out
     (run,) = data["runs"]
     assert run["completed"] == 3 and run["failed"] == 0
@@ -65,7 +65,8 @@ def test_serve(capsys, tmp_path, tiny_llama):
         run["output_throughput"] / data["baseline"]["output_throughput"])
     # CPU accounting of each side (the server's counter ticks every 10 ms: 3 tiny requests may read 0)
     assert run["server_cores"] >= 0 and run["client_cores"] > 0 and data["baseline"]["cores"] > 0
-    assert "CPU cores used: server / client" in out
+    assert run["core_cores"] >= 0 and data["config"]["engine_core"] == "process"  # the core's process apart
+    assert "CPU cores used: front end / core / client" in out and "hop" not in data
 
 
 def test_prefix(capsys, tmp_path, tiny_llama):

@@ -56,7 +56,7 @@ def test_a_folder_without_config_json_says_so(tmp_path):
 
 def test_the_models_generation_config_is_the_default_sampling(tiny_llama, tmp_path, caplog):
     folder = with_generation_config(tiny_llama, tmp_path / "m", temperature=0.0, min_new_tokens=5, max_new_tokens=5)
-    with caplog.at_level(logging.INFO, logger="cinq.engine.engine"):
+    with caplog.at_level(logging.INFO, logger="cinq.engine.core"):
         llm = LLM(str(folder), **SMALL)
     assert "default sampling parameters from the model's generation_config.json" in caplog.text
     defaults = llm.get_default_sampling_params()
@@ -79,7 +79,7 @@ def test_generation_config_vllm_ignores_the_models_file(tiny_llama, tmp_path):
 
 
 def test_an_unset_seed_is_drawn_per_engine_logged_and_kept(tiny_llama, caplog):
-    with caplog.at_level(logging.DEBUG, logger="cinq.engine.engine"):
+    with caplog.at_level(logging.DEBUG, logger="cinq.engine.core"):
         a, b = LLM(tiny_llama, **SMALL), LLM(tiny_llama, **SMALL)
     assert a.engine.config.seed is None and isinstance(a.engine.seed, int)
     assert a.engine.seed != b.engine.seed  # 32 random bits each
@@ -98,7 +98,7 @@ def test_a_quantized_models_load_line_says_its_method_and_bits(tiny_llama, tmp_p
     from cinq.quant.config import QuantConfig
     from cinq.quant.pipeline import quantize_model
     quantize_model(tiny_llama, tmp_path / "q", QuantConfig(method="rtn", bits=8, group_size=32), progress=False)
-    with caplog.at_level(logging.INFO, logger="cinq.engine.engine"):
+    with caplog.at_level(logging.INFO, logger="cinq.engine.core"):
         LLM(str(tmp_path / "q"), **SMALL)
     assert "(LlamaForCausalLM, RTN int8, group 32, float32, attention=" in caplog.text
 

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 
@@ -63,6 +64,12 @@ def test_cinq_serve_starts_prints_and_serves(tiny_llama):
     finally:
         rc = _stop(proc)
     assert rc == 0
+    core = int(re.search(r"engine core in process (\d+)", banner).group(1))  # cinq serve's default: its own
+    try:
+        state = Path(f"/proc/{core}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        state = "gone"
+    assert state in ("gone", "Z")  # stopped with the server: no orphan
 
 
 def test_cinq_serve_without_a_model_serves_the_embedded_one_by_its_name():

@@ -1,0 +1,101 @@
+"""EngineClient: the one interface the server, the CLI, ``cinq bench`` / ``cinq tune`` and the data-parallel front
+end use to drive an engine (vLLM's ``EngineClient``), and ``make_engine_client`` to build one.
+
+Three implementations: ``AsyncLLM`` (engine/async_engine.py: the core in a thread of this process),
+``AsyncMPLLM`` (engine/async_mp_llm.py: the core in its own process behind ZMQ, the server's default) and
+``DPAsyncLLM`` (dp/dp_engine.py: replicas on Ray). Callers read limits and stats here, never an engine's rooms:
+stats are what the core publishes (``get_stats``), limits what it said at start-up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import Any, Literal, Protocol
+
+from cinq.config import EngineConfig
+from cinq.model.tokenizer import Tokenizer
+from cinq.outputs import EngineStats, RequestOutput
+from cinq.sampling_params import SamplingParams
+
+EngineCoreMode = Literal["process", "inproc"]
+ENGINE_CORE_MODES = ("process", "inproc")
+
+
+class RequestStreamLike(Protocol):
+    """One request's outputs (``AsyncLLM.RequestStream`` and the data-parallel one)."""
+
+    request_id: str
+    finished: bool
+
+    def __aiter__(self) -> AsyncIterator[RequestOutput]: ...
+
+    def abort(self) -> None: ...
+
+
+class EngineClient(Protocol):
+    """What a front end offers its callers (see the module docstring)."""
+
+    config: EngineConfig
+    finished_callbacks: list[Callable[[RequestOutput], None]]
+    num_step_failures: int
+    dead_error: str | None  # why the engine is gone (None while it runs, or when it was merely shut down)
+
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def num_blocks(self) -> int: ...
+
+    @property
+    def architecture(self) -> str: ...
+
+    @property
+    def default_sampling_params(self) -> dict[str, Any]: ...
+
+    @property
+    def is_running(self) -> bool: ...
+
+    @property
+    def num_waiting(self) -> int: ...
+
+    @property
+    def stats_time(self) -> float: ...
+
+    def start(self) -> None: ...
+
+    def shutdown(self, timeout: float = 10.0) -> None: ...
+
+    async def shutdown_async(self, timeout: float = 10.0) -> None: ...
+
+    async def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                          prompt_text: str | None = None, arrival_time: float | None = None,
+                          language: str | None = None) -> RequestStreamLike: ...
+
+    def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str,
+                 prompt_text: str | None = None, arrival_time: float | None = None,
+                 language: str | None = None) -> AsyncGenerator[RequestOutput, None]: ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def get_stats(self) -> EngineStats: ...
+
+
+def make_engine_client(config: EngineConfig, max_waiting_requests: int | None = None,
+                       engine_core: EngineCoreMode = "process") -> EngineClient:
+    """One engine behind the ``EngineClient`` interface: its core in its own process (``"process"``, the
+    server's default: the step loop does not share the GIL with HTTP) or in a thread here (``"inproc"``)."""
+    if engine_core == "process":
+        from cinq.engine.async_mp_llm import AsyncMPLLM
+        return AsyncMPLLM(config, max_waiting_requests)
+    if engine_core == "inproc":
+        from cinq.engine.async_engine import AsyncLLM
+        return AsyncLLM.from_config(config, max_waiting_requests)
+    from cinq.errors import InvalidParameterError
+    raise InvalidParameterError(f"engine_core must be one of {', '.join(ENGINE_CORE_MODES)}, got {engine_core!r}",
+                                "engine_core")
