@@ -36,6 +36,12 @@ _small_m_rows: int | None = None  # small_m_rows(), once known
 _NO_TREE = torch.empty(0, dtype=torch.bool)  # "causal among the new rows": one shared tensor, nothing per call
 _NO_RESIDUAL = torch.empty(0, dtype=torch.bfloat16)  # rms_norm without a residual add
 _NO_BIAS = torch.empty(0)  # small_m_linear without a bias
+# -fopenmp: ``at::parallel_for`` is a header template that splits work only where the extension itself is compiled
+# with OpenMP (``#ifdef _OPENMP``); without the flag every kernel ran on one thread whatever torch's thread count.
+# Linked with -fopenmp, the extension asks for libgomp.so.1, which the loader resolves to the copy torch has
+# already loaded: one OpenMP runtime, torch's pool and thread count.
+_CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
+_LDFLAGS = ["-fopenmp"]
 
 
 def native_module(name: str) -> Any | None:
@@ -75,7 +81,8 @@ def _build_or_load(name: str) -> Any:
     headers = {h.name: h.read_bytes() for h in sorted(_SOURCES.glob("*.h"))}  # included as "name.h"
     # The build command holds this interpreter's include paths: two environments sharing one build folder would
     # each see the other's command and recompile every time, so the environment is part of the key.
-    key = hashlib.sha256(source + b"".join(headers.values()) + sys.prefix.encode()).hexdigest()[:12]
+    key = hashlib.sha256(source + b"".join(headers.values()) + sys.prefix.encode()
+                         + " ".join(_CFLAGS + _LDFLAGS).encode()).hexdigest()[:12]
     build = cache_dir() / "torch_extensions" / f"torch-{torch.__version__}-{_cpu_key()}" / f"{name}-{key}"
     build.mkdir(parents=True, exist_ok=True)
     for file_name, data in [(f"{name}.cpp", source), *headers.items()]:
@@ -88,7 +95,7 @@ def _build_or_load(name: str) -> Any:
         log.warning("building the native CPU kernel %s (once per machine and source version, ~1 min)", name)
     t0 = time.perf_counter()
     module = load(name=f"cinq_{name}_{key}", sources=[str(copy)], build_directory=str(build),
-                  extra_cflags=["-O3", "-march=native", "-ffast-math"], verbose=False)
+                  extra_cflags=_CFLAGS, extra_ldflags=_LDFLAGS, verbose=False)
     if fresh:
         log.warning("built the native CPU kernel %s in %.0f s", name, time.perf_counter() - t0)
     return module

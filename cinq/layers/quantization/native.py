@@ -1,5 +1,15 @@
-"""The native CPU int4 linear (cinq/kernels/cpu/int4_linear.cpp), built and cached like the other native kernels
-by ``cinq.kernels.cpu_native``; optional — when it cannot be built, quantized linears use PyTorch's int4 kernel.
+"""cinq's native grouped-integer linears (cinq/kernels/cpu/grouped_int_linear.cpp), built and cached like the other
+native kernels by ``cinq.kernels.cpu_native``; optional — when they cannot be built (or the CPU has no AVX2 + FMA),
+``affine_kernels_available()`` is False and quantized linears use PyTorch's kernels.
+
+Two weight forms, each with float32 scales per (output row, group of ``group`` input channels, a multiple of 32):
+
+* int4 affine: ``W[n, k] = scale[n, g] * q[n, k] + min[n, g]``, q in 0..15. GGUF Q4_1 is this form (group 32),
+  GGUF Q4_0 is ``min = -8 * scale``, GPTQ / AWQ is ``min = -scale * zero``.
+* int8 grouped: ``W[n, k] = scale[n, g] * q[n, k]``, q in -128..127 (GGUF Q8_0: group 32; per channel: group K).
+
+The kernels keep the scales and mins in float32; ``dequantize_int4_affine`` / ``dequantize_int8_grouped`` give the
+W they compute with, from the packed tensors, in float32 (``scale * q + min``, one rounding each).
 """
 
 from __future__ import annotations
@@ -7,40 +17,155 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from cinq.kernels.cpu_native import call_native, native_module
 from cinq.layers.quantization.qweight import QuantizedWeight
 
+_MODULE = "grouped_int_linear"
+_NO_MINS = torch.empty(0)  # int8 without a min term: one shared empty tensor, nothing per call
+
+
+def grouped_module() -> Any | None:
+    """The compiled extension, building it on first call; None when disabled, unbuildable or without a fast path."""
+    return native_module(_MODULE)
+
+
+def affine_kernels_available() -> bool:
+    """True when the native int4-affine / int8-grouped kernels run here (built, with their AVX2 path)."""
+    return grouped_module() is not None
+
+
+def _check_groups(n: int, k: int, group: int, scales: torch.Tensor, what: str) -> None:
+    if group < 32 or group % 32 or k % group:
+        raise ValueError(f"{what}: group {group} must be a multiple of 32 dividing K = {k}")
+    if tuple(scales.shape) != (n, k // group):
+        raise ValueError(f"{what}: scales {tuple(scales.shape)} must be [N, K // group] = [{n}, {k // group}]")
+
+
+def pack_int4_affine(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, group: int
+                     ) -> dict[str, torch.Tensor]:
+    """The kernel's tensors for ``W = scale * q + min``: ``codes`` uint8 [N, K] in 0..15, ``scales`` / ``mins``
+    float32 [N, K // group]. Returns ``codes`` uint8 [N, K / 2] (per 32 channels, 16 bytes: byte i holds channel i
+    in its low nibble and 16 + i in its high one, GGUF's Q4 order), ``scales`` and ``mins`` float32 [N, K / group]
+    (kept bit for bit)."""
+    n, k = codes.shape
+    _check_groups(n, k, group, scales, "pack_int4_affine")
+    if tuple(mins.shape) != tuple(scales.shape):
+        raise ValueError(f"pack_int4_affine: mins {tuple(mins.shape)} must match scales {tuple(scales.shape)}")
+    q = codes.to(torch.uint8).reshape(n, k // 32, 2, 16)
+    if bool((q > 15).any()):
+        raise ValueError("pack_int4_affine: codes must be in 0..15")
+    packed = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
+    return {"codes": packed, "scales": scales.to(torch.float32).contiguous(),
+            "mins": mins.to(torch.float32).contiguous()}
+
+
+def unpack_int4_codes(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 codes [N, K] of ``pack_int4_affine``'s packed [N, K / 2]."""
+    n = packed.shape[0]
+    b = packed.reshape(n, -1, 16)
+    return torch.stack([b & 15, b >> 4], dim=2).reshape(n, -1)
+
+
+def dequantize_int4_affine(t: dict[str, torch.Tensor], group: int) -> torch.Tensor:
+    """W [N, K] float32 that the kernel computes with: ``scale[n, g] * q[n, k] + min[n, g]`` in float32."""
+    q = unpack_int4_codes(t["codes"]).float()
+    n, k = q.shape
+    w = q.view(n, k // group, group) * t["scales"].unsqueeze(-1) + t["mins"].unsqueeze(-1)
+    return w.reshape(n, k)
+
+
+def pack_int8_grouped(codes: torch.Tensor, scales: torch.Tensor, group: int) -> dict[str, torch.Tensor]:
+    """The kernel's tensors for ``W = scale * q``: ``codes`` int8 [N, K], ``scales`` float32 [N, K // group]
+    (``group == K``: one scale per output channel)."""
+    n, k = codes.shape
+    _check_groups(n, k, group, scales, "pack_int8_grouped")
+    return {"codes": codes.to(torch.int8).contiguous(), "scales": scales.to(torch.float32).contiguous()}
+
+
+def dequantize_int8_grouped(t: dict[str, torch.Tensor], group: int) -> torch.Tensor:
+    """W [N, K] float32 that the kernel computes with: ``scale[n, g] * q[n, k]`` in float32 (``+ min[n, g]``
+    when ``t`` has mins, as ``pack_int8`` makes for an asymmetric 8-bit grid)."""
+    q = t["codes"].float()
+    n, k = q.shape
+    w = q.view(n, k // group, group) * t["scales"].unsqueeze(-1)
+    if "mins" in t:
+        w = w + t["mins"].unsqueeze(-1)
+    return w.reshape(n, k)
+
+
+def _flat_bf16(x: torch.Tensor) -> torch.Tensor:
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.dtype != torch.bfloat16:
+        x2 = x2.to(torch.bfloat16)
+    return x2 if x2.is_contiguous() else x2.contiguous()
+
+
+def int4_affine_linear(x: torch.Tensor, t: dict[str, torch.Tensor], group: int) -> torch.Tensor:
+    """y [..., N] bf16 = x [..., K] @ W^T with ``pack_int4_affine``'s tensors (without the native module:
+    dequantize, then a float32 matmul)."""
+    x2 = _flat_bf16(x)
+    mod = grouped_module()
+    if mod is None:
+        y = F.linear(x2.float(), dequantize_int4_affine(t, group)).to(torch.bfloat16)
+    else:
+        y = call_native(mod, "int4_affine_linear", x2, t["codes"], t["scales"], t["mins"], group)
+    return y if x.dim() == 2 else y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+def int8_grouped_linear(x: torch.Tensor, t: dict[str, torch.Tensor], group: int) -> torch.Tensor:
+    """y [..., N] bf16 = x [..., K] @ W^T with ``pack_int8_grouped``'s tensors (without the native module:
+    dequantize, then a float32 matmul)."""
+    x2 = _flat_bf16(x)
+    mod = grouped_module()
+    if mod is None:
+        y = F.linear(x2.float(), dequantize_int8_grouped(t, group)).to(torch.bfloat16)
+    else:
+        y = call_native(mod, "int8_grouped_linear", x2, t["codes"], t["scales"], t.get("mins", _NO_MINS), group)
+    return y if x.dim() == 2 else y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+# ------------------------------------------------------------------------- GPTQ / AWQ / RTN weights (QuantizedWeight)
+
 
 def int4_module() -> Any | None:
-    """The compiled extension, building it on first call; None when disabled or unbuildable."""
-    return native_module("int4_linear")
+    """The native module the int4 GPTQ / AWQ path runs on (kept for callers of the earlier int4-only kernel)."""
+    return grouped_module()
 
 
-def pack_int4(qw: QuantizedWeight, perm: torch.Tensor | None, group: int) -> dict[str, torch.Tensor]:
-    """Kernel tensors for ``qw`` (4-bit) whose groups, after the optional input permutation ``perm``, are the
-    contiguous runs of ``group`` channels (a multiple of 128): packed [N, K/2] uint8 (see the .cpp for the
-    layout), scales [N, K/group] and scale * (zero + 128) [K/group, N], float32."""
-    q = qw.qweight.to(torch.int32)
+def _kernel_groups(qw: QuantizedWeight, perm: torch.Tensor | None, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes [N, K] after the optional input permutation, source group of each kernel group)."""
+    q = qw.qweight
     g_of_col = qw.g_idx.long()
     if perm is not None:
         q = q[:, perm]
         g_of_col = g_of_col[perm]
-    n, k = q.shape
-    nib = q.reshape(n, k // 128, 4, 32)  # [row, chunk, nibble p, lane j] = channel 32p + j of the chunk
-    lanes = nib[:, :, 0] | (nib[:, :, 1] << 4) | (nib[:, :, 2] << 8) | (nib[:, :, 3] << 12)  # [n, chunks, 32]
-    lo, hi = (lanes & 0xFF).to(torch.uint8), (lanes >> 8).to(torch.uint8)
-    packed = torch.stack([lo, hi], dim=-1).reshape(n, k // 2).contiguous()  # little-endian uint16 lanes
-    groups = g_of_col[::group]  # source group of each kernel group
-    scales = qw.scales.float()[groups]
-    sz128 = scales * (qw.zeros.float()[groups] + 128.0)
-    return {"packed": packed, "scales": scales.t().contiguous(), "sz128": sz128.contiguous()}
+    return q, g_of_col[::group]
+
+
+def pack_int4(qw: QuantizedWeight, perm: torch.Tensor | None, group: int) -> dict[str, torch.Tensor]:
+    """``pack_int4_affine`` tensors for a 4-bit ``qw`` whose groups, after the optional input permutation ``perm``,
+    are the contiguous runs of ``group`` channels: ``W = s * (q - z) = s * q + (-s * z)``."""
+    q, groups = _kernel_groups(qw, perm, group)
+    scales = qw.scales.float()[groups].t()  # [N, K / group]
+    mins = -scales * qw.zeros.float()[groups].t()
+    return pack_int4_affine(q, scales, mins, group)
 
 
 def int4_linear(x: torch.Tensor, t: dict[str, torch.Tensor], group: int) -> torch.Tensor:
     """y [M, N] bf16 = x [M, K] @ dequant(W)^T with the tensors of ``pack_int4``."""
-    module = int4_module()
-    assert module is not None, "int4_linear called without the native module"
-    if x.dtype != torch.bfloat16:
-        x = x.to(torch.bfloat16)
-    return call_native(module, "int4_linear", x.contiguous(), t["packed"], t["scales"], t["sz128"], group)
+    return int4_affine_linear(x, t, group)
+
+
+def pack_int8(qw: QuantizedWeight, perm: torch.Tensor | None, group: int) -> dict[str, torch.Tensor]:
+    """``pack_int8_grouped`` tensors for an 8-bit ``qw`` (unsigned codes with zero points): ``s * (q - z)`` is
+    ``s * (q - 128) + s * (128 - z)``: codes shift to int8, and a zero point other than 128 adds ``mins`` (absent
+    when every zero point is 128, the symmetric grid)."""
+    q, groups = _kernel_groups(qw, perm, group)
+    scales = qw.scales.float()[groups].t()
+    t = pack_int8_grouped((q.to(torch.int16) - 128).to(torch.int8), scales, group)
+    zeros = qw.zeros.float()[groups].t()
+    if bool((zeros != 128).any()):
+        t["mins"] = (scales * (128.0 - zeros)).contiguous()
+    return t

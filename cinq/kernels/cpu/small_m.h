@@ -1,0 +1,94 @@
+// Shared by the decode-sized (1-8 activation rows) linear kernels: how a call is split over the cores, and the
+// AVX2 pieces (horizontal sums, activations quantized to int16) they build on.
+//
+// Why one split for all: at decode a linear is a stream over its weights, and a stream runs at memory speed only
+// when every core reads one long contiguous run of it. The output rows are therefore cut into exactly one
+// contiguous range per thread (torch's own pool and thread count, so nothing oversubscribes it), each range read
+// front to back; a small weight runs on the calling thread alone, where waking a sleeping worker
+// (OMP_WAIT_POLICY=PASSIVE) would cost more than it saves.
+#pragma once
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define CINQ_SMALL_M_AVX2 1
+#endif
+
+namespace cinq_small_m {
+
+// Weight bytes below which one thread does the whole call. Waking a PASSIVE worker costs ~5-20 us on this class of
+// machine (benchmarks/decode_kernels.py measures it); 128 KB streams in ~5 us on one core.
+constexpr int64_t kMinParallelBytes = 128 << 10;
+
+// f(n0, n1) over [0, N) in one contiguous range per thread, boundaries on multiples of `align` outputs.
+// `bytes` is the call's whole weight stream (to decide whether a second thread pays).
+template <typename F>
+void split_outputs(int64_t N, int64_t align, int64_t bytes, const F& f) {
+  const int64_t blocks = (N + align - 1) / align;
+  const int64_t parts = std::min<int64_t>(at::get_num_threads(), blocks);
+  if (parts <= 1 || bytes < kMinParallelBytes || at::in_parallel_region()) {
+    f(0, N);
+    return;
+  }
+  // grain 1 over `parts` items: at::parallel_for starts exactly `parts` threads, one item each
+  at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t b0 = blocks * p / parts, b1 = blocks * (p + 1) / parts;
+      if (b0 < b1) f(b0 * align, std::min(N, b1 * align));
+    }
+  });
+}
+
+#if defined(CINQ_SMALL_M_AVX2)
+
+inline float hsum(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
+#endif
+
+// Activation rows quantized to int16 in blocks of `block` channels: q[m, k] = round(x[m, k] / s[m, b]) with
+// s = max |x| over the block / 32767. Why int16: `vpmaddwd` multiplies 16 pairs of int16 per instruction, so the
+// integer weight codes need only a widening, no conversion to float, and the error (2^-16 of the block's largest
+// |x|) stays far below the bf16 rounding the activations already carry (2^-9 of each value).
+// xsum[m, b] = s[m, b] * sum of q over the block: the quantized block's sum, for the affine (min) term.
+inline void quantize_rows_int16(const uint16_t* x, int64_t M, int64_t K, int64_t block, int16_t* q, float* s,
+                                float* xsum) {
+  const int64_t B = K / block;
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t b = 0; b < B; ++b) {
+      const uint16_t* xb = x + m * K + b * block;
+      int16_t* qb = q + m * K + b * block;
+      float amax = 0.f;
+      for (int64_t i = 0; i < block; ++i) {
+        uint32_t bits = static_cast<uint32_t>(xb[i] & 0x7fffu) << 16;
+        float a;
+        __builtin_memcpy(&a, &bits, sizeof(a));
+        amax = std::max(amax, a);
+      }
+      const float scale = amax / 32767.f;
+      const float inv = amax > 0.f ? 32767.f / amax : 0.f;
+      int32_t total = 0;
+      for (int64_t i = 0; i < block; ++i) {
+        uint32_t bits = static_cast<uint32_t>(xb[i]) << 16;
+        float v;
+        __builtin_memcpy(&v, &bits, sizeof(v));
+        const int32_t r = static_cast<int32_t>(std::nearbyint(v * inv));
+        const int32_t c = std::max<int32_t>(-32767, std::min<int32_t>(32767, r));
+        qb[i] = static_cast<int16_t>(c);
+        total += c;
+      }
+      s[m * B + b] = scale;
+      xsum[m * B + b] = scale * static_cast<float>(total);
+    }
+  }
+}
+
+}  // namespace cinq_small_m
