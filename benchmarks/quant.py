@@ -6,7 +6,7 @@ by the engine (`LLMEngine`, ignore_eos, greedy, bf16 activations):
 
 * bf16: the dense folder (decode-sized rows through the native AVX512-BF16 skinny kernel);
 * int8: RTN 8-bit per channel (GPTQ file) -> `_weight_int8pack_mm`;
-* int4: RTN 4-bit, group 128 (GPTQ file) -> cinq's native int4 kernel (cinq/kernels/cpu/int4_linear.cpp);
+* int4: RTN 4-bit, group 128 (GPTQ file) -> cinq's native int4 kernel (cinq/kernels/cpu/grouped_int_linear.cpp);
 * w8a8: SmoothQuant (cinq W8A8 file) -> `torch._int_mm` with per-token int8 activations.
 
 Speed does not depend on how the integers were chosen, so RTN stands for GPTQ/AWQ here. The LM head (tied to

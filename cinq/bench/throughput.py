@@ -116,15 +116,9 @@ def _run_cinq(engine: Any, reqs: list[BenchRequest], progress: bool) -> dict[str
 
 
 def read_bandwidth() -> float:
-    """Bytes/s of a streaming read over a buffer far larger than the caches (best of several sums)."""
-    import torch
-    x = torch.ones(256 * 2**20 // 4, dtype=torch.float32)  # 256 MiB (fp32: torch's bf16 sum is not vectorised)
-    best = float("inf")
-    for _ in range(5):
-        t = time.perf_counter()
-        x.sum()
-        best = min(best, time.perf_counter() - t)
-    return x.numel() * x.element_size() / best
+    """Bytes/s of a streaming read over a buffer far larger than the caches (``cinq.plan.probe.read_bandwidth``)."""
+    from cinq.plan.probe import read_bandwidth as probe
+    return probe(256, 5)
 
 
 def _batch1_decode(engine: Any, new_tokens: int, seed: int) -> dict[str, Any]:

@@ -2,14 +2,17 @@
 ``torch.utils.cpp_extension``, cached in the cinq cache by source content, Python environment, torch version and
 CPU (a build says so in the log, with its time; ``scripts/setup.sh`` builds them), and optional — when one cannot
 be built the caller runs its PyTorch path (said once in the log). ``CINQ_NATIVE_KERNELS=0`` disables them all. A
-kernel whose build has no fast path for this CPU (``has_fast_path()`` false: no AVX512-BF16) is not used either:
-its portable loop would be slower than PyTorch's. Builds use ``-march=native``, so the cache is keyed by the
+kernel whose build has no fast path for this CPU (``has_fast_path()`` false: e.g. no AVX2 + FMA) is not used either:
+its portable loop would be slower than PyTorch's. Builds use ``-march=native`` and ``-fopenmp``, so the cache is keyed by the
 CPU's features.
 
 * ``paged_decode.cpp``: decode attention read straight from the KV pages (no gathered copy of the contexts).
 * ``small_m_gemm.cpp``: bf16 linear for 1-8 activation rows at memory bandwidth (decode at small batch, a
-  speculative verify of up to 7 drafts): AMX tiles where the CPU and OS allow them, AVX512-BF16 otherwise.
-* ``int4_linear.cpp``: GPTQ/AWQ int4 linear with bf16 activations (used by ``cinq.layers.quantization.kernels``).
+  speculative verify of up to 7 drafts): AMX tiles where the CPU and OS allow them, AVX512-BF16 vector tiles, or
+  AVX2 + FMA (e.g. AMD Zen 3).
+* ``grouped_int_linear.cpp``: int4 affine (GGUF Q4_0 / Q4_1, GPTQ / AWQ) and int8 grouped (GGUF Q8_0, per channel)
+  linears with bf16 activations, AVX2 (used by ``cinq.layers.quantization.native`` / ``kernels``).
+* ``small_m.h``: what the decode-sized linears share: one contiguous range of output rows per thread, prefetch.
 * ``rms_norm.cpp``: RMSNorm with the fused residual add, bf16 (``cinq.layers.norm``): one call per norm instead
   of ~10 ATen ops, which at batch 1 cost far more than the arithmetic.
 * ``rotary.cpp``: rotary embedding of q and k in place, bf16 (``cinq.layers.rotary``), for the same reason.

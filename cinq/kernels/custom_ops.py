@@ -83,12 +83,23 @@ def _(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     return x.new_empty((x.shape[0], weight.shape[0]))
 
 
-@torch.library.custom_op("cinq::int4_linear", mutates_args=(), device_types="cpu")
-def int4_linear(x: Tensor, packed: Tensor, scales: Tensor, sz128: Tensor, group: int) -> Tensor:
-    """y [M, N] bf16 = x [M, K] @ dequant(W)^T (``cinq.layers.quantization.native``)."""
-    return _module("int4_linear").int4_linear(x, packed, scales, sz128, group)
+@torch.library.custom_op("cinq::int4_affine_linear", mutates_args=(), device_types="cpu")
+def int4_affine_linear(x: Tensor, codes: Tensor, scales: Tensor, mins: Tensor, group: int) -> Tensor:
+    """y [M, N] bf16 = x [M, K] @ (scale * q + min)^T (``cinq.layers.quantization.native``)."""
+    return _module("grouped_int_linear").int4_affine_linear(x, codes, scales, mins, group)
 
 
-@int4_linear.register_fake
-def _(x: Tensor, packed: Tensor, scales: Tensor, sz128: Tensor, group: int) -> Tensor:
-    return x.new_empty((x.shape[0], packed.shape[0]), dtype=torch.bfloat16)
+@int4_affine_linear.register_fake
+def _(x: Tensor, codes: Tensor, scales: Tensor, mins: Tensor, group: int) -> Tensor:
+    return x.new_empty((x.shape[0], codes.shape[0]), dtype=torch.bfloat16)
+
+
+@torch.library.custom_op("cinq::int8_grouped_linear", mutates_args=(), device_types="cpu")
+def int8_grouped_linear(x: Tensor, codes: Tensor, scales: Tensor, mins: Tensor, group: int) -> Tensor:
+    """y [M, N] bf16 = x [M, K] @ (scale * q [+ min])^T (``cinq.layers.quantization.native``)."""
+    return _module("grouped_int_linear").int8_grouped_linear(x, codes, scales, mins, group)
+
+
+@int8_grouped_linear.register_fake
+def _(x: Tensor, codes: Tensor, scales: Tensor, mins: Tensor, group: int) -> Tensor:
+    return x.new_empty((x.shape[0], codes.shape[0]), dtype=torch.bfloat16)

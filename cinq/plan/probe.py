@@ -17,9 +17,11 @@ class Measured:
     threads: int
 
 
-def measure(buffer_mib: int = 512, matmul_n: int = 2048, repeats: int = 5) -> Measured:
-    """Read bandwidth (a sum over a ``buffer_mib`` float32 tensor, best of ``repeats``) and bf16 FLOP/s (an
-    n x n x n matmul, best of ``repeats``), with torch's current thread count."""
+def read_bandwidth(buffer_mib: int = 256, repeats: int = 5) -> float:
+    """Bytes/s of a streaming read with torch's current thread count: a sum over a ``buffer_mib`` float32 tensor
+    (float32: torch's bf16 sum is not vectorised), far larger than the caches, best of ``repeats``. The one read
+    probe of cinq: ``cinq plan --measure``, the throughput benchmark's roofline and the decode kernels' benchmark
+    all use it."""
     import torch
     x = torch.ones(buffer_mib * (1 << 20) // 4, dtype=torch.float32)
     x.sum()  # touch every page first: the first pass measures page faults, not reads
@@ -28,8 +30,14 @@ def measure(buffer_mib: int = 512, matmul_n: int = 2048, repeats: int = 5) -> Me
         t = time.perf_counter()
         x.sum()
         best = min(best, time.perf_counter() - t)
-    bandwidth = x.numel() * 4 / best / 1e9
-    del x
+    return x.numel() * 4 / best
+
+
+def measure(buffer_mib: int = 512, matmul_n: int = 2048, repeats: int = 5) -> Measured:
+    """Read bandwidth (``read_bandwidth`` over ``buffer_mib``) and bf16 FLOP/s (an n x n x n matmul, best of
+    ``repeats``), with torch's current thread count."""
+    import torch
+    bandwidth = read_bandwidth(buffer_mib, repeats) / 1e9
     a = torch.randn(matmul_n, matmul_n).to(torch.bfloat16)
     b = torch.randn(matmul_n, matmul_n).to(torch.bfloat16)
     a @ b  # warm-up: oneDNN picks and caches its kernel

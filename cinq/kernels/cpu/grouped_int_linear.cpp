@@ -11,7 +11,7 @@
 // `vpmaddwd` multiplies 16 code/activation pairs into int32 sums: no float conversion per weight. Per x block and
 // output, one int32 -> float conversion and one fused multiply-add by scale * x_scale; the min term is
 // sum_g min[n, g] * (sum of x over group g), once per output. Each thread reads one contiguous range of output
-// rows front to back (small_m.h), one to four rows at a time so that the dependency chains overlap.
+// rows front to back (small_m.h), one row at a time, prefetching ahead.
 //
 // Layout (cinq.layers.quantization.native.pack_int4_affine / pack_int8_grouped):
 //   int4: codes [N, K / 2] uint8; channels 32j .. 32j + 31 of a row are 16 bytes, byte i holding channel 32j + i
@@ -84,17 +84,24 @@ void rows_kernel(const Call& c, int64_t m0, int64_t n) {
 #if defined(CINQ_SMALL_M_AVX2)
   constexpr int kMaxChunks = 2;  // xb / 32
   const int chunks = static_cast<int>(c.xb / 32);
-  __m256 tot[R][MB];
+  // A = 2: even and odd x blocks add into their own accumulators (two FMA chains), where few outputs are in flight
+  constexpr int A = R * MB <= 2 ? 2 : 1;
+  __m256 tot[A][R][MB];
+#pragma GCC unroll 2
+  for (int a = 0; a < A; ++a)
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
+    for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-    for (int m = 0; m < MB; ++m) tot[r][m] = _mm256_setzero_ps();
+      for (int m = 0; m < MB; ++m) tot[a][r][m] = _mm256_setzero_ps();
   for (int64_t b = 0; b < B; ++b) {
     const int64_t g = b * c.xb / c.group, k0 = b * c.xb;
+    const int a = A == 2 ? static_cast<int>(b & 1) : 0;
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       __m256i w[2 * kMaxChunks];
       const uint8_t* row = c.codes + (n + r) * row_bytes;
+      const int64_t at = k0 / 32 * Codes::kBytesPer32;
+      if ((at & 63) == 0) cinq_small_m::prefetch_ahead(row + at);
       Codes::load(row, k0, w[0], w[1]);
       if (chunks == 2) Codes::load(row, k0 + 32, w[2], w[3]);
       const float s = c.scales[(n + r) * G + g];
@@ -106,15 +113,16 @@ void rows_kernel(const Call& c, int64_t m0, int64_t n) {
         if (chunks == 2)
           acc = _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(w[2], _mm256_loadu_si256(xr + 2)),
                                                        _mm256_madd_epi16(w[3], _mm256_loadu_si256(xr + 3))));
-        tot[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(s * c.xs[(m0 + m) * B + b]),
-                                    tot[r][m]);
+        tot[a][r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(s * c.xs[(m0 + m) * B + b]),
+                                       tot[a][r][m]);
       }
     }
   }
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-    for (int m = 0; m < MB; ++m) out[r][m] = cinq_small_m::hsum(tot[r][m]);
+    for (int m = 0; m < MB; ++m)
+      out[r][m] = cinq_small_m::hsum(A == 2 ? _mm256_add_ps(tot[0][r][m], tot[A - 1][r][m]) : tot[0][r][m]);
 #else
   for (int r = 0; r < R; ++r) {
     const uint8_t* row = c.codes + (n + r) * row_bytes;
@@ -141,14 +149,11 @@ void rows_kernel(const Call& c, int64_t m0, int64_t n) {
     }
 }
 
-// Outputs [n0, n1) of rows m0 .. m0 + MB - 1: four, two, then one output row at a time (more rows in flight
-// overlap the per-group dependency chains; with many activation rows those already are independent).
+// Outputs [n0, n1) of rows m0 .. m0 + MB - 1, one weight row at a time: a single stream per core (interleaving two
+// or four rows read 10-40% slower from memory on Zen 3).
 template <typename Codes, int MB>
 void rows_range(const Call& c, int64_t m0, int64_t n0, int64_t n1) {
-  constexpr int R = MB == 1 ? 4 : (MB <= 3 ? 2 : 1);
-  int64_t n = n0;
-  for (; n + R <= n1; n += R) rows_kernel<Codes, MB, R>(c, m0, n);
-  for (; n < n1; ++n) rows_kernel<Codes, MB, 1>(c, m0, n);
+  for (int64_t n = n0; n < n1; ++n) rows_kernel<Codes, MB, 1>(c, m0, n);
 }
 
 template <typename Codes>

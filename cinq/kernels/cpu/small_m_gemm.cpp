@@ -13,7 +13,11 @@
 // the 16 together into one vector of outputs. (The previous kernel reduced each output on its own, ~8 shuffle/add
 // steps after a dozen `vdpbf16ps` for K = 384, one output at a time: 1.2-1.4x slower wherever compute bounds it.)
 // Past ~2 rows `vdpbf16ps` throughput, M dot products per weight vector, bounds the vector path, not memory.
-// Other CPUs get a plain float loop.
+// AVX2 + FMA without AVX512-BF16 (e.g. AMD Zen 3): the weights widen to float32 for free (a bf16 is the top half
+// of a float32: a 32-bit lane of w holds weights 2j and 2j + 1, `w << 16` is the first as a float, `w & 0xffff0000`
+// the second), against activations converted once per call and split into even and odd channels to match; each
+// thread reads its range of weight rows front to back, one row at a time, prefetching ahead (small_m.h). Other CPUs get a
+// plain float loop.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -31,6 +35,7 @@
 #endif
 
 #include "bf16.h"
+#include "small_m.h"
 
 namespace {
 
@@ -45,7 +50,11 @@ constexpr int64_t kAmxMinRows = 1;
 // Without AMX, the most rows the engine sends to the vector tiles (with AMX: kMaxRows). Measured on an AMX CPU
 // against oneDNN's AMX kernels, their margin thins to ~1.1x at 7-8 rows on the largest weights (it was below 1
 // before the prefetch), and other CPUs' `vdpbf16ps` throughput is unmeasured: 7-8 rows stay with oneDNN there.
+#if defined(CINQ_SMALL_M_AVX2) && !defined(__AVX512BF16__)
+constexpr int kVectorFastRows = 8;  // AVX2 (Zen 3): oneDNN's bf16 path there widens on the fly, 2-4x slower at 1-8 rows
+#else
 constexpr int kVectorFastRows = 6;
+#endif
 
 using cinq_bf16::bf16_to_float;
 
@@ -227,6 +236,81 @@ void amx_blocks(const uint16_t* xp, const uint16_t* w, const float* bias, uint16
 
 #endif  // CINQ_SMALL_M_AMX
 
+#if defined(CINQ_SMALL_M_AVX2) && !defined(__AVX512BF16__)
+#define CINQ_SMALL_M_AVX2_PATH 1
+
+// x [MB, K] -> xp [MB, K16] float32 (K16 = K rounded down to 16): per 16 channels, the 8 even ones then the 8 odd.
+std::vector<float> avx2_pack_x(const uint16_t* x, int64_t M, int64_t K) {
+  const int64_t K16 = K / 16 * 16;
+  std::vector<float> xp(static_cast<size_t>(M * K16));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K16; k += 16)
+      for (int i = 0; i < 8; ++i) {
+        xp[m * K16 + k + i] = bf16_to_float(x[m * K + k + 2 * i]);
+        xp[m * K16 + k + 8 + i] = bf16_to_float(x[m * K + k + 2 * i + 1]);
+      }
+  return xp;
+}
+
+// Outputs n .. n + R - 1 of all MB rows; A accumulators per (row, output) (two where few chains would otherwise
+// wait on the FMA latency).
+template <int MB, int R, int A>
+void avx2_rows(const float* xp, const uint16_t* x, const uint16_t* w, const float* bias, uint16_t* y, int64_t K,
+               int64_t N, int64_t n) {
+  const int64_t K16 = K / 16 * 16;
+  const __m256i odd = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+  __m256 acc[A][R][MB];
+#pragma GCC unroll 2
+  for (int a = 0; a < A; ++a)
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+      for (int m = 0; m < MB; ++m) acc[a][r][m] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K16; k += 16) {
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const uint16_t* wk = w + (n + r) * K + k;
+      if ((k & 31) == 0) cinq_small_m::prefetch_ahead(wk);
+      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wk));
+      const __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(wv, 16));
+      const __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(wv, odd));
+#pragma GCC unroll 8
+      for (int m = 0; m < MB; ++m) {
+        acc[0][r][m] = _mm256_fmadd_ps(we, _mm256_loadu_ps(xp + m * K16 + k), acc[0][r][m]);
+        acc[A - 1][r][m] = _mm256_fmadd_ps(wo, _mm256_loadu_ps(xp + m * K16 + k + 8), acc[A - 1][r][m]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int m = 0; m < MB; ++m) {
+      float v = cinq_small_m::hsum(A == 2 ? _mm256_add_ps(acc[0][r][m], acc[A - 1][r][m]) : acc[0][r][m]);
+      for (int64_t k = K16; k < K; ++k) v += bf16_to_float(x[m * K + k]) * bf16_to_float(w[(n + r) * K + k]);
+      if (bias) v += bias[n + r];
+      y[m * N + n + r] = cinq_bf16::float_to_bf16(v);
+    }
+}
+
+template <int MB>
+void avx2_range(const float* xp, const uint16_t* x, const uint16_t* w, const float* bias, uint16_t* y, int64_t K,
+                int64_t N, int64_t n0, int64_t n1) {
+  // One weight row at a time: a single stream per core (two or four interleaved rows measured 10-40% slower from
+  // memory on Zen 3), two accumulator chains per output where there are few outputs to overlap.
+  for (int64_t n = n0; n < n1; ++n) avx2_rows<MB, 1, (MB <= 2 ? 2 : 1)>(xp, x, w, bias, y, K, N, n);
+}
+
+template <int MB>
+void run_avx2(const uint16_t* x, const uint16_t* w, const float* bias, c10::BFloat16* y, int64_t K, int64_t N) {
+  const std::vector<float> xp = avx2_pack_x(x, MB, K);
+  auto* yp = reinterpret_cast<uint16_t*>(y);
+  cinq_small_m::split_outputs(N, 4, N * K * static_cast<int64_t>(sizeof(uint16_t)), [&](int64_t n0, int64_t n1) {
+    avx2_range<MB>(xp.data(), x, w, bias, yp, K, N, n0, n1);
+  });
+}
+
+#endif  // CINQ_SMALL_M_AVX2 without AVX512-BF16
+
 // Tiles [t0, t1) of tile_rows<MB>() outputs each, outputs from n_begin on.
 template <int MB>
 void tiles(const uint16_t* x, const uint16_t* w, const float* bias, c10::BFloat16* y, int64_t K, int64_t N,
@@ -262,6 +346,10 @@ void split(int64_t count, int64_t unit_bytes, const F& f) {
 template <int MB>
 void run(const uint16_t* x, const uint16_t* w, const float* bias, c10::BFloat16* y, int64_t K, int64_t N,
          bool amx) {
+#if defined(CINQ_SMALL_M_AVX2_PATH)
+  run_avx2<MB>(x, w, bias, y, K, N);
+  return;
+#endif
   constexpr int NB = tile_rows<MB>();
   const int64_t row_bytes = K * static_cast<int64_t>(sizeof(uint16_t));
   int64_t n_begin = 0;  // the vector path's first output
@@ -342,8 +430,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fast_rows", [](int64_t path) { return use_amx(kMaxRows, path) ? kMaxRows : kVectorFastRows; },
         "the most rows for which this kernel (path as in small_m_linear) beats oneDNN on this CPU",
         py::arg("path") = 0);
-  // Without AVX512-BF16 the portable loop does not beat oneDNN: the loader skips it then.
-#if defined(__AVX512BF16__)
+  // Without AVX512-BF16 or AVX2 the portable loop does not beat oneDNN: the loader skips it then.
+#if defined(__AVX512BF16__) || defined(CINQ_SMALL_M_AVX2)
   m.def("has_fast_path", [] { return true; });
 #else
   m.def("has_fast_path", [] { return false; });

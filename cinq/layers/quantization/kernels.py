@@ -2,8 +2,12 @@
 
 Weight-only (GPTQ / AWQ / RTN files, all unpacked first to a ``QuantizedWeight``):
 
-* ``int4_native``: cinq's AVX512-BF16 kernel (cinq/kernels/cpu/int4_linear.cpp, built on first use) for groups of a
-  multiple of 128 channels: at batch 1 it streams the 4-bit weights at about memory speed.
+* ``int4_native`` / ``int8_native``: cinq's grouped-integer kernels (cinq/kernels/cpu/grouped_int_linear.cpp,
+  AVX2, built on first use; ``native.py``) for bf16 activations and groups of any multiple of 32 channels (per
+  channel too): a decode step streams the codes at close to memory speed. GPTQ/AWQ/RTN zero points become the
+  kernel's float32 ``min = -scale * zero`` (int4) or its int8 shift plus min (int8). Past ``NATIVE_MAX_ROWS`` rows
+  (a prefill chunk) the layer dequantizes its packed weight per call and runs oneDNN's matmul, which is faster
+  there.
 * ``int4_cpu``: ``aten._weight_int4pack_mm_for_cpu`` (bf16 activations; 20-60x slower with fp32 ones). Its
   dequantization is ``(q - 8) * scale + zero`` per (group, channel), so a GPTQ/AWQ zero point z maps to
   ``zero = (8 - z) * scale``. Act-order weights are permuted along K so groups become contiguous, and the
@@ -24,12 +28,22 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from cinq.kernels.cpu_native import small_m_linear_native
-from cinq.layers.quantization.native import int4_linear, int4_module, pack_int4
+from cinq.layers.quantization.native import (
+    dequantize_int4_affine,
+    dequantize_int8_grouped,
+    grouped_module,
+    int4_linear,
+    int4_module,
+    int8_grouped_linear,
+    pack_int4,
+    pack_int8,
+)
 from cinq.layers.quantization.packing import pack_along
 from cinq.layers.quantization.qweight import KERNEL_BITS, QuantizedWeight
 
@@ -38,6 +52,12 @@ _SAID: set[str] = set()
 
 INT4_CPU_GROUPS = (256, 128, 64, 32)  # group sizes _weight_int4pack_mm_for_cpu accepts
 DEQUANTIZED_AT_LOAD = "dequantized_at_load"  # the kind of 2/3-bit layers (see the module docstring)
+NATIVE_MAX_ROWS = 16  # rows up to which int4_native / int8_native run the native kernel (see the module docstring)
+
+
+def int8_module() -> Any | None:
+    """The native int8 kernel's module, None when it is unavailable (a seam tests patch, like ``int4_module``)."""
+    return grouped_module()
 
 
 def say_once(message: str) -> None:
@@ -98,12 +118,12 @@ def prepare_weight_only(qw: QuantizedWeight, device: torch.device, dtype: torch.
             say_once(f"quantized linear: Triton unavailable ({e}); dequantize-then-matmul on CUDA")
             return _prepare_dequant(qw, device, dtype)
     layout = _contiguous_group_perm(qw)
-    if qw.bits == 4 and layout is not None and layout[1] % 128 == 0 and dtype == torch.bfloat16:
-        if int4_module() is not None:
-            tensors = pack_int4(qw, layout[0], layout[1])
-            if layout[0] is not None:
-                tensors["perm"] = layout[0]
-            return Prepared("int4_native", tensors, layout[1])
+    if layout is not None and layout[1] % 32 == 0 and dtype == torch.bfloat16:
+        perm, size = layout
+        if qw.bits == 4 and int4_module() is not None:
+            return _native("int4_native", pack_int4(qw, perm, size), perm, size)
+        if qw.bits == 8 and int8_module() is not None:
+            return _native("int8_native", pack_int8(qw, perm, size), perm, size)
     if qw.bits == 4:
         reason = None
         if n % 16:
@@ -125,6 +145,12 @@ def prepare_weight_only(qw: QuantizedWeight, device: torch.device, dtype: torch.
             return _prepare_int8_cpu(qw, dtype)
         say_once(f"int8 CPU kernel cannot take {name or 'a layer'} ({reason}): dequantize-then-matmul fallback")
     return _prepare_dequant(qw, device, dtype)
+
+
+def _native(kind: str, tensors: dict[str, torch.Tensor], perm: torch.Tensor | None, group: int) -> Prepared:
+    if perm is not None:
+        tensors["perm"] = perm
+    return Prepared(kind, tensors, group)
 
 
 def _prepare_int4_cpu(qw: QuantizedWeight, perm: torch.Tensor | None, kgroup: int, size: int,
@@ -190,11 +216,15 @@ def weight_only_mm(p_kind: str, t: dict[str, torch.Tensor], arg: int, x: torch.T
     lead, k = x.shape[:-1], x.shape[-1]
     flat = x.dim() == 2  # the serving forward's [T, K]: no reshapes on the way in or out
     x2 = x if flat else x.reshape(-1, k)
-    if p_kind == "int4_native":
+    if p_kind in ("int4_native", "int8_native"):
         perm = t.get("perm")
         if perm is not None:
             x2 = x2.index_select(1, perm)
-        y = int4_linear(x2, t, arg)
+        if x2.shape[0] <= NATIVE_MAX_ROWS:
+            y = int4_linear(x2, t, arg) if p_kind == "int4_native" else int8_grouped_linear(x2, t, arg)
+        else:
+            w = dequantize_int4_affine(t, arg) if p_kind == "int4_native" else dequantize_int8_grouped(t, arg)
+            y = F.linear(x2.to(torch.bfloat16), w.to(torch.bfloat16))
     elif p_kind == "int4_cpu":
         perm = t.get("perm")
         if perm is not None:

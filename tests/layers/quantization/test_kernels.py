@@ -36,6 +36,17 @@ def int4_path(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture(params=["native", "aten"])
+def int8_path(request, monkeypatch):
+    """Run a test with cinq's native int8 kernel (skipped when it cannot be built) and with PyTorch's."""
+    if request.param == "native":
+        if kernels.int8_module() is None:
+            pytest.skip("native int8 kernel unavailable (no compiler or no AVX2)")
+    else:
+        monkeypatch.setattr(kernels, "int8_module", lambda: None)
+    return request.param
+
+
 @pytest.mark.parametrize("group,sym", [(32, True), (64, False), (128, False), (-1, True), (256, False)])
 def test_int4_kernels_match_reference_and_fallback(group, sym, int4_path):
     gen = torch.Generator().manual_seed(group)
@@ -46,7 +57,7 @@ def test_int4_kernels_match_reference_and_fallback(group, sym, int4_path):
         x = torch.randn(m, 256, generator=gen)
         ref = x @ ref_w.t()
         kind, y = run(qw, x)
-        native = int4_path == "native" and (group % 128 == 0 or group == -1)
+        native = int4_path == "native"  # every group here is a multiple of 32
         assert kind == ("int4_native" if native else "int4_cpu")
         kind_f, y_f = run(qw, x, force_dequant=True)
         assert kind_f.startswith("dequant")
@@ -102,14 +113,37 @@ def test_unsupported_shapes_fall_back_once_with_the_same_results(caplog, monkeyp
 
 
 @pytest.mark.parametrize("sym", [True, False])
-def test_int8_cpu_kernel_with_and_without_zero_points(sym):
+def test_int8_cpu_kernel_with_and_without_zero_points(sym, int8_path):
     gen = torch.Generator().manual_seed(3)
     w = torch.randn(40, 96, generator=gen) + (0 if sym else 0.5)
     qw = rtn_quantize(w, 8, -1, sym)
     x = torch.randn(6, 96, generator=gen)
     kind, y = run(qw, x)
-    assert kind == "int8_cpu"
+    assert kind == ("int8_native" if int8_path == "native" else "int8_cpu")
     assert rel(y, x @ qw.dequantize().t()) < 2e-2
+
+
+@pytest.mark.parametrize("group,sym", [(32, True), (64, False)])
+def test_native_int8_takes_groups(group, sym):
+    if kernels.int8_module() is None:
+        pytest.skip("native int8 kernel unavailable (no compiler or no AVX2)")
+    gen = torch.Generator().manual_seed(group)
+    qw = rtn_quantize(torch.randn(24, 192, generator=gen), 8, group, sym)  # grouped int8: aten has no kernel
+    for m in (1, 5, 17):  # the kernel, and a prefill-sized call through the dequantized weight
+        x = torch.randn(m, 192, generator=gen)
+        kind, y = run(qw, x)
+        assert kind == "int8_native" and rel(y, x @ qw.dequantize().t()) < 2e-2
+
+
+@pytest.mark.parametrize("m", [3, 40])
+def test_native_int4_prefill_rows_match(m):
+    if kernels.int4_module() is None:
+        pytest.skip("native int4 kernel unavailable (no compiler or no AVX2)")
+    gen = torch.Generator().manual_seed(m)
+    qw = rtn_quantize(torch.randn(40, 128, generator=gen), 4, 32, False)
+    x = torch.randn(m, 128, generator=gen)
+    kind, y = run(qw, x)
+    assert kind == "int4_native" and rel(y, x @ qw.dequantize().t()) < 2e-2
 
 
 def test_int8_kernel_refuses_k_not_multiple_of_16():

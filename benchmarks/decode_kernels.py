@@ -1,0 +1,282 @@
+"""Decode linears at the memory roofline: how fast cinq's native small-M kernels stream their weights, as a real
+decode step reads them (every weight once, from memory), against the read bandwidth measured in the same run.
+
+Kernels: bf16 (cinq/kernels/cpu/small_m_gemm.cpp), int8 per channel and int8 group 32 (GGUF Q8_0), int4 affine
+groups 32 / 64 / 128 (GGUF Q4_0 / Q4_1, GPTQ / AWQ; cinq/kernels/cpu/grouped_int_linear.cpp). Shapes: SmolLM2-135M's
+decode linears (merged qkv, o_proj, merged gate_up, down_proj; 30 layers) and its LM head. For each (kernel, shape)
+the weights are allocated 30 times (the layers), or for the LM head as many times as it takes to pass 4x the
+last-level cache, and called in turn, so that no call finds its weight in cache; GB/s = weight bytes (codes +
+float32 scales / mins) / time, best of ``--repeats`` passes, at 1 and 2 threads and M = 1, 2, 4, 8 rows. The read
+probe is ``cinq.plan.probe.read_bandwidth`` at the same thread count. Also measured: the cost of one parallel region
+(waking torch's OpenMP workers) under this process's OMP_WAIT_POLICY and, in child processes, under the others.
+
+    python benchmarks/decode_kernels.py            # writes benchmarks/results/decode_kernels.{json,md}
+    python benchmarks/decode_kernels.py --quick    # fewer passes, smoke run
+    python benchmarks/decode_kernels.py --render   # the .md again from the saved .json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from cinq.process_env import set_omp_wait_policy  # noqa: E402
+
+set_omp_wait_policy()  # before torch, as the engine does: the wake-up cost measured is the engine's
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from cinq.kernels import cpu_native  # noqa: E402
+from cinq.layers.quantization import native  # noqa: E402
+from cinq.plan.probe import read_bandwidth  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+HIDDEN, INTERMEDIATE, VOCAB, LAYERS = 576, 1536, 49152, 30  # SmolLM2-135M: 9 heads / 3 KV heads of dim 64
+SHAPES = {"qkv_proj": (960, HIDDEN), "o_proj": (HIDDEN, HIDDEN), "gate_up_proj": (2 * INTERMEDIATE, HIDDEN),
+          "down_proj": (HIDDEN, INTERMEDIATE), "lm_head": (VOCAB, HIDDEN)}  # name -> (N out, K in)
+KERNELS = ("bf16", "int8 per-channel", "int8 g32", "int4 g32", "int4 g64", "int4 g128")
+ROWS = (1, 2, 4, 8)
+THREADS = (1, 2)
+LLC_BYTES = 32 << 20
+TARGET = 0.8
+
+
+def _group(kernel: str, k: int) -> int | None:
+    """The kernel's group size for K input channels (None: the group does not divide K)."""
+    if kernel == "bf16":
+        return 0
+    if kernel == "int8 per-channel":
+        return k
+    g = int(kernel.split("g")[-1])
+    return g if k % g == 0 else None
+
+
+def make_weight(kernel: str, n: int, k: int, group: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """One weight's kernel tensors (random codes and scales: the stream's cost does not depend on the values)."""
+    if kernel == "bf16":
+        return {"w": (torch.randn(n, k, generator=gen) * 0.05).bfloat16()}
+    scales = torch.rand(n, k // group, generator=gen) * 0.01
+    if kernel.startswith("int8"):
+        codes = torch.randint(-128, 128, (n, k), generator=gen, dtype=torch.int8)
+        return native.pack_int8_grouped(codes, scales, group)
+    codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+    return native.pack_int4_affine(codes, scales, -8 * scales, group)
+
+
+def call_for(kernel: str, group: int, x: torch.Tensor) -> Callable[[dict[str, torch.Tensor]], Any]:
+    """The kernel's direct extension call for activations x (no Python wrapper: the stream is what is timed)."""
+    if kernel == "bf16":
+        mod, none = cpu_native.native_module("small_m_gemm"), torch.empty(0)
+        return lambda t: mod.small_m_linear(x, t["w"], none)
+    mod, none = native.grouped_module(), torch.empty(0)
+    if kernel.startswith("int8"):
+        return lambda t: mod.int8_grouped_linear(x, t["codes"], t["scales"], none, group)
+    return lambda t: mod.int4_affine_linear(x, t["codes"], t["scales"], t["mins"], group)
+
+
+def nbytes(t: dict[str, torch.Tensor]) -> int:
+    return sum(v.numel() * v.element_size() for v in t.values())
+
+
+def best_pass_s(fn: Callable[[dict[str, torch.Tensor]], Any], weights: list[dict[str, torch.Tensor]],
+                repeats: int) -> float:
+    """Best time of one pass calling ``fn`` on every weight in turn (after one warm-up pass)."""
+    for t in weights:
+        fn(t)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for t in weights:
+            fn(t)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def region_cost_us() -> float:
+    """Mean microseconds of one empty parallel region over torch's threads, in this process."""
+    mod = native.grouped_module()
+    mod.parallel_region_us(200)
+    return min(mod.parallel_region_us(2000) for _ in range(3))
+
+
+def region_costs() -> dict[str, float]:
+    """One empty parallel region at 2 threads under each OpenMP wait policy (child processes for the others)."""
+    out = {}
+    for name, env in {"PASSIVE": {"OMP_WAIT_POLICY": "PASSIVE"}, "ACTIVE": {"OMP_WAIT_POLICY": "ACTIVE"},
+                      "default (spin, then sleep)": {}}.items():
+        child_env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+        child_env.update(env)
+        child_env["PYTHONPATH"] = str(ROOT)
+        code = ("import torch; torch.set_num_threads(2); import benchmarks.decode_kernels as d; "
+                "print(d.region_cost_us())")
+        if not env:  # unset: the child must not set PASSIVE itself on import
+            child_env["OMP_WAIT_POLICY"] = "__unset__"
+            code = "import os; os.environ.pop('OMP_WAIT_POLICY'); " + code
+        r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=child_env, capture_output=True, text=True)
+        out[name] = float(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else float("nan")
+    return out
+
+
+def measure(repeats: int) -> dict[str, Any]:
+    gen = torch.Generator().manual_seed(0)
+    probes: dict[int, float] = {}
+    for th in THREADS:
+        torch.set_num_threads(th)
+        probes[th] = read_bandwidth() / 1e9
+    cells = []
+    for kernel in KERNELS:
+        for shape, (n, k) in SHAPES.items():
+            group = _group(kernel, k)
+            if group is None:
+                cells.append({"kernel": kernel, "shape": shape, "n": n, "k": k, "skipped": f"group does not divide K={k}"})
+                print(f"{kernel:18s} {shape:13s} n/a (group does not divide K={k})", flush=True)
+                continue
+            one = make_weight(kernel, n, k, group, gen)
+            size = nbytes(one)
+            copies = LAYERS if shape != "lm_head" else max(2, -(-4 * LLC_BYTES // size))
+            weights = [one] + [make_weight(kernel, n, k, group, gen) for _ in range(copies - 1)]
+            for th in THREADS:
+                torch.set_num_threads(th)
+                for m in ROWS:
+                    x = torch.randn(m, k, generator=gen).bfloat16()
+                    with torch.inference_mode():
+                        s = best_pass_s(call_for(kernel, group, x), weights, repeats)
+                        torch_gbs = None
+                        if kernel == "bf16":  # what cinq ran on a CPU without the kernel: oneDNN's bf16 linear
+                            torch_gbs = size * copies / best_pass_s(lambda t: F.linear(x, t["w"]), weights,
+                                                                     repeats) / 1e9
+                    gbs = size * copies / s / 1e9
+                    cell = {"kernel": kernel, "shape": shape, "n": n, "k": k, "group": group, "threads": th, "m": m,
+                            "bytes": size, "copies": copies, "us_per_call": s / copies * 1e6, "gb_s": gbs,
+                            "probe_gb_s": probes[th], "ratio": gbs / probes[th], "torch_gb_s": torch_gbs}
+                    cells.append(cell)
+                    print(f"{kernel:18s} {shape:13s} t{th} M{m}  {gbs:6.1f} GB/s  {gbs / probes[th]:5.0%} of "
+                          f"{probes[th]:.1f}" + (f"  (oneDNN {torch_gbs:.1f})" if torch_gbs else ""), flush=True)
+            del weights, one
+    for th in THREADS:  # the probe again at the end: the machine's load may have changed meanwhile
+        torch.set_num_threads(th)
+        probes[th] = max(probes[th], read_bandwidth() / 1e9)
+    for c in cells:  # ratios against the better of the two probe readings
+        if "gb_s" in c:
+            c["probe_gb_s"] = probes[c["threads"]]
+            c["ratio"] = c["gb_s"] / c["probe_gb_s"]
+    return {"probe_gb_s": {str(k): v for k, v in probes.items()}, "cells": cells}
+
+
+def conclusions(data: dict[str, Any]) -> list[str]:
+    """Findings computed from the cells (nothing typed in advance)."""
+    cells = [c for c in data["cells"] if "gb_s" in c]
+    out = []
+    for kernel in KERNELS:
+        mine = [c for c in cells if c["kernel"] == kernel]
+        if not mine:
+            continue
+        reach = [m for m in ROWS if all(c["ratio"] >= TARGET for c in mine if c["m"] == m)]
+        r1 = [c["ratio"] for c in mine if c["m"] == 1]
+        per_m = {m: sum(c["ratio"] for c in mine if c["m"] == m) / max(1, sum(c["m"] == m for c in mine))
+                 for m in ROWS}
+        scale = []
+        for c in mine:
+            if c["threads"] == 2:
+                one = next(o for o in mine if o["threads"] == 1 and o["shape"] == c["shape"] and o["m"] == c["m"])
+                scale.append(c["gb_s"] / one["gb_s"])
+        slower = sum(s < 1.0 for s in scale)
+        out.append(f"- **{kernel}**: >= {TARGET:.0%} of the probe in every shape and thread count at M = "
+                   f"{', '.join(map(str, reach)) if reach else 'none'}; at M = 1 {min(r1):.0%}-{max(r1):.0%}. "
+                   f"Mean ratio by M: " + ", ".join(f"{m}: {v:.0%}" for m, v in per_m.items()) +
+                   f". 2 threads / 1 thread: {min(scale):.2f}x-{max(scale):.2f}x ({slower} of {len(scale)} cells "
+                   f"slower at 2 threads).")
+    bf = [c for c in cells if c["kernel"] == "bf16" and c["torch_gb_s"]]
+    if bf:
+        sp = [c["gb_s"] / c["torch_gb_s"] for c in bf]
+        out.append(f"- bf16 kernel vs oneDNN's bf16 `F.linear` (what this CPU ran before): {min(sp):.1f}x-"
+                   f"{max(sp):.1f}x faster (median {sorted(sp)[len(sp) // 2]:.1f}x).")
+    return out
+
+
+def render(data: dict[str, Any]) -> str:
+    cells = [c for c in data["cells"] if "gb_s" in c]
+    probes = data["probe_gb_s"]
+    lines = ["# Decode kernels at the memory roofline", "",
+             f"Produced by `python benchmarks/decode_kernels.py` ({data['date']}, {data['cpu']}, "
+             f"{data['repeats']} passes per cell, best taken). **Draft numbers**: the machine was shared with other "
+             f"jobs; load average {data['load_start']:.2f} at the start and {data['load_end']:.2f} at the end on "
+             f"{os.cpu_count()} cores. Read probe (`cinq.plan.probe.read_bandwidth`, best of the start and end "
+             "readings): " + ", ".join(f"{v:.1f} GB/s at {t} thread(s)" for t, v in probes.items()) + ".", "",
+             "Cost of one empty parallel region at 2 threads (waking torch's OpenMP workers): " +
+             ", ".join(f"{k} {v:.1f} us" for k, v in data["region_us"].items()) + ".", "",
+             "## Conclusions (computed from this run)", ""] + conclusions(data) + [""]
+    for th in THREADS:
+        lines += [f"## {th} thread(s): GB/s of weight bytes streamed (ratio to the {float(probes[str(th)]):.1f} "
+                  "GB/s probe)", "",
+                  "| kernel | shape (N x K) | " + " | ".join(f"M={m}" for m in ROWS) + " |",
+                  "|---|---|" + "---:|" * len(ROWS)]
+        for kernel in KERNELS:
+            for shape, (n, k) in SHAPES.items():
+                row = [c for c in cells if c["kernel"] == kernel and c["shape"] == shape and c["threads"] == th]
+                if not row:
+                    lines.append(f"| {kernel} | {shape} {n}x{k} | " + " | ".join("n/a" for _ in ROWS) + " |")
+                    continue
+                by_m = {c["m"]: c for c in row}
+                lines.append(f"| {kernel} | {shape} {n}x{k} | " + " | ".join(
+                    f"{by_m[m]['gb_s']:.1f} ({by_m[m]['ratio']:.0%})" for m in ROWS) + " |")
+        bf = [c for c in cells if c["kernel"] == "bf16" and c["threads"] == th and c["torch_gb_s"]]
+        if bf:
+            lines += ["", f"oneDNN bf16 `F.linear`, same weights, {th} thread(s) (GB/s):", "",
+                      "| shape | " + " | ".join(f"M={m}" for m in ROWS) + " |", "|---|" + "---:|" * len(ROWS)]
+            for shape in SHAPES:
+                by_m = {c["m"]: c for c in bf if c["shape"] == shape}
+                lines.append(f"| {shape} | " + " | ".join(f"{by_m[m]['torch_gb_s']:.1f}" for m in ROWS) + " |")
+        lines.append("")
+    lines += ["Weight bytes count the codes and the float32 scales (and mins) a call reads; 'n/a': the group does "
+              "not divide K (576 is not a multiple of 128).", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--render", action="store_true")
+    ap.add_argument("--out", default=str(RESULTS / "decode_kernels"))
+    args = ap.parse_args()
+    out = Path(args.out)
+    if args.render:
+        out.with_suffix(".md").write_text(render(json.loads(out.with_suffix(".json").read_text())))
+        return
+    if cpu_native.native_module("small_m_gemm") is None or not native.affine_kernels_available():
+        raise SystemExit("the native kernels are unavailable here (no compiler, or no AVX2 + FMA)")
+    load_start = os.getloadavg()[0]
+    data: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": _cpu_name(),
+                            "repeats": 2 if args.quick else args.repeats, "load_start": load_start,
+                            "region_us": region_costs()}
+    data.update(measure(data["repeats"]))
+    data["load_end"] = os.getloadavg()[0]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(data, indent=1))
+    out.with_suffix(".md").write_text(render(data))
+    print(f"wrote {out}.json and .md")
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "CPU")
+    except OSError:
+        name = "CPU"
+    isa = ("AVX512-BF16" if "avx512_bf16" in Path("/proc/cpuinfo").read_text() else "AVX2 + FMA, no AVX512") \
+        if Path("/proc/cpuinfo").exists() else ""
+    return f"{name}, {os.cpu_count()} cores, {isa}"
+
+
+if __name__ == "__main__":
+    main()
