@@ -8,7 +8,8 @@ the weights are allocated 30 times (the layers), or for the LM head as many time
 last-level cache, and called in turn, so that no call finds its weight in cache; GB/s = weight bytes (codes +
 float32 scales / mins) / time, best of ``--repeats`` passes, at 1 and 2 threads and M = 1, 2, 4, 8 rows. The read
 probe is ``cinq.plan.probe.read_bandwidth`` at the same thread count. Also measured: the cost of one parallel region
-(waking torch's OpenMP workers) under this process's OMP_WAIT_POLICY and, in child processes, under the others.
+(waking torch's OpenMP workers) under this process's OMP_WAIT_POLICY and, in child processes, under the others,
+and the per-call overhead of the kernel's three ways in: pybind, the C++-registered op, a Python custom op.
 
     python benchmarks/decode_kernels.py            # writes benchmarks/results/decode_kernels.{json,md}
     python benchmarks/decode_kernels.py --quick    # fewer passes, smoke run
@@ -35,7 +36,7 @@ set_omp_wait_policy()  # before torch, as the engine does: the wake-up cost meas
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from cinq.kernels import cpu_native  # noqa: E402
+from cinq.kernels import cpu_native, custom_ops  # noqa: E402,F401  (custom_ops: torch.ops.cinq.*)
 from cinq.layers.quantization import native  # noqa: E402
 from cinq.plan.probe import read_bandwidth  # noqa: E402
 
@@ -123,6 +124,36 @@ def region_costs() -> dict[str, float]:
             code = "import os; os.environ.pop('OMP_WAIT_POLICY'); " + code
         r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=child_env, capture_output=True, text=True)
         out[name] = float(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else float("nan")
+    return out
+
+
+def dispatch_overhead_us() -> dict[str, float]:
+    """Microseconds per call of the bf16 kernel on a tiny weight (1 x 64 @ 64 x 64: the call is all overhead) through
+    the extension's pybind function (eager steps), the C++-registered ``torch.ops.cinq.small_m_linear`` (compiled
+    code now) and a Python custom op wrapping the pybind call (how custom_ops.py registered it before)."""
+    mod = cpu_native.native_module("small_m_gemm")
+    x, w, none = torch.randn(1, 64).bfloat16(), torch.randn(64, 64).bfloat16(), torch.empty(0)
+
+    @torch.library.custom_op("cinq_bench::small_m_linear_py", mutates_args=(), device_types="cpu")
+    def python_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return mod.small_m_linear(x, weight, bias)
+
+    fns = {"pybind (eager)": lambda: mod.small_m_linear(x, w, none),
+           "torch.ops.cinq, C++ registration": lambda: torch.ops.cinq.small_m_linear(x, w, none),
+           "Python custom op (before)": lambda: torch.ops.cinq_bench.small_m_linear_py(x, w, none)}
+    out = {}
+    torch.set_num_threads(1)
+    with torch.inference_mode():
+        for name, fn in fns.items():
+            for _ in range(200):
+                fn()
+            best = float("inf")
+            for _ in range(5):
+                t0 = time.perf_counter()
+                for _ in range(2000):
+                    fn()
+                best = min(best, (time.perf_counter() - t0) / 2000 * 1e6)
+            out[name] = best
     return out
 
 
@@ -214,6 +245,8 @@ def render(data: dict[str, Any]) -> str:
              "readings): " + ", ".join(f"{v:.1f} GB/s at {t} thread(s)" for t, v in probes.items()) + ".", "",
              "Cost of one empty parallel region at 2 threads (waking torch's OpenMP workers): " +
              ", ".join(f"{k} {v:.1f} us" for k, v in data["region_us"].items()) + ".", "",
+             "Per-call overhead of the bf16 kernel on a 64 x 64 weight (us, 1 thread): " +
+             ", ".join(f"{k} {v:.1f}" for k, v in data["dispatch_us"].items()) + ".", "",
              "## Conclusions (computed from this run)", ""] + conclusions(data) + [""]
     for th in THREADS:
         lines += [f"## {th} thread(s): GB/s of weight bytes streamed (ratio to the {float(probes[str(th)]):.1f} "
@@ -258,7 +291,7 @@ def main() -> None:
     load_start = os.getloadavg()[0]
     data: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": _cpu_name(),
                             "repeats": 2 if args.quick else args.repeats, "load_start": load_start,
-                            "region_us": region_costs()}
+                            "region_us": region_costs(), "dispatch_us": dispatch_overhead_us()}
     data.update(measure(data["repeats"]))
     data["load_end"] = os.getloadavg()[0]
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -43,7 +43,9 @@ _NO_BIAS = torch.empty(0)  # small_m_linear without a bias
 # with OpenMP (``#ifdef _OPENMP``); without the flag every kernel ran on one thread whatever torch's thread count.
 # Linked with -fopenmp, the extension asks for libgomp.so.1, which the loader resolves to the copy torch has
 # already loaded: one OpenMP runtime, torch's pool and thread count.
-_CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]
+# CINQ_REGISTER_OPS: the kernels that register their torch.ops.cinq op in C++ (custom_ops.py) do so in these
+# builds only.
+_CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-DCINQ_REGISTER_OPS"]
 _LDFLAGS = ["-fopenmp"]
 
 

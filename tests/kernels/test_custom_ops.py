@@ -10,7 +10,8 @@ from cinq.kernels import custom_ops  # noqa: F401  (registers the ops)
 from cinq.kernels.cpu_native import native_module
 
 pytestmark = pytest.mark.skipif(any(native_module(n) is None for n in ("rms_norm", "rotary", "kv_write",
-                                                                       "paged_decode", "small_m_gemm")),
+                                                                       "paged_decode", "small_m_gemm",
+                                                                       "grouped_int_linear")),
                                 reason="native CPU kernels unavailable on this machine")
 bf16 = torch.bfloat16
 
@@ -31,20 +32,29 @@ def _cases() -> list[tuple[str, tuple]]:
         ("paged_decode", (r(2, 6, d), cache, tables, torch.tensor([20, 3], dtype=torch.int32), d ** -0.5, 1,
                           torch.empty(0, dtype=torch.bool))),
         ("small_m_linear", (r(3, 128), r(96, 128), torch.empty(0))),
+        ("int4_affine_linear", (r(2, 64), torch.randint(0, 256, (5, 32), generator=g, dtype=torch.uint8),
+                                torch.rand(5, 2, generator=g), torch.randn(5, 2, generator=g), 32)),
+        ("int8_grouped_linear", (r(3, 64), torch.randint(-128, 128, (7, 64), generator=g, dtype=torch.int8),
+                                 torch.rand(7, 1, generator=g), torch.empty(0), 64)),
     ]
 
 
-@pytest.mark.parametrize("i", range(6))
+CASES = len(_cases())
+MODULES = {"rotary_": "rotary", "write_kv": "kv_write", "small_m_linear": "small_m_gemm",
+           "int4_affine_linear": "grouped_int_linear", "int8_grouped_linear": "grouped_int_linear"}
+
+
+@pytest.mark.parametrize("i", range(CASES))
 def test_opcheck(i):
     name, args = _cases()[i]
     torch.library.opcheck(getattr(torch.ops.cinq, name).default, args,
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
 
 
-@pytest.mark.parametrize("i", range(6))
+@pytest.mark.parametrize("i", range(CASES))
 def test_op_equals_the_direct_call(i):
     name, args = _cases()[i]
-    module = {"rotary_": "rotary", "write_kv": "kv_write", "small_m_linear": "small_m_gemm"}.get(name, name)
+    module = MODULES.get(name, name)
     direct_args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
     with torch.inference_mode():
         got = getattr(torch.ops.cinq, name)(*args)

@@ -108,6 +108,19 @@ def test_dequantize_helpers_are_bit_exact(group):
     assert torch.equal(native.dequantize_int8_grouped(t8k, k), reference_w(c8, scales[:, :1], None, k))
 
 
+def test_q4_0_form_dequantizes_as_scale_times_q_minus_8():
+    """GGUF Q4_0 / a symmetric GPTQ grid (min = -8 scale) dequantize as scale * (q - 8), one rounding: the value
+    GGUF's reference gives, bit for bit (scale * q + min would round twice)."""
+    gen = torch.Generator().manual_seed(4)
+    codes = torch.randint(0, 16, (64, 96), generator=gen, dtype=torch.uint8)
+    d = torch.rand(64, 3, generator=gen) * 0.37 + 1e-3  # full mantissas: s * q rounds
+    t = native.pack_int4_affine(codes, d, -8 * d, 32)
+    want = d.repeat_interleave(32, dim=1) * (codes.to(torch.float32) - 8)
+    assert int(t["q_offset"]) == 8 and torch.equal(native.dequantize_int4_affine(t, 32), want)
+    x = torch.randn(3, 96, generator=gen).bfloat16()
+    assert_matches(native.int4_affine_linear(x, t, 32), x, want)
+
+
 def test_int4_layout_is_ggufs_q4_block():
     """Per 32 channels 16 bytes, byte i = channel i (low nibble) | channel 16 + i (high nibble)."""
     codes = torch.arange(32, dtype=torch.uint8).remainder(16).reshape(1, 32)

@@ -77,11 +77,25 @@ struct Call {
 // Outputs n .. n + R - 1 of rows m0 .. m0 + MB - 1. Per x block (xb <= 64 channels) each weight row's codes are
 // widened once into registers and serve all MB activation rows; the int32 sums of a block go to float once.
 // Every loop over r and m is unrolled so that the accumulators stay in registers (R * MB <= 8).
+// cb [MB, B]: scratch for the block factors scale * x_scale of one output row.
 template <typename Codes, int MB, int R>
-void rows_kernel(const Call& c, int64_t m0, int64_t n) {
+void rows_kernel(const Call& c, int64_t m0, int64_t n, float* cb) {
   const int64_t K = c.K, G = K / c.group, B = K / c.xb, row_bytes = K / 32 * Codes::kBytesPer32;
   float out[R][MB];
 #if defined(CINQ_SMALL_M_AVX2)
+  static_assert(R == 1, "the block factors cb are one output row's");
+  {  // scale[n, g(b)] * x_scale[m, b] for every block, vectorised here so the inner loop only loads one
+    const float* srow = c.scales + n * G;
+    const int64_t per = c.group / c.xb;
+    for (int m = 0; m < MB; ++m) {
+      const float* xs = c.xs + (m0 + m) * B;
+      float* cm = cb + m * B;
+      if (per == 1)
+        for (int64_t b = 0; b < B; ++b) cm[b] = srow[b] * xs[b];
+      else
+        for (int64_t b = 0; b < B; ++b) cm[b] = srow[b / per] * xs[b];
+    }
+  }
   constexpr int kMaxChunks = 2;  // xb / 32
   const int chunks = static_cast<int>(c.xb / 32);
   // A = 2: even and odd x blocks add into their own accumulators (two FMA chains), where few outputs are in flight
@@ -94,7 +108,7 @@ void rows_kernel(const Call& c, int64_t m0, int64_t n) {
 #pragma GCC unroll 8
       for (int m = 0; m < MB; ++m) tot[a][r][m] = _mm256_setzero_ps();
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t g = b * c.xb / c.group, k0 = b * c.xb;
+    const int64_t k0 = b * c.xb;
     const int a = A == 2 ? static_cast<int>(b & 1) : 0;
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
@@ -104,7 +118,6 @@ void rows_kernel(const Call& c, int64_t m0, int64_t n) {
       if ((at & 63) == 0) cinq_small_m::prefetch_ahead(row + at);
       Codes::load(row, k0, w[0], w[1]);
       if (chunks == 2) Codes::load(row, k0 + 32, w[2], w[3]);
-      const float s = c.scales[(n + r) * G + g];
 #pragma GCC unroll 8
       for (int m = 0; m < MB; ++m) {
         const __m256i* xr = reinterpret_cast<const __m256i*>(c.xq + (m0 + m) * K + k0);
@@ -113,8 +126,7 @@ void rows_kernel(const Call& c, int64_t m0, int64_t n) {
         if (chunks == 2)
           acc = _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(w[2], _mm256_loadu_si256(xr + 2)),
                                                        _mm256_madd_epi16(w[3], _mm256_loadu_si256(xr + 3))));
-        tot[a][r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(s * c.xs[(m0 + m) * B + b]),
-                                       tot[a][r][m]);
+        tot[a][r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_broadcast_ss(cb + m * B + b), tot[a][r][m]);
       }
     }
   }
@@ -152,26 +164,27 @@ void rows_kernel(const Call& c, int64_t m0, int64_t n) {
 // Outputs [n0, n1) of rows m0 .. m0 + MB - 1, one weight row at a time: a single stream per core (interleaving two
 // or four rows read 10-40% slower from memory on Zen 3).
 template <typename Codes, int MB>
-void rows_range(const Call& c, int64_t m0, int64_t n0, int64_t n1) {
-  for (int64_t n = n0; n < n1; ++n) rows_kernel<Codes, MB, 1>(c, m0, n);
+void rows_range(const Call& c, int64_t m0, int64_t n0, int64_t n1, float* cb) {
+  for (int64_t n = n0; n < n1; ++n) rows_kernel<Codes, MB, 1>(c, m0, n, cb);
 }
 
 template <typename Codes>
 void run(const Call& c, int64_t n0, int64_t n1) {
   // With more than kMaxRows activation rows (a prefill), blocks of 64 outputs stay in cache across the row blocks.
   const int64_t chunk = c.M <= kMaxRows ? n1 - n0 : 64;
+  std::vector<float> cb(static_cast<size_t>(kMaxRows * (c.K / c.xb)));
   for (int64_t a = n0; a < n1; a += chunk) {
     const int64_t b = std::min(n1, a + chunk);
     for (int64_t m0 = 0; m0 < c.M; m0 += kMaxRows) {
       switch (std::min<int64_t>(kMaxRows, c.M - m0)) {
-        case 1: rows_range<Codes, 1>(c, m0, a, b); break;
-        case 2: rows_range<Codes, 2>(c, m0, a, b); break;
-        case 3: rows_range<Codes, 3>(c, m0, a, b); break;
-        case 4: rows_range<Codes, 4>(c, m0, a, b); break;
-        case 5: rows_range<Codes, 5>(c, m0, a, b); break;
-        case 6: rows_range<Codes, 6>(c, m0, a, b); break;
-        case 7: rows_range<Codes, 7>(c, m0, a, b); break;
-        default: rows_range<Codes, 8>(c, m0, a, b); break;
+        case 1: rows_range<Codes, 1>(c, m0, a, b, cb.data()); break;
+        case 2: rows_range<Codes, 2>(c, m0, a, b, cb.data()); break;
+        case 3: rows_range<Codes, 3>(c, m0, a, b, cb.data()); break;
+        case 4: rows_range<Codes, 4>(c, m0, a, b, cb.data()); break;
+        case 5: rows_range<Codes, 5>(c, m0, a, b, cb.data()); break;
+        case 6: rows_range<Codes, 6>(c, m0, a, b, cb.data()); break;
+        case 7: rows_range<Codes, 7>(c, m0, a, b, cb.data()); break;
+        default: rows_range<Codes, 8>(c, m0, a, b, cb.data()); break;
       }
     }
   }
@@ -245,6 +258,29 @@ double parallel_region_us(int64_t iters) {
   const std::chrono::duration<double, std::micro> dt = std::chrono::steady_clock::now() - t0;
   return dt.count() / static_cast<double>(iters);
 }
+
+#if defined(CINQ_REGISTER_OPS)
+// torch.ops.cinq.int4_affine_linear / int8_grouped_linear, registered in C++ (see small_m_gemm.cpp for why): what
+// torch.compile'd code calls, without Python; Meta kernels for its fake tensors.
+namespace {
+// by value, as the CPU kernels take them: a dispatcher op's kernels must share one C++ signature
+at::Tensor meta_linear(at::Tensor x, at::Tensor codes, at::Tensor, at::Tensor, int64_t) {
+  return at::empty({x.size(0), codes.size(0)}, x.options().dtype(at::kBFloat16));
+}
+}  // namespace
+TORCH_LIBRARY_FRAGMENT(cinq, m) {
+  m.def("int4_affine_linear(Tensor x, Tensor codes, Tensor scales, Tensor mins, int group) -> Tensor");
+  m.def("int8_grouped_linear(Tensor x, Tensor codes, Tensor scales, Tensor mins, int group) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(cinq, CPU, m) {
+  m.impl("int4_affine_linear", &int4_affine_linear);
+  m.impl("int8_grouped_linear", &int8_grouped_linear);
+}
+TORCH_LIBRARY_IMPL(cinq, Meta, m) {
+  m.impl("int4_affine_linear", &meta_linear);
+  m.impl("int8_grouped_linear", &meta_linear);
+}
+#endif
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_affine_linear", &int4_affine_linear, "x @ (scale * q + min)^T, 4-bit codes (CPU)");

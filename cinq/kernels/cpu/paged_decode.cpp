@@ -22,6 +22,8 @@
 #include <limits>
 #include <vector>
 
+#include "small_m.h"
+
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
 #endif
@@ -64,6 +66,14 @@ inline std::vector<float> exp_rows(float* scores, const float* mx, int64_t nq, i
   return inv;
 }
 
+// Threads for a decode call reading kv_bytes of K/V: torch's count, or 1 when waking a sleeping worker would cost
+// more than it saves (short contexts at small batch; small_m.h's threshold, measured for the weight streams).
+inline int64_t decode_threads(const int32_t* seq_lens, int64_t nd, int64_t row, int64_t elem) {
+  int64_t tokens = 0;
+  for (int64_t s = 0; s < nd; ++s) tokens += seq_lens[s];
+  return tokens * row * 2 * elem < cinq_small_m::kMinParallelBytes ? 1 : at::get_num_threads();
+}
+
 template <typename T>
 void decode_kernel(const float* q, const T* cache, const int32_t* tables, const int32_t* seq_lens, const bool* tree,
                    int64_t tree_stride, float* out, int64_t nd, int64_t ql, int64_t hq, int64_t hkv, int64_t d,
@@ -73,10 +83,10 @@ void decode_kernel(const float* q, const T* cache, const int32_t* tables, const 
   const int64_t block_stride = block_size * row;
   // Work item = (sequence, chunk of kv heads). Whole sequences when there are enough of them (a token's K/V row
   // for all heads is contiguous); heads split so that batch-1 decode still uses every thread.
-  const int64_t threads = at::get_num_threads();
+  const int64_t threads = decode_threads(seq_lens, nd, row, sizeof(T));
   const int64_t chunks = nd >= threads ? 1 : std::min<int64_t>(hkv, (threads + nd - 1) / nd);
   const int64_t per_chunk = (hkv + chunks - 1) / chunks;
-  at::parallel_for(0, nd * chunks, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, nd * chunks, threads == 1 ? nd * chunks : 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores, buf(row), acc;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t s = item / chunks, h0 = (item % chunks) * per_chunk;
@@ -139,10 +149,10 @@ void decode_kernel_bf16(const float* q, const c10::BFloat16* cache_t, const int3
   const int64_t group = hq / hkv;
   const int64_t row = hkv * d;
   const int64_t block_stride = block_size * row;
-  const int64_t threads = at::get_num_threads();
+  const int64_t threads = decode_threads(seq_lens, nd, row, sizeof(uint16_t));
   const int64_t chunks = nd >= threads ? 1 : std::min<int64_t>(hkv, (threads + nd - 1) / nd);
   const int64_t per_chunk = (hkv + chunks - 1) / chunks;
-  at::parallel_for(0, nd * chunks, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, nd * chunks, threads == 1 ? nd * chunks : 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores, acc;
     std::vector<uint16_t> qb;
     for (int64_t item = begin; item < end; ++item) {

@@ -418,6 +418,23 @@ torch::Tensor small_m_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bia
   return y;
 }
 
+#if defined(CINQ_REGISTER_OPS)
+// torch.ops.cinq.small_m_linear, registered here in C++ (cinq's own builds define CINQ_REGISTER_OPS; a second copy
+// of this source loaded beside it, e.g. a benchmark's older revision, must not register the name again): compiled
+// code then calls the kernel through the dispatcher without entering Python (a Python custom op costs ~10 us a
+// call). The Meta kernel gives torch.compile's fake tensors their shape.
+TORCH_LIBRARY_FRAGMENT(cinq, m) { m.def("small_m_linear(Tensor x, Tensor weight, Tensor bias) -> Tensor"); }
+TORCH_LIBRARY_IMPL(cinq, CPU, m) {
+  m.impl("small_m_linear",
+         [](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) { return small_m_linear(x, w, b, 0); });
+}
+TORCH_LIBRARY_IMPL(cinq, Meta, m) {
+  m.impl("small_m_linear", [](const at::Tensor& x, const at::Tensor& w, const at::Tensor&) {
+    return at::empty({x.size(0), w.size(0)}, x.options());
+  });
+}
+#endif
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("small_m_linear", &small_m_linear, "skinny bf16 linear (CPU)", py::arg("x"), py::arg("w"),
         py::arg("bias"), py::arg("path") = 0);

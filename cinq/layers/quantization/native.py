@@ -48,7 +48,8 @@ def pack_int4_affine(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tens
     """The kernel's tensors for ``W = scale * q + min``: ``codes`` uint8 [N, K] in 0..15, ``scales`` / ``mins``
     float32 [N, K // group]. Returns ``codes`` uint8 [N, K / 2] (per 32 channels, 16 bytes: byte i holds channel i
     in its low nibble and 16 + i in its high one, GGUF's Q4 order), ``scales`` and ``mins`` float32 [N, K / group]
-    (kept bit for bit)."""
+    (kept bit for bit) and ``q_offset`` (int32 scalar: 8 when min = -8 * scale throughout, else 0; see
+    ``dequantize_int4_affine``)."""
     n, k = codes.shape
     _check_groups(n, k, group, scales, "pack_int4_affine")
     if tuple(mins.shape) != tuple(scales.shape):
@@ -57,8 +58,12 @@ def pack_int4_affine(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tens
     if bool((q > 15).any()):
         raise ValueError("pack_int4_affine: codes must be in 0..15")
     packed = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
-    return {"codes": packed, "scales": scales.to(torch.float32).contiguous(),
-            "mins": mins.to(torch.float32).contiguous()}
+    scales, mins = scales.to(torch.float32).contiguous(), mins.to(torch.float32).contiguous()
+    # min = -8 * scale everywhere (GGUF Q4_0, a symmetric 4-bit GPTQ grid) is W = scale * (q - 8): noted, so that
+    # dequantize_int4_affine rounds once, as scale * (q - 8) does, not twice (the kernel is exact either way: its
+    # codes times activations are integer sums, scale and min apply to them apart)
+    offset = 8 if bool(torch.equal(mins, -8.0 * scales)) else 0
+    return {"codes": packed, "scales": scales, "mins": mins, "q_offset": torch.tensor(offset, dtype=torch.int32)}
 
 
 def unpack_int4_codes(packed: torch.Tensor) -> torch.Tensor:
@@ -69,10 +74,17 @@ def unpack_int4_codes(packed: torch.Tensor) -> torch.Tensor:
 
 
 def dequantize_int4_affine(t: dict[str, torch.Tensor], group: int) -> torch.Tensor:
-    """W [N, K] float32 that the kernel computes with: ``scale[n, g] * q[n, k] + min[n, g]`` in float32."""
+    """W [N, K] float32 that the kernel computes with: ``scale[n, g] * q[n, k] + min[n, g]`` in float32, one
+    multiply then one add; where ``pack_int4_affine`` found min = -8 * scale throughout, ``scale * (q - 8)``
+    (GGUF Q4_0's own formula, one rounding)."""
+    o = int(t["q_offset"]) if "q_offset" in t else 0
     q = unpack_int4_codes(t["codes"]).float()
     n, k = q.shape
-    w = q.view(n, k // group, group) * t["scales"].unsqueeze(-1) + t["mins"].unsqueeze(-1)
+    s = t["scales"].unsqueeze(-1)
+    if o:
+        w = (q.view(n, k // group, group) - o) * s + (t["mins"] + o * t["scales"]).unsqueeze(-1)  # that add: + 0
+    else:
+        w = q.view(n, k // group, group) * s + t["mins"].unsqueeze(-1)
     return w.reshape(n, k)
 
 
