@@ -296,8 +296,10 @@ template <int MB>
 void avx2_range(const float* xp, const uint16_t* x, const uint16_t* w, const float* bias, uint16_t* y, int64_t K,
                 int64_t N, int64_t n0, int64_t n1) {
   // One weight row at a time: a single stream per core (two or four interleaved rows measured 10-40% slower from
-  // memory on Zen 3), two accumulator chains per output where there are few outputs to overlap.
-  for (int64_t n = n0; n < n1; ++n) avx2_rows<MB, 1, (MB <= 2 ? 2 : 1)>(xp, x, w, bias, y, K, N, n);
+  // memory on Zen 3). Two accumulator chains per output up to 4 rows: with one, each 16-channel step waits on two
+  // dependent FMAs (8 cycles) and fewer than 8 outputs cannot fill the two FMA pipes (3 rows ran 1.7x slower than
+  // 2); from 5 rows the outputs' own chains suffice (two per output there spilled: 6 rows ran 1.4x slower).
+  for (int64_t n = n0; n < n1; ++n) avx2_rows<MB, 1, (MB <= 4 ? 2 : 1)>(xp, x, w, bias, y, K, N, n);
 }
 
 template <int MB>
