@@ -4,8 +4,8 @@ decode step reads them (every weight once, from memory), against the read bandwi
 Kernels: bf16 (cinq/kernels/cpu/small_m_gemm.cpp), int8 per channel and int8 group 32 (GGUF Q8_0), int4 affine
 groups 32 / 64 / 128 (GGUF Q4_0 / Q4_1, GPTQ / AWQ; cinq/kernels/cpu/grouped_int_linear.cpp). Shapes: SmolLM2-135M's
 decode linears (merged qkv, o_proj, merged gate_up, down_proj; 30 layers) and its LM head. For each (kernel, shape)
-the weights are allocated 30 times (the layers), or for the LM head as many times as it takes to pass 4x the
-last-level cache, and called in turn, so that no call finds its weight in cache; GB/s = weight bytes (codes +
+the weights are allocated 30 times (the layers), or as many times as it takes to pass 4x the last-level cache
+where that is more, and called in turn, so that no call finds its weight in cache; GB/s = weight bytes (codes +
 float32 scales / mins) / time, best of ``--repeats`` passes, at 1 and 2 threads and M = 1, 2, 4, 8 rows. The read
 probe is ``cinq.plan.probe.read_bandwidth`` at the same thread count. Also measured: the cost of one parallel region
 (waking torch's OpenMP workers) under this process's OMP_WAIT_POLICY and, in child processes, under the others,
@@ -173,7 +173,9 @@ def measure(repeats: int) -> dict[str, Any]:
                 continue
             one = make_weight(kernel, n, k, group, gen)
             size = nbytes(one)
-            copies = LAYERS if shape != "lm_head" else max(2, -(-4 * LLC_BYTES // size))
+            # the 30 layers' copies, or more where those would fit in the last-level cache (o_proj in int4 is
+            # 7 MB over 30 layers): a decode step reads ~100-270 MB, nothing of it stays in cache between steps
+            copies = max(LAYERS if shape != "lm_head" else 2, -(-4 * LLC_BYTES // size))
             weights = [one] + [make_weight(kernel, n, k, group, gen) for _ in range(copies - 1)]
             for th in THREADS:
                 torch.set_num_threads(th)

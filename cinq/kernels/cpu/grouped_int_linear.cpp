@@ -77,6 +77,35 @@ struct Call {
 // Outputs n .. n + R - 1 of rows m0 .. m0 + MB - 1. Per x block (xb <= 64 channels) each weight row's codes are
 // widened once into registers and serve all MB activation rows; the int32 sums of a block go to float once.
 // Every loop over r and m is unrolled so that the accumulators stay in registers (R * MB <= 8).
+#if defined(CINQ_SMALL_M_AVX2)
+// x block b of outputs n .. n + R - 1, rows m0 .. m0 + MB - 1, into the accumulators t (cb: rows_kernel's).
+template <typename Codes, int MB, int R>
+__attribute__((always_inline)) inline void block(const Call& c, int64_t m0, int64_t n, int64_t b, const float* cb,
+                                                 __m256 (&t)[R][MB]) {
+  const int64_t K = c.K, B = K / c.xb, row_bytes = K / 32 * Codes::kBytesPer32, k0 = b * c.xb;
+  const bool two = c.xb == 64;  // two 32-channel chunks per block
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    __m256i w[4];
+    const uint8_t* row = c.codes + (n + r) * row_bytes;
+    const int64_t at = k0 / 32 * Codes::kBytesPer32;
+    if ((at & 63) == 0) cinq_small_m::prefetch_ahead(row + at);
+    Codes::load(row, k0, w[0], w[1]);
+    if (two) Codes::load(row, k0 + 32, w[2], w[3]);
+#pragma GCC unroll 8
+    for (int m = 0; m < MB; ++m) {
+      const __m256i* xr = reinterpret_cast<const __m256i*>(c.xq + (m0 + m) * K + k0);
+      __m256i acc = _mm256_add_epi32(_mm256_madd_epi16(w[0], _mm256_loadu_si256(xr)),
+                                     _mm256_madd_epi16(w[1], _mm256_loadu_si256(xr + 1)));
+      if (two)
+        acc = _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(w[2], _mm256_loadu_si256(xr + 2)),
+                                                     _mm256_madd_epi16(w[3], _mm256_loadu_si256(xr + 3))));
+      t[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_broadcast_ss(cb + m * B + b), t[r][m]);
+    }
+  }
+}
+#endif
+
 // cb [MB, B]: scratch for the block factors scale * x_scale of one output row.
 template <typename Codes, int MB, int R>
 void rows_kernel(const Call& c, int64_t m0, int64_t n, float* cb) {
@@ -96,8 +125,6 @@ void rows_kernel(const Call& c, int64_t m0, int64_t n, float* cb) {
         for (int64_t b = 0; b < B; ++b) cm[b] = srow[b / per] * xs[b];
     }
   }
-  constexpr int kMaxChunks = 2;  // xb / 32
-  const int chunks = static_cast<int>(c.xb / 32);
   // A = 2: even and odd x blocks add into their own accumulators (two FMA chains), where few outputs are in flight
   constexpr int A = R * MB <= 2 ? 2 : 1;
   __m256 tot[A][R][MB];
@@ -107,29 +134,15 @@ void rows_kernel(const Call& c, int64_t m0, int64_t n, float* cb) {
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
       for (int m = 0; m < MB; ++m) tot[a][r][m] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t k0 = b * c.xb;
-    const int a = A == 2 ? static_cast<int>(b & 1) : 0;
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      __m256i w[2 * kMaxChunks];
-      const uint8_t* row = c.codes + (n + r) * row_bytes;
-      const int64_t at = k0 / 32 * Codes::kBytesPer32;
-      if ((at & 63) == 0) cinq_small_m::prefetch_ahead(row + at);
-      Codes::load(row, k0, w[0], w[1]);
-      if (chunks == 2) Codes::load(row, k0 + 32, w[2], w[3]);
-#pragma GCC unroll 8
-      for (int m = 0; m < MB; ++m) {
-        const __m256i* xr = reinterpret_cast<const __m256i*>(c.xq + (m0 + m) * K + k0);
-        __m256i acc = _mm256_add_epi32(_mm256_madd_epi16(w[0], _mm256_loadu_si256(xr)),
-                                       _mm256_madd_epi16(w[1], _mm256_loadu_si256(xr + 1)));
-        if (chunks == 2)
-          acc = _mm256_add_epi32(acc, _mm256_add_epi32(_mm256_madd_epi16(w[2], _mm256_loadu_si256(xr + 2)),
-                                                       _mm256_madd_epi16(w[3], _mm256_loadu_si256(xr + 3))));
-        tot[a][r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_broadcast_ss(cb + m * B + b), tot[a][r][m]);
-      }
+  // Blocks in pairs into tot[0] / tot[1], named literally: indexing tot by a runtime b & 1 kept it in memory, a
+  // store-to-load round trip per block (int8 ran ~3x slower).
+  int64_t b = 0;
+  if (A == 2)
+    for (; b + 2 <= B; b += 2) {
+      block<Codes, MB, R>(c, m0, n, b, cb, tot[0]);
+      block<Codes, MB, R>(c, m0, n, b + 1, cb, tot[A - 1]);
     }
-  }
+  for (; b < B; ++b) block<Codes, MB, R>(c, m0, n, b, cb, tot[0]);
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
