@@ -24,8 +24,9 @@ class LLM:
 
     ``engine_core``: ``"inproc"`` (default) runs the engine core in this process (``LLMEngine``; ``llm.engine``
     then exposes the model and the scheduler to tools); ``"process"`` runs it in its own process behind ZMQ
-    (``MPLLMEngine``), so detokenizing here overlaps the next step there. In-process stays the default: measured
-    on cinq-tiny offline batches it was as fast (benchmarks/results/serving.md) and it keeps the model at hand."""
+    (``MPLLMEngine``), so detokenizing here overlaps the next step there. In-process stays the default for now:
+    tools and tests reach ``llm.engine``'s model and scheduler, and the only offline comparison so far (64 cinq-tiny
+    prompts on a shared, loaded machine) is too noisy to decide on; see docs/architecture.md."""
 
     def __init__(self, model: str | Path | None = None, engine_core: str = "inproc", **engine_args: Any) -> None:
         # "" is the default model; the engine resolves names (one ModelLoadError naming "model" for a bad one)
