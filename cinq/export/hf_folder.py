@@ -20,8 +20,7 @@ from cinq.errors import InvalidParameterError
 from cinq.model.generation_defaults import SAMPLING_KEYS
 from cinq.model.gguf.config import gguf_config_dict
 from cinq.model.gguf.file import find_gguf_file, read_gguf
-from cinq.model.gguf.model import end_of_turn_ids
-from cinq.model.gguf.tokenizer import gguf_tokenizer
+from cinq.model.gguf.tokenizer import end_of_turn_ids, gguf_tokenizer
 from cinq.model.gguf.weights import iter_gguf_checkpoint
 from cinq.model.loader import parse_dtype
 

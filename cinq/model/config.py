@@ -140,8 +140,9 @@ class ModelConfig:
         from cinq.model.gguf.file import find_gguf_file
         gguf = find_gguf_file(path)
         if gguf is not None:
-            from cinq.model.gguf.model import gguf_model_config
-            return gguf_model_config(gguf)
+            from cinq.model.gguf.file import read_gguf
+            from cinq.model.gguf.plan import gguf_model_dict
+            return cls.from_dict(gguf_model_dict(read_gguf(gguf)), source=str(gguf))
         cfg_file = path / "config.json"
         if not exists(cfg_file):
             raise ModelLoadError(f"{path}: no config.json (is this a Hugging Face model folder?)")

@@ -74,11 +74,11 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 def quant_factory(config: ModelConfig, source: str | Path = "config.json") -> QuantFormat | None:
     """The linear factory for a quantized checkpoint, or None for a dense one (errors name ``source``). A GGUF
-    file's factory needs the file: ``cinq.model.gguf.model.gguf_format``."""
+    file's factory needs the file: ``cinq.model.gguf.plan.GGUFFormat.of``."""
     if not config.quantization_config:
         return None
     if config.quantization_config.get("quant_method") == GGUF_QUANT_METHOD:
-        raise ModelLoadError(f"{source}: a GGUF model's linears are built from its file (gguf_format)")
+        raise ModelLoadError(f"{source}: a GGUF model's linears are built from its file (GGUFFormat.of)")
     try:
         return QuantFormat.from_hf(config.quantization_config)
     except ModelLoadError as e:
@@ -180,6 +180,23 @@ def load_tensors(model: nn.Module, tensors: Iterator[CheckpointTensor]) -> None:
         raise ModelLoadError(f"checkpoint is missing tensor(s) {missing[:5]}{more}")
 
 
+def load_gguf_model(path: Path, dtype: torch.dtype, device: str | torch.device, attention_backend: str,
+                    shard: TPShard | None = None) -> LlamaForCausalLM:
+    """The model of a GGUF file (cinq/model/gguf/): the same model class, its linears built by the file's
+    ``GGUFFormat`` (its own Q8_0 / Q4_0 / Q4_1 blocks) and its tensors streamed from the mapped file."""
+    from cinq.model.gguf.file import read_gguf
+    from cinq.model.gguf.plan import GGUFFormat, gguf_model_dict
+    from cinq.model.gguf.weights import iter_gguf_checkpoint
+    gguf = read_gguf(path)
+    config = ModelConfig.from_dict(gguf_model_dict(gguf), source=str(path))
+    fmt = GGUFFormat.of(gguf, config.num_hidden_layers, tied="output.weight" not in gguf.tensors)
+    model = build_empty_model(config, dtype, device, attention_backend, path, shard, quant=fmt)
+    heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}
+    load_tensors(model, iter_gguf_checkpoint(gguf, fmt, heads))
+    finish_loading(model)
+    return model.eval()
+
+
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:
     """'bfloat16'/'bf16'/'float32'/'fp32'/'float16'/'fp16' -> torch dtype."""
     if isinstance(name, torch.dtype):
@@ -199,7 +216,6 @@ def load_model(path: str | Path, dtype: str | torch.dtype = "bfloat16", device: 
     dtype = parse_dtype(dtype)
     gguf = find_gguf_file(path)
     if gguf is not None:
-        from cinq.model.gguf.model import load_gguf_model
         return load_gguf_model(gguf, dtype, device, attention_backend, shard)
     config = ModelConfig.from_pretrained(path)
     for file in checkpoint_files(path):  # a hostile file is refused before memory is allocated for the model

@@ -61,7 +61,7 @@ def test_variants_pair_with_llama_cpp_types_per_thread_count(tiny_llama, tmp_pat
 
 
 def test_bad_options_name_the_field(tiny_llama):
-    with pytest.raises(InvalidParameterError, match="variants must be among bf16,int8,int4, got fp8") as e:
+    with pytest.raises(InvalidParameterError, match="variants must be among bf16,int8,int4,file, got fp8") as e:
         run_latency(_config(tiny_llama), LatencyOptions(variants=("fp8",)), progress=False)
     assert e.value.param == "variants"
     with pytest.raises(InvalidParameterError, match="exceeds max_model_len 128"):

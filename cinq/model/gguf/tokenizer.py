@@ -158,3 +158,17 @@ def _merges_from_scores(tokens: list[str], scores: list[float]) -> list[tuple[st
                 ranked.append((-score, i, cut, (left, right)))
     ranked.sort()
     return [pair for *_, pair in ranked]
+
+
+# Control tokens that end a turn in the chat formats llama.cpp knows: each joins the eos ids
+END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+               "<|end_of_text|>", "</s>")
+
+
+def end_of_turn_ids(gguf: GGUFFile) -> list[int]:
+    """Control tokens of the vocabulary whose text ends a turn in a known chat format."""
+    tokens = gguf.get("tokenizer.ggml.tokens") or []
+    types = gguf.get("tokenizer.ggml.token_type")
+    if types is None or len(types) != len(tokens):
+        return []
+    return [i for i, (t, k) in enumerate(zip(tokens, types)) if int(k) == CONTROL and t in END_OF_TURN]
