@@ -39,7 +39,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="use at most this much of the --ppl text (0: all; the perplexity cost knob)")
     p.add_argument("--kl-tokens", type=int, default=4096, help="tokens of the --ppl text scored for KL / top-1")
     p.add_argument("--tasks", default="arithmetic",
-                   help="reasoning task: arithmetic (the corpus level), arithmetic-easy, or none")
+                   help="task: arithmetic (word problems, the corpus level), arithmetic-easy, addsub-1digit "
+                        "(few-shot single-digit sums and differences), capitals (few-shot country -> capital), "
+                        "or none")
     p.add_argument("--n-problems", type=int, default=100, help="problems per row (the accuracy cost knob)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--split", default="test", choices=["train", "validation", "test"])
@@ -78,14 +80,15 @@ def run(args: argparse.Namespace) -> int:
 
     from cinq.errors import InvalidParameterError
     from cinq.eval.quant_quality import EvalSettings
-    from cinq.eval.tasks import TASKS
+    from cinq.eval.task_set import ALL_TASKS
     from cinq.eval.texts import read_text
 
     apply_threads(args.threads)
     tasks = [t for t in args.tasks.split(",") if t and t != "none"]
-    unknown = sorted(set(tasks) - set(TASKS))
+    unknown = sorted(set(tasks) - set(ALL_TASKS))
     if unknown:
-        raise InvalidParameterError(f"--tasks: unknown task(s) {unknown}; available: {', '.join(TASKS)}", "tasks")
+        raise InvalidParameterError(f"--tasks: unknown task(s) {unknown}; available: {', '.join(ALL_TASKS)}",
+                                    "tasks")
     if len(tasks) > 1:
         raise InvalidParameterError(f"--tasks: one task per report, got {len(tasks)} ({args.tasks})", "tasks")
     for name in ("n_problems", "ppl_chars", "kl_tokens", "decode_tokens", "calib_chars"):

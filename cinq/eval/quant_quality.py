@@ -124,8 +124,8 @@ def evaluate_model(path: str | Path, ppl_text: str, settings: EvalSettings, labe
     """Perplexity of ``ppl_text`` and arithmetic accuracy for one model folder; with ``base`` (the baseline's
     ``baseline_scores``), also its KL and top-1 agreement against it; with the engine, its batch-1 decode
     speed and kernels."""
-    from cinq.eval.arithmetic import evaluate_arithmetic
     from cinq.eval.perplexity import encode_text
+    from cinq.eval.task_set import evaluate_task, first_prompt
     from cinq.model.loader import load_model
     from cinq.model.tokenizer import Tokenizer
     start = time.perf_counter()
@@ -142,17 +142,15 @@ def evaluate_model(path: str | Path, ppl_text: str, settings: EvalSettings, labe
     if settings.n_problems > 0 or settings.decode_tokens > 0:
         gen = _generator(generator, path, settings.dtype)
         if settings.n_problems > 0:
-            r = evaluate_arithmetic(path, settings.task, settings.n_problems, settings.seed, settings.split,
-                                    generator=gen, max_new_tokens=settings.max_new_tokens)
+            r = evaluate_task(path, settings.task, settings.n_problems, settings.seed, settings.split,
+                              generator=gen, max_new_tokens=settings.max_new_tokens)
             row.accuracy, row.accuracy_se, row.step_accuracy = r.accuracy, r.accuracy_se, r.step_accuracy
             row.step_accuracy_se, row.n_steps, row.gen_tokens_per_s = r.step_accuracy_se, r.n_steps, r.tokens_per_s
             row.correct, row.step_hits, row.step_counts = r.correct, r.step_hits, r.step_counts
         if isinstance(gen, EngineGenerator):
             row.kernels = gen.kernels()
             if settings.decode_tokens > 0:
-                from cinq.eval.tasks import TASKS, arithmetic_problems
-                prompt = arithmetic_problems(1, seed=settings.seed, split=settings.split,
-                                             level=TASKS[settings.task])[0].prompt()
+                prompt = first_prompt(settings.task, settings.seed, settings.split)
                 row.decode_tokens_per_s = gen.decode_tokens_per_s(tok.encode(prompt), settings.decode_tokens,
                                                                   settings.decode_repeats)
         del gen
@@ -166,12 +164,10 @@ def quality_report(models: Sequence[str | Path] | Mapping[str, str | Path], ppl_
                    generator: str | GeneratorFactory = "engine", task: str = "arithmetic",
                    decode_tokens: int = 64) -> QualityReport:
     """Evaluate every folder (the first is the baseline of the deltas) on the same text and problems of
-    ``task`` ("arithmetic" or "arithmetic-easy"). (`cinq eval --variants` and benchmarks/quant.py make the
+    ``task`` (any of cinq.eval.task_set.ALL_TASKS). (`cinq eval --variants` and benchmarks/quant.py make the
     folders and cache the rows: cinq.eval.quant_study.)"""
-    from cinq.errors import InvalidParameterError
-    from cinq.eval.tasks import TASKS
-    if task not in TASKS:
-        raise InvalidParameterError(f"task must be one of {sorted(TASKS)}, got {task!r}", "task")
+    from cinq.eval.task_set import check_task
+    check_task(task)
     settings = EvalSettings(task, n_problems, seed, split, dtype, context_len, max_new_tokens,
                             decode_tokens=decode_tokens)
     items = list(models.items()) if isinstance(models, Mapping) else [(Path(p).name, p) for p in models]
