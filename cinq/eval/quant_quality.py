@@ -58,7 +58,29 @@ def describe_folder(path: Path) -> tuple[str, int | None, int]:
     return method, bits, checkpoint_bytes(Path(path))[1]
 
 
+# GGUF linear names (blk.N.<name>.weight) of the decoder linears, and the bits of its block types.
+GGUF_LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+_GGUF_BITS = {"Q2_K": 2, "Q3_K": 3, "Q4_0": 4, "Q4_1": 4, "Q4_K": 4, "Q5_0": 5, "Q5_1": 5, "Q5_K": 5, "Q6_K": 6,
+              "Q8_0": 8}
+
+
+def _gguf_linears(path: Path) -> list[Any] | None:
+    """The decoder linears' tensor-table entries of a GGUF file (None: ``path`` is not one)."""
+    from cinq.model.gguf.file import find_gguf_file, read_gguf
+    file = find_gguf_file(path)
+    if file is None:
+        return None
+    return [t for t in read_gguf(file).tensors.values() if t.name.split(".")[-2] in GGUF_LINEARS]
+
+
 def _quant_of(path: Path) -> tuple[str, int | None, int | None]:
+    linears = _gguf_linears(path)
+    if linears is not None:  # a GGUF file: its decoder linears' most common block type
+        kinds = [t.type_name for t in linears]
+        kind = max(set(kinds), key=kinds.count)
+        if kind not in _GGUF_BITS:
+            return f"gguf ({kind})", None, None
+        return f"gguf ({kind})", _GGUF_BITS[kind], linears[kinds.index(kind)].block_values
     cfg = json.loads((path / "config.json").read_text())
     qc = cfg.get("quantization_config")
     if not qc:
@@ -69,10 +91,16 @@ def _quant_of(path: Path) -> tuple[str, int | None, int | None]:
 
 
 def checkpoint_bytes(path: Path) -> tuple[int, int]:
-    """(bytes of the decoder linears' tensors, bytes of all tensors) as stored in the folder's safetensors."""
+    """(bytes of the decoder linears' tensors, bytes of all tensors) as stored in the folder's safetensors, or in
+    the GGUF file ``path`` names (its quantized blocks as they are: scales and minima included)."""
     from safetensors import safe_open
 
     from cinq.model.loader import checkpoint_files
+    linears = _gguf_linears(path)
+    if linears is not None:
+        from cinq.model.gguf.file import find_gguf_file, read_gguf
+        every = read_gguf(find_gguf_file(path)).tensors.values()  # type: ignore[arg-type]
+        return sum(t.nbytes for t in linears), sum(t.nbytes for t in every)
     linear = total = 0
     for file in checkpoint_files(path):
         with safe_open(str(file), framework="pt") as f:

@@ -63,10 +63,12 @@ class StudyConfig:
 
 
 def content_hash(folder: Path) -> str:
-    """sha256 of a model folder's config.json and weight files (what its numbers depend on)."""
+    """sha256 of a model folder's config.json and weight files, or of a GGUF file (what its numbers depend on)."""
+    from cinq.model.gguf.file import find_gguf_file
     from cinq.model.loader import checkpoint_files
     h = hashlib.sha256()
-    for file in [folder / "config.json", *checkpoint_files(folder)]:
+    gguf = find_gguf_file(folder)
+    for file in [gguf] if gguf is not None else [folder / "config.json", *checkpoint_files(folder)]:
         h.update(file.name.encode())
         with open(file, "rb") as f:
             while chunk := f.read(1 << 20):
