@@ -11,7 +11,7 @@ examples drawn from the train split only (the same examples for every problem of
     4 + 3 =
 
 and the model's greedy completion is right when its first line, stripped of spaces and a final period, is the
-answer exactly. Small models (SmolLM2-135M) score far above chance on such tasks while scoring near zero on
+answer exactly (accents folded: see ``normalize``). Small models (SmolLM2-135M) score far above chance on such tasks while scoring near zero on
 multi-step word problems, which is what a quantization study needs: a signal that can fall.
 """
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -105,8 +106,11 @@ def fewshot_problems(task: str, items: Sequence[FewShotItem], n: int, seed: int 
 
 
 def normalize(completion: str) -> str:
-    """The completion's first line without surrounding spaces and a final period (``" Paris."`` -> ``Paris``)."""
-    return completion.split("\n", 1)[0].strip().removesuffix(".").strip()
+    """The completion's first line without surrounding spaces, a final period or accents (``" Brasília."`` ->
+    ``Brasilia``): the answers are written in ASCII, and an accent is a spelling, not a wrong fact. Case and
+    every other character count."""
+    line = completion.split("\n", 1)[0].strip().removesuffix(".").strip()
+    return "".join(ch for ch in unicodedata.normalize("NFKD", line) if not unicodedata.combining(ch))
 
 
 def score(problems: Sequence[FewShotProblem], completions: Sequence[str]) -> list[int]:

@@ -29,8 +29,13 @@ def _addsub() -> list[FewShotItem]:
     return addsub_items()
 
 
+def _capitals() -> list[FewShotItem]:
+    from cinq.eval.capitals import capital_items
+    return capital_items()
+
+
 # task name -> its items (loaded on use: the capitals read a data file)
-FEWSHOT_TASKS: dict[str, Callable[[], list[FewShotItem]]] = {"addsub-1digit": _addsub}
+FEWSHOT_TASKS: dict[str, Callable[[], list[FewShotItem]]] = {"addsub-1digit": _addsub, "capitals": _capitals}
 ALL_TASKS = (*ARITHMETIC_TASKS, *FEWSHOT_TASKS)
 
 

@@ -52,7 +52,7 @@ def test_prompt_is_worked_examples_then_the_question():
 
 
 # (completion, answer, right?) pairs a correct exact-match scorer must get right.
-CASES = [(" 7", "7", True), ("7\n8 + 1 = 9", "7", True), (" Paris.", "Paris", True), ("  7  \n", "7", True),
+CASES = [(" 7", "7", True), ("7\n8 + 1 = 9", "7", True), (" Paris.", "Paris", True), (" Brasília.", "Brasilia", True), ("  7  \n", "7", True),
          (" 17", "7", False), (" 7 apples", "7", False), (" 1", "17", False), ("", "7", False), ("\n7", "7", False),
          (" paris", "Paris", False), (" Paris, France", "Paris", False)]
 
