@@ -76,6 +76,38 @@ def answer(report: QualityReport) -> list[str]:
     return lines
 
 
+def grid_check(dense: Path, variants: list[str]) -> list[str]:
+    """Markdown lines: for each RTN variant, how much of the dense folder's weights its round trip leaves as they
+    were, and the relative RMS change of the decoder linears. On a folder dequantized from a 4-bit file, this says
+    whether a grid re-finds the file's own values (it would leave them all unchanged) or rounds them a second time."""
+    import torch
+    from safetensors import safe_open
+
+    from cinq.eval.variants import parse_variants
+    from cinq.model.loader import checkpoint_files
+    from cinq.quant.rtn import rtn_quantize
+    lines = ["## RTN round trip of the dense weights (computed)", "",
+             "| variant | weights unchanged (bf16) | relative RMS change |", "|---|---|---|"]
+    for text in variants:
+        (spec,), _ = parse_variants(text)
+        qc = spec.quant_config()
+        same = total = 0
+        err = ref = 0.0
+        for file in checkpoint_files(dense):
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():
+                    if not (name.startswith("model.layers.") and name.endswith("proj.weight")):
+                        continue
+                    w = f.get_tensor(name).float()
+                    d = rtn_quantize(w, qc.bits, qc.group_size, qc.sym, qc.min_zero).dequantize(torch.float32)
+                    same += int((d.to(torch.bfloat16) == w.to(torch.bfloat16)).sum())
+                    total += w.numel()
+                    err += float((d - w).pow(2).sum())
+                    ref += float(w.pow(2).sum())
+        lines.append(f"| {spec.label} | {same / total:.1%} | {(err / ref) ** 0.5:.4f} |")
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("study", help="the --out folder of the cinq eval study")
@@ -84,6 +116,9 @@ def main() -> int:
     ap.add_argument("--command", action="append", default=[], help="a command that made the rows (repeatable)")
     ap.add_argument("--note", action="append", default=[], help="a note paragraph (repeatable)")
     ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--grid-check", default=None, help="dense folder: add the RTN round-trip table of its weights")
+    ap.add_argument("--grid-variants", default="rtn:4/32+asym;rtn:4/32;rtn:4/128;rtn:8/channel",
+                    help="with --grid-check: the RTN variants, ';'-separated")
     args = ap.parse_args()
     study = Path(args.study).resolve()
     report = load_report(study)
@@ -99,6 +134,8 @@ def main() -> int:
     report.notes = (["## How these rows were made", ""] + [f"    {c}" for c in args.command] + [""]
                     + [f"{n}\n" for n in args.note]
                     + [f"Load average when this file was written: {os.getloadavg()[0]:.2f}.", ""] + answer(report))
+    if args.grid_check:
+        report.notes += [""] + grid_check(Path(args.grid_check), args.grid_variants.split(";"))
     for path in report.save(Path(args.out), args.name):
         print(f"wrote {path}")
     return 0
