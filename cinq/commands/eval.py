@@ -56,6 +56,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--z", type=float, default=2.0,
                    help="findings: an accuracy fall counts when beyond this many SEs of the paired difference")
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--dequantize-kernels", action="store_true",
+                   help="serve weight-only quantized layers from the dense weight their kernel computes with (same "
+                        "function, dense speed: the CPU int4/int8 kernels are slow on many rows with float32 "
+                        "activations); the batch-1 speed column is then the dense one")
     add_threads_arg(p)
     p.add_argument("--out", default=None, help="folder for quality.md / quality.json / quality.png, the cached rows "
                    "and the quantized variants (required with --variants)")
@@ -107,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         ppl_source = f"{args.ppl} ({len(ppl_text):,} characters: {how})" if args.ppl_chars else str(args.ppl)
     settings = EvalSettings(tasks[0] if tasks else "arithmetic", args.n_problems if tasks else 0, args.seed,
                             args.split, args.dtype, args.context_len, args.max_new_tokens, args.kl_tokens,
-                            args.decode_tokens, args.decode_repeats)
+                            args.decode_tokens, args.decode_repeats, args.dequantize_kernels)
     if args.variants is None and args.out is None:
         from cinq.eval.quant_quality import quality_report
         report = quality_report(models, ppl_text, ppl_source, n_problems=settings.n_problems, seed=args.seed,

@@ -47,9 +47,17 @@ class EvalSettings:
     kl_tokens: int = 4096  # tokens of the perplexity text scored for KL / top-1 against the baseline
     decode_tokens: int = 64  # batch-1 decode timing: new tokens per run (0: not measured)
     decode_repeats: int = 3
+    # Serve weight-only quantized layers from the dense weight their kernel computes with (read back through the
+    # kernel: cinq.layers.quantization.linear.dequantize_weight_only), for every pass. Same function, dense
+    # speed: the CPU int4 / int8 kernels are built for decode-sized batches and run the perplexity windows and
+    # batched answers with float32 activations 25-100x slower. The batch-1 speed column is then the dense one.
+    dequantize: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        if not self.dequantize:  # left out when off, so the cached rows of earlier studies keep their keys
+            del d["dequantize"]
+        return d
 
 
 def describe_folder(path: Path) -> tuple[str, int | None, int]:
@@ -136,6 +144,16 @@ def _generator(kind: str | GeneratorFactory, path: Path, dtype: str) -> Generate
     return NaiveGenerator.from_folder(path, dtype=dtype)
 
 
+def _load(path: Path, settings: EvalSettings) -> Any:
+    """The model of ``path`` for the perplexity pass (dequantized per ``settings.dequantize``)."""
+    from cinq.model.loader import load_model
+    model = load_model(path, dtype=settings.dtype)
+    if settings.dequantize:
+        from cinq.layers.quantization.linear import dequantize_weight_only
+        dequantize_weight_only(model)
+    return model
+
+
 def baseline_scores(path: str | Path, ppl_text: str, settings: EvalSettings) -> BaseScores | None:
     """The baseline's log-probs for the KL / top-1 columns (None without text or KL tokens)."""
     if not ppl_text or settings.kl_tokens <= 0:
@@ -154,7 +172,6 @@ def evaluate_model(path: str | Path, ppl_text: str, settings: EvalSettings, labe
     speed and kernels."""
     from cinq.eval.perplexity import encode_text
     from cinq.eval.task_set import evaluate_task, first_prompt
-    from cinq.model.loader import load_model
     from cinq.model.tokenizer import Tokenizer
     start = time.perf_counter()
     path = Path(path)
@@ -164,11 +181,13 @@ def evaluate_model(path: str | Path, ppl_text: str, settings: EvalSettings, labe
                        group_size=group, linear_bytes=linear_bytes)
     tok = Tokenizer.from_pretrained(path)
     if ppl_text:
-        scores = score_text(load_model(path, dtype=settings.dtype), encode_text(tok, ppl_text), settings.context_len,
-                            base)
+        scores = score_text(_load(path, settings), encode_text(tok, ppl_text), settings.context_len, base)
         row.perplexity, row.kl_vs_base, row.top1_vs_base = scores.perplexity, scores.kl, scores.top1
     if settings.n_problems > 0 or settings.decode_tokens > 0:
         gen = _generator(generator, path, settings.dtype)
+        if settings.dequantize and isinstance(gen, EngineGenerator):
+            from cinq.layers.quantization.linear import dequantize_weight_only
+            dequantize_weight_only(gen.llm.engine.model)
         if settings.n_problems > 0:
             r = evaluate_task(path, settings.task, settings.n_problems, settings.seed, settings.split,
                               generator=gen, max_new_tokens=settings.max_new_tokens)
