@@ -15,6 +15,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -47,10 +48,10 @@ class EvalSettings:
     kl_tokens: int = 4096  # tokens of the perplexity text scored for KL / top-1 against the baseline
     decode_tokens: int = 64  # batch-1 decode timing: new tokens per run (0: not measured)
     decode_repeats: int = 3
-    # Serve weight-only quantized layers from the dense weight their kernel computes with (read back through the
-    # kernel: cinq.layers.quantization.linear.dequantize_weight_only), for every pass. Same function, dense
-    # speed: the CPU int4 / int8 kernels are built for decode-sized batches and run the perplexity windows and
-    # batched answers with float32 activations 25-100x slower. The batch-1 speed column is then the dense one.
+    # Dequantize weight-only quantized layers once at load (cinq.layers.quantization.kernels.dequantized_at_load)
+    # for every pass. Same function, dense speed: the CPU int4 / int8 kernels are built for decode-sized batches
+    # and run the perplexity windows and batched answers with float32 activations 25-100x slower. The batch-1
+    # speed column is then the dense one.
     dequantize: bool = False
 
     def to_dict(self) -> dict[str, Any]:
@@ -144,14 +145,19 @@ def _generator(kind: str | GeneratorFactory, path: Path, dtype: str) -> Generate
     return NaiveGenerator.from_folder(path, dtype=dtype)
 
 
+def _loading(settings: EvalSettings) -> AbstractContextManager[Any]:
+    """The context models are loaded in: weight-only layers dequantized at load when ``settings.dequantize``."""
+    if not settings.dequantize:
+        return nullcontext()
+    from cinq.layers.quantization.kernels import dequantized_at_load
+    return dequantized_at_load()
+
+
 def _load(path: Path, settings: EvalSettings) -> Any:
-    """The model of ``path`` for the perplexity pass (dequantized per ``settings.dequantize``)."""
+    """The model of ``path`` for the perplexity pass (see ``_loading``)."""
     from cinq.model.loader import load_model
-    model = load_model(path, dtype=settings.dtype)
-    if settings.dequantize:
-        from cinq.layers.quantization.linear import dequantize_weight_only
-        dequantize_weight_only(model)
-    return model
+    with _loading(settings):
+        return load_model(path, dtype=settings.dtype)
 
 
 def baseline_scores(path: str | Path, ppl_text: str, settings: EvalSettings) -> BaseScores | None:
@@ -184,10 +190,8 @@ def evaluate_model(path: str | Path, ppl_text: str, settings: EvalSettings, labe
         scores = score_text(_load(path, settings), encode_text(tok, ppl_text), settings.context_len, base)
         row.perplexity, row.kl_vs_base, row.top1_vs_base = scores.perplexity, scores.kl, scores.top1
     if settings.n_problems > 0 or settings.decode_tokens > 0:
-        gen = _generator(generator, path, settings.dtype)
-        if settings.dequantize and isinstance(gen, EngineGenerator):
-            from cinq.layers.quantization.linear import dequantize_weight_only
-            dequantize_weight_only(gen.llm.engine.model)
+        with _loading(settings):
+            gen = _generator(generator, path, settings.dtype)
         if settings.n_problems > 0:
             r = evaluate_task(path, settings.task, settings.n_problems, settings.seed, settings.split,
                               generator=gen, max_new_tokens=settings.max_new_tokens)
