@@ -57,9 +57,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="findings: an accuracy fall counts when beyond this many SEs of the paired difference")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--dequantize-kernels", action="store_true",
-                   help="serve weight-only quantized layers from the dense weight their kernel computes with (same "
-                        "function, dense speed: the CPU int4/int8 kernels are slow on many rows with float32 "
-                        "activations); the batch-1 speed column is then the dense one")
+                   help="dequantize weight-only quantized layers once at load (same function, dense speed: the CPU "
+                        "int4/int8 kernels are slow on many rows with float32 activations); the batch-1 speed "
+                        "column is then the dense one")
     add_threads_arg(p)
     p.add_argument("--out", default=None, help="folder for quality.md / quality.json / quality.png, the cached rows "
                    "and the quantized variants (required with --variants)")
