@@ -34,12 +34,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--calib-chars", type=int, default=500_000, help="use at most this much of --calib")
     p.add_argument("--calib-samples", type=int, default=128, help="calibration windows")
     p.add_argument("--calib-seq-len", type=int, default=256, help="tokens per calibration window")
+    p.add_argument("--calib-dtype", default="bfloat16", help="dtype of the calibration forwards (default "
+                   "%(default)s; float32 is several times faster on CPUs without bf16 matrix units)")
     p.add_argument("--ppl", default=None, help="text file for perplexity and KL (.txt, or .jsonl text fields)")
     p.add_argument("--ppl-chars", type=int, default=60_000,
                    help="use at most this much of the --ppl text (0: all; the perplexity cost knob)")
     p.add_argument("--kl-tokens", type=int, default=4096, help="tokens of the --ppl text scored for KL / top-1")
     p.add_argument("--tasks", default="arithmetic",
-                   help="reasoning task: arithmetic (the corpus level), arithmetic-easy, or none")
+                   help="task: arithmetic (word problems, the corpus level), arithmetic-easy, addsub-1digit "
+                        "(few-shot single-digit sums and differences), capitals (few-shot country -> capital), "
+                        "or none")
     p.add_argument("--n-problems", type=int, default=100, help="problems per row (the accuracy cost knob)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--split", default="test", choices=["train", "validation", "test"])
@@ -52,6 +56,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--z", type=float, default=2.0,
                    help="findings: an accuracy fall counts when beyond this many SEs of the paired difference")
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--dequantize-kernels", action="store_true",
+                   help="dequantize weight-only quantized layers once at load (same function, dense speed: the CPU "
+                        "int4/int8 kernels are slow on many rows with float32 activations); the batch-1 speed "
+                        "column is then the dense one")
     add_threads_arg(p)
     p.add_argument("--out", default=None, help="folder for quality.md / quality.json / quality.png, the cached rows "
                    "and the quantized variants (required with --variants)")
@@ -78,14 +86,15 @@ def run(args: argparse.Namespace) -> int:
 
     from cinq.errors import InvalidParameterError
     from cinq.eval.quant_quality import EvalSettings
-    from cinq.eval.tasks import TASKS
+    from cinq.eval.task_set import ALL_TASKS
     from cinq.eval.texts import read_text
 
     apply_threads(args.threads)
     tasks = [t for t in args.tasks.split(",") if t and t != "none"]
-    unknown = sorted(set(tasks) - set(TASKS))
+    unknown = sorted(set(tasks) - set(ALL_TASKS))
     if unknown:
-        raise InvalidParameterError(f"--tasks: unknown task(s) {unknown}; available: {', '.join(TASKS)}", "tasks")
+        raise InvalidParameterError(f"--tasks: unknown task(s) {unknown}; available: {', '.join(ALL_TASKS)}",
+                                    "tasks")
     if len(tasks) > 1:
         raise InvalidParameterError(f"--tasks: one task per report, got {len(tasks)} ({args.tasks})", "tasks")
     for name in ("n_problems", "ppl_chars", "kl_tokens", "decode_tokens", "calib_chars"):
@@ -102,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         ppl_source = f"{args.ppl} ({len(ppl_text):,} characters: {how})" if args.ppl_chars else str(args.ppl)
     settings = EvalSettings(tasks[0] if tasks else "arithmetic", args.n_problems if tasks else 0, args.seed,
                             args.split, args.dtype, args.context_len, args.max_new_tokens, args.kl_tokens,
-                            args.decode_tokens, args.decode_repeats)
+                            args.decode_tokens, args.decode_repeats, args.dequantize_kernels)
     if args.variants is None and args.out is None:
         from cinq.eval.quant_quality import quality_report
         report = quality_report(models, ppl_text, ppl_source, n_problems=settings.n_problems, seed=args.seed,
@@ -121,8 +130,8 @@ def run(args: argparse.Namespace) -> int:
     (base_label, base), *rest = models.items()
     cfg = StudyConfig(Path(base), Path(args.out), specs, {k: Path(v) for k, v in rest}, settings, ppl_text,
                       ppl_source, read_text(args.calib, args.calib_chars or None, "calib") if args.calib else None,
-                      args.calib_samples, args.calib_seq_len, args.seed, skipped, args.keep_variants,
-                      base_label=base_label,
+                      args.calib_samples, args.calib_seq_len, args.seed, args.calib_dtype, skipped,
+                      args.keep_variants, base_label=base_label,
                       title=f"Quantization quality: {base_label} ({Path(base)}), {settings.task}",
                       flat_ppl_pct=args.flat_ppl, z=args.z)
     report = run_study(cfg, progress=None if args.no_progress else sys.stderr)

@@ -117,9 +117,12 @@ class QualityReport:
         r0 = self.rows[0]
         ppl = (f"perplexity on {self.ppl_source}; KL vs base / top-1: next-token distributions against the "
                f"first row's on the first tokens of that text" if self.ppl_source else "no perplexity text given")
+        # One-line (few-shot) tasks have no worked steps: say so instead of "each of their 0 worked steps".
+        steps = (f"step acc: each of their {r0.n_steps} worked steps generated after the correct earlier steps, exact "
+                 f"match of the line, SE cluster-robust by problem" if r0.n_steps else
+                 "step acc: none (one-line answers have no worked steps)")
         return (f"\n{ppl}; accuracy: exact match over {r0.n_problems} held-out {self.task} problems (greedy), SE "
-                f"binomial; step acc: each of their {r0.n_steps} worked steps generated after the correct earlier "
-                f"steps, exact match of the line, SE cluster-robust by problem; Δ SEs are paired (same problems). "
+                f"binomial; {steps}; Δ SEs are paired (same problems). "
                 f"Finding: '{HIDDEN}' = |Δppl| <= {self.flat_ppl_pct:g}% while accuracy or step accuracy falls by "
                 f"more than {self.z:g} SE of the difference. batch-1 tok/s: one greedy request through the engine, "
                 f"prefill excluded, median of runs; gen tok/s: batched generation throughput of the accuracy pass. "

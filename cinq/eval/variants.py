@@ -53,8 +53,10 @@ class VariantSpec:
         """The cinq.quant QuantConfig that makes this variant (InvalidParameterError when it cannot exist)."""
         from cinq.quant.config import QuantConfig
         sym = self.sym if self.sym is not None else self.method != "awq"
+        # lm_head=False explicitly: a study row measures the decoder's quantization, whatever default
+        # `cinq quantize` gives the (possibly tied) LM head.
         return QuantConfig(method=self.method, bits=self.bits, group_size=self.group_size, sym=sym,
-                           desc_act=self.desc_act, act_scheme=self.act_scheme or "dynamic")
+                           desc_act=self.desc_act, act_scheme=self.act_scheme or "dynamic", lm_head=False)
 
     @property
     def needs_calibration(self) -> bool:

@@ -121,3 +121,17 @@ def test_empty_fields_render_as_dashes():
     r = QualityReport([ModelQuality("a", "p", "float", None, 100, None, None, 0)])
     assert "| a | float | - | - | 0.00 | 1.00x | 0.00 | - | - | - | - | - | - | - | - | - | - | baseline |" \
         in r.to_markdown()
+
+
+def test_dequantized_kernels_keep_the_function_and_key_only_when_on(folders):
+    from cinq.eval.quant_quality import evaluate_model
+    _, q = folders
+    assert "dequantize" not in EvalSettings().to_dict()  # earlier studies' cache keys unchanged
+    assert EvalSettings(dequantize=True).to_dict()["dequantize"] is True
+    text = "Anna has 5 apples. Then Anna buys 3 more. " * 30
+    kernel = evaluate_model(q, text, EvalSettings(n_problems=2, dtype="float32", decode_tokens=4), "k")
+    dense = evaluate_model(q, text, EvalSettings(n_problems=2, dtype="float32", decode_tokens=4, dequantize=True),
+                           "d")
+    assert dense.perplexity == pytest.approx(kernel.perplexity, rel=1e-4)
+    assert dense.kernels == ["dequantized_at_load"] and "dequantized_at_load" not in kernel.kernels
+    assert dense.correct == kernel.correct

@@ -99,3 +99,22 @@ def test_a_failing_variant_is_reported_and_not_cached(trained_tiny, tmp_path, mo
     report = run_study(config(trained_tiny, tmp_path, oracle, variants="rtn:4"), None)
     assert len(report.rows) == 1 and dict(report.skipped)["rtn-w4-g32"] == "failed: RuntimeError: Hessian exploded"
     assert not (tmp_path / "rows" / "rtn-w4-g32.json").exists()
+
+
+def test_calibration_dtype_reaches_the_quantizer_and_keys_only_calibrated_rows(trained_tiny, tmp_path, monkeypatch):
+    import torch
+
+    import cinq.quant.pipeline as pipeline
+    real, seen = pipeline.quantize_model, []
+
+    def recording(src, dst, cfg, calib=None, **kwargs):
+        seen.append((Path(dst).name, kwargs.get("calib_dtype")))
+        return real(src, dst, cfg, calib, **kwargs)
+    monkeypatch.setattr(pipeline, "quantize_model", recording)
+    oracle = CountingOracle(2)
+    cfg = config(trained_tiny, tmp_path, oracle, variants="rtn:4;gptq:4")
+    cfg.calib_dtype = "float32"
+    run_study(cfg, None)
+    assert seen == [("rtn-w4-g32", torch.float32), ("gptq-w4-g32", torch.float32)]
+    run_study(config(trained_tiny, tmp_path, oracle, variants="rtn:4;gptq:4"), None)  # back to the bf16 default
+    assert seen[2:] == [("gptq-w4-g32", torch.bfloat16)]  # the RTN row did not depend on it: cached

@@ -27,6 +27,8 @@ W8A8 (SmoothQuant): ``torch._int_mm`` on int8 activations (per-token dynamic or 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,9 +105,28 @@ def _int4_cpu_group(k: int, size: int) -> int | None:
     return next((g for g in INT4_CPU_GROUPS if size % g == 0 and k % g == 0), None)
 
 
+_FORCE_DEQUANTIZED_AT_LOAD = False
+
+
+@contextmanager
+def dequantized_at_load() -> Iterator[None]:
+    """Within this block, every weight-only layer loaded is dequantized once, at load, and run like a dense
+    linear (the DEQUANTIZED_AT_LOAD kind): the same function at dense speed. For evaluations that only need the
+    quantized model's outputs, on CPUs where the int4 / int8 kernels are slow (they are built for decode-sized
+    batches: a float32 perplexity window ran ~70x slower through the int8 kernel than dense on SmolLM2-135M)."""
+    global _FORCE_DEQUANTIZED_AT_LOAD
+    before, _FORCE_DEQUANTIZED_AT_LOAD = _FORCE_DEQUANTIZED_AT_LOAD, True
+    try:
+        yield
+    finally:
+        _FORCE_DEQUANTIZED_AT_LOAD = before
+
+
 def prepare_weight_only(qw: QuantizedWeight, device: torch.device, dtype: torch.dtype, name: str = "") -> Prepared:
     """Choose and build the kernel for ``qw`` on ``device`` computing in ``dtype``."""
     n, k = qw.out_features, qw.in_features
+    if _FORCE_DEQUANTIZED_AT_LOAD:
+        return Prepared(DEQUANTIZED_AT_LOAD, {"weight": qw.dequantize(dtype).to(device).contiguous()})
     if qw.bits not in KERNEL_BITS:
         say_once(f"{qw.bits}-bit weights: no {qw.bits}-bit kernel, dequantized to {dtype} at load (served at dense "
                  f"{dtype} speed and memory; the accuracy is the {qw.bits}-bit file's)")

@@ -174,3 +174,15 @@ def test_w8a8_int_gemm_matches_its_float_definition(static):
     assert y.shape == (2, 5, 48)
     assert rel(y, ref) < 1e-5
     assert rel(y, x @ w.t()) < 5e-2
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_dequantized_at_load_block_serves_the_same_function_densely(bits):
+    gen = torch.Generator().manual_seed(5)
+    qw = rtn_quantize(torch.randn(32, 128, generator=gen), bits, -1 if bits == 8 else 32, True)
+    x = torch.randn(5, 128, generator=gen)
+    with kernels.dequantized_at_load():
+        kind, y = run(qw, x, torch.float32)
+    assert kind == kernels.DEQUANTIZED_AT_LOAD
+    assert rel(y, x @ qw.dequantize().t()) < 1e-5
+    assert run(qw, x, torch.bfloat16)[0] != kernels.DEQUANTIZED_AT_LOAD  # the block ended: kernels again
