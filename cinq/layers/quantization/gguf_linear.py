@@ -16,7 +16,7 @@ import torch
 
 from cinq.errors import InvalidParameterError
 from cinq.layers.linear_split import LinearSplit
-from cinq.layers.quantization.gguf_blocks import BLOCK, BLOCK_BYTES, BlockCodes, decode_blocks
+from cinq.layers.quantization.gguf_blocks import BLOCK, BLOCK_BYTES, decode_blocks
 from cinq.layers.quantization.kernels import DEQUANTIZED_AT_LOAD, Prepared, say_once, weight_only_mm
 from cinq.layers.quantization.linear import QuantizedLinear
 from cinq.layers.weight_loader import OutputShards, ParamLayout
@@ -87,10 +87,6 @@ class GGUFLinear(QuantizedLinear):
         self.type_name = type_name
         row_bytes = in_features // BLOCK * BLOCK_BYTES[type_name]
         self._checkpoint_buffer("weight", (out_features, row_bytes), torch.uint8, _ROWS)
-
-    def block_codes(self) -> BlockCodes:
-        """The loaded blocks decoded (before ``process_weights_after_loading``)."""
-        return decode_blocks(self.weight, self.type_name)
 
     def process_weights_after_loading(self) -> None:
         prepared = prepare_blocks(self.weight, self.type_name, self.compute_dtype)
