@@ -10,7 +10,8 @@ Every backend takes the same inputs and returns the same outputs:
 
 Backends: ``"sdpa"`` (CPU default, PyTorch's fused kernel), ``"flash-torch"`` (FlashAttention-2 written in
 PyTorch, the executable explanation), ``"triton"`` (CUDA default; registered when the triton package is
-installed, imported on first use), ``"reference"`` (naive, float64: the ground truth). The math lives in
+installed, imported on first use), ``"reference"`` (naive, float64: the ground truth), ``"contiguous"`` (the
+virtual-contiguous layout's, ``kv_cache_layout="virtual"``: ``contiguous.py``). The math lives in
 ``sdpa.py``, ``flash.py``, ``triton/`` and ``reference.py``; this module is the registry and thin adapters.
 """
 
@@ -21,6 +22,7 @@ from typing import Callable, Protocol
 import torch
 
 from cinq.errors import InvalidParameterError
+from cinq.kernels.contiguous import ContiguousBackend
 from cinq.kernels.cpu_native import write_kv_native
 from cinq.kernels.flash import flash_attention_paged
 from cinq.kernels.metadata import AttentionMetadata
@@ -135,6 +137,7 @@ _REGISTRY: dict[str, Callable[[], AttentionBackend]] = {
     "sdpa": SdpaBackend,
     "flash-torch": FlashTorchBackend,
     "reference": ReferenceBackend,
+    "contiguous": ContiguousBackend,  # kv_cache_layout "virtual" only (cinq/kernels/contiguous.py)
 }
 if _triton_installed():
     _REGISTRY["triton"] = TritonBackend
