@@ -16,6 +16,7 @@ from cinq.errors import InvalidParameterError
 from cinq.spec.config import BUILT_METHODS, SpeculativeConfig
 
 DTYPES = ("bfloat16", "float32", "float16")
+KV_CACHE_LAYOUTS = ("paged", "virtual")
 _DTYPE_ALIASES = ("bf16", "fp32", "fp16")
 
 
@@ -85,6 +86,11 @@ class EngineConfig:
     num_kv_blocks: int | None = _arg(None, "exact number of KV blocks (overrides memory)")  # tests use it
     max_num_batched_tokens: int = _arg(2048, "token budget per engine step (decodes + prefill chunks)")
     max_num_seqs: int = _arg(128, "max running requests per step")
+    kv_cache_layout: str = _arg(
+        "paged", "paged: block tables over a block pool, with prefix caching (default); virtual: vAttention, one "
+                 "contiguous virtual range per request and layer, 4 KiB pages committed on first write and "
+                 "returned on finish (CPU, no prefix caching, no speculative decoding or tensor parallelism)",
+        choices=KV_CACHE_LAYOUTS)
     enable_prefix_caching: bool = _arg(True, "disable automatic prefix caching", flag="--no-prefix-caching")
     attention_backend: str | None = _arg(
         None, "sdpa | flash-torch | reference | triton (default: triton on CUDA, sdpa on CPU)")
@@ -152,6 +158,7 @@ class EngineConfig:
             raise InvalidParameterError(
                 f"compilation_config must be a JSON object, got {type(self.compilation_config).__name__}",
                 "compilation_config")
+        self._check_kv_cache_layout()
         if self.speculative_config is not None and self.speculative_config.method not in BUILT_METHODS:
             raise InvalidParameterError(
                 f"speculative_config.method {self.speculative_config.method!r} is not built yet (built: "
@@ -162,6 +169,28 @@ class EngineConfig:
             raise InvalidParameterError(
                 f"speculative_config.method {self.speculative_config.method!r} is not supported with "
                 f"tensor_parallel_size {self.tensor_parallel_size} (only 'ngram' is)", "speculative_config")
+
+    def _check_kv_cache_layout(self) -> None:
+        if self.kv_cache_layout not in KV_CACHE_LAYOUTS:
+            raise InvalidParameterError(
+                f"kv_cache_layout must be one of {list(KV_CACHE_LAYOUTS)}, got {self.kv_cache_layout!r}",
+                "kv_cache_layout")
+        if self.kv_cache_layout == "paged":
+            if self.attention_backend == "contiguous":
+                raise InvalidParameterError(
+                    "attention_backend 'contiguous' reads the virtual layout: use it with kv_cache_layout 'virtual'",
+                    "attention_backend")
+            return
+        # the virtual layout (cinq/engine/kv_cache_virtual.py): host mmap, one contiguous range per request
+        unsupported = [(self.attention_backend not in (None, "contiguous"),
+                        f"attention_backend {self.attention_backend!r} (it takes 'contiguous')", "attention_backend"),
+                       (not str(self.device).startswith("cpu"),
+                        f"device {self.device!r} (the reservation is host memory: CPU only)", "device"),
+                       (self.tensor_parallel_size > 1, "tensor_parallel_size > 1", "tensor_parallel_size"),
+                       (self.speculative_config is not None, "speculative_config", "speculative_config")]
+        for bad, what, param in unsupported:
+            if bad:
+                raise InvalidParameterError(f"kv_cache_layout 'virtual' does not support {what}", param)
 
     @property
     def compiles_decode(self) -> bool:

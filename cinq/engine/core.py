@@ -26,6 +26,7 @@ from cinq.engine.executor import Executor, make_executor
 from cinq.engine.io import EngineCoreInfo, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, RunnerOutput
 from cinq.engine.io import SchedulerOutput
 from cinq.engine.kv_cache import KVCacheManager
+from cinq.engine.kv_cache_virtual import VirtualKVCacheManager, build_virtual_kv
 from cinq.engine.request import Request, RequestStatus
 from cinq.engine.scheduler import Scheduler, SchedulerConfig
 from cinq.engine.spec_metrics import count_language
@@ -79,8 +80,13 @@ class EngineCore:
         mcfg = self.model_config
         self.max_model_len = self._resolve_max_model_len()
         self.num_blocks = self._resolve_num_blocks()
-        self.executor.initialize_cache(self.num_blocks)
-        kv = KVCacheManager(self.num_blocks, config.block_size, config.enable_prefix_caching)
+        kv: KVCacheManager | VirtualKVCacheManager
+        if config.kv_cache_layout == "virtual":  # the same memory budget, as pages of per-request ranges
+            kv = build_virtual_kv(self.executor, self.num_blocks, config.block_size, config.max_num_seqs,
+                                  self.max_model_len)
+        else:
+            self.executor.initialize_cache(self.num_blocks)
+            kv = KVCacheManager(self.num_blocks, config.block_size, config.enable_prefix_caching)
         try:
             self.scheduler = Scheduler(
                 SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs, self.max_model_len), kv,
@@ -103,7 +109,7 @@ class EngineCore:
         return self.executor.model_config
 
     @property
-    def kv(self) -> KVCacheManager:
+    def kv(self) -> KVCacheManager | VirtualKVCacheManager:
         return self.scheduler.kv
 
     def info(self) -> EngineCoreInfo:

@@ -26,9 +26,11 @@ import math
 import mmap
 import os
 from dataclasses import dataclass, field
+from typing import Any, Sequence
 
 import torch
 
+from cinq.engine.io import ScheduledSeq
 from cinq.engine.kv_cache import PrefixCacheStats
 from cinq.engine.request import Request
 from cinq.errors import InvalidParameterError
@@ -143,6 +145,17 @@ class VirtualKVRegion:
                 _check(_libc.madvise(self.range_addr(layer, kv, slot) + first, end - first, _MADV_DONTNEED),
                        "madvise(DONTNEED)")
         self.num_releases += 1
+
+    def check_step(self, seqs: Sequence[ScheduledSeq]) -> None:
+        """The writer's guard, once per step: every sequence writes inside its own slot (one slot, positions below
+        slot_tokens); a position past it would land in the next request's range."""
+        for s in seqs:
+            end = s.start_pos + len(s.token_ids) + s.num_draft_slots
+            if len(s.block_ids) != 1 or not 0 <= s.block_ids[0] < self.num_slots or end > self.slot_tokens:
+                raise InvalidParameterError(
+                    f"kv_cache_layout virtual: request {s.request_id} would write K/V at positions "
+                    f"{s.start_pos}..{end - 1} of slot {s.block_ids}, past its range of {self.slot_tokens} tokens "
+                    f"(max_model_len) or outside the {self.num_slots} slots", "max_model_len")
 
     def resident(self) -> dict[str, int]:
         """Bytes of this reservation in physical memory now, from /proc/self/smaps: ``rss`` and, of it,
@@ -280,3 +293,25 @@ class VirtualKVCacheManager:
         have = entry.num_tokens if entry else 0
         need = self.pages(self._total(request, num_new_tokens, num_computed_tokens)) - self.pages(have)
         return need - self.num_free_blocks
+
+
+def build_virtual_kv(executor: Any, num_blocks: int, block_size: int, max_num_seqs: int, max_model_len: int,
+                     page_size: int = SMALL_PAGE) -> VirtualKVCacheManager:
+    """The engine core's virtual layout: the paged pool's memory (``num_blocks`` blocks of ``block_size``) as a page
+    budget, ``max_num_seqs`` slots of at least max_model_len tokens reserved by the executor's runner."""
+    from cinq.engine.shape_buckets import MAX_PAD_ROWS
+
+    num_layers = executor.model_config.num_hidden_layers
+    row_bytes = executor.kv_bytes_per_block(1) // (2 * num_layers)
+    # the runner's scratch slot holds a step's padding rows too: at least MAX_PAD_ROWS tokens
+    spec = VirtualKVSpec(max_num_seqs, slot_tokens_for(max(max_model_len, MAX_PAD_ROWS), row_bytes, page_size),
+                         page_size)
+    num_pages = num_blocks * executor.kv_bytes_per_block(block_size) // page_size
+    manager = VirtualKVCacheManager(spec, row_bytes, 2 * num_layers, num_pages)
+    if num_pages < manager.pages(1):
+        raise InvalidParameterError(
+            f"kv_cache_memory: {num_pages} pages of {page_size} B hold no token ({manager.pages(1)} pages each)",
+            "kv_cache_memory")
+    executor.initialize_cache(spec.num_slots, virtual=spec)
+    manager.region = executor.runner.kv_region
+    return manager

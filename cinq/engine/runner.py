@@ -20,6 +20,7 @@ from cinq.compilation_config import CompilationConfig
 from cinq.engine.batch_inputs import BatchInputs, TreeGroup, build_batch
 from cinq.engine.compiled_decode import CompiledDecode
 from cinq.engine.io import NewRequestData, RunnerOutput, ScheduledSeq, SchedulerOutput, TokenLogprobs
+from cinq.engine.kv_cache_virtual import VirtualKVRegion, VirtualKVSpec
 from cinq.engine.shape_buckets import MAX_PAD_ROWS, bucket_rows
 from cinq.layers.sampler import Sampler, SamplingMetadata
 from cinq.model.llama import LlamaForCausalLM
@@ -65,7 +66,7 @@ class ModelRunner:
 
     def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, device: torch.device,
                  kv_dtype: torch.dtype, seed: int = 0, proposer: Proposer | None = None,
-                 compilation: CompilationConfig | None = None) -> None:
+                 compilation: CompilationConfig | None = None, virtual: VirtualKVSpec | None = None) -> None:
         self.model = model
         self.device = device
         self.block_size = block_size
@@ -80,11 +81,18 @@ class ModelRunner:
         # Past the pool's num_blocks: scratch blocks for the padding tokens that round a step's rows up to a
         # bucket (shape_buckets.py); the KV manager never hands them out.
         self.pad_block_ids = list(range(num_blocks, num_blocks + -(-MAX_PAD_ROWS // block_size)))
-        self.kv_caches = [
-            torch.zeros(2, num_blocks + len(self.pad_block_ids), block_size, num_kv_heads,
-                        cfg.head_dim, dtype=kv_dtype, device=device)
-            for _ in range(cfg.num_hidden_layers)
-        ]
+        # kv_cache_layout "virtual": blocks are per-request slots of a reservation committed on first write
+        self.kv_region: VirtualKVRegion | None = None
+        if virtual is not None:
+            self.kv_region = VirtualKVRegion(cfg.num_hidden_layers, num_blocks + len(self.pad_block_ids), block_size,
+                                             num_kv_heads, cfg.head_dim, kv_dtype, virtual.page_size)
+            self.kv_caches = self.kv_region.layer_views()
+        else:
+            self.kv_caches = [
+                torch.zeros(2, num_blocks + len(self.pad_block_ids), block_size, num_kv_heads,
+                            cfg.head_dim, dtype=kv_dtype, device=device)
+                for _ in range(cfg.num_hidden_layers)
+            ]
         for attn, cache in zip(model.attention_layers(), self.kv_caches):
             attn.kv_cache = cache
         self.states: dict[str, _RequestState] = {}
@@ -122,6 +130,8 @@ class ModelRunner:
         if not sched.seqs:
             return out
         seqs, proposals, kept = sched.seqs, None, {}
+        if self.kv_region is not None:
+            self.kv_region.check_step(seqs)  # no write past a request's own range
         if self.proposer is not None:
             proposals = self._propose(seqs)
             seqs = [dataclasses.replace(s, token_ids=s.token_ids + proposals.token_ids.get(s.request_id, []))

@@ -16,6 +16,7 @@ from cinq.config import EngineConfig
 from cinq.distributed.parallel_state import TPShard
 from cinq.engine.host_memory import keep_freed_memory
 from cinq.engine.io import RunnerOutput, SchedulerOutput
+from cinq.engine.kv_cache_virtual import VirtualKVSpec
 from cinq.engine.runner import ModelRunner
 from cinq.kernels.backends import default_backend_name
 from cinq.kernels.cpu_native import warm_native_kernels
@@ -42,7 +43,8 @@ class UniProcExecutor:
             torch.cuda.set_device(self.device)  # NCCL's collectives run on the current device
         self.dtype = parse_dtype(config.dtype)
         self._init_device()
-        self.attention_backend = config.attention_backend or default_backend_name(self.device)
+        self.attention_backend = config.attention_backend or (
+            "contiguous" if config.kv_cache_layout == "virtual" else default_backend_name(self.device))
         self.model: LlamaForCausalLM = load_model(config.model, self.dtype, self.device, self.attention_backend,
                                                   shard)
         self.model_config: ModelConfig = self.model.config
@@ -65,11 +67,13 @@ class UniProcExecutor:
         extra = self.proposer.kv_bytes_per_block(block_size) if self.proposer is not None else 0
         return ModelRunner.kv_bytes_per_block(self.model, block_size, self.dtype) + extra
 
-    def initialize_cache(self, num_blocks: int) -> None:
-        """Allocate ``num_blocks`` KV blocks and the runner that owns them."""
-        compilation = self._compilation()
-        self.runner = ModelRunner(self.model, num_blocks, self.config.block_size, self.device, self.dtype,
-                                  seed=self.seed, proposer=self.proposer, compilation=compilation)
+    def initialize_cache(self, num_blocks: int, virtual: VirtualKVSpec | None = None) -> None:
+        """Allocate ``num_blocks`` KV blocks and the runner that owns them; with ``virtual``, reserve its slots
+        instead (kv_cache_layout "virtual": ``num_blocks`` slots of ``virtual.slot_tokens``, always eager)."""
+        compilation = self._compilation() if virtual is None else None
+        block_size = self.config.block_size if virtual is None else virtual.slot_tokens
+        self.runner = ModelRunner(self.model, num_blocks, block_size, self.device, self.dtype,
+                                  seed=self.seed, proposer=self.proposer, compilation=compilation, virtual=virtual)
         if self.runner.compiled is not None:
             times = self.runner.compiled.compile_all()
             if not times:
