@@ -251,7 +251,10 @@ class EngineCore:
         block_size, slots, tokens = self.config.block_size, 0, 0
         for req in self.scheduler.running:
             entry = kv.requests.get(req.request_id)
-            held = len(entry.blocks) * block_size if entry is not None else 0
+            if isinstance(kv, VirtualKVCacheManager):  # a slot's reservation, in tokens
+                held = entry.num_tokens if entry is not None else 0
+            else:
+                held = len(entry.blocks) * block_size if entry is not None else 0
             slots += held
             tokens += min(req.num_computed_tokens, held)
         st.kv_slots_held, st.kv_tokens_held = slots, tokens

@@ -106,6 +106,13 @@ def test_same_greedy_tokens_as_paged_with_preemptions_and_memory_returned(tiny_l
     # 32 blocks of 4 tokens: 16 pages of 4 KiB, 4 per range; the longest request needs them all
     virtual = LLM(tiny_llama, dtype="float32", block_size=4, num_kv_blocks=32, max_num_batched_tokens=64,
                   kv_cache_layout="virtual")
+    engine = virtual.engine
+    engine.add_request("live", ps[0], GREEDY)
+    engine.step()
+    live = engine.get_stats()  # stats mid-run count the slot's reservation as held
+    assert live.kv_tokens_held == len(ps[0]) and live.kv_slots_held == len(ps[0])
+    while engine.has_unfinished_requests():
+        engine.step()
     outs = virtual.generate(ps, GREEDY)
     assert [o.outputs[0].token_ids for o in outs] == ref
     stats = virtual.engine.get_stats()
