@@ -16,6 +16,7 @@ same requests, same memory budget, one run.
 
     python benchmarks/vattention.py            # writes benchmarks/results/vattention.{json,md,png}
     python benchmarks/vattention.py --quick    # cinq-tiny, a small grid: smoke run
+    python benchmarks/vattention.py --render   # the .md again from the saved .json
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import dataclasses
+import json
 import mmap
 import os
 import random
@@ -389,7 +391,14 @@ def main() -> None:
     ap.add_argument("--max-prompt", type=int, default=768)
     ap.add_argument("--max-output", type=int, default=96)
     ap.add_argument("--out", default=str(RESULTS / "vattention"))
+    ap.add_argument("--render", action="store_true", help="the .md (and plot) again from the saved .json")
     args = ap.parse_args()
+    if args.render:
+        saved = json.loads(Path(args.out + ".json").read_text())
+        result = report({k: v for k, v in saved.items() if k not in ("kind", "title", "headline")})
+        print_report(result)
+        write_report(result, args.out)
+        return
     batches, contexts, repeats = [1, 4, 16, 32], [1024, 4096, 16384], 5
     if args.quick:
         args.model, args.requests, args.max_prompt, args.max_output = "cinq-tiny", 12, 200, 24

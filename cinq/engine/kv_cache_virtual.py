@@ -47,6 +47,7 @@ _libc.mmap.restype = ctypes.c_void_p
 _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
 
 
 def _check(rc: int, what: str) -> None:
@@ -156,6 +157,18 @@ class VirtualKVRegion:
                     f"kv_cache_layout virtual: request {s.request_id} would write K/V at positions "
                     f"{s.start_pos}..{end - 1} of slot {s.block_ids}, past its range of {self.slot_tokens} tokens "
                     f"(max_model_len) or outside the {self.num_slots} slots", "max_model_len")
+
+    def committed_pages(self, slot: int) -> int:
+        """Pages of ``slot``'s ranges (all layers, K and V) in physical memory now, counted with ``mincore`` in
+        small pages: a slot is never charged for less than this, and no kernel wrote past what it was charged."""
+        small = self.range_bytes // SMALL_PAGE
+        vec = (ctypes.c_ubyte * small)()
+        total = 0
+        for layer in range(self.num_layers):
+            for kv in (0, 1):
+                _check(_libc.mincore(self.range_addr(layer, kv, slot), self.range_bytes, vec), "mincore")
+                total += sum(b & 1 for b in vec)
+        return total * SMALL_PAGE // self.page_size
 
     def resident(self) -> dict[str, int]:
         """Bytes of this reservation in physical memory now, from /proc/self/smaps: ``rss`` and, of it,

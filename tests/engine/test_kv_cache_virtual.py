@@ -113,14 +113,20 @@ def test_same_greedy_tokens_as_paged_with_preemptions_and_memory_returned(tiny_l
     assert live.kv_tokens_held == len(ps[0]) and live.kv_slots_held == len(ps[0])
     while engine.has_unfinished_requests():
         engine.step()
+    # no access past a request's charged pages: after every step each live slot has exactly those pages committed
+    kv, region = engine.kv, engine.kv.region
+    for i, p in enumerate(ps[:4]):
+        engine.add_request(f"w{i}", p, GREEDY)
+    while engine.has_unfinished_requests():
+        engine.step()
+        for entry in kv.requests.values():
+            assert region.committed_pages(entry.slot) == kv.pages(entry.num_tokens)
     outs = virtual.generate(ps, GREEDY)
     assert [o.outputs[0].token_ids for o in outs] == ref
     stats = virtual.engine.get_stats()
     assert stats.num_preemptions > 0 and stats.prefix_cache_hits == 0
-    kv = virtual.engine.kv
     assert kv.used_pages == 0 and kv.num_free_blocks == 16
     # every request's pages went back to the system; what stays is the padding rows' scratch slot (<= 128 tokens)
-    region = kv.region
     assert region.num_releases >= len(ps)
     pad_bound = 2 * 2 * pages_for(128, region.row_bytes, SMALL_PAGE) * SMALL_PAGE
     assert region.resident()["rss"] <= pad_bound
