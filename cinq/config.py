@@ -93,7 +93,8 @@ class EngineConfig:
         choices=KV_CACHE_LAYOUTS)
     enable_prefix_caching: bool = _arg(True, "disable automatic prefix caching", flag="--no-prefix-caching")
     attention_backend: str | None = _arg(
-        None, "sdpa | flash-torch | reference | triton (default: triton on CUDA, sdpa on CPU)")
+        None, "sdpa | flash-torch | reference | triton (default: triton on CUDA, sdpa on CPU); contiguous with "
+              "--kv-cache-layout virtual (its default)")
     seed: int | None = _arg(
         None, "seed of the engine's sampling generator, which requests without their own seed draw from "
               "(default: a fresh random seed per engine; give one for reproducible runs)")

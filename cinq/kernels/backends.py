@@ -137,8 +137,10 @@ _REGISTRY: dict[str, Callable[[], AttentionBackend]] = {
     "sdpa": SdpaBackend,
     "flash-torch": FlashTorchBackend,
     "reference": ReferenceBackend,
-    "contiguous": ContiguousBackend,  # kv_cache_layout "virtual" only (cinq/kernels/contiguous.py)
 }
+# Backends of the other KV layout (kv_cache_layout "virtual": one contiguous range per sequence), which cannot read
+# the paged cache: selectable by name, listed apart.
+_VIRTUAL_REGISTRY: dict[str, Callable[[], AttentionBackend]] = {"contiguous": ContiguousBackend}
 if _triton_installed():
     _REGISTRY["triton"] = TritonBackend
 
@@ -148,18 +150,20 @@ def register_backend(name: str, factory: Callable[[], AttentionBackend]) -> None
     _REGISTRY[name] = factory
 
 
-def available_backends() -> list[str]:
-    """Names ``get_backend`` accepts (``"triton"`` only where the triton package is installed)."""
-    return sorted(_REGISTRY)
+def available_backends(kv_cache_layout: str = "paged") -> list[str]:
+    """Names ``get_backend`` accepts for a KV layout (paged: ``"triton"`` only where the triton package is
+    installed; virtual: ``"contiguous"``)."""
+    return sorted(_VIRTUAL_REGISTRY if kv_cache_layout == "virtual" else _REGISTRY)
 
 
 def get_backend(name: str) -> AttentionBackend:
     """Instantiate the backend registered under ``name``; unknown names list the choices."""
-    if name not in _REGISTRY:
+    factory = _REGISTRY.get(name) or _VIRTUAL_REGISTRY.get(name)
+    if factory is None:
         raise InvalidParameterError(
-            f"attention_backend: unknown backend {name!r}; choose one of {available_backends()}",
-            param="attention_backend")
-    return _REGISTRY[name]()
+            f"attention_backend: unknown backend {name!r}; choose one of {available_backends()} (paged KV "
+            f"layout) or {available_backends('virtual')} (virtual)", param="attention_backend")
+    return factory()
 
 
 def default_backend_name(device: torch.device | str) -> str:
