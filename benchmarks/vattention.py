@@ -274,7 +274,7 @@ def report(data: dict[str, Any]) -> BenchResult:
                     v["decode_step_ms"]["median"] / p["decode_step_ms"]["median"],
                     v["output_throughput"] / p["output_throughput"],
                     v["ttft_ms"]["median"] / p["ttft_ms"]["median"], v["ttft_ms"]["p99"] / p["ttft_ms"]["p99"], None])
-    t2 = Table("Decode attention kernel alone (bf16, 9 q / 3 kv heads x 64, one thread, best of 5; paged: "
+    t2 = Table("Decode attention kernel alone (bf16, 9 q / 3 kv heads x 64, one thread, best of 3; paged: "
                "16-token blocks, shuffled)",
                ["batch", "context", "paged (ms, baseline)", "contiguous (ms)", "paged / contiguous",
                 "contiguous K+V GB/s"])
@@ -386,10 +386,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="cinq-tiny and a small grid (smoke run)")
     ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--requests", type=int, default=40)
-    ap.add_argument("--concurrency", type=int, default=12)
-    ap.add_argument("--max-prompt", type=int, default=768)
-    ap.add_argument("--max-output", type=int, default=96)
+    ap.add_argument("--requests", type=int, default=24)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--max-prompt", type=int, default=384)
+    ap.add_argument("--max-output", type=int, default=48)
+    ap.add_argument("--prefix-requests", type=int, default=8)
     ap.add_argument("--out", default=str(RESULTS / "vattention"))
     ap.add_argument("--render", action="store_true", help="the .md (and plot) again from the saved .json")
     args = ap.parse_args()
@@ -399,9 +400,10 @@ def main() -> None:
         print_report(result)
         write_report(result, args.out)
         return
-    batches, contexts, repeats = [1, 4, 16, 32], [1024, 4096, 16384], 5
+    batches, contexts, repeats = [1, 4, 16, 32], [1024, 4096, 16384], 3
     if args.quick:
         args.model, args.requests, args.max_prompt, args.max_output = "cinq-tiny", 12, 200, 24
+        args.prefix_requests = 4
         batches, contexts, repeats = [1, 8], [1024, 4096], 2
     config = EngineConfig(model=args.model, dtype="bfloat16", max_model_len=1024, max_num_seqs=16,
                           kv_cache_memory=0.25, seed=0)
@@ -412,7 +414,10 @@ def main() -> None:
     warm = argparse.Namespace(**{**vars(args), "requests": 4, "concurrency": 4})
     for layout in LAYOUTS:  # oneDNN primitives, native kernels, the tokenizer: paid before either layout is timed
         churn(config, layout, warm)
-    data["churn"] = [churn(config, layout, args) for layout in LAYOUTS]
+    data["churn"] = []
+    for layout in LAYOUTS:
+        data["churn"].append(churn(config, layout, args))
+        print(f"churn {layout}: {data['churn'][-1]['duration_s']:.0f} s", flush=True)
     data["tokens_identical"] = data["churn"][0]["token_ids"] == data["churn"][1]["token_ids"]
     for r in data["churn"]:
         del r["token_ids"]
@@ -424,8 +429,9 @@ def main() -> None:
     print("kernels done", flush=True)
     data["layers"] = 30
     data["page_sizes"] = page_sizes(30, 100)
-    opts = PrefixWorkloadOptions(prefix_len=512, num_requests=8 if args.quick else 16, suffix_len=32, output_len=16)
+    opts = PrefixWorkloadOptions(prefix_len=384, num_requests=args.prefix_requests, suffix_len=32, output_len=16)
     data["prefix"] = [{"layout": name, **prefix(config, name, opts)} for name in LAYOUTS]
+    print("prefix done", flush=True)
     data["remap"] = remap_cost(256, 12 << 10)  # 32 tokens of one layer's K in bf16 = 3 pages
     data["code_size"] = code_size()
     data["machine"]["loadavg_at_end"] = machine_info()["loadavg_at_end"]
