@@ -90,6 +90,16 @@ def test_layout_flag_is_validated() -> None:
         EngineConfig(attention_backend="contiguous")
 
 
+def test_layout_flag_on_the_command_line() -> None:
+    import argparse
+
+    from cinq.commands.engine_args import add_engine_args, engine_config_from_args
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    assert engine_config_from_args(parser.parse_args(["--kv-cache-layout", "virtual"])).kv_cache_layout == "virtual"
+    assert engine_config_from_args(parser.parse_args([])).kv_cache_layout == "paged"
+
+
 def prompts(n: int, seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)
     shared = [rng.randrange(3, 250) for _ in range(40)]  # half the prompts share a 40-token prefix
