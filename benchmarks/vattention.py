@@ -404,7 +404,9 @@ def report(data: dict[str, Any]) -> BenchResult:
              f", outputs 8-{data['options']['max_output']} tokens, {data['options']['concurrency']} in flight. "
              f"Machine: {data['machine']}.")
     notes = [
-        "Physical memory: the paged pool is allocated (and zeroed: committed) whole when the engine starts, so its "
+        "Reserved: the paged pool's bytes (allocated at start); for the virtual layout address space only "
+        "(mmap MAP_NORESERVE: max_num_seqs + 1 scratch slots x 2 x layers ranges of slot_tokens), which costs no "
+        "memory. Physical memory: the paged pool is allocated (and zeroed: committed) whole when the engine starts, so its "
         "physical bytes are the budget at every step; the virtual reservation is MAP_NORESERVE address space whose "
         "RSS (from /proc/self/smaps) follows the live requests. 'Fragmentation' = 1 - bytes of tokens held / bytes "
         "held (paged: blocks held x block bytes; virtual: pages charged x 4 KiB); the engine's virtual layout "
