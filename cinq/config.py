@@ -188,7 +188,9 @@ class EngineConfig:
                        (not str(self.device).startswith("cpu"),
                         f"device {self.device!r} (the reservation is host memory: CPU only)", "device"),
                        (self.tensor_parallel_size > 1, "tensor_parallel_size > 1", "tensor_parallel_size"),
-                       (self.speculative_config is not None, "speculative_config", "speculative_config")]
+                       (self.speculative_config is not None, "speculative_config", "speculative_config"),
+                       (self.compiles_decode, "compilation_config (the compiled decode step reads the paged cache)",
+                        "compilation_config")]
         for bad, what, param in unsupported:
             if bad:
                 raise InvalidParameterError(f"kv_cache_layout 'virtual' does not support {what}", param)

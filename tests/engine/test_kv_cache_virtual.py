@@ -86,6 +86,8 @@ def test_layout_flag_is_validated() -> None:
         EngineConfig(kv_cache_layout="contig")
     with pytest.raises(InvalidParameterError, match="does not support attention_backend 'sdpa'"):
         EngineConfig(kv_cache_layout="virtual", attention_backend="sdpa")
+    with pytest.raises(InvalidParameterError, match="does not support compilation_config"):
+        EngineConfig(kv_cache_layout="virtual", compilation_config={"mode": 3})
     with pytest.raises(InvalidParameterError, match="use it with kv_cache_layout 'virtual'"):
         EngineConfig(attention_backend="contiguous")
 
