@@ -117,7 +117,7 @@ class EngineCore:
     def _resolve_max_model_len(self) -> int:
         mcfg, asked = self.model_config, self.config.max_model_len
         limit = mcfg.max_position_embeddings
-        if mcfg.sliding_window and mcfg.sliding_window < limit:
+        if mcfg.sliding_window and mcfg.sliding_window < limit and not mcfg.has_local_layers:
             # No sliding-window attention here: within the window, full attention is exact.
             log.warning("sliding_window %d < max_position_embeddings %d: capping max_model_len at the window",
                         mcfg.sliding_window, limit)

@@ -138,8 +138,8 @@ class ModelRunner:
         batch = build_batch(seqs, self.block_size, self.pad_block_ids, self.device, tree=tree)
         layer_states = None
         if self.proposer is not None and self.proposer.needs_layer_states:
-            hidden, layer_states = self.model.model(batch.input_ids, batch.positions, batch.meta,
-                                                    output_hidden_states=True)
+            hidden, layer_states = self.model.forward_with_hidden_states(batch.input_ids, batch.positions,
+                                                                         batch.meta)
         else:
             hidden = self.model(batch.input_ids, batch.positions, batch.meta)
         seqs, starts = batch.seqs, batch.starts
