@@ -47,7 +47,8 @@ def hf_config_dict(config: ModelConfig, dtype: torch.dtype | None = None) -> dic
     if config.layer_types is not None:  # Gemma 3: per-layer windows, local rope base, attention scale
         out["layer_types"] = list(config.layer_types)
         out["rope_local_base_freq"] = config.rope_local_theta
-        out["query_pre_attn_scalar"] = config.query_pre_attn_scalar
+        scalar = config.query_pre_attn_scalar
+        out["query_pre_attn_scalar"] = int(scalar) if scalar is not None and scalar.is_integer() else scalar
         out["hidden_activation"] = config.hidden_act
     if dtype is not None:
         out["torch_dtype"] = str(dtype).removeprefix("torch.")
