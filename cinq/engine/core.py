@@ -26,6 +26,7 @@ from cinq.engine.executor import Executor, make_executor
 from cinq.engine.io import EngineCoreInfo, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, RunnerOutput
 from cinq.engine.io import SchedulerOutput
 from cinq.engine.kv_cache import KVCacheManager
+from cinq.engine.sliding_window import make_kv_cache_manager
 from cinq.engine.request import Request, RequestStatus
 from cinq.engine.scheduler import Scheduler, SchedulerConfig
 from cinq.engine.spec_metrics import count_language
@@ -80,7 +81,7 @@ class EngineCore:
         self.max_model_len = self._resolve_max_model_len()
         self.num_blocks = self._resolve_num_blocks()
         self.executor.initialize_cache(self.num_blocks)
-        kv = KVCacheManager(self.num_blocks, config.block_size, config.enable_prefix_caching)
+        kv = make_kv_cache_manager(mcfg, self.num_blocks, config.block_size, config.enable_prefix_caching)
         try:
             self.scheduler = Scheduler(
                 SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs, self.max_model_len), kv,
