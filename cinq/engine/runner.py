@@ -22,6 +22,7 @@ from cinq.engine.compiled_decode import CompiledDecode
 from cinq.engine.io import NewRequestData, RunnerOutput, ScheduledSeq, SchedulerOutput, TokenLogprobs
 from cinq.engine.shape_buckets import MAX_PAD_ROWS, bucket_rows
 from cinq.layers.sampler import Sampler, SamplingMetadata
+from cinq.model.interface import check_supported
 from cinq.model.llama import LlamaForCausalLM
 from cinq.sampling_params import SamplingParams
 from cinq.spec.proposer import DraftSampling, Proposals, Proposer, StepView
@@ -94,6 +95,7 @@ class ModelRunner:
         # torch.compile of plain decode steps (compilation_config): tables as wide as the longest sequence can need
         self.compiled: CompiledDecode | None = None
         if compilation is not None and compilation.enabled and proposer is None:
+            check_supported(type(model), "compile", "compilation_config")
             self.compiled = CompiledDecode(model, compilation, block_size, self.pad_block_ids, device,
                                            min(num_blocks, -(-cfg.max_position_embeddings // block_size)))
 

@@ -133,6 +133,12 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         "eagle": "EAGLE heads are trained for Llama-family targets only (no Gemma 3 head layer)",
         "medusa": "Medusa heads are trained for Llama-family targets only",
         "compile": "the compiled decode step is validated for Llama-family models only",
+        # both fold scales into the norm before the linears: Gemma's norms are (1 + w) and its MLP reads
+        # pre_feedforward_layernorm, not post_attention_layernorm (GPTQ and RTN fold nothing: they work)
+        "awq": "AWQ folds its scales into Llama's norms; Gemma 3's (1 + w) sandwich norms are not handled "
+               "(use gptq or rtn)",
+        "smoothquant": "SmoothQuant folds its scales into Llama's norms; Gemma 3's (1 + w) sandwich norms are "
+                       "not handled (use gptq or rtn)",
     }
 
     @classmethod
