@@ -21,8 +21,8 @@ CFG = {
     "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": 300, "hidden_size": 64,
     "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
     "head_dim": 32, "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "sliding_window": 8,
-    "layer_types": ["sliding_attention", "sliding_attention", "full_attention"], "rope_theta": 1e6,
-    "rope_local_base_freq": 1e4, "query_pre_attn_scalar": 24, "hidden_activation": "gelu_pytorch_tanh",
+    "layer_types": ["sliding_attention", "sliding_attention", "full_attention"], "rope_theta": 5e5,
+    "rope_local_base_freq": 2e3, "query_pre_attn_scalar": 24, "hidden_activation": "gelu_pytorch_tanh",
     "tie_word_embeddings": True, "bos_token_id": 2, "eos_token_id": 1,
 }
 
@@ -50,7 +50,7 @@ def test_registry_resolves_gemma3_to_its_own_class():
     config = ModelConfig.from_dict(CFG)
     assert ModelRegistry.model_class(config.architecture).__name__ == "Gemma3ForCausalLM"
     assert [config.layer_window(i) for i in range(3)] == [8, 8, None]
-    assert config.rope_local_theta == 1e4 and config.query_pre_attn_scalar == 24
+    assert config.rope_local_theta == 2e3 and config.query_pre_attn_scalar == 24
     assert ModelConfig.from_dict({**CFG, "architectures": None}).architecture == "Gemma3ForCausalLM"
 
 

@@ -15,6 +15,7 @@ import numpy as np
 from cinq.errors import ModelLoadError
 from cinq.model.gguf.file import GGUFFile
 from cinq.model.gguf.names import GGUF_ARCHITECTURES
+from cinq.model.registry import ModelRegistry
 
 
 def _key(gguf: GGUFFile, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
@@ -53,7 +54,7 @@ def gguf_config_dict(gguf: GGUFFile) -> dict[str, Any]:
                              f"dimension {head_dim}: partial rotary embeddings are not supported")
     cfg: dict[str, Any] = {
         "architectures": [GGUF_ARCHITECTURES[arch]],
-        "model_type": arch,
+        "model_type": ModelRegistry.info(GGUF_ARCHITECTURES[arch]).model_type,
         "vocab_size": vocab,
         "hidden_size": _key(gguf, f"{arch}.embedding_length", int, hidden),
         "intermediate_size": _key(gguf, f"{arch}.feed_forward_length", int),
@@ -106,7 +107,7 @@ def _gemma3_fields(gguf: GGUFFile, cfg: dict[str, Any]) -> None:
     cfg["rope_local_base_freq"] = GEMMA3_LOCAL_ROPE_BASE
     cfg["query_pre_attn_scalar"] = (cfg["hidden_size"] // cfg["num_attention_heads"] if layers == 62
                                     else cfg["head_dim"])
-    cfg["hidden_act"] = "gelu_pytorch_tanh"
+    cfg["hidden_act"] = cfg["hidden_activation"] = "gelu_pytorch_tanh"
     kind = gguf.get("gemma3.rope.scaling.type")
     if kind == "linear":
         cfg["rope_scaling"] = {"rope_type": "linear",
