@@ -45,15 +45,38 @@ def sdpa_paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
             k = key[s:e].transpose(0, 1).unsqueeze(0).to(q.dtype)
             v = value[s:e].transpose(0, 1).unsqueeze(0).to(q.dtype)
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+        elif window is not None:
+            k, v = (key[s:e], value[s:e]) if q_len == seq_len else gather_context(kv_cache, meta.block_tables[i],
+                                                                                   seq_len)
+            out[s:e] = _windowed_chunk(query[s:e], k, v, seq_len, window, scale)
+            continue
         else:
             k, v = gather_context(kv_cache, meta.block_tables[i], seq_len)
             mask = causal_mask(q_len, seq_len, query.device)
-            if window is not None:  # a sliding-window layer: keys older than the window are masked out
-                mask &= window_mask(q_len, seq_len, window, query.device)
             o = F.scaled_dot_product_attention(q, k.transpose(0, 1).unsqueeze(0).to(q.dtype),
                                                v.transpose(0, 1).unsqueeze(0).to(q.dtype),
                                                attn_mask=mask, scale=scale, enable_gqa=True)
         out[s:e] = o[0].transpose(0, 1)
+    return out
+
+
+def _windowed_chunk(query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int, window: int,
+                    scale: float) -> torch.Tensor:
+    """A prefill chunk of a sliding-window layer: query [q, Hq, D] at the last q of seq_len positions, k / v
+    [seq_len, Hkv, D]. Rows go ``window`` at a time, each slice against the keys its rows can see only
+    (at most 2 * window - 1): O(q * window) work and mask, not O(q * seq_len)."""
+    q_len = query.shape[0]
+    first = seq_len - q_len  # position of query row 0
+    out = torch.empty_like(query)
+    for a in range(0, q_len, window):
+        b = min(a + window, q_len)
+        lo, hi = max(0, first + a - window + 1), first + b  # keys [lo, hi) hold every visible one
+        mask = causal_mask(b - a, hi - lo, query.device) & window_mask(b - a, hi - lo, window, query.device)
+        o = F.scaled_dot_product_attention(query[a:b].transpose(0, 1).unsqueeze(0),
+                                           k[lo:hi].transpose(0, 1).unsqueeze(0).to(query.dtype),
+                                           v[lo:hi].transpose(0, 1).unsqueeze(0).to(query.dtype),
+                                           attn_mask=mask, scale=scale, enable_gqa=True)
+        out[a:b] = o[0].transpose(0, 1)
     return out
 
 
