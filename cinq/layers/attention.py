@@ -47,7 +47,7 @@ class Attention(nn.Module):
             return o.transpose(1, 2)
         if self.kv_cache is None:
             raise RuntimeError("attention: KV cache not allocated (the model runner binds it before the first step)")
-        if meta.sliding_window != self.sliding_window:
+        if self.sliding_window is not None:  # the step's metadata is every layer's: a windowed layer gets a copy
             meta = dataclasses.replace(meta, sliding_window=self.sliding_window)
         self.backend.write_kv(k, v, self.kv_cache, meta.slot_mapping)
         return self.backend.forward(q, k, v, self.kv_cache, meta, self.scale)
