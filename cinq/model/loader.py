@@ -211,8 +211,9 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
 
 def load_model(path: str | Path, dtype: str | torch.dtype = "bfloat16", device: str | torch.device = "cpu",
                attention_backend: str = "sdpa", shard: TPShard | None = None) -> CausalLM:
-    """Load a Hugging Face model folder (or a GGUF file, or a folder holding one) into a ready-to-run model (the registry's class for its architecture) in eval mode; with ``shard``,
-    only that tensor-parallel rank's part (each tensor's slice is read alone from the file)."""
+    """Load a Hugging Face model folder (or a GGUF file, or a folder holding one) into a ready-to-run model (the
+    registry's class for its architecture) in eval mode; with ``shard``, only that tensor-parallel rank's part
+    (each tensor's slice is read alone from the file)."""
     path = Path(path)
     dtype = parse_dtype(dtype)
     gguf = find_gguf_file(path)
