@@ -11,7 +11,8 @@ only on the target's distributions, unrolled over its own outputs ("training-tim
 cinq/spec/eagle_unroll.py); the pre-norm output is what chains.
 
 The decoder layer is the target family's (``decoder_layer``, cinq/model/interface.py; Llama's for every head so
-far): served, it runs over the paged KV cache with the target's ``AttentionMetadata`` and positions; in training (``meta=None``, [B, S] inputs) it is plain causal attention.
+far): served, it runs over the paged KV cache with the target's ``AttentionMetadata`` and positions; in training
+(``meta=None``, [B, S] inputs) it is plain causal attention.
 The head owns no embedding and no LM head: it borrows the target's (no copy; they are not submodules, so the
 head's ``state_dict``, ``.to()`` and ``parameters()`` never touch the target's weights).
 
