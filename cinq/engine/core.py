@@ -27,6 +27,7 @@ from cinq.engine.io import EngineCoreInfo, EngineCoreOutput, EngineCoreOutputs, 
 from cinq.engine.io import SchedulerOutput
 from cinq.engine.kv_cache import KVCacheManager
 from cinq.engine.kv_cache_virtual import VirtualKVCacheManager, build_virtual_kv
+from cinq.engine.sliding_window import make_kv_cache_manager
 from cinq.engine.request import Request, RequestStatus
 from cinq.engine.scheduler import Scheduler, SchedulerConfig
 from cinq.engine.spec_metrics import count_language
@@ -82,11 +83,16 @@ class EngineCore:
         self.num_blocks = self._resolve_num_blocks()
         kv: KVCacheManager | VirtualKVCacheManager
         if config.kv_cache_layout == "virtual":  # the same memory budget, as pages of per-request ranges
+            if mcfg.sliding_window:  # the contiguous backend attends over the whole range: no window mask
+                self.executor.shutdown()
+                raise InvalidParameterError(
+                    f"kv_cache_layout 'virtual' does not support sliding-window attention (this model's window is "
+                    f"{mcfg.sliding_window} tokens): use kv_cache_layout 'paged'", "kv_cache_layout")
             kv = build_virtual_kv(self.executor, self.num_blocks, config.block_size, config.max_num_seqs,
                                   self.max_model_len)
         else:
             self.executor.initialize_cache(self.num_blocks)
-            kv = KVCacheManager(self.num_blocks, config.block_size, config.enable_prefix_caching)
+            kv = make_kv_cache_manager(mcfg, self.num_blocks, config.block_size, config.enable_prefix_caching)
         try:
             self.scheduler = Scheduler(
                 SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs, self.max_model_len), kv,
@@ -123,7 +129,7 @@ class EngineCore:
     def _resolve_max_model_len(self) -> int:
         mcfg, asked = self.model_config, self.config.max_model_len
         limit = mcfg.max_position_embeddings
-        if mcfg.sliding_window and mcfg.sliding_window < limit:
+        if mcfg.sliding_window and mcfg.sliding_window < limit and not mcfg.has_local_layers:
             # No sliding-window attention here: within the window, full attention is exact.
             log.warning("sliding_window %d < max_position_embeddings %d: capping max_model_len at the window",
                         mcfg.sliding_window, limit)

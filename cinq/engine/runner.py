@@ -23,6 +23,7 @@ from cinq.engine.io import NewRequestData, RunnerOutput, ScheduledSeq, Scheduler
 from cinq.engine.kv_cache_virtual import VirtualKVRegion, VirtualKVSpec
 from cinq.engine.shape_buckets import MAX_PAD_ROWS, bucket_rows
 from cinq.layers.sampler import Sampler, SamplingMetadata
+from cinq.model.interface import check_supported
 from cinq.model.llama import LlamaForCausalLM
 from cinq.sampling_params import SamplingParams
 from cinq.spec.proposer import DraftSampling, Proposals, Proposer, StepView
@@ -102,6 +103,7 @@ class ModelRunner:
         # torch.compile of plain decode steps (compilation_config): tables as wide as the longest sequence can need
         self.compiled: CompiledDecode | None = None
         if compilation is not None and compilation.enabled and proposer is None:
+            check_supported(type(model), "compile", "compilation_config")
             self.compiled = CompiledDecode(model, compilation, block_size, self.pad_block_ids, device,
                                            min(num_blocks, -(-cfg.max_position_embeddings // block_size)))
 
@@ -148,8 +150,8 @@ class ModelRunner:
         batch = build_batch(seqs, self.block_size, self.pad_block_ids, self.device, tree=tree)
         layer_states = None
         if self.proposer is not None and self.proposer.needs_layer_states:
-            hidden, layer_states = self.model.model(batch.input_ids, batch.positions, batch.meta,
-                                                    output_hidden_states=True)
+            hidden, layer_states = self.model.forward_with_hidden_states(batch.input_ids, batch.positions,
+                                                                         batch.meta)
         else:
             hidden = self.model(batch.input_ids, batch.positions, batch.meta)
         seqs, starts = batch.seqs, batch.starts

@@ -138,13 +138,13 @@ def warm_native_kernels() -> None:
 
 def paged_decode_native(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                         seq_lens: torch.Tensor, scale: float, query_len: int = 1,
-                        tree_mask: torch.Tensor | None = None) -> torch.Tensor | None:
+                        tree_mask: torch.Tensor | None = None, window: int | None = None) -> torch.Tensor | None:
     """Decode attention [nd * query_len, Hq, D] (query dtype) straight from the pages, or None if the kernel is
     unavailable. Sequence s owns query rows s * query_len ...; row r sees keys up to seq_len - query_len + r,
     or with ``tree_mask`` (tree verification: bool [query_len, query_len] shared by all sequences, or
     [>= nd, query_len, query_len] with sequence s using ``tree_mask[s]``) the cached context and the new rows
     its tree row marks. ``block_tables`` [>= nd, max_blocks] and ``seq_lens`` [>= nd]: the first nd rows are
-    read."""
+    read. ``window``: a sliding-window layer's window (a row at position p sees keys > p - window only)."""
     if query.device.type != "cpu" or not kv_cache.is_contiguous():
         return None
     mod = native_module("paged_decode")
@@ -157,8 +157,12 @@ def paged_decode_native(query: torch.Tensor, kv_cache: torch.Tensor, block_table
     # the kernel reads the first nd rows of the tables and lengths and takes a bf16 query itself: at batch 1 every
     # Python-side op here would cost more than the attention
     q = query if query.dtype in (torch.float32, torch.bfloat16) else query.float()
-    out = call_native(mod, "paged_decode", q, kv_cache, _int32(block_tables), _int32(seq_lens), float(scale),
-                      int(query_len), tree)
+    if window is None:
+        out = call_native(mod, "paged_decode", q, kv_cache, _int32(block_tables), _int32(seq_lens), float(scale),
+                          int(query_len), tree)
+    else:
+        out = call_native(mod, "paged_decode_window", q, kv_cache, _int32(block_tables), _int32(seq_lens),
+                          float(scale), int(query_len), tree, int(window))
     return out if q is query else out.to(query.dtype)
 
 

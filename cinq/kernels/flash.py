@@ -42,11 +42,12 @@ KVTileLoader = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
 
 def _attend(q: torch.Tensor, load_kv: KVTileLoader, kv_len: int, num_kv_heads: int, scale: float, causal: bool,
             block_m: int, block_n: int, out: torch.Tensor, lse: torch.Tensor,
-            tree: torch.Tensor | None = None) -> None:
+            tree: torch.Tensor | None = None, window: int | None = None) -> None:
     """One sequence: q [Lq, Hq, D] are the last Lq positions of kv_len keys. Writes out [Lq, Hq, D], lse [Hq, Lq].
 
     ``tree`` (bool [Lq, Lq], with ``causal``): query row i sees the keys before the queries and, of the queries'
-    own keys, those ``tree[i]`` marks (tree verification)."""
+    own keys, those ``tree[i]`` marks (tree verification). ``window`` (with ``causal``): query row at position p
+    sees keys > p - window only (a sliding-window layer); tiles wholly before the tile's windows are skipped."""
     lq, hq, d = q.shape
     group = hq // num_kv_heads
     acc_dtype = torch.promote_types(q.dtype, torch.float32)  # statistics and accumulator: fp32 at least
@@ -63,14 +64,18 @@ def _attend(q: torch.Tensor, load_kv: KVTileLoader, kv_len: int, num_kv_heads: i
         q_pos = torch.arange(offset + m0, offset + m1, device=q.device)
         # Causal: keys after the tile's last query are never seen, so the loop ends there (FA2's tile skipping).
         kv_end = min(kv_len, offset + m1) if causal else kv_len
-        for n0 in range(0, kv_end, block_n):
+        kv_start = 0 if window is None else max(0, offset + m0 - window + 1) // block_n * block_n
+        for n0 in range(kv_start, kv_end, block_n):
             n1 = min(n0 + block_n, kv_end)
             kt, vt = load_kv(n0, n1)  # [n, Hkv, D]
             s = torch.bmm(qt, kt.to(acc_dtype).permute(1, 2, 0))  # [Hkv, group*m, n]: one score tile
             in_tree = tree is not None and n1 > offset  # the tile holds some of the tree rows' own keys
-            if causal and (n1 - 1 > offset + m0 or in_tree):  # crosses the diagonal: hide keys after each query
+            in_window = window is not None and n0 <= offset + m1 - 1 - window  # crosses some row's window edge
+            if causal and (n1 - 1 > offset + m0 or in_tree or in_window):  # hide keys after each query
                 k_pos = torch.arange(n0, n1, device=q.device)
                 hidden = k_pos[None, :] > q_pos[:, None]  # [m, n]
+                if in_window:
+                    hidden |= k_pos[None, :] <= q_pos[:, None] - window
                 if in_tree:  # and, among the tree rows, the non-ancestors
                     rel = k_pos - offset
                     hidden |= (rel >= 0)[None, :] & ~tree[m0:m1][:, rel.clamp(min=0)]
@@ -79,7 +84,7 @@ def _attend(q: torch.Tensor, load_kv: KVTileLoader, kv_len: int, num_kv_heads: i
             # fully masked in a later tile just contributes exp(-inf) = 0.
             new_max = torch.maximum(row_max, s.amax(dim=-1))
             ref_max = new_max
-            if tree is not None:
+            if tree is not None or window is not None:
                 # a tree row need not see key 0 (the cache may hold only the tree, and a row need not see the
                 # root); until its first visible key its max stays -inf: subtract 0 then, not -inf (NaN)
                 ref_max = torch.where(new_max == float("-inf"), 0.0, new_max)
@@ -164,5 +169,5 @@ def flash_attention_paged(query: torch.Tensor, kv_cache: torch.Tensor, meta: Att
             return keys[slots[a:b]], values[slots[a:b]]
 
         _attend(query[s:e], load_kv, seq_len, num_kv_heads, scale, True, block_m, block_n, out[s:e], lse[:, s:e],
-                meta.seq_tree_mask(i))
+                meta.seq_tree_mask(i), meta.sliding_window)
     return out, lse

@@ -44,6 +44,9 @@ class AttentionMetadata:
     # bool on the step's device, [q, q] (shared) or [num_decodes, q, q] (per sequence), or None (causal among the
     # rows): tree_mask[(s,) i, j] = row i of decode-like sequence s sees its row j
     tree_mask: torch.Tensor | None = None
+    # the calling layer's sliding window (cinq/layers/attention.py sets it per layer): query position p sees
+    # context positions > p - sliding_window only; None: the whole context
+    sliding_window: int | None = None
 
     @property
     def num_decode_tokens(self) -> int:

@@ -46,6 +46,13 @@ def causal_mask(q_len: int, kv_len: int, device: torch.device) -> torch.Tensor:
     return torch.ones(q_len, kv_len, dtype=torch.bool, device=device).tril(diagonal=kv_len - q_len)
 
 
+def window_mask(q_len: int, kv_len: int, window: int, device: torch.device) -> torch.Tensor:
+    """Boolean mask [q_len, kv_len] of a sliding window: query i (at position kv_len - q_len + i) sees keys at
+    positions > that position - window (AND it with the causal or tree mask)."""
+    pos = torch.arange(kv_len - q_len, kv_len, device=device)
+    return torch.arange(kv_len, device=device)[None, :] > pos[:, None] - window
+
+
 def tree_context_mask(tree_mask: torch.Tensor, kv_len: int) -> torch.Tensor:
     """Boolean mask [q, kv_len] of q tree rows that are the last q of kv_len keys: every row sees the cached
     context (keys 0..kv_len - q - 1), and of the tree rows those ``tree_mask`` [q, q] (one sequence's) lets it

@@ -13,7 +13,7 @@ import torch
 
 from cinq.errors import InvalidParameterError
 from cinq.kernels.metadata import AttentionMetadata
-from cinq.kernels.paged import causal_mask, gather_context, tree_context_mask
+from cinq.kernels.paged import causal_mask, gather_context, tree_context_mask, window_mask
 
 
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
@@ -82,5 +82,9 @@ def paged_attention_reference(query: torch.Tensor, kv_cache: torch.Tensor, meta:
         k, v = gather_context(kv_cache, meta.block_tables[i].to(kv_cache.device), meta.seq_lens_cpu[i])
         tree = meta.seq_tree_mask(i)
         mask = None if tree is None else tree_context_mask(tree.to(query.device), meta.seq_lens_cpu[i])
+        if meta.sliding_window is not None:  # the layer's window, on top of the causal (or tree) mask
+            q_len, kv_len = e - s, meta.seq_lens_cpu[i]
+            base = causal_mask(q_len, kv_len, query.device) if mask is None else mask
+            mask = base & window_mask(q_len, kv_len, meta.sliding_window, query.device)
         out[s:e], lse[:, s:e] = attention_reference(query[s:e], k, v, scale, causal=True, attn_mask=mask)
     return out, lse

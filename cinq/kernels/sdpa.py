@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from cinq.kernels.cpu_native import paged_decode_native
 from cinq.kernels.metadata import AttentionMetadata
-from cinq.kernels.paged import causal_mask, gather_context
+from cinq.kernels.paged import causal_mask, gather_context, window_mask
 
 
 def sdpa_paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
@@ -40,10 +40,16 @@ def sdpa_paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
         s, e = starts[i], starts[i + 1]
         q_len, seq_len = e - s, meta.seq_lens_cpu[i]
         q = query[s:e].transpose(0, 1).unsqueeze(0)  # [1, Hq, q, D]
-        if q_len == seq_len:  # nothing cached before: the new K/V are the whole context
+        window = meta.sliding_window if meta.sliding_window is not None and meta.sliding_window < seq_len else None
+        if q_len == seq_len and window is None:  # nothing cached before: the new K/V are the whole context
             k = key[s:e].transpose(0, 1).unsqueeze(0).to(q.dtype)
             v = value[s:e].transpose(0, 1).unsqueeze(0).to(q.dtype)
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+        elif window is not None:
+            k, v = (key[s:e], value[s:e]) if q_len == seq_len else gather_context(kv_cache, meta.block_tables[i],
+                                                                                   seq_len)
+            out[s:e] = _windowed_chunk(query[s:e], k, v, seq_len, window, scale)
+            continue
         else:
             k, v = gather_context(kv_cache, meta.block_tables[i], seq_len)
             mask = causal_mask(q_len, seq_len, query.device)
@@ -54,6 +60,26 @@ def sdpa_paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     return out
 
 
+def _windowed_chunk(query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int, window: int,
+                    scale: float) -> torch.Tensor:
+    """A prefill chunk of a sliding-window layer: query [q, Hq, D] at the last q of seq_len positions, k / v
+    [seq_len, Hkv, D]. Rows go ``window`` at a time, each slice against the keys its rows can see only
+    (at most 2 * window - 1): O(q * window) work and mask, not O(q * seq_len)."""
+    q_len = query.shape[0]
+    first = seq_len - q_len  # position of query row 0
+    out = torch.empty_like(query)
+    for a in range(0, q_len, window):
+        b = min(a + window, q_len)
+        lo, hi = max(0, first + a - window + 1), first + b  # keys [lo, hi) hold every visible one
+        mask = causal_mask(b - a, hi - lo, query.device) & window_mask(b - a, hi - lo, window, query.device)
+        o = F.scaled_dot_product_attention(query[a:b].transpose(0, 1).unsqueeze(0),
+                                           k[lo:hi].transpose(0, 1).unsqueeze(0).to(query.dtype),
+                                           v[lo:hi].transpose(0, 1).unsqueeze(0).to(query.dtype),
+                                           attn_mask=mask, scale=scale, enable_gqa=True)
+        out[a:b] = o[0].transpose(0, 1)
+    return out
+
+
 def sdpa_decode(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
                 scale: float) -> torch.Tensor:
     """Decodes of the first ``meta.num_decodes`` sequences, ``meta.decode_query_len`` rows each:
@@ -61,7 +87,11 @@ def sdpa_decode(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
     elsewhere, or if it cannot be built, one SDPA call."""
     nd, ql = meta.num_decodes, meta.decode_query_len
     # positional arguments: tests stand in for the native kernel with ``lambda *a: None``
-    native = paged_decode_native(query, kv_cache, meta.block_tables, meta.seq_lens, scale, ql, meta.tree_mask)
+    if meta.sliding_window is None:
+        native = paged_decode_native(query, kv_cache, meta.block_tables, meta.seq_lens, scale, ql, meta.tree_mask)
+    else:
+        native = paged_decode_native(query, kv_cache, meta.block_tables, meta.seq_lens, scale, ql, meta.tree_mask,
+                                     meta.sliding_window)
     if native is not None:
         return native
     _, hq, d = query.shape
@@ -74,6 +104,8 @@ def sdpa_decode(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
     pos = torch.arange(nblocks * block_size, device=query.device)
     seq_lens = meta.seq_lens[:nd, None]
     valid = pos[None, :] < seq_lens  # [nd, L]
+    if meta.sliding_window is not None:  # keys before the first row's window are masked out for every row
+        valid &= pos[None, :] > seq_lens - ql - meta.sliding_window
     tables = meta.block_tables[:nd, :nblocks].long()
     slots = (tables[:, :, None] * block_size + torch.arange(block_size, device=query.device)).flatten(1)
     slots = torch.where(valid, slots, slots[:, :1])  # padding reads the sequence's own token 0, then is masked
@@ -91,6 +123,9 @@ def sdpa_decode(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMeta
             mask = pos[None, None, :] <= last[:, :, None]  # [nd, ql, L]; implies < seq_len
         else:
             mask = _tree_rows_mask(meta.tree_mask, pos, seq_lens - ql)
+        if meta.sliding_window is not None:  # each row's own window
+            last = seq_lens - ql + torch.arange(ql, device=query.device)
+            mask = mask & (pos[None, None, :] > last[:, :, None] - meta.sliding_window)
         mask = mask.repeat_interleave(group, dim=1)[:, None]  # [nd, 1, ql * group, L]
     o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     if ql == 1:

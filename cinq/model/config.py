@@ -1,7 +1,8 @@
 """ModelConfig: the decoder's shape, read from a Hugging Face ``config.json``.
 
-One decoder covers Llama (with Llama-3 rope scaling), Mistral, Qwen2 and Qwen3; the differences between them
-are fields here (qkv bias, q/k norm, tied embeddings), never separate model classes.
+Which architectures are served, and each family's defaults (qkv bias, q/k norm), come from the registry
+(cinq/model/registry.py); within a family the differences are fields here (Llama-3 rope scaling, tied
+embeddings, Gemma 3's per-layer sliding window and local rope base).
 """
 
 from __future__ import annotations
@@ -13,14 +14,9 @@ from typing import Any
 
 from cinq.errors import ModelLoadError
 from cinq.model.folder_files import exists, read_json
+from cinq.model.registry import ModelRegistry
 
-# architecture name in config.json -> (qkv bias by default, q/k RMSNorm)
-SUPPORTED_ARCHITECTURES: dict[str, tuple[bool, bool]] = {
-    "LlamaForCausalLM": (False, False),
-    "MistralForCausalLM": (False, False),
-    "Qwen2ForCausalLM": (True, False),
-    "Qwen3ForCausalLM": (False, True),
-}
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 @dataclass(slots=True)
@@ -45,6 +41,11 @@ class ModelConfig:
     mlp_bias: bool = False
     hidden_act: str = "silu"
     sliding_window: int | None = None
+    # per layer "full_attention" / "sliding_attention" (Gemma 3); None: every layer alike (sliding_window, when
+    # set, then caps the whole context as before)
+    layer_types: list[str] | None = None
+    rope_local_theta: float | None = None  # rope base of the sliding layers (Gemma 3's rope_local_base_freq)
+    query_pre_attn_scalar: float | None = None  # attention scale = this ** -0.5 (Gemma); None: head_dim
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     torch_dtype: str | None = None
@@ -58,6 +59,17 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_key_value_heads * self.head_dim
 
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of layer ``layer`` (None: it sees its whole context)."""
+        if self.layer_types is None or self.layer_types[layer] != "sliding_attention":
+            return None
+        return self.sliding_window
+
+    @property
+    def has_local_layers(self) -> bool:
+        """Some layers only see a window (per-layer types): the context is not capped at the window."""
+        return self.layer_types is not None and "sliding_attention" in self.layer_types
+
     @classmethod
     def from_dict(cls, cfg: dict[str, Any], source: str = "config.json") -> ModelConfig:
         """Build from a parsed HF config dict; raises ModelLoadError naming ``source``, the field and the limit."""
@@ -65,18 +77,14 @@ class ModelConfig:
             raise ModelLoadError(f"{source}: must hold a JSON object, got {type(cfg).__name__}")
         fields = _Fields(cfg, source)
         archs = cfg.get("architectures") or []
-        arch = next((a for a in archs if isinstance(a, str) and a in SUPPORTED_ARCHITECTURES), None) \
-            if isinstance(archs, list) else None
-        if arch is None:
-            by_type = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                       "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
-            arch = by_type.get(cfg.get("model_type")) if isinstance(cfg.get("model_type"), str) else None
+        arch = ModelRegistry.resolve(archs, cfg.get("model_type"))
         if arch is None:
             found = archs or cfg.get("model_type")
             detail = f"found {found!r}" if found else "neither is set"
             raise ModelLoadError(f"{source}: no supported 'architectures' or 'model_type' ({detail}): cinq supports "
-                                 f"{sorted(SUPPORTED_ARCHITECTURES)}")
-        default_bias, qk_norm = SUPPORTED_ARCHITECTURES[arch]
+                                 f"{ModelRegistry.get_supported_archs()}")
+        info = ModelRegistry.info(arch)
+        default_bias, qk_norm = info.attention_bias, info.qk_norm
         sizes = {key: fields.positive_int(key, limit) for key, limit in SIZE_LIMITS.items()
                  if key not in ("num_key_value_heads", "head_dim", "max_position_embeddings")}
         heads = sizes["num_attention_heads"]
@@ -90,6 +98,11 @@ class ModelConfig:
         head_dim = fields.positive_int("head_dim", SIZE_LIMITS["head_dim"], default=sizes["hidden_size"] // heads)
         # transformers >= 5 writes rope_parameters (theta inside); older files use rope_theta + rope_scaling.
         rope_params = dict(fields.dict_or_none("rope_parameters") or {})
+        rope_local_theta = cfg.get("rope_local_base_freq")
+        if "full_attention" in rope_params:  # transformers 5 Gemma 3: one rope per layer type
+            local = rope_params.pop("sliding_attention", None) or {}
+            rope_params = dict(rope_params.pop("full_attention") or {})
+            rope_local_theta = local.get("rope_theta", rope_local_theta)
         rope_theta = fields.positive_float("rope_theta", rope_params.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
         rope_scaling = rope_params or fields.dict_or_none("rope_scaling")
         if rope_scaling:
@@ -98,13 +111,21 @@ class ModelConfig:
             rope_scaling["rope_type"] = rope_type
             if rope_type == "default":
                 rope_scaling = None
-        act = cfg.get("hidden_act", "silu")
+        act = cfg.get("hidden_act") or cfg.get("hidden_activation") or "silu"
         if act not in ("silu", "gelu", "gelu_pytorch_tanh"):
             raise ModelLoadError(f"{source}: hidden_act {act!r} is not supported (silu, gelu, gelu_pytorch_tanh)")
         # 0 and null both mean "no window" in released configs; the window only ever caps the context.
         sliding = fields.positive_int("sliding_window", 1 << 62, default=None) \
             if cfg.get("use_sliding_window", True) and cfg.get("sliding_window") != 0 else None
         torch_dtype = cfg.get("torch_dtype") or cfg.get("dtype")
+        layer_types = cfg.get("layer_types")
+        if layer_types is not None and (not isinstance(layer_types, list) or len(layer_types) !=
+                                        sizes["num_hidden_layers"] or any(t not in LAYER_TYPES for t in layer_types)):
+            raise ModelLoadError(f"{source}: 'layer_types' must list one of {list(LAYER_TYPES)} per layer "
+                                 f"({sizes['num_hidden_layers']}), got {layer_types!r:.200}")
+        if layer_types is not None and "sliding_attention" in layer_types and sliding is None:
+            raise ModelLoadError(f"{source}: 'layer_types' has sliding_attention layers but 'sliding_window' is unset")
+        scalar = cfg.get("query_pre_attn_scalar")
         return cls(
             architecture=arch,
             vocab_size=sizes["vocab_size"],
@@ -125,6 +146,11 @@ class ModelConfig:
             mlp_bias=bool(cfg.get("mlp_bias", False)),
             hidden_act=act,
             sliding_window=sliding,
+            layer_types=list(layer_types) if layer_types is not None else None,
+            rope_local_theta=fields.positive_float("rope_local_base_freq", rope_local_theta)
+            if rope_local_theta is not None else None,
+            query_pre_attn_scalar=fields.positive_float("query_pre_attn_scalar", scalar) if scalar is not None
+            else None,
             bos_token_id=fields.token_ids("bos_token_id", single=True)[0] if cfg.get("bos_token_id") is not None
             else None,
             eos_token_ids=fields.token_ids("eos_token_id"),

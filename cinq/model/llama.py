@@ -185,17 +185,32 @@ class LlamaModel(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     """Decoder + LM head. ``forward`` returns final hidden states; ``compute_logits`` projects the rows you need.
+    Follows ``cinq/model/interface.py``'s ``CausalLM`` (the reference implementation of it).
 
     ``quant``: the checkpoint's quantization format (None: dense); ``dtype``: the compute dtype of quantized
     linears (default: torch's default dtype, which dense parameters are created in)."""
 
     stacked_params_mapping = STACKED_PARAMS_MAPPING
+    model_cls: type[nn.Module] = LlamaModel  # a family reusing this head over its own decoder stack overrides it
+    unsupported: dict[str, str] = {}  # engine feature -> why it is refused (interface.check_supported)
+
+    @classmethod
+    def decoder_layer(cls, config: ModelConfig, prefix: str, attention_backend: str = "sdpa",
+                      dtype: torch.dtype | None = None, merge_projections: bool = True,
+                      layer_index: int = 0) -> nn.Module:
+        """One decoder block of this family, dense (the EAGLE head's layer; calibration's block, unmerged)."""
+        return LlamaDecoderLayer(config, None, prefix, attention_backend, dtype, merge_projections)
+
+    @classmethod
+    def embed_scale(cls, config: ModelConfig) -> float | None:
+        """What the token embedding is multiplied by before the first block (None: nothing)."""
+        return None
 
     def __init__(self, config: ModelConfig, quant: LinearFactory | None = None, attention_backend: str = "sdpa",
                  dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, quant, attention_backend, dtype)
+        self.model = self.model_cls(config, quant, attention_backend, dtype)
         # The LM head stays dense unless the checkpoint says it is quantized (GPTQ's "lm_head": true, which the
         # format's quantizes("lm_head") reports); a quantized head is never tied: the embedding lookup needs the
         # dense matrix.
@@ -222,12 +237,13 @@ class LlamaForCausalLM(nn.Module):
         hidden, _ = self.model(input_ids, positions, meta)
         return hidden
 
-    def forward_with_hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None
-                                   ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Training-mode forward that also returns every layer's input and the final normed state (as HF)."""
+    def forward_with_hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
+                                   meta: AttentionMetadata | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Forward that also returns every layer's input and the final normed state (as HF); served with
+        ``meta`` (EAGLE's features), training-mode without."""
         if positions is None:
             positions = torch.arange(input_ids.shape[-1], device=input_ids.device).expand_as(input_ids)
-        return self.model(input_ids, positions, None, output_hidden_states=True)
+        return self.model(input_ids, positions, meta, output_hidden_states=True)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits in float32 (sampling and logprobs want the precision)."""

@@ -32,7 +32,8 @@ from cinq.layers.weight_loader import CheckpointTensor, check_and_copy
 from cinq.model.checkpoint_files import check_safetensors_file, checkpoint_files
 from cinq.model.checkpoint_names import expected_checkpoint_names, mapping_of, resolve
 from cinq.model.config import ModelConfig
-from cinq.model.llama import LlamaForCausalLM
+from cinq.model.interface import CausalLM
+from cinq.model.registry import ModelRegistry
 from cinq.model.gguf.file import GGUF_QUANT_METHOD, find_gguf_file
 from cinq.model.memory import check_fits
 
@@ -115,7 +116,7 @@ def quantization_summary(config: ModelConfig) -> str | None:
 
 def build_empty_model(config: ModelConfig, dtype: torch.dtype, device: torch.device | str,
                       attention_backend: str = "sdpa", path: Path | None = None,
-                      shard: TPShard | None = None, quant: LinearFactory | None = None) -> LlamaForCausalLM:
+                      shard: TPShard | None = None, quant: LinearFactory | None = None) -> CausalLM:
     """The model with uninitialised storage on ``device`` (fill it with ``load_weights``). With ``path`` (the
     folder or file it comes from), refuses first a model that cannot fit in the device's available memory.
     ``shard``: build only that tensor-parallel rank's part (None: the whole model). ``quant``: the linear factory
@@ -124,7 +125,7 @@ def build_empty_model(config: ModelConfig, dtype: torch.dtype, device: torch.dev
         if quant is None:
             quant = quant_factory(config, path / "config.json" if path is not None and path.is_dir()
                                   else path or "config.json")
-        model = LlamaForCausalLM(config, quant, attention_backend, dtype=dtype)
+        model = ModelRegistry.model_class(config.architecture)(config, quant, attention_backend, dtype=dtype)
     if path is not None:
         model.tie_weights()  # count a tied embedding once
         check_fits(model, dtype, device, path)
@@ -133,7 +134,7 @@ def build_empty_model(config: ModelConfig, dtype: torch.dtype, device: torch.dev
     return model
 
 
-def load_weights(model: LlamaForCausalLM, path: Path) -> None:
+def load_weights(model: CausalLM, path: Path) -> None:
     """Fill the model from the folder's checkpoint tensors, then let layers repack (process_weights_after_loading)."""
     load_tensors(model, iter_checkpoint(path))
     finish_loading(model)
@@ -181,7 +182,7 @@ def load_tensors(model: nn.Module, tensors: Iterator[CheckpointTensor]) -> None:
 
 
 def load_gguf_model(path: Path, dtype: torch.dtype, device: str | torch.device, attention_backend: str,
-                    shard: TPShard | None = None) -> LlamaForCausalLM:
+                    shard: TPShard | None = None) -> CausalLM:
     """The model of a GGUF file (cinq/model/gguf/): the same model class, its linears built by the file's
     ``GGUFFormat`` (its own Q8_0 / Q4_0 / Q4_1 blocks) and its tensors streamed from the mapped file."""
     from cinq.model.gguf.file import read_gguf
@@ -209,9 +210,10 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
 
 
 def load_model(path: str | Path, dtype: str | torch.dtype = "bfloat16", device: str | torch.device = "cpu",
-               attention_backend: str = "sdpa", shard: TPShard | None = None) -> LlamaForCausalLM:
-    """Load a Hugging Face model folder (or a GGUF file, or a folder holding one) into a ready-to-run ``LlamaForCausalLM`` in eval mode; with ``shard``,
-    only that tensor-parallel rank's part (each tensor's slice is read alone from the file)."""
+               attention_backend: str = "sdpa", shard: TPShard | None = None) -> CausalLM:
+    """Load a Hugging Face model folder (or a GGUF file, or a folder holding one) into a ready-to-run model (the
+    registry's class for its architecture) in eval mode; with ``shard``, only that tensor-parallel rank's part
+    (each tensor's slice is read alone from the file)."""
     path = Path(path)
     dtype = parse_dtype(dtype)
     gguf = find_gguf_file(path)

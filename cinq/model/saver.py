@@ -15,17 +15,15 @@ from cinq.model.byte_tokenizer import SPECIALS
 from cinq.model.checkpoint_names import checkpoint_state_dict
 from cinq.model.config import ModelConfig
 from cinq.model.generation_defaults import TURN_MARKERS, cinq_generation_config, turn_marker_ids
-from cinq.model.llama import LlamaForCausalLM
-
-_MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
-                "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+from cinq.model.interface import CausalLM
+from cinq.model.registry import ModelRegistry
 
 
 def hf_config_dict(config: ModelConfig, dtype: torch.dtype | None = None) -> dict[str, Any]:
     """The config.json content describing ``config`` in Hugging Face's vocabulary."""
     out: dict[str, Any] = {
         "architectures": [config.architecture],
-        "model_type": _MODEL_TYPES[config.architecture],
+        "model_type": ModelRegistry.info(config.architecture).model_type,
         "vocab_size": config.vocab_size,
         "hidden_size": config.hidden_size,
         "intermediate_size": config.intermediate_size,
@@ -44,6 +42,14 @@ def hf_config_dict(config: ModelConfig, dtype: torch.dtype | None = None) -> dic
         "bos_token_id": config.bos_token_id,
         "eos_token_id": config.eos_token_ids[0] if len(config.eos_token_ids) == 1 else (config.eos_token_ids or None),
     }
+    if config.sliding_window is not None:
+        out["sliding_window"] = config.sliding_window
+    if config.layer_types is not None:  # Gemma 3: per-layer windows, local rope base, attention scale
+        out["layer_types"] = list(config.layer_types)
+        out["rope_local_base_freq"] = config.rope_local_theta
+        scalar = config.query_pre_attn_scalar
+        out["query_pre_attn_scalar"] = int(scalar) if scalar is not None and scalar.is_integer() else scalar
+        out["hidden_activation"] = config.hidden_act
     if dtype is not None:
         out["torch_dtype"] = str(dtype).removeprefix("torch.")
     if config.quantization_config:
@@ -51,7 +57,7 @@ def hf_config_dict(config: ModelConfig, dtype: torch.dtype | None = None) -> dic
     return out
 
 
-def save_model(model: LlamaForCausalLM, path: str | Path, dtype: torch.dtype | None = None,
+def save_model(model: CausalLM, path: str | Path, dtype: torch.dtype | None = None,
                extra_config: dict[str, Any] | None = None, tokenizer: str | Path | None = None) -> Path:
     """Save weights (safetensors under Hugging Face names, tied LM head stored once), config.json and
     generation_config.json into ``path``.
@@ -96,16 +102,16 @@ def chat_turn_markers(config: ModelConfig, tokenizer: str | Path | None = None) 
 
 
 def init_random_model(config: ModelConfig, seed: int = 0, std: float = 0.02,
-                      dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
+                      dtype: torch.dtype = torch.float32) -> CausalLM:
     """A model with N(0, std) weights (norm weights 1, biases 0), reproducible from ``seed``. Merged projections
     draw shard by shard, so the weights are those of separate q/k/v and gate/up drawn in the checkpoint's order."""
     gen = torch.Generator().manual_seed(seed)
-    model = LlamaForCausalLM(config)
+    model = ModelRegistry.model_class(config.architecture)(config)
     modules = dict(model.named_modules())
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.fill_(1.0)
+            if name.endswith("norm.weight"):  # Gemma's (1 + w) norms start at w = 0
+                p.fill_(getattr(modules[name.rpartition(".")[0]], "init_weight", 1.0))
             elif name.endswith(".bias"):
                 p.zero_()
             else:

@@ -178,8 +178,8 @@ class Tokenizer:
                             **extra: Any) -> str:
         """Render a conversation with the model's chat template (jinja2, HF conventions)."""
         if not self.chat_template:
-            raise InvalidParameterError("messages: this model's tokenizer_config.json has no chat_template",
-                                        "messages")
+            raise InvalidParameterError("messages: this model's tokenizer has no chat_template (a base model: "
+                                        "send a plain prompt to completions instead)", "messages")
         if not messages:
             raise InvalidParameterError("messages must hold at least one message", "messages")
         try:

@@ -23,8 +23,8 @@ from torch import nn
 from cinq.errors import InvalidParameterError, ModelLoadError
 from cinq.layers.linear import DenseLinear
 from cinq.model.config import ModelConfig
-from cinq.model.llama import LlamaDecoderLayer
 from cinq.model.loader import checkpoint_files
+from cinq.model.registry import ModelRegistry
 
 # Linears of a decoder block in execution order, grouped by the input they share.
 BLOCK_LINEARS: tuple[tuple[str, ...], ...] = (
@@ -109,11 +109,12 @@ class CheckpointReader:
         """Storage dtype of the dense weights (that of the embedding)."""
         return self.tensor("model.embed_tokens.weight").dtype
 
-    def block(self, index: int) -> LlamaDecoderLayer:
+    def block(self, index: int) -> nn.Module:
         """Decoder block ``index`` in float32 with its checkpoint weights."""
         prefix = f"model.layers.{index}"
         # HF's separate projections: calibration hooks, GPTQ/AWQ/SmoothQuant and the writer work per projection.
-        block = LlamaDecoderLayer(self.config, None, prefix, "sdpa", merge_projections=False)
+        block = ModelRegistry.model_class(self.config.architecture).decoder_layer(
+            self.config, prefix, "sdpa", merge_projections=False, layer_index=index)
         state = {}
         for name, p in block.named_parameters():
             t = self.tensor(f"{prefix}.{name}")
@@ -139,7 +140,9 @@ class BlockState:
                     dtype: torch.dtype = torch.float32) -> BlockState:
         embed = reader.tensor("model.embed_tokens.weight")
         positions = torch.arange(tokens.shape[1]).expand_as(tokens)
-        return cls(embed[tokens].to(dtype), None, positions)
+        hidden = embed[tokens].to(dtype)
+        scale = ModelRegistry.model_class(reader.config.architecture).embed_scale(reader.config)
+        return cls(hidden if scale is None else hidden * torch.tensor(scale, dtype=dtype), None, positions)
 
 
 class StopForward(Exception):
@@ -165,7 +168,8 @@ def run_block(block: nn.Module, state: BlockState, batch: int = 8, keep_output: 
                 ress.append(res)
     if not keep_output:
         return None
-    return BlockState(torch.cat(outs), torch.cat(ress), state.positions)
+    # a family whose blocks return the whole residual stream as hidden (Gemma 3) carries no residual
+    return BlockState(torch.cat(outs), None if ress[0] is None else torch.cat(ress), state.positions)
 
 
 def block_linears(block: nn.Module) -> dict[str, DenseLinear]:

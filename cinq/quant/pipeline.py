@@ -83,6 +83,9 @@ def quantize_model(src: str | Path, dst: str | Path, cfg: QuantConfig, calib: to
     if dst.resolve() == src.resolve():
         raise InvalidParameterError("--out must differ from the source model folder", "out")
     reader = CheckpointReader(src)
+    from cinq.model.interface import check_supported
+    from cinq.model.registry import ModelRegistry
+    check_supported(ModelRegistry.model_class(reader.config.architecture), cfg.method, "method")
     check_shapes(reader.config, cfg)
     if cfg.method != "rtn" and calib is None:
         raise InvalidParameterError(f"{cfg.method} needs calibration text (--calib FILE)", "calib")

@@ -10,8 +10,9 @@ EAGLE-3 (Li et al. 2025): the target feature is fused from a low, a middle and a
 only on the target's distributions, unrolled over its own outputs ("training-time test",
 cinq/spec/eagle_unroll.py); the pre-norm output is what chains.
 
-The decoder layer is cinq's ``LlamaDecoderLayer``: served, it runs over the paged KV cache with the target's
-``AttentionMetadata`` and positions; in training (``meta=None``, [B, S] inputs) it is plain causal attention.
+The decoder layer is the target family's (``decoder_layer``, cinq/model/interface.py; Llama's for every head so
+far): served, it runs over the paged KV cache with the target's ``AttentionMetadata`` and positions; in training
+(``meta=None``, [B, S] inputs) it is plain causal attention.
 The head owns no embedding and no LM head: it borrows the target's (no copy; they are not submodules, so the
 head's ``state_dict``, ``.to()`` and ``parameters()`` never touch the target's weights).
 
@@ -50,7 +51,9 @@ from cinq.layers.linear import make_linear
 from cinq.layers.norm import RMSNorm
 from cinq.model.checkpoint_names import checkpoint_state_dict
 from cinq.model.config import ModelConfig
-from cinq.model.llama import STACKED_PARAMS_MAPPING, LlamaDecoderLayer, LlamaForCausalLM
+from cinq.model.interface import CausalLM
+from cinq.model.llama import STACKED_PARAMS_MAPPING
+from cinq.model.registry import ModelRegistry
 from cinq.model.loader import default_dtype, parse_dtype
 from cinq.model.saver import hf_config_dict
 from cinq.errors import InvalidParameterError, ModelLoadError
@@ -100,7 +103,8 @@ class EagleHead(nn.Module):
             self.embedding_layernorm = RMSNorm(hidden, eps)
             self.hidden_states_layernorm = RMSNorm(hidden, eps)
         self.fc = make_linear(2 * hidden, hidden, False, None, "fc", dtype)
-        layer = LlamaDecoderLayer(config, None, "layers.0", attention_backend, dtype)
+        layer = ModelRegistry.model_class(config.architecture).decoder_layer(config, "layers.0", attention_backend,
+                                                                             dtype)
         # EAGLE feeds fc's output to attention unnormalised (vLLM's EAGLE-1 layout has no such tensor)
         layer.input_layernorm = nn.Identity()
         self.layers = nn.ModuleList([layer])
@@ -163,7 +167,7 @@ def _check_feature_layers(method: str, layers: tuple[int, ...], num_layers: int,
                              "model")
 
 
-def new_eagle_head(target: LlamaForCausalLM, method: str, feature_layers: tuple[int, ...] | None = None,
+def new_eagle_head(target: CausalLM, method: str, feature_layers: tuple[int, ...] | None = None,
                    seed: int = 0, attention_backend: str = "sdpa", target_name: str = "") -> EagleHead:
     """A freshly initialised head for ``target`` (float32, on the target's device): N(0, 0.02) matrices, unit
     norms."""
@@ -185,7 +189,7 @@ def new_eagle_head(target: LlamaForCausalLM, method: str, feature_layers: tuple[
     return head
 
 
-def load_eagle_head(path: str | Path, target: LlamaForCausalLM, dtype: torch.dtype | str, device: torch.device | str,
+def load_eagle_head(path: str | Path, target: CausalLM, dtype: torch.dtype | str, device: torch.device | str,
                     attention_backend: str) -> EagleHead:
     """Load a head folder onto ``target`` (sharing its embedding and LM head). Refuses, naming the field, a head
     trained for another target: InvalidParameterError(..., "model")."""

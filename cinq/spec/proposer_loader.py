@@ -32,6 +32,9 @@ def load_proposer(spec: SpeculativeConfig | None, target_path: str | Path, targe
     scheduler drafts itself)."""
     if spec is None or spec.method == "ngram":
         return None
+    if spec.method in ("eagle", "eagle3", "medusa"):  # heads are built for the target's family
+        from cinq.model.interface import check_supported
+        check_supported(type(target), "eagle" if spec.method.startswith("eagle") else "medusa", "method")
     generator = torch.Generator(device=device)
     generator.manual_seed(seed + 1)  # its own stream: drafting never shifts the target's sampling draws
     probabilistic = spec.draft_sample_method == "probabilistic"

@@ -45,8 +45,10 @@ inline void load_row(const T* src, float* dst, int64_t d) {
 }
 
 // Whether query row r sees the key rel positions after the first new row (rel < 0: the cached context). Causal
-// among the new rows; with a tree mask (this sequence's [ql, ql], row-major), only the rows it marks.
-inline bool visible(int64_t rel, int64_t r, int64_t ql, const bool* tree) {
+// among the new rows; with a tree mask (this sequence's [ql, ql], row-major), only the rows it marks. With a
+// sliding window (> 0) only keys within window - 1 positions before the row (Gemma 3's local layers).
+inline bool visible(int64_t rel, int64_t r, int64_t ql, const bool* tree, int64_t window) {
+  if (window > 0 && rel <= r - window) return false;
   if (rel < 0) return true;
   return rel <= r && (tree == nullptr || tree[r * ql + rel]);
 }
@@ -77,7 +79,8 @@ inline int64_t decode_threads(const int32_t* seq_lens, int64_t nd, int64_t row, 
 template <typename T>
 void decode_kernel(const float* q, const T* cache, const int32_t* tables, const int32_t* seq_lens, const bool* tree,
                    int64_t tree_stride, float* out, int64_t nd, int64_t ql, int64_t hq, int64_t hkv, int64_t d,
-                   int64_t block_size, int64_t max_blocks, int64_t value_offset, float scale) {
+                   int64_t block_size, int64_t max_blocks, int64_t value_offset, float scale,
+                   int64_t window) {
   const int64_t group = hq / hkv;
   const int64_t row = hkv * d;  // one token's K (or V) for all kv heads: contiguous in the page
   const int64_t block_stride = block_size * row;
@@ -94,18 +97,20 @@ void decode_kernel(const float* q, const T* cache, const int32_t* tables, const 
       if (nh <= 0) continue;
       // Rows jr = r * nqh + j: query token r, head h0 * group + j (the query heads of kv heads h0..h1).
       const int64_t len = seq_lens[s], nqh = nh * group, nq = ql * nqh;
+      // keys before the first row's window are never read: scores hold positions t0 .. len - 1 only
+      const int64_t t0 = window > 0 ? std::max<int64_t>(0, len - ql - window + 1) : 0, span = len - t0;
       const int32_t* table = tables + s * max_blocks;
       const float* qs = q + (s * ql * hq + h0 * group) * d;
       const bool* ts = tree == nullptr ? nullptr : tree + s * tree_stride;
-      scores.resize(nq * len);
+      scores.resize(nq * span);
       std::vector<float> mx(nq, -std::numeric_limits<float>::infinity());
-      for (int64_t t = 0; t < len; ++t) {
+      for (int64_t t = t0; t < len; ++t) {
         const T* kp = cache + table[t / block_size] * block_stride + (t % block_size) * row + h0 * d;
         load_row(kp, buf.data(), nh * d);
         for (int64_t jr = 0; jr < nq; ++jr) {
           const int64_t r = jr / nqh, j = jr % nqh;
-          if (!visible(t - (len - ql), r, ql, ts)) {
-            scores[jr * len + t] = -std::numeric_limits<float>::infinity();
+          if (!visible(t - (len - ql), r, ql, ts, window)) {
+            scores[jr * span + (t - t0)] = -std::numeric_limits<float>::infinity();
             continue;
           }
           const float* qj = qs + (r * hq + j) * d;
@@ -113,17 +118,17 @@ void decode_kernel(const float* q, const T* cache, const int32_t* tables, const 
           float dot = 0.f;
           for (int64_t i = 0; i < d; ++i) dot += qj[i] * kj[i];
           dot *= scale;
-          scores[jr * len + t] = dot;
+          scores[jr * span + (t - t0)] = dot;
           mx[jr] = dot > mx[jr] ? dot : mx[jr];
         }
       }
-      const std::vector<float> inv = exp_rows(scores.data(), mx.data(), nq, len);
+      const std::vector<float> inv = exp_rows(scores.data(), mx.data(), nq, span);
       acc.assign(nq * d, 0.f);
-      for (int64_t t = 0; t < len; ++t) {
+      for (int64_t t = t0; t < len; ++t) {
         const T* vp = cache + value_offset + table[t / block_size] * block_stride + (t % block_size) * row + h0 * d;
         load_row(vp, buf.data(), nh * d);
         for (int64_t jr = 0; jr < nq; ++jr) {
-          const float w = scores[jr * len + t];
+          const float w = scores[jr * span + (t - t0)];
           const float* vj = buf.data() + ((jr % nqh) / group) * d;
           float* aj = acc.data() + jr * d;
           for (int64_t i = 0; i < d; ++i) aj[i] += w * vj[i];
@@ -144,7 +149,7 @@ void decode_kernel(const float* q, const T* cache, const int32_t* tables, const 
 void decode_kernel_bf16(const float* q, const c10::BFloat16* cache_t, const int32_t* tables, const int32_t* seq_lens,
                         const bool* tree, int64_t tree_stride, float* out, int64_t nd, int64_t ql, int64_t hq,
                         int64_t hkv, int64_t d, int64_t block_size, int64_t max_blocks, int64_t value_offset,
-                        float scale) {
+                        float scale, int64_t window) {
   const uint16_t* cache = reinterpret_cast<const uint16_t*>(cache_t);
   const int64_t group = hq / hkv;
   const int64_t row = hkv * d;
@@ -160,6 +165,7 @@ void decode_kernel_bf16(const float* q, const c10::BFloat16* cache_t, const int3
       const int64_t h1 = std::min(hkv, h0 + per_chunk), nh = h1 - h0;
       if (nh <= 0) continue;
       const int64_t len = seq_lens[s], nqh = nh * group, nq = ql * nqh;  // rows as in decode_kernel
+      const int64_t t0 = window > 0 ? std::max<int64_t>(0, len - ql - window + 1) : 0, span = len - t0;
       const int32_t* table = tables + s * max_blocks;
       const float* qs = q + (s * ql * hq + h0 * group) * d;
       const bool* ts = tree == nullptr ? nullptr : tree + s * tree_stride;
@@ -171,13 +177,13 @@ void decode_kernel_bf16(const float* q, const c10::BFloat16* cache_t, const int3
           std::memcpy(qb.data() + jr * d + i, &h, 32);
         }
       }
-      scores.resize(nq * len);
+      scores.resize(nq * span);
       std::vector<float> mx(nq, -std::numeric_limits<float>::infinity());
-      for (int64_t t = 0; t < len; ++t) {
+      for (int64_t t = t0; t < len; ++t) {
         const uint16_t* kp = cache + table[t / block_size] * block_stride + (t % block_size) * row + h0 * d;
         for (int64_t jr = 0; jr < nq; ++jr) {
-          if (!visible(t - (len - ql), jr / nqh, ql, ts)) {
-            scores[jr * len + t] = -std::numeric_limits<float>::infinity();
+          if (!visible(t - (len - ql), jr / nqh, ql, ts, window)) {
+            scores[jr * span + (t - t0)] = -std::numeric_limits<float>::infinity();
             continue;
           }
           const int64_t j = jr % nqh;
@@ -187,13 +193,13 @@ void decode_kernel_bf16(const float* q, const c10::BFloat16* cache_t, const int3
           for (int64_t i = 0; i < d; i += 32)
             a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(qj + i), (__m512bh)_mm512_loadu_si512(kj + i));
           const float dot = _mm512_reduce_add_ps(a) * scale;
-          scores[jr * len + t] = dot;
+          scores[jr * span + (t - t0)] = dot;
           mx[jr] = dot > mx[jr] ? dot : mx[jr];
         }
       }
-      const std::vector<float> inv = exp_rows(scores.data(), mx.data(), nq, len);
+      const std::vector<float> inv = exp_rows(scores.data(), mx.data(), nq, span);
       acc.assign(nq * d, 0.f);
-      for (int64_t t = 0; t < len; ++t) {
+      for (int64_t t = t0; t < len; ++t) {
         const uint16_t* vp = cache + value_offset + table[t / block_size] * block_stride
                              + (t % block_size) * row + h0 * d;
         for (int64_t hh = 0; hh < nh; ++hh) {
@@ -205,7 +211,7 @@ void decode_kernel_bf16(const float* q, const c10::BFloat16* cache_t, const int3
               for (int64_t g = 0; g < group; ++g) {
                 const int64_t jr = r * nqh + hh * group + g;
                 float* aj = acc.data() + jr * d + i;
-                _mm512_storeu_ps(aj, _mm512_fmadd_ps(_mm512_set1_ps(scores[jr * len + t]), v, _mm512_loadu_ps(aj)));
+                _mm512_storeu_ps(aj, _mm512_fmadd_ps(_mm512_set1_ps(scores[jr * span + (t - t0)]), v, _mm512_loadu_ps(aj)));
               }
             }
           }
@@ -227,8 +233,10 @@ void decode_kernel_bf16(const float* q, const c10::BFloat16* cache_t, const int3
 // tree_mask: empty (causal among the new rows), or contiguous bool [ql, ql] (shared by all sequences) or
 // [nd, ql, ql] (one per sequence). Returns [nd * ql, hq, d] in the query's dtype (computed in float32; a bf16
 // query and output convert here, in one call, rather than as two more ops per layer in Python).
-torch::Tensor paged_decode(torch::Tensor query_in, torch::Tensor kv_cache, torch::Tensor block_tables,
-                           torch::Tensor seq_lens, double scale, int64_t ql, torch::Tensor tree_mask) {
+// window: > 0 for a sliding-window layer (row at position p sees keys > p - window), 0 for none.
+torch::Tensor paged_decode_window(torch::Tensor query_in, torch::Tensor kv_cache, torch::Tensor block_tables,
+                                  torch::Tensor seq_lens, double scale, int64_t ql, torch::Tensor tree_mask,
+                                  int64_t window) {
   TORCH_CHECK(query_in.dim() == 3 && (query_in.scalar_type() == torch::kFloat32 ||
                                       query_in.scalar_type() == torch::kBFloat16),
               "paged_decode: query must be float32 or bf16 [nd * ql, hq, d]");
@@ -259,25 +267,25 @@ torch::Tensor paged_decode(torch::Tensor query_in, torch::Tensor kv_cache, torch
     case torch::kFloat32:
       decode_kernel(query.data_ptr<float>(), kv_cache.data_ptr<float>(), block_tables.data_ptr<int32_t>(),
                     seq_lens.data_ptr<int32_t>(), tree, tree_stride, out.data_ptr<float>(), nd, ql, hq, hkv, d,
-                    block_size, max_blocks, value_offset, sc);
+                    block_size, max_blocks, value_offset, sc, window);
       break;
     case torch::kBFloat16:
 #if defined(__AVX512BF16__)
       if (d % 32 == 0) {
         decode_kernel_bf16(query.data_ptr<float>(), kv_cache.data_ptr<c10::BFloat16>(),
                            block_tables.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(), tree, tree_stride,
-                           out.data_ptr<float>(), nd, ql, hq, hkv, d, block_size, max_blocks, value_offset, sc);
+                           out.data_ptr<float>(), nd, ql, hq, hkv, d, block_size, max_blocks, value_offset, sc, window);
         break;
       }
 #endif
       decode_kernel(query.data_ptr<float>(), kv_cache.data_ptr<c10::BFloat16>(), block_tables.data_ptr<int32_t>(),
                     seq_lens.data_ptr<int32_t>(), tree, tree_stride, out.data_ptr<float>(), nd, ql, hq, hkv, d,
-                    block_size, max_blocks, value_offset, sc);
+                    block_size, max_blocks, value_offset, sc, window);
       break;
     case torch::kHalf:
       decode_kernel(query.data_ptr<float>(), kv_cache.data_ptr<c10::Half>(), block_tables.data_ptr<int32_t>(),
                     seq_lens.data_ptr<int32_t>(), tree, tree_stride, out.data_ptr<float>(), nd, ql, hq, hkv, d,
-                    block_size, max_blocks, value_offset, sc);
+                    block_size, max_blocks, value_offset, sc, window);
       break;
     default:
       TORCH_CHECK(false, "paged_decode: unsupported kv_cache dtype");
@@ -285,6 +293,12 @@ torch::Tensor paged_decode(torch::Tensor query_in, torch::Tensor kv_cache, torch
   return out.to(query_in.scalar_type());
 }
 
+torch::Tensor paged_decode(torch::Tensor query_in, torch::Tensor kv_cache, torch::Tensor block_tables,
+                           torch::Tensor seq_lens, double scale, int64_t ql, torch::Tensor tree_mask) {
+  return paged_decode_window(query_in, kv_cache, block_tables, seq_lens, scale, ql, tree_mask, 0);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "paged decode attention (CPU)");
+  m.def("paged_decode_window", &paged_decode_window, "paged decode attention (CPU), sliding window");
 }

@@ -32,14 +32,14 @@ MIN_SPLIT_TOKENS = 256  # below this a split's fixed cost outweighs the parallel
 
 @triton.jit
 def _decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, part_o_ptr, part_lse_ptr, seq_lens_ptr, block_tables_ptr, tree_ptr,
-                   qk_scale, split_len, stride_tree,
+                   qk_scale, split_len, stride_tree, window,
                    stride_qt, stride_qh, stride_ot, stride_oh,
                    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_bt,
                    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
                    GROUP: tl.constexpr, QLEN: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
                    BLOCK_D: tl.constexpr,
                    BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, SPLIT: tl.constexpr, FP32_DOT: tl.constexpr,
-                   TREE: tl.constexpr):
+                   TREE: tl.constexpr, WINDOW: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -63,7 +63,10 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, part_o_ptr, part_lse_ptr, seq_len
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for n0 in range(lo, hi, BLOCK_N):
+    start = lo
+    if WINDOW:  # a sliding-window layer: tiles before the first row's window are never read
+        start = tl.maximum(lo, tl.maximum(seq_len - QLEN + 1 - window, 0) // BLOCK_N * BLOCK_N)
+    for n0 in range(start, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < hi
         blk = tl.load(bt_row + offs_n // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
@@ -76,6 +79,8 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, o_ptr, part_o_ptr, part_lse_ptr, seq_len
             s = tl.dot(q, kt.to(q.dtype))
         # with one query it sees the whole context; later query rows see later keys
         keep = n_mask[None, :] & (offs_n[None, :] <= last[:, None])
+        if WINDOW:
+            keep = keep & (offs_n[None, :] > last[:, None] - window)
         if TREE:  # of the new rows' own keys, only those the row's tree_mask row ([QLEN, QLEN] int8) marks
             rel = offs_n - (seq_len - QLEN)  # < 0: cached context
             own = keep & (rel >= 0)[None, :] & g_mask[:, None]  # padding rows past QLEN read nothing
@@ -175,7 +180,7 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMet
             stride_tree = tree.stride(0)
     _decode_kernel[(nd, hkv, num_splits)](
         query, k, v, out, part_o, part_lse, meta.seq_lens, meta.block_tables, tree if tree is not None else out,
-        scale * LOG2E, split_len, stride_tree,
+        scale * LOG2E, split_len, stride_tree, meta.sliding_window or 0,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), meta.block_tables.stride(0),
         part_o.stride(0) if split else 0, part_o.stride(1) if split else 0, part_o.stride(2) if split else 0,
@@ -184,7 +189,7 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMet
         BLOCK_N=block_n,
         PAGE_SIZE=page_size, SPLIT=split,
         FP32_DOT=INTERPRETED or query.dtype == torch.float32 or kv_cache.dtype == torch.float32,
-        TREE=tree is not None, num_warps=4, num_stages=1 if INTERPRETED else 2)
+        TREE=tree is not None, WINDOW=meta.sliding_window is not None, num_warps=4, num_stages=1 if INTERPRETED else 2)
     if split:
         _merge_kernel[(nd * ql, hq)](
             out, part_o, part_lse, out.stride(0), out.stride(1), part_o.stride(0), part_o.stride(1),

@@ -29,9 +29,9 @@ LOG2E = 1.0 / math.log(2.0)
 
 @triton.jit
 def _kv_tiles(acc, m_i, l_i, q, q_pos, k_base, v_base, bt_row, kv_start, kv_len, n_lo, n_hi, qk_scale,
-              stride_kb, stride_kt, stride_vb, stride_vt, offs_d, d_mask,
+              stride_kb, stride_kt, stride_vb, stride_vt, offs_d, d_mask, window,
               BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
-              CAUSAL: tl.constexpr, FP32_DOT: tl.constexpr):
+              CAUSAL: tl.constexpr, FP32_DOT: tl.constexpr, WINDOW: tl.constexpr):
     for n0 in range(n_lo, n_hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < kv_len
@@ -52,6 +52,8 @@ def _kv_tiles(acc, m_i, l_i, q, q_pos, k_base, v_base, bt_row, kv_start, kv_len,
             keep = n_mask[None, :]
             if CAUSAL:
                 keep = keep & (offs_n[None, :] <= q_pos[:, None])
+            if WINDOW:  # a sliding-window layer: keys older than the row's window are hidden
+                keep = keep & (offs_n[None, :] > q_pos[:, None] - window)
             s = tl.where(keep, s, float("-inf"))
         # Key 0 is in the first tile and visible to every row, so m_new is finite from the first tile on.
         v = tl.load(v_base + v_rows[:, None] + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0)
@@ -61,12 +63,12 @@ def _kv_tiles(acc, m_i, l_i, q, q_pos, k_base, v_base, bt_row, kv_start, kv_len,
 
 @triton.jit
 def _prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, kv_info_ptr, block_tables_ptr,
-                    seq_offset, qk_scale,
+                    seq_offset, qk_scale, window,
                     stride_qt, stride_qh, stride_ot, stride_oh, stride_lse_h,
                     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_bt,
                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr, CAUSAL: tl.constexpr,
-                    FP32_DOT: tl.constexpr, STORE_LSE: tl.constexpr):
+                    FP32_DOT: tl.constexpr, STORE_LSE: tl.constexpr, WINDOW: tl.constexpr):
     pid_m = tl.program_id(0)
     b = tl.program_id(1) + seq_offset
     h = tl.program_id(2)
@@ -104,12 +106,19 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, kv_info_ptr, 
     else:
         full_end = kv_len // BLOCK_N * BLOCK_N
         hi = kv_len
-    acc, m_i, l_i = _kv_tiles(acc, m_i, l_i, q, q_pos, k_base, v_base, bt_row, kv_start, kv_len, 0, full_end,
-                              qk_scale, stride_kb, stride_kt, stride_vb, stride_vt, offs_d, d_mask,
-                              BLOCK_N, PAGE_SIZE, PAGED, False, CAUSAL, FP32_DOT)
-    acc, m_i, l_i = _kv_tiles(acc, m_i, l_i, q, q_pos, k_base, v_base, bt_row, kv_start, kv_len, full_end, hi,
-                              qk_scale, stride_kb, stride_kt, stride_vb, stride_vt, offs_d, d_mask,
-                              BLOCK_N, PAGE_SIZE, PAGED, True, CAUSAL, FP32_DOT)
+    if WINDOW:  # causal too: every tile from the first row's window start is masked (no key 0 tile needed)
+        first_pos = kv_len - q_len + pid_m * BLOCK_M
+        lo = tl.maximum(first_pos - window + 1, 0) // BLOCK_N * BLOCK_N
+        acc, m_i, l_i = _kv_tiles(acc, m_i, l_i, q, q_pos, k_base, v_base, bt_row, kv_start, kv_len, lo, hi,
+                                  qk_scale, stride_kb, stride_kt, stride_vb, stride_vt, offs_d, d_mask, window,
+                                  BLOCK_N, PAGE_SIZE, PAGED, True, CAUSAL, FP32_DOT, True)
+    else:
+        acc, m_i, l_i = _kv_tiles(acc, m_i, l_i, q, q_pos, k_base, v_base, bt_row, kv_start, kv_len, 0, full_end,
+                                  qk_scale, stride_kb, stride_kt, stride_vb, stride_vt, offs_d, d_mask, window,
+                                  BLOCK_N, PAGE_SIZE, PAGED, False, CAUSAL, FP32_DOT, False)
+        acc, m_i, l_i = _kv_tiles(acc, m_i, l_i, q, q_pos, k_base, v_base, bt_row, kv_start, kv_len, full_end, hi,
+                                  qk_scale, stride_kb, stride_kt, stride_vb, stride_vt, offs_d, d_mask, window,
+                                  BLOCK_N, PAGE_SIZE, PAGED, True, CAUSAL, FP32_DOT, False)
     out = acc / l_i[:, None]
     tl.store(o_ptr + q_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
              out.to(o_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
@@ -124,7 +133,7 @@ _GPU_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_s
                 for bm, bn, w, st in [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (128, 32, 4, 4),
                                       (64, 64, 4, 4), (64, 32, 4, 2)]]
 _prefill_tuned = None if INTERPRETED else triton.autotune(
-    _GPU_CONFIGS, key=["HEAD_DIM", "GROUP", "PAGED", "CAUSAL", "FP32_DOT"])(_prefill_kernel)
+    _GPU_CONFIGS, key=["HEAD_DIM", "GROUP", "PAGED", "CAUSAL", "FP32_DOT", "WINDOW"])(_prefill_kernel)
 INTERPRETER_TILES = (16, 16)
 
 
@@ -142,13 +151,14 @@ def _check(q: torch.Tensor, kv_dtype: torch.dtype, out: torch.Tensor) -> None:
 def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
             cu_q: torch.Tensor, kv_info: torch.Tensor, block_tables: torch.Tensor, seq_offset: int, num_seqs: int,
             max_q_len: int, scale: float, causal: bool, paged: bool, page_size: int,
-            kv_strides: tuple[int, int, int, int, int, int]) -> None:
+            kv_strides: tuple[int, int, int, int, int, int], window: int | None = None) -> None:
     head_dim, hq, hkv = q.shape[-1], q.shape[1], k.shape[-2]
     args = (q, k, v, out, lse if lse is not None else out, cu_q, kv_info, block_tables, seq_offset, scale * LOG2E,
+            window or 0,
             q.stride(0), q.stride(1), out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0,
             *kv_strides, block_tables.stride(0))
     consts = dict(GROUP=hq // hkv, HEAD_DIM=head_dim, BLOCK_D=max(16, next_pow2(head_dim)), PAGE_SIZE=page_size,
-                  PAGED=paged, CAUSAL=causal, STORE_LSE=lse is not None,
+                  PAGED=paged, CAUSAL=causal, STORE_LSE=lse is not None, WINDOW=window is not None,
                   FP32_DOT=INTERPRETED or q.dtype == torch.float32 or k.dtype == torch.float32)
     if INTERPRETED:
         block_m, block_n = INTERPRETER_TILES
@@ -200,5 +210,5 @@ def flash_prefill_paged(query: torch.Tensor, kv_cache: torch.Tensor, meta: Atten
                                     param="kv_cache")
     _launch(query, k, v, out, None, meta.query_start_loc, meta.seq_lens, meta.block_tables, first_seq, num_seqs,
             max_q_len, scale, True, True, kv_cache.shape[2],
-            (k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2)))
+            (k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2)), meta.sliding_window)
     return out

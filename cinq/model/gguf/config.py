@@ -15,6 +15,7 @@ import numpy as np
 from cinq.errors import ModelLoadError
 from cinq.model.gguf.file import GGUFFile
 from cinq.model.gguf.names import GGUF_ARCHITECTURES
+from cinq.model.registry import ModelRegistry
 
 
 def _key(gguf: GGUFFile, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
@@ -53,7 +54,7 @@ def gguf_config_dict(gguf: GGUFFile) -> dict[str, Any]:
                              f"dimension {head_dim}: partial rotary embeddings are not supported")
     cfg: dict[str, Any] = {
         "architectures": [GGUF_ARCHITECTURES[arch]],
-        "model_type": arch,
+        "model_type": ModelRegistry.info(GGUF_ARCHITECTURES[arch]).model_type,
         "vocab_size": vocab,
         "hidden_size": _key(gguf, f"{arch}.embedding_length", int, hidden),
         "intermediate_size": _key(gguf, f"{arch}.feed_forward_length", int),
@@ -69,6 +70,8 @@ def gguf_config_dict(gguf: GGUFFile) -> dict[str, Any]:
         "hidden_act": "silu",
         "torch_dtype": "bfloat16",
     }
+    if arch == "gemma3":
+        _gemma3_fields(gguf, cfg)
     if cfg["hidden_size"] != hidden:
         raise ModelLoadError(f"{gguf.path}: metadata '{arch}.embedding_length' is {cfg['hidden_size']}, but "
                              f"token_embd.weight has {hidden} columns")
@@ -80,3 +83,32 @@ def gguf_config_dict(gguf: GGUFFile) -> dict[str, Any]:
         if isinstance(value, int) and not isinstance(value, bool):
             cfg[field] = value
     return cfg
+
+
+# llama.cpp's Gemma 3 constants the metadata leaves out (its llama-model.cpp): every 6th layer is global, the
+# local layers' rope base is 10k, the attention scale is head_dim ** -0.5 except for the 27B (62 layers:
+# (hidden / heads) ** -0.5)
+GEMMA3_SWA_PATTERN = 6
+GEMMA3_LOCAL_ROPE_BASE = 10000.0
+
+
+def _gemma3_fields(gguf: GGUFFile, cfg: dict[str, Any]) -> None:
+    """Gemma 3's interleaved sliding-window layers, local rope base, attention scale, GeGLU and rope scaling."""
+    layers = cfg["num_hidden_layers"]
+    pattern = gguf.get("gemma3.attention.sliding_window_pattern")
+    if isinstance(pattern, np.ndarray) and pattern.size == layers:  # per layer: true = sliding
+        cfg["layer_types"] = ["sliding_attention" if bool(p) else "full_attention" for p in pattern]
+    else:
+        period = pattern if isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 0 \
+            else GEMMA3_SWA_PATTERN
+        cfg["layer_types"] = ["full_attention" if (i + 1) % period == 0 else "sliding_attention"
+                              for i in range(layers)]
+    cfg.setdefault("sliding_window", 4096)
+    cfg["rope_local_base_freq"] = GEMMA3_LOCAL_ROPE_BASE
+    cfg["query_pre_attn_scalar"] = (cfg["hidden_size"] // cfg["num_attention_heads"] if layers == 62
+                                    else cfg["head_dim"])
+    cfg["hidden_act"] = cfg["hidden_activation"] = "gelu_pytorch_tanh"
+    kind = gguf.get("gemma3.rope.scaling.type")
+    if kind == "linear":
+        cfg["rope_scaling"] = {"rope_type": "linear",
+                               "factor": float(_key(gguf, "gemma3.rope.scaling.factor", (float, int)))}

@@ -22,8 +22,17 @@ ARCHITECTURES: dict[str, tuple[str, bool]] = {
 }
 # GGUF architecture -> cinq architecture (a file says "mistral" only when written by tools other than llama.cpp's)
 GGUF_ARCHITECTURES: dict[str, str] = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                                      "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+                                      "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                                      "gemma3": "Gemma3ForCausalLM"}
 ROPE_PERMUTED = {"llama", "mistral"}
+# architectures whose norm weights llama.cpp's converter stores as 1 + w (Gemma's (1 + w) RMSNorm): the reader
+# subtracts 1 so that the model's norms hold HF's w (as transformers' GGUF loader does)
+NORM_PLUS_ONE = {"gemma3"}
+# per-architecture layer names that differ from LAYER_NAMES (Gemma's four norms per block)
+ARCH_LAYER_NAMES: dict[str, dict[str, str]] = {
+    "gemma3": {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+               "post_feedforward_layernorm": "post_ffw_norm"},
+}
 
 GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
                 "lm_head.weight": "output.weight"}
@@ -39,25 +48,33 @@ _HF_GLOBAL = {v: k for k, v in GLOBAL_NAMES.items()}
 _HF_LAYER = {v: k for k, v in LAYER_NAMES.items()}
 
 
-def gguf_tensor_name(hf_name: str) -> str | None:
+def _layer_names(arch: str | None) -> dict[str, str]:
+    extra = ARCH_LAYER_NAMES.get(arch or "")
+    return LAYER_NAMES if extra is None else {**LAYER_NAMES, **extra}
+
+
+def gguf_tensor_name(hf_name: str, arch: str | None = None) -> str | None:
     """The GGUF name of a Hugging Face checkpoint tensor (``model.layers.3.mlp.up_proj.weight`` ->
-    ``blk.3.ffn_up.weight``), or None for a name with no GGUF counterpart."""
+    ``blk.3.ffn_up.weight``), or None for a name with no GGUF counterpart. ``arch``: the GGUF architecture
+    (names that differ per family, ``ARCH_LAYER_NAMES``)."""
     if hf_name in GLOBAL_NAMES:
         return GLOBAL_NAMES[hf_name]
+    names = _layer_names(arch)
     m = _HF_LAYER_RE.fullmatch(hf_name)
-    if m is None or m.group(2) not in LAYER_NAMES:
+    if m is None or m.group(2) not in names:
         return None
-    return f"blk.{m.group(1)}.{LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    return f"blk.{m.group(1)}.{names[m.group(2)]}.{m.group(3)}"
 
 
-def hf_tensor_name(gguf_name: str) -> str | None:
+def hf_tensor_name(gguf_name: str, arch: str | None = None) -> str | None:
     """The Hugging Face name of a GGUF tensor (the inverse of ``gguf_tensor_name``), or None."""
     if gguf_name in _HF_GLOBAL:
         return _HF_GLOBAL[gguf_name]
+    hf_layer = _HF_LAYER if arch not in ARCH_LAYER_NAMES else {v: k for k, v in _layer_names(arch).items()}
     m = _GGUF_LAYER_RE.fullmatch(gguf_name)
-    if m is None or m.group(2) not in _HF_LAYER:
+    if m is None or m.group(2) not in hf_layer:
         return None
-    return f"model.layers.{m.group(1)}.{_HF_LAYER[m.group(2)]}.{m.group(3)}"
+    return f"model.layers.{m.group(1)}.{hf_layer[m.group(2)]}.{m.group(3)}"
 
 
 def permute_for_llama_rope(w: torch.Tensor, num_heads: int) -> torch.Tensor:

@@ -142,8 +142,9 @@ def _sentencepiece(gguf: GGUFFile, tokens: list[str]) -> HFTokenizer:
     # unless it already starts with one (a text starting with spaces gets no extra)
     prepend = "first" if gguf.get("tokenizer.ggml.add_space_prefix", True) is not False else "never"
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=prepend, split=False)
-    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                     decoders.Strip(" ", 1, 0)])
+    # the decoder strips the one space the pre-tokenizer prepends; with no prefix (Gemma) there is none to strip
+    steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    tok.decoder = decoders.Sequence(steps + [decoders.Strip(" ", 1, 0)] if prepend != "never" else steps)
     return tok
 
 

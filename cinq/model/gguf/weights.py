@@ -20,7 +20,7 @@ import torch
 
 from cinq.layers.weight_loader import CheckpointTensor
 from cinq.model.gguf.file import GGML_TYPE_IDS, GGUFFile, GGUFTensorInfo
-from cinq.model.gguf.names import ROPE_PERMUTED, hf_tensor_name, unpermute_rows
+from cinq.model.gguf.names import NORM_PLUS_ONE, ROPE_PERMUTED, hf_tensor_name, unpermute_rows
 from cinq.model.gguf.plan import FLOAT_DTYPES, GGUFFormat
 
 _FLOAT_DTYPES = {name: getattr(torch, dtype) for name, dtype in FLOAT_DTYPES.items()}
@@ -56,8 +56,9 @@ def iter_gguf_checkpoint(gguf: GGUFFile, fmt: GGUFFormat | None, heads: dict[str
     """Every tensor as a Hugging Face-named checkpoint tensor, unread until ``load()``: raw blocks where ``fmt``
     serves the module natively, values otherwise. ``heads``: q/k head counts for undoing the llama rope order."""
     permute = gguf.architecture in ROPE_PERMUTED
+    minus_one = gguf.architecture in NORM_PLUS_ONE
     for info in gguf.tensors.values():
-        name = hf_tensor_name(info.name)
+        name = hf_tensor_name(info.name, gguf.architecture)
         if name is None:
             from cinq.errors import ModelLoadError
             raise ModelLoadError(f"{gguf.path}: tensor '{info.name}' has no place in a "
@@ -66,17 +67,19 @@ def iter_gguf_checkpoint(gguf: GGUFFile, fmt: GGUFFormat | None, heads: dict[str
         role = info.name.split(".")[-2]
         rows = unpermute_rows(info.shape[0], heads[role]) if permute and role in heads else None
         native = fmt is not None and name.endswith(".weight") and module in fmt.native
-        yield _tensor(gguf, info, name, native, rows)
+        yield _tensor(gguf, info, name, native, rows, minus_one and name.endswith("norm.weight"))
         if name == "model.embed_tokens.weight" and fmt is not None and fmt.head_from_embedding:
             yield _tensor(gguf, info, "lm_head.weight", True, None)
 
 
-def _tensor(gguf: GGUFFile, info: GGUFTensorInfo, name: str, native: bool, rows: torch.Tensor | None
-            ) -> CheckpointTensor:
+def _tensor(gguf: GGUFFile, info: GGUFTensorInfo, name: str, native: bool, rows: torch.Tensor | None,
+            minus_one: bool = False) -> CheckpointTensor:
     shape = (info.shape[0], info.row_bytes) if native else info.shape
 
     def read(index: tuple[slice, ...] | None) -> torch.Tensor:
         t = raw_blocks(gguf, info) if native else dequantize_info(gguf, info)
+        if minus_one:  # stored 1 + w (names.NORM_PLUS_ONE)
+            t = t.float() - 1.0
         if rows is not None:
             t = t[rows]
         return t if index is None else t[index]
