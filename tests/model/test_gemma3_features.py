@@ -89,3 +89,9 @@ def test_eagle_heads_and_compile_are_refused(folder: Path):
             speculative_config={"method": "eagle", "model": str(folder), "num_speculative_tokens": 2})
     with pytest.raises(InvalidParameterError, match="Gemma3ForCausalLM does not support compile"):
         LLM(str(folder), dtype="float32", num_kv_blocks=16, compilation_config={"mode": 3})
+
+
+def test_virtual_kv_layout_is_refused_naming_the_window(folder: Path):
+    # The contiguous backend has no window mask: serving Gemma 3 there would attend past the window.
+    with pytest.raises(InvalidParameterError, match="virtual' does not support sliding-window"):
+        LLM(str(folder), dtype="float32", num_kv_blocks=16, kv_cache_layout="virtual")
