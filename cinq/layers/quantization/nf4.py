@@ -31,7 +31,7 @@ NF4_LEVELS = torch.tensor([
     -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
     -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
     0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0,
-], dtype=torch.float32)
+], dtype=torch.float32, device="cpu")  # a CPU tensor even when first imported while a model is built on "meta"
 NESTED_BLOCKSIZE = 256  # bitsandbytes' block of the double-quantized absmax values
 STATE_KEY = "quant_state.bitsandbytes__nf4"
 # checkpoint suffixes after "<prefix>.weight" (the quant state's tensors)
@@ -46,14 +46,14 @@ def dynamic_map() -> torch.Tensor:
     values: list[float] = []
     for d in range(7):
         n = 2 ** d
-        edges = torch.linspace(0.1, 1.0, n + 1, dtype=torch.float32)
+        edges = torch.linspace(0.1, 1.0, n + 1, dtype=torch.float32, device="cpu")
         mids = (edges[1:] + edges[:-1]) / 2.0
         decade = 10.0 ** (d - 6)
         # products in float32 (a float32 tensor times the decade), as the reference map rounds them
         values += (mids * decade).tolist() + (mids * -decade).tolist()
     values += [0.0, 1.0]
     values += [0.0] * (256 - len(values))
-    return torch.tensor(sorted(values), dtype=torch.float32)
+    return torch.tensor(sorted(values), dtype=torch.float32, device="cpu")
 
 
 def _nearest(x: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
