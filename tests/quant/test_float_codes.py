@@ -121,3 +121,26 @@ def test_generate_serves_the_float_code_folders(args, trained_tiny, tmp_path, ca
     assert main(["generate", str(folder), "--prompt", "Question: Ben has 7 books.", "--max-tokens", "6",
                  "--temperature", "0"]) == 0
     assert "6 tokens" in capsys.readouterr().out
+
+
+def test_chat_serves_an_fp8_folder_with_dynamic_activations(trained_tiny, tmp_path, monkeypatch, capsys):
+    import io
+    folder = tmp_path / "fp8"
+    quantize_model(trained_tiny, folder, QuantConfig("fp8", act_scheme="dynamic"), progress=False)
+    monkeypatch.setattr("sys.stdin", io.StringIO("Question: Ben has 7 books.\n\n"))
+    assert main(["chat", str(folder), "--max-tokens", "5", "--temperature", "0", "--ignore-eos",
+                 "--dtype", "bfloat16"]) == 0
+    assert capsys.readouterr().out.strip()
+
+
+@pytest.mark.slow
+def test_bench_latency_on_an_nf4_folder_in_bf16(trained_tiny, tmp_path, capsys):
+    """The native NF4 kernel path (bf16) through `cinq bench latency`, HF + bitsandbytes as its baseline."""
+    pytest.importorskip("bitsandbytes")
+    folder = tmp_path / "nf4"
+    quantize_model(trained_tiny, folder, QuantConfig("nf4", group_size=64), progress=False)
+    assert main(["bench", "latency", str(folder), "--input-lens", "8", "--output-len", "3", "--num-iters", "1",
+                 "--dtype", "bfloat16", "--num-threads", "1", "--max-model-len", "128", "--no-progress",
+                 "--out", str(tmp_path / "lat")]) == 0
+    data = json.loads((tmp_path / "lat.json").read_text())
+    assert [r["engine"].split()[0] for r in data["rows"]] == ["cinq", "HF"]
