@@ -137,8 +137,10 @@ def _float_entry(method: str, raw: str, body: str, mods: list[str]) -> tuple[lis
         raise InvalidParameterError(f"--variants: {method}:{raw}: modifiers must be one of {list(allowed)}",
                                     "variants")
     if method == "nf4":
-        if not body.isdigit():
-            raise InvalidParameterError(f"--variants: nf4:{raw}: expected a block size (e.g. nf4:64)", "variants")
+        from cinq.layers.quantization.float_format import NF4_BLOCKSIZES
+        if not body.isdigit() or int(body) not in NF4_BLOCKSIZES:
+            raise InvalidParameterError(f"--variants: nf4:{raw}: expected a block size in {list(NF4_BLOCKSIZES)} "
+                                        f"(e.g. nf4:64)", "variants")
         return [VariantSpec("nf4", 4, int(body), double_quant="dq" in mods)], []
     if body not in ("tensor", "channel"):
         raise InvalidParameterError(f"--variants: fp8:{raw}: expected 'tensor' or 'channel'", "variants")
