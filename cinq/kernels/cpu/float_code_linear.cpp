@@ -4,15 +4,19 @@
 //   nf4:  W[n, k] = level[q[n, k]] * absmax[(n * K + k) / blocksize]   (bitsandbytes NF4: 16 float levels)
 //   fp8:  W[n, k] = e4m3(q[n, k]) * scale[n]                           (float8_e4m3fn codes, per-channel scale;
 //                                                                       a per-tensor scale is repeated per row)
-// Unlike the integer kernels (grouped_int_linear.cpp) the activations are not quantized: the codes become exact
-// float32 values and multiply the float32 activations, so the result is the dequantized weight's own product (up
-// to summation order) — what bitsandbytes' / vLLM's dequantize-then-matmul computes.
-//
 // How (AVX2 + FMA + F16C):
-//   nf4: 8 codes -> 8 int32 lanes; the 16 levels sit in two registers and `vpermps` looks up the low 3 bits in
-//        each, `vblendvps` picks by bit 3 (moved to the sign bit). Codes come two per byte, the first value in the
-//        high nibble; the activations are de-interleaved once per call (per 16 channels: the 8 even ones, then the
-//        8 odd ones) so the high nibbles multiply one vector and the low nibbles the next.
+//   nf4: integer arithmetic, as grouped_int_linear.cpp: the activations are quantized once per call to int16 per
+//        64 channels (small_m.h), the 16 levels are held as int16 (level * 4096, rounded: within 2^-13 of the
+//        block's absmax, far below the bf16 rounding of the activations) in two byte tables that `vpshufb` looks
+//        up 32 codes at a time (low and high bytes, interleaved back into words), and `vpmaddwd` multiplies them
+//        with the activations into int32 sums (at most 8 products of < 2^27 per lane and block: no overflow);
+//        per block one conversion and one fused multiply-add by absmax * x_scale / 4096. Codes come two per
+//        byte, the first value in the high nibble; the unpacking yields channels 0-7 | 16-23 and 8-15 | 24-31
+//        of each 32 in the two halves of the registers, so the activations are permuted once per call to match.
+//        (A float version, levels by `vpermps` + `vblendvps`, ran ~2x slower: compute-bound on AVX2.)
+//   The activations of fp8 are not quantized: the codes become exact float32 values and multiply the float32
+//   activations, so the result is the dequantized weight's own product (up to summation order), what vLLM's
+//   dequantize-then-matmul computes.
 //   fp8: e4m3 has no hardware conversion before AVX512-FP16; its bits moved into an IEEE half are exact:
 //        sign-extend the byte to 16 bits, shift left 7 (exponent and mantissa land in the half's fields, the
 //        sign in bit 15) and clear bit 14 (the half's top exponent bit); `vcvtph2ps` widens that half to float32,
@@ -60,8 +64,13 @@ inline float e4m3_to_float(uint8_t b) {
   return (b & 0x80) ? -mag : mag;
 }
 
+constexpr float kLevelScale = 4096.f;  // nf4 levels as int16: level * 4096
+
 struct Call {
-  const float* x;        // [M, K] float32 (nf4: de-interleaved)
+  const float* x;        // [M, K] float32 (portable nf4: de-interleaved; AVX2 nf4: unused)
+  const int16_t* xq;     // AVX2 nf4: [M, K] int16 activations, permuted per 32 channels
+  const float* xs;       // AVX2 nf4: [M, K / 64] their scales
+  const uint8_t* lut;    // AVX2 nf4: [32] low bytes then high bytes of the int16 levels
   const uint8_t* codes;  // nf4: [N, K / 2]; fp8: [N, K]
   const float* scale;    // nf4: absmax [N * K / blocksize]; fp8: [N]
   const float* levels;   // nf4: [16]
@@ -77,32 +86,39 @@ void nf4_row(const Call& c, int64_t m0, int64_t n) {
   const float* am = c.scale + n * K / c.blocksize;
   float out[MB];
 #if defined(CINQ_SMALL_M_AVX2)
-  const __m256 lut_lo = _mm256_loadu_ps(c.levels), lut_hi = _mm256_loadu_ps(c.levels + 8);
-  const __m256i nib = _mm256_set1_epi32(15);
-  __m256 acc[MB];
-  for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
-  for (int64_t k0 = 0; k0 < K; k0 += c.blocksize) {
-    const __m256 s = _mm256_set1_ps(am[k0 / c.blocksize]);
-    for (int64_t k = k0; k < k0 + c.blocksize; k += 16) {
-      if ((k & 127) == 0) cinq_small_m::prefetch_ahead(row + k / 2);
-      int64_t eight;
-      std::memcpy(&eight, row + k / 2, 8);
-      const __m256i v = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(eight));
-      const __m256i hi = _mm256_srli_epi32(v, 4), lo = _mm256_and_si256(v, nib);
-      const __m256 wh = _mm256_mul_ps(s, _mm256_blendv_ps(_mm256_permutevar8x32_ps(lut_lo, hi),
-                                                           _mm256_permutevar8x32_ps(lut_hi, hi),
-                                                           _mm256_castsi256_ps(_mm256_slli_epi32(hi, 28))));
-      const __m256 wl = _mm256_mul_ps(s, _mm256_blendv_ps(_mm256_permutevar8x32_ps(lut_lo, lo),
-                                                           _mm256_permutevar8x32_ps(lut_hi, lo),
-                                                           _mm256_castsi256_ps(_mm256_slli_epi32(lo, 28))));
+  const int64_t B = K / 64;
+  const __m256i tlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c.lut)));
+  const __m256i thi = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c.lut + 16)));
+  const __m128i nib = _mm_set1_epi8(15);
+  __m256 t[MB];
+  for (int m = 0; m < MB; ++m) t[m] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < B; ++b) {
+    const uint8_t* at = row + b * 32;
+    if ((b & 1) == 0) cinq_small_m::prefetch_ahead(at);
+    __m256i w[4];
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(at + h * 16));
+      const __m128i lo = _mm_and_si128(v, nib), hi = _mm_and_si128(_mm_srli_epi16(v, 4), nib);
+      // channel order: byte j holds channels 2j (high nibble) and 2j + 1 (low)
+      const __m256i idx = _mm256_set_m128i(_mm_unpackhi_epi8(hi, lo), _mm_unpacklo_epi8(hi, lo));
+      const __m256i L = _mm256_shuffle_epi8(tlo, idx), H = _mm256_shuffle_epi8(thi, idx);
+      w[2 * h] = _mm256_unpacklo_epi8(L, H);      // channels 0-7 | 16-23 of these 32
+      w[2 * h + 1] = _mm256_unpackhi_epi8(L, H);  // channels 8-15 | 24-31
+    }
+    const float s = am[b * 64 / c.blocksize] * (1.f / kLevelScale);
 #pragma GCC unroll 4
-      for (int m = 0; m < MB; ++m) {
-        const float* xr = c.x + (m0 + m) * K + k;
-        acc[m] = _mm256_fmadd_ps(wl, _mm256_loadu_ps(xr + 8), _mm256_fmadd_ps(wh, _mm256_loadu_ps(xr), acc[m]));
-      }
+    for (int m = 0; m < MB; ++m) {
+      const __m256i* xr = reinterpret_cast<const __m256i*>(c.xq + (m0 + m) * K + b * 64);
+      const __m256i acc = _mm256_add_epi32(
+          _mm256_add_epi32(_mm256_madd_epi16(w[0], _mm256_loadu_si256(xr)),
+                           _mm256_madd_epi16(w[1], _mm256_loadu_si256(xr + 1))),
+          _mm256_add_epi32(_mm256_madd_epi16(w[2], _mm256_loadu_si256(xr + 2)),
+                           _mm256_madd_epi16(w[3], _mm256_loadu_si256(xr + 3))));
+      t[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(s * c.xs[(m0 + m) * B + b]), t[m]);
     }
   }
-  for (int m = 0; m < MB; ++m) out[m] = cinq_small_m::hsum(acc[m]);
+  for (int m = 0; m < MB; ++m) out[m] = cinq_small_m::hsum(t[m]);
 #else
   for (int m = 0; m < MB; ++m) {
     float total = 0.f;
@@ -177,23 +193,44 @@ void check_x(const torch::Tensor& x, const char* name) {
 
 }  // namespace
 
-// levels: float32 [16]; absmax: float32 [N * K / blocksize]; blocksize a multiple of 16 dividing K
+// levels: float32 [16] in [-1, 1]; absmax: float32 [N * K / blocksize]; blocksize a multiple of 64 dividing K
 torch::Tensor nf4_linear(torch::Tensor x, torch::Tensor codes, torch::Tensor absmax, torch::Tensor levels,
                          int64_t blocksize) {
   check_x(x, "nf4_linear");
   const int64_t M = x.size(0), K = x.size(1), N = codes.size(0);
-  TORCH_CHECK(blocksize >= 16 && blocksize % 16 == 0 && K % blocksize == 0,
-              "nf4_linear: blocksize a multiple of 16 dividing K");
+  TORCH_CHECK(blocksize >= 64 && blocksize % 64 == 0 && K % blocksize == 0,
+              "nf4_linear: blocksize a multiple of 64 dividing K");
   TORCH_CHECK(codes.scalar_type() == torch::kUInt8 && codes.dim() == 2 && codes.is_contiguous() &&
                   codes.size(1) == K / 2, "nf4_linear: codes uint8 [N, K / 2]");
   TORCH_CHECK(absmax.scalar_type() == torch::kFloat32 && absmax.is_contiguous() && absmax.numel() == N * K / blocksize,
               "nf4_linear: absmax float32 [N * K / blocksize]");
   TORCH_CHECK(levels.scalar_type() == torch::kFloat32 && levels.is_contiguous() && levels.numel() == 16,
               "nf4_linear: levels float32 [16]");
+#if defined(CINQ_SMALL_M_AVX2)
+  const std::vector<float> xf;
+  std::vector<int16_t> xq(static_cast<size_t>(M * K)), tmp(static_cast<size_t>(M * K));
+  std::vector<float> xs(static_cast<size_t>(M * K / 64)), xsum(static_cast<size_t>(M * K / 64));
+  cinq_small_m::quantize_rows_int16(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), M, K, 64,
+                                    tmp.data(), xs.data(), xsum.data());
+  for (int64_t i = 0; i < M * K; i += 32)  // per 32 channels: 0-7, 16-23, 8-15, 24-31 (the weights' word order)
+    for (int64_t j = 0; j < 32; ++j) xq[i + j] = tmp[i + ((j >> 3) == 1 ? j + 8 : (j >> 3) == 2 ? j - 8 : j)];
+  uint8_t lut[32];
+  const float* lv = levels.data_ptr<float>();
+  for (int j = 0; j < 16; ++j) {
+    const int32_t q = std::max(-32767, std::min(32767, static_cast<int32_t>(std::lrint(lv[j] * kLevelScale))));
+    lut[j] = static_cast<uint8_t>(q & 0xff);
+    lut[16 + j] = static_cast<uint8_t>((q >> 8) & 0xff);
+  }
+#else
   const std::vector<float> xf = widen(x, true);
+  std::vector<int16_t> xq;
+  std::vector<float> xs;
+  uint8_t lut[32] = {};
+#endif
   auto y = torch::empty({M, N}, x.options());
-  const Call c{xf.data(), codes.data_ptr<uint8_t>(), absmax.data_ptr<float>(), levels.data_ptr<float>(), nullptr,
-               reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), M, N, K, blocksize};
+  const Call c{xf.data(), xq.data(), xs.data(), lut, codes.data_ptr<uint8_t>(), absmax.data_ptr<float>(),
+               levels.data_ptr<float>(), nullptr, reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), M, N,
+               K, blocksize};
   split_outputs(N, 4, N * (K / 2 + K / blocksize * 4), [&](int64_t n0, int64_t n1) { run<true>(c, n0, n1); });
   return y;
 }
@@ -210,8 +247,8 @@ torch::Tensor fp8_linear(torch::Tensor x, torch::Tensor codes, torch::Tensor sca
                                          row_scale.is_contiguous()), "fp8_linear: row_scale float32 [M]");
   const std::vector<float> xf = widen(x, false);
   auto y = torch::empty({M, N}, x.options());
-  const Call c{xf.data(), static_cast<const uint8_t*>(codes.data_ptr()), scale.data_ptr<float>(), nullptr,
-               row_scale.numel() ? row_scale.data_ptr<float>() : nullptr,
+  const Call c{xf.data(), nullptr, nullptr, nullptr, static_cast<const uint8_t*>(codes.data_ptr()),
+               scale.data_ptr<float>(), nullptr, row_scale.numel() ? row_scale.data_ptr<float>() : nullptr,
                reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), M, N, K, 0};
   split_outputs(N, 4, N * K, [&](int64_t n0, int64_t n1) { run<false>(c, n0, n1); });
   return y;

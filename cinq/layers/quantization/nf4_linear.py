@@ -72,7 +72,7 @@ class NF4Linear(CollectedLinear):
                  "absmax": torch.cat([p.absmax for p in parts]).to(device), "levels": levels.to(device)}
             if kernels._FORCE_DEQUANTIZED_AT_LOAD:
                 pass
-            elif device.type == "cpu" and dtype == torch.bfloat16 and bs % 16 == 0:
+            elif device.type == "cpu" and dtype == torch.bfloat16 and bs % 64 == 0:
                 from cinq.layers.quantization.native_float import float_kernels_available
                 if float_kernels_available():
                     self.blocksize = bs
