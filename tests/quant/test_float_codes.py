@@ -95,14 +95,19 @@ def test_fp8_vllm_layout_written_independently_loads_with_its_values(trained_tin
         assert torch.equal(mine[name], w), name
 
 
-@pytest.mark.parametrize("strategy,act", [("channel", "none"), ("tensor", "none")])
-def test_compressed_tensors_fp8_loads_in_transformers_with_our_values(strategy, act, trained_tiny, tmp_path):
+@pytest.mark.parametrize("strategy,act", [("channel", "none"), ("tensor", "none"), ("channel", "dynamic"),
+                                          ("tensor", "static")])
+def test_compressed_tensors_fp8_loads_in_transformers_with_our_values(strategy, act, trained_tiny, calib_tokens,
+                                                                      tmp_path):
+    """transformers + compressed-tensors run the file (activations quantized as its config says, on the CPU) and
+    give cinq's logits. (vLLM's own 'fp8' layout is not read by transformers on the CPU: its 'fp8' method is the
+    block-wise FineGrainedFP8, which drops the per-tensor weight_scale.)"""
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("compressed_tensors")
     warnings.filterwarnings("ignore")
     folder = tmp_path / "ct"
-    quantize_model(trained_tiny, folder, QuantConfig("fp8", act_scheme=act, weight_strategy=strategy),
-                   progress=False)
+    cfg = QuantConfig("fp8", act_scheme=act, weight_strategy=strategy, format="compressed_tensors")
+    quantize_model(trained_tiny, folder, cfg, calib_tokens[:4] if act == "static" else None, progress=False)
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, device_map="cpu", dtype=torch.float32)
     ids = torch.tensor([[5, 17, 42, 9, 33, 61, 7, 12]])
     with torch.no_grad():
