@@ -2,7 +2,8 @@
 decode step reads them (every weight once, from memory), against the read bandwidth measured in the same run.
 
 Kernels: bf16 (cinq/kernels/cpu/small_m_gemm.cpp), int8 per channel and int8 group 32 (GGUF Q8_0), int4 affine
-groups 32 / 64 / 128 (GGUF Q4_0 / Q4_1, GPTQ / AWQ; cinq/kernels/cpu/grouped_int_linear.cpp). Shapes: SmolLM2-135M's
+groups 32 / 64 / 128 (GGUF Q4_0 / Q4_1, GPTQ / AWQ; cinq/kernels/cpu/grouped_int_linear.cpp), NF4 block 64
+(bitsandbytes) and FP8 e4m3 per channel (cinq/kernels/cpu/float_code_linear.cpp; ``--kernels`` picks a subset). Shapes: SmolLM2-135M's
 decode linears (merged qkv, o_proj, merged gate_up, down_proj; 30 layers) and its LM head. For each (kernel, shape)
 the weights are allocated 30 times (the layers), or as many times as it takes to pass 4x the last-level cache
 where that is more, and called in turn, so that no call finds its weight in cache; GB/s = weight bytes (codes +
@@ -14,6 +15,8 @@ and the per-call overhead of the kernel's three ways in: pybind, the C++-registe
     python benchmarks/decode_kernels.py            # writes benchmarks/results/decode_kernels.{json,md}
     python benchmarks/decode_kernels.py --quick    # fewer passes, smoke run
     python benchmarks/decode_kernels.py --render   # the .md again from the saved .json
+    python benchmarks/decode_kernels.py --kernels "bf16,int8 per-channel,int4 g64,nf4 b64,fp8 per-channel" \
+        --out benchmarks/results/decode_kernels_float_codes   # the float-code formats against bf16 / int
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 HIDDEN, INTERMEDIATE, VOCAB, LAYERS = 576, 1536, 49152, 30  # SmolLM2-135M: 9 heads / 3 KV heads of dim 64
 SHAPES = {"qkv_proj": (960, HIDDEN), "o_proj": (HIDDEN, HIDDEN), "gate_up_proj": (2 * INTERMEDIATE, HIDDEN),
           "down_proj": (HIDDEN, INTERMEDIATE), "lm_head": (VOCAB, HIDDEN)}  # name -> (N out, K in)
-KERNELS = ("bf16", "int8 per-channel", "int8 g32", "int4 g32", "int4 g64", "int4 g128")
+KERNELS = ("bf16", "int8 per-channel", "int8 g32", "int4 g32", "int4 g64", "int4 g128", "nf4 b64", "fp8 per-channel")
 ROWS = (1, 2, 4, 8)
 THREADS = (1, 2)
 LLC_BYTES = 32 << 20
@@ -55,8 +58,10 @@ def _group(kernel: str, k: int) -> int | None:
     """The kernel's group size for K input channels (None: the group does not divide K)."""
     if kernel == "bf16":
         return 0
-    if kernel == "int8 per-channel":
+    if kernel in ("int8 per-channel", "fp8 per-channel"):
         return k
+    if kernel.startswith("nf4"):
+        return int(kernel.split("b")[-1])
     g = int(kernel.split("g")[-1])
     return g if k % g == 0 else None
 
@@ -65,6 +70,14 @@ def make_weight(kernel: str, n: int, k: int, group: int, gen: torch.Generator) -
     """One weight's kernel tensors (random codes and scales: the stream's cost does not depend on the values)."""
     if kernel == "bf16":
         return {"w": (torch.randn(n, k, generator=gen) * 0.05).bfloat16()}
+    if kernel.startswith("nf4"):
+        from cinq.layers.quantization.nf4 import NF4_LEVELS
+        return {"codes": torch.randint(0, 256, (n, k // 2), generator=gen, dtype=torch.uint8),
+                "absmax": torch.rand(n * k // group, generator=gen), "levels": NF4_LEVELS.clone()}
+    if kernel.startswith("fp8"):
+        codes = torch.randint(0, 256, (n, k), generator=gen, dtype=torch.uint8)
+        codes[(codes & 0x7F) == 0x7F] = 0  # no NaN codes
+        return {"codes": codes, "scale": torch.rand(n, generator=gen) * 0.01}
     scales = torch.rand(n, k // group, generator=gen) * 0.01
     if kernel.startswith("int8"):
         codes = torch.randint(-128, 128, (n, k), generator=gen, dtype=torch.int8)
@@ -78,6 +91,11 @@ def call_for(kernel: str, group: int, x: torch.Tensor) -> Callable[[dict[str, to
     if kernel == "bf16":
         mod, none = cpu_native.native_module("small_m_gemm"), torch.empty(0)
         return lambda t: mod.small_m_linear(x, t["w"], none)
+    if kernel.startswith(("nf4", "fp8")):
+        fmod, none = cpu_native.native_module("float_code_linear"), torch.empty(0)
+        if kernel.startswith("nf4"):
+            return lambda t: fmod.nf4_linear(x, t["codes"], t["absmax"], t["levels"], group)
+        return lambda t: fmod.fp8_linear(x, t["codes"], t["scale"], none)
     mod, none = native.grouped_module(), torch.empty(0)
     if kernel.startswith("int8"):
         return lambda t: mod.int8_grouped_linear(x, t["codes"], t["scales"], none, group)
@@ -157,14 +175,14 @@ def dispatch_overhead_us() -> dict[str, float]:
     return out
 
 
-def measure(repeats: int) -> dict[str, Any]:
+def measure(repeats: int, kernels: tuple[str, ...] = KERNELS) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(0)
     probes: dict[int, float] = {}
     for th in THREADS:
         torch.set_num_threads(th)
         probes[th] = read_bandwidth() / 1e9
     cells = []
-    for kernel in KERNELS:
+    for kernel in kernels:
         for shape, (n, k) in SHAPES.items():
             group = _group(kernel, k)
             if group is None:
@@ -202,14 +220,37 @@ def measure(repeats: int) -> dict[str, Any]:
         if "gb_s" in c:
             c["probe_gb_s"] = probes[c["threads"]]
             c["ratio"] = c["gb_s"] / c["probe_gb_s"]
-    return {"probe_gb_s": {str(k): v for k, v in probes.items()}, "cells": cells}
+    return {"probe_gb_s": {str(k): v for k, v in probes.items()}, "cells": cells, "kernels": list(kernels)}
+
+
+def step_times(data: dict[str, Any]) -> list[str]:
+    """Markdown lines: one decode step's linears (the 4 decoder shapes x 30 layers + the LM head) at M = 1 per
+    kernel, from the cells' microseconds per call, and the ratio to bf16 and to int4 g64 measured in this run."""
+    cells = [c for c in data["cells"] if "gb_s" in c and c["m"] == 1]
+    kernels = data.get("kernels", KERNELS)
+    lines = ["## One decode step's linears at M = 1 (computed: 30 x the decoder shapes + the LM head)", "",
+             "| kernel | threads | weight MB | ms | vs bf16 | vs int4 g64 |", "|---|---|---:|---:|---:|---:|"]
+    for th in THREADS:
+        tot: dict[str, tuple[float, float]] = {}
+        for kernel in kernels:
+            mine = {c["shape"]: c for c in cells if c["kernel"] == kernel and c["threads"] == th}
+            if set(mine) != set(SHAPES):
+                continue
+            us = sum(c["us_per_call"] * (1 if s == "lm_head" else LAYERS) for s, c in mine.items())
+            mb = sum(c["bytes"] * (1 if s == "lm_head" else LAYERS) for s, c in mine.items()) / 1e6
+            tot[kernel] = (us / 1e3, mb)
+        for kernel, (ms, mb) in tot.items():
+            vs = {b: (f"{tot[b][0] / ms:.2f}x" if b in tot else "-") for b in ("bf16", "int4 g64")}
+            lines.append(f"| {kernel} | {th} | {mb:.1f} | {ms:.2f} | {vs['bf16']} | {vs['int4 g64']} |")
+    return lines + ["", "'vs X' = X's time / this kernel's time (above 1: faster than X). All kernels' LM head "
+                        "included as that kernel (a real model may keep it bf16).", ""]
 
 
 def conclusions(data: dict[str, Any]) -> list[str]:
     """Findings computed from the cells (nothing typed in advance)."""
     cells = [c for c in data["cells"] if "gb_s" in c]
     out = []
-    for kernel in KERNELS:
+    for kernel in data.get("kernels", KERNELS):
         mine = [c for c in cells if c["kernel"] == kernel]
         if not mine:
             continue
@@ -254,13 +295,13 @@ def render(data: dict[str, Any]) -> str:
              ", ".join(f"{k} {v:.1f} us" for k, v in data["region_us"].items()) + ".", "",
              "Per-call overhead of the bf16 kernel on a 64 x 64 weight (us, 1 thread): " +
              ", ".join(f"{k} {v:.1f}" for k, v in data["dispatch_us"].items()) + ".", "",
-             "## Conclusions (computed from this run)", ""] + conclusions(data) + [""]
+             "## Conclusions (computed from this run)", ""] + conclusions(data) + [""] + step_times(data)
     for th in THREADS:
         lines += [f"## {th} thread(s): GB/s of weight bytes streamed (ratio to the {float(probes[str(th)]):.1f} "
                   "GB/s probe)", "",
                   "| kernel | shape (N x K) | " + " | ".join(f"M={m}" for m in ROWS) + " |",
                   "|---|---|" + "---:|" * len(ROWS)]
-        for kernel in KERNELS:
+        for kernel in data.get("kernels", KERNELS):
             for shape, (n, k) in SHAPES.items():
                 row = [c for c in cells if c["kernel"] == kernel and c["shape"] == shape and c["threads"] == th]
                 if not row:
@@ -288,6 +329,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--render", action="store_true")
     ap.add_argument("--out", default=str(RESULTS / "decode_kernels"))
+    ap.add_argument("--kernels", default=",".join(KERNELS), help="comma-separated subset of " + ", ".join(KERNELS))
     args = ap.parse_args()
     out = Path(args.out)
     if args.render:
@@ -299,7 +341,11 @@ def main() -> None:
     data: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": _cpu_name(),
                             "repeats": 2 if args.quick else args.repeats, "load_start": load_start,
                             "region_us": region_costs(), "dispatch_us": dispatch_overhead_us()}
-    data.update(measure(data["repeats"]))
+    kernels = tuple(k.strip() for k in args.kernels.split(",") if k.strip())
+    unknown = [k for k in kernels if k not in KERNELS]
+    if unknown:
+        raise SystemExit(f"--kernels: unknown {unknown}; choose from {list(KERNELS)}")
+    data.update(measure(data["repeats"], kernels))
     data["load_end"] = os.getloadavg()[0]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(data, indent=1))

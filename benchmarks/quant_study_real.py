@@ -76,6 +76,44 @@ def answer(report: QualityReport) -> list[str]:
     return lines
 
 
+def _pair(a: ModelQuality, b: ModelQuality) -> str:
+    """One comparison of row ``a`` against row ``b`` (same problems: a paired SE), computed."""
+    d = delta(a, b)
+    parts = []
+    if d.ppl_pct is not None:
+        parts.append(f"perplexity {a.perplexity:.2f} vs {b.perplexity:.2f} ({d.ppl_pct:+.2f}%)")
+    if d.acc_pt is not None:
+        parts.append(f"accuracy {d.acc_pt:+.1f} pt ± {d.acc_se_pt or 0:.1f} (paired SE)")
+    if a.kl_vs_base is not None and b.kl_vs_base is not None:
+        parts.append(f"KL to the baseline {a.kl_vs_base:.4f} vs {b.kl_vs_base:.4f} nats")
+    if a.linear_bytes and b.linear_bytes:
+        parts.append(f"decoder-linear bytes {a.linear_bytes / 2**20:.1f} vs {b.linear_bytes / 2**20:.1f} MiB")
+    if a.decode_tokens_per_s and b.decode_tokens_per_s:
+        parts.append(f"batch-1 decode {a.decode_tokens_per_s:.1f} vs {b.decode_tokens_per_s:.1f} tok/s "
+                     f"({a.decode_tokens_per_s / b.decode_tokens_per_s:.2f}x)")
+    return f"- **{a.label} vs {b.label}**: " + "; ".join(parts) + "."
+
+
+def float_codes_answer(report: QualityReport) -> list[str]:
+    """Markdown lines answering issue 31's two questions from the rows present: does NF4 beat int4 RTN at (about)
+    equal bytes, and where does FP8 sit against int8 weight-only and W8A8 (SmoothQuant)?"""
+    rows = {r.label: r for r in report.rows}
+    base = report.rows[0]
+    nf4 = [r for r in report.rows if r.label.startswith("nf4-")]
+    fp8 = [r for r in report.rows if r.label.startswith("fp8-")]
+    int4 = [r for r in report.rows if r.label.startswith("rtn-w4")]
+    int8 = [rows[k] for k in ("rtn-w8-ch",) if k in rows]
+    w8a8 = [r for r in report.rows if r.label.startswith("smoothquant-w8a8")]
+    lines = ["## NF4 and FP8 against int4 / int8 / W8A8 (computed from the rows above)", ""]
+    for a in nf4:
+        lines += [_pair(a, b) for b in int4]
+    for a in fp8:
+        lines += [_pair(a, b) for b in int8 + w8a8]
+    for a in nf4 + fp8 + int4 + int8 + w8a8:
+        lines.append(_pair(a, base))
+    return lines + [""]
+
+
 def grid_check(dense: Path, variants: list[str]) -> list[str]:
     """Markdown lines: for each RTN variant, how much of the dense folder's weights its round trip leaves as they
     were, and the relative RMS change of the decoder linears. On a folder dequantized from a 4-bit file, this says
@@ -117,6 +155,7 @@ def main() -> int:
     ap.add_argument("--note", action="append", default=[], help="a note paragraph (repeatable)")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--grid-check", default=None, help="dense folder: add the RTN round-trip table of its weights")
+    ap.add_argument("--float-codes", action="store_true", help="add the NF4 / FP8 comparison section (issue 31)")
     ap.add_argument("--grid-variants", default="rtn:4/32+asym;rtn:4/32;rtn:4/128;rtn:8/channel",
                     help="with --grid-check: the RTN variants, ';'-separated")
     args = ap.parse_args()
@@ -134,6 +173,8 @@ def main() -> int:
     report.notes = (["## How these rows were made", ""] + [f"    {c}" for c in args.command] + [""]
                     + [f"{n}\n" for n in args.note]
                     + [f"Load average when this file was written: {os.getloadavg()[0]:.2f}.", ""] + answer(report))
+    if args.float_codes:
+        report.notes += [""] + float_codes_answer(report)
     if args.grid_check:
         report.notes += [""] + grid_check(Path(args.grid_check), args.grid_variants.split(";"))
     for path in report.save(Path(args.out), args.name):

@@ -1,5 +1,5 @@
 """`cinq quantize MODEL --method M --bits B --group-size G --calib FILE --out DIR`: make a quantized model
-folder (GPTQ / AWQ / cinq-W8A8 files) on the CPU, one decoder block at a time, then print the quality report
+folder (GPTQ / AWQ / cinq-W8A8 / bitsandbytes NF4 / FP8 e4m3 files) on the CPU, one decoder block at a time, then print the quality report
 (perplexity and arithmetic accuracy, float vs quantized)."""
 
 from __future__ import annotations
@@ -10,16 +10,23 @@ from cinq.commands.threads_arg import add_threads_arg, apply_threads
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("quantize", help="quantize a model (RTN, GPTQ, AWQ, SmoothQuant) on the CPU",
+    p = subparsers.add_parser("quantize", help="quantize a model (RTN, GPTQ, AWQ, SmoothQuant, NF4, FP8) on the CPU",
                               description=__doc__)
     p.add_argument("model", nargs="?", default=None,
                    help="dense model folder or embedded model, e.g. cinq-tiny (default: the embedded model)")
-    p.add_argument("--method", choices=["rtn", "gptq", "awq", "smoothquant"], default="gptq")
+    p.add_argument("--method", choices=["rtn", "gptq", "awq", "smoothquant", "nf4", "fp8"], default="gptq")
     p.add_argument("--bits", type=int, choices=[2, 3, 4, 8], default=None,
                    help="2, 3, 4 or 8 (SmoothQuant: 8; AWQ: 4; 2 and 3 bits are served dequantized to bf16)")
-    p.add_argument("--group-size", type=int, default=128, help="input channels per group; -1 = per channel")
-    p.add_argument("--format", choices=["gptq", "gptq_v2", "awq", "w8a8"], default=None,
-                   help="file format (default: gptq for rtn/gptq, awq for awq, w8a8 for smoothquant)")
+    p.add_argument("--group-size", type=int, default=None,
+                   help="input channels per group; -1 = per channel (default 128; NF4: its block size, 64)")
+    p.add_argument("--format", choices=["gptq", "gptq_v2", "awq", "w8a8", "bnb_nf4", "fp8", "compressed_tensors"],
+                   default=None, help="file format (default: gptq for rtn/gptq, awq for awq, w8a8 for smoothquant, "
+                   "bnb_nf4 for nf4; fp8: vLLM's fp8 for per-tensor scales with quantized activations, else "
+                   "compressed_tensors)")
+    p.add_argument("--double-quant", action="store_true", help="NF4: store the block absmax in 8 bits "
+                   "(bnb_4bit_use_double_quant)")
+    p.add_argument("--weight-strategy", choices=["tensor", "channel"], default="tensor",
+                   help="FP8 weight scales: one per tensor or per output channel")
     p.add_argument("--asym", action="store_true", help="asymmetric grid (zero points); AWQ default")
     p.add_argument("--sym", action="store_true", help="symmetric grid (GPTQ/RTN default)")
     p.add_argument("--desc-act", action="store_true", help="GPTQ act-order")
@@ -34,7 +41,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         "cost (SmolLM2-135M GPTQ g128: perplexity +130%% with it, +56%% without). Default: off")
     p.add_argument("--no-true-sequential", action="store_true")
     p.add_argument("--alpha", type=float, default=0.5, help="SmoothQuant migration strength")
-    p.add_argument("--act-scheme", choices=["dynamic", "static"], default="dynamic", help="W8A8 activation scales")
+    p.add_argument("--act-scheme", choices=["dynamic", "static", "none"], default="dynamic",
+                   help="W8A8 / FP8 activation scales (FP8 'none': weight-only)")
     p.add_argument("--calib", default=None, help="local text file for calibration (required except for rtn), or "
                    "'calibration' for the text shipped with cinq")
     p.add_argument("--calib-samples", type=int, default=128, help="calibration windows")
@@ -66,15 +74,19 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     apply_threads(args.threads)
-    if args.method != "rtn" and args.calib is None:
+    needs_calib = args.method not in ("rtn", "nf4") and not (args.method == "fp8" and args.act_scheme != "static")
+    if needs_calib and args.calib is None:
         raise InvalidParameterError(f"--calib FILE is required for {args.method}: calibration text must come from "
                                     f"a local file (cinq never downloads one)", "calib")
     sym = not args.asym if (args.asym or args.sym) else args.method != "awq"
     bits = args.bits or (8 if args.method == "smoothquant" else 4)
-    cfg = QuantConfig(method=args.method, bits=bits, group_size=args.group_size, sym=sym, format=args.format,
+    bits = {"nf4": 4, "fp8": 8}.get(args.method, bits) if args.bits is None else bits
+    group = args.group_size if args.group_size is not None else (64 if args.method == "nf4" else 128)
+    cfg = QuantConfig(method=args.method, bits=bits, group_size=group, sym=sym, format=args.format,
                       desc_act=args.desc_act, static_groups=args.static_groups, damp_percent=args.damp_percent,
                       true_sequential=not args.no_true_sequential, smooth_alpha=args.alpha,
-                      act_scheme=args.act_scheme, lm_head=args.lm_head)
+                      act_scheme=args.act_scheme, lm_head=args.lm_head, double_quant=args.double_quant,
+                      weight_strategy=args.weight_strategy)
     calib_ids, heldout_text = None, None
     text = None
     if args.calib is not None:
@@ -86,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         if args.ppl is None and not args.no_eval:
             cut = int(len(text) * 0.9)
             text, heldout_text = text[:cut], text[cut:]
-    if text is not None and args.method != "rtn":
+    if text is not None and needs_calib:
         from cinq.model.tokenizer import Tokenizer
         tok = Tokenizer.from_pretrained(args.model)
         calib_ids = calibration_windows(tok.encode(text, add_special_tokens=False), args.calib_samples,

@@ -124,7 +124,7 @@ def checkpoint_bytes(path: Path) -> tuple[int, int]:
 
 def _dtype_bytes(name: str) -> int:
     return {"F64": 8, "I64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16": 2, "I16": 2, "I8": 1, "U8": 1,
-            "BOOL": 1}.get(name, 4)
+            "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}.get(name, 4)
 
 
 def compare_to_base(base: Any, model: Any, token_ids: Sequence[int], context_len: int = 256,

@@ -4,7 +4,9 @@ Grammar: ``METHOD:ENTRY,ENTRY;METHOD:...``. Weight-only methods (rtn, gptq, awq)
 every ``--group-sizes`` entry unless it names its own (``4/128``, ``3/channel``); modifiers ``+act`` (GPTQ
 act-order) and ``+asym`` / ``+sym`` (grid; AWQ defaults to asymmetric, the others to symmetric) follow an
 entry. SmoothQuant takes its activation schemes, ``static`` / ``dynamic`` (W8A8 weights are per output channel,
-so group sizes do not apply to it). Example::
+so group sizes do not apply to it). NF4 takes block sizes (``nf4:64``, ``+dq``: double-quantized absmax); FP8
+takes weight-scale strategies (``fp8:tensor``, ``fp8:channel``) with ``+dynamic`` / ``+static`` activations
+(none: weight-only). Example::
 
     rtn:8,4,3,2;gptq:8,4,3,2;awq:4;smoothquant:static,dynamic   with   --group-sizes channel,128,64,32
 
@@ -21,7 +23,7 @@ from typing import Any
 
 from cinq.errors import InvalidParameterError
 
-METHODS = ("rtn", "gptq", "awq", "smoothquant")
+METHODS = ("rtn", "gptq", "awq", "smoothquant", "nf4", "fp8")
 ACT_SCHEMES = ("static", "dynamic")
 CHANNEL = -1  # group size of per-output-channel grids
 
@@ -36,12 +38,19 @@ class VariantSpec:
     act_scheme: str = ""  # SmoothQuant only
     desc_act: bool = False
     sym: bool | None = None  # None: the method's default
+    double_quant: bool = False  # NF4 only
+    strategy: str = ""  # FP8 weight scales: "tensor" | "channel"
 
     @property
     def label(self) -> str:
         """A short unique name (row label, folder and cache file name)."""
         if self.method == "smoothquant":
             return f"smoothquant-w8a8-{self.act_scheme}"
+        if self.method == "nf4":
+            return f"nf4-b{self.group_size}" + ("-dq" if self.double_quant else "")
+        if self.method == "fp8":
+            acts = {"": "weight-only", "none": "weight-only"}.get(self.act_scheme, f"a8-{self.act_scheme}")
+            return f"fp8-{self.strategy}-{acts}"
         group = "ch" if self.group_size <= 0 else f"g{self.group_size}"
         mods = ("-act" if self.desc_act else "") + ({True: "-sym", False: "-asym", None: ""}[self.sym])
         return f"{self.method}-w{self.bits}-{group}{mods}"
@@ -55,12 +64,18 @@ class VariantSpec:
         sym = self.sym if self.sym is not None else self.method != "awq"
         # lm_head=False explicitly: a study row measures the decoder's quantization, whatever default
         # `cinq quantize` gives the (possibly tied) LM head.
+        if self.method in ("nf4", "fp8"):
+            return QuantConfig(method=self.method, bits=self.bits, group_size=self.group_size,
+                               act_scheme=self.act_scheme or "none", double_quant=self.double_quant,
+                               weight_strategy=self.strategy or "tensor", lm_head=False)
         return QuantConfig(method=self.method, bits=self.bits, group_size=self.group_size, sym=sym,
                            desc_act=self.desc_act, act_scheme=self.act_scheme or "dynamic", lm_head=False)
 
     @property
     def needs_calibration(self) -> bool:
-        return self.method != "rtn"
+        if self.method == "fp8":
+            return self.act_scheme == "static"
+        return self.method not in ("rtn", "nf4")
 
 
 def parse_group_sizes(text: str) -> list[int]:
@@ -89,6 +104,8 @@ def parse_group_sizes(text: str) -> list[int]:
 def _entry(method: str, raw: str, groups: Sequence[int]) -> tuple[list[VariantSpec], list[tuple[str, str]]]:
     """The variants (and skips) of one ``ENTRY`` of ``method``."""
     body, *mods = raw.split("+")
+    if method in ("nf4", "fp8"):
+        return _float_entry(method, raw, body, mods)
     unknown = [m for m in mods if m not in ("act", "asym", "sym")]
     if unknown:
         raise InvalidParameterError(f"--variants: {method}:{raw}: unknown modifier(s) {unknown} (act, asym, sym)",
@@ -110,6 +127,24 @@ def _entry(method: str, raw: str, groups: Sequence[int]) -> tuple[list[VariantSp
                                     "variants") from None
     own = parse_group_sizes(group_text) if group_text else list(groups)
     return [VariantSpec(method, bits, g, "", desc_act, sym) for g in own], []
+
+
+def _float_entry(method: str, raw: str, body: str, mods: list[str]) -> tuple[list[VariantSpec],
+                                                                          list[tuple[str, str]]]:
+    """An NF4 (block size, ``+dq``) or FP8 (``tensor`` / ``channel``, ``+dynamic`` / ``+static``) entry."""
+    allowed = ("dq",) if method == "nf4" else ("dynamic", "static")
+    if [m for m in mods if m not in allowed] or (method == "fp8" and len(mods) > 1):
+        raise InvalidParameterError(f"--variants: {method}:{raw}: modifiers must be one of {list(allowed)}",
+                                    "variants")
+    if method == "nf4":
+        from cinq.layers.quantization.float_format import NF4_BLOCKSIZES
+        if not body.isdigit() or int(body) not in NF4_BLOCKSIZES:
+            raise InvalidParameterError(f"--variants: nf4:{raw}: expected a block size in {list(NF4_BLOCKSIZES)} "
+                                        f"(e.g. nf4:64)", "variants")
+        return [VariantSpec("nf4", 4, int(body), double_quant="dq" in mods)], []
+    if body not in ("tensor", "channel"):
+        raise InvalidParameterError(f"--variants: fp8:{raw}: expected 'tensor' or 'channel'", "variants")
+    return [VariantSpec("fp8", 8, CHANNEL, mods[0] if mods else "none", strategy=body)], []
 
 
 def parse_variants(text: str, group_sizes: Sequence[int] = (CHANNEL,)) -> tuple[list[VariantSpec],

@@ -79,3 +79,25 @@ def _(query: Tensor, kv_cache: Tensor, block_tables: Tensor, seq_lens: Tensor, s
 # times per decode step). Loaded here so that importing this module registers every op, as before.
 for _name in ("small_m_gemm", "grouped_int_linear"):
     native_module(_name)
+
+
+@torch.library.custom_op("cinq::nf4_linear", mutates_args=(), device_types="cpu")
+def nf4_linear(x: Tensor, codes: Tensor, absmax: Tensor, levels: Tensor, blocksize: int) -> Tensor:
+    """NF4 weights decoded in registers (cinq/kernels/cpu/float_code_linear.cpp; ``native_float.nf4_linear``)."""
+    return _module("float_code_linear").nf4_linear(x, codes, absmax, levels, blocksize)
+
+
+@nf4_linear.register_fake
+def _(x: Tensor, codes: Tensor, absmax: Tensor, levels: Tensor, blocksize: int) -> Tensor:
+    return x.new_empty((x.shape[0], codes.shape[0]))
+
+
+@torch.library.custom_op("cinq::fp8_linear", mutates_args=(), device_types="cpu")
+def fp8_linear(x: Tensor, codes: Tensor, scale: Tensor, row_scale: Tensor) -> Tensor:
+    """FP8 e4m3 weights decoded in registers (float_code_linear.cpp; ``native_float.fp8_linear``)."""
+    return _module("float_code_linear").fp8_linear(x, codes, scale, row_scale)
+
+
+@fp8_linear.register_fake
+def _(x: Tensor, codes: Tensor, scale: Tensor, row_scale: Tensor) -> Tensor:
+    return x.new_empty((x.shape[0], codes.shape[0]))

@@ -32,16 +32,42 @@ def mapping_of(model: nn.Module) -> Mapping:
 
 
 def resolve(modules: dict[str, nn.Module], mapping: Mapping, name: str) -> Target | None:
-    """The target of checkpoint tensor ``name`` in a model whose modules are ``modules``; None: no place."""
+    """The target of checkpoint tensor ``name`` in a model whose modules are ``modules``; None: no place.
+    A module may name its tensors with dots (bitsandbytes' ``weight.absmax``): its ``checkpoint_params`` maps
+    buffer names to them."""
     module, _, param = name.rpartition(".")
+    target = _resolve(modules, mapping, module, param)
+    parts = name.split(".")
+    for cut in range(2, min(4, len(parts)) + 1):  # '<module>.weight.absmax', '...weight.quant_state.<kind>'
+        if target is not None:
+            break
+        target = _resolve(modules, mapping, ".".join(parts[:-cut]), ".".join(parts[-cut:]), dotted=True)
+    return target
+
+
+def _resolve(modules: dict[str, nn.Module], mapping: Mapping, module: str, param: str,
+             dotted: bool = False) -> Target | None:
+    def place(m: nn.Module) -> str | None:
+        if not dotted:
+            return param
+        inverse = {v: k for k, v in getattr(m, "checkpoint_params", {}).items()}
+        return inverse.get(param)
+
     if module in modules and not _is_merged(modules[module]):
-        return Target(module, param)
+        own = place(modules[module])
+        return None if own is None else Target(module, own)
     for merged, ckpt, shard_id in mapping:
         if module.endswith(ckpt):
             candidate = module[: -len(ckpt)] + merged
             if candidate in modules and _is_merged(modules[candidate]):
-                return Target(candidate, param, shard_id)
+                own = place(modules[candidate])
+                return None if own is None else Target(candidate, own, shard_id)
     return None
+
+
+def _ckpt_param(module: nn.Module | None, param: str) -> str:
+    """The checkpoint name of ``module``'s tensor ``param`` after the module's name."""
+    return getattr(module, "checkpoint_params", {}).get(param, param)
 
 
 def _is_merged(module: nn.Module) -> bool:
@@ -69,9 +95,10 @@ def expected_checkpoint_names(model: nn.Module, skip: set[str] | None = None) ->
             continue
         module_name, _, param = full.rpartition(".")
         shards = getattr(modules[module_name], "output_shards", None)
+        ckpt = _ckpt_param(modules[module_name], param)
         for shard_id in (None,) if shards is None else shards.ids:
             target = Target(module_name, param, shard_id)
-            out[checkpoint_name(mapping, target)] = target
+            out[checkpoint_name(mapping, Target(module_name, ckpt, shard_id))] = target
     return out
 
 
@@ -87,8 +114,8 @@ def checkpoint_state_dict(model: nn.Module, state: dict[str, torch.Tensor] | Non
         module = modules.get(module_name)
         shards = getattr(module, "output_shards", None)
         if shards is None:
-            out[name] = tensor
+            out[f"{module_name}.{_ckpt_param(module, param)}" if module_name else name] = tensor
             continue
         for shard_id, part in split_shards(tensor, module.param_layout(param), shards).items():
-            out[checkpoint_name(mapping, Target(module_name, param, shard_id))] = part
+            out[checkpoint_name(mapping, Target(module_name, _ckpt_param(module, param), shard_id))] = part
     return out

@@ -99,6 +99,11 @@ def quantization_summary(config: ModelConfig) -> str | None:
     quant = quant_factory(config)
     if quant is None:
         return None
+    if quant.format == "bnb_nf4":
+        return "bitsandbytes NF4" + (" (double-quantized absmax)" if quant.double_quant else "")
+    if quant.method == "fp8":
+        acts = "weight-only" if quant.act_scheme == "none" else f"{quant.act_scheme} FP8 activations"
+        return f"FP8 e4m3 ({quant.format}, per-{quant.weight_strategy} weight scales, {acts})"
     if quant.format == "w8a8":
         return f"{_METHOD_NAMES[quant.method]} W8A8 (int8 weights, {quant.act_scheme} int8 activations)"
     parts = [f"{_METHOD_NAMES[quant.method]} int{quant.bits}",

@@ -27,10 +27,12 @@ class QuantConfig:
                  format: str | None = None, desc_act: bool = False, static_groups: bool = False,
                  true_sequential: bool = True, damp_percent: float = 0.01, lazy_batch_size: int = 128,
                  awq_grid: int = 20, awq_clip: bool = True, smooth_alpha: float = 0.5, act_scheme: str = "dynamic",
-                 modules_to_not_convert: list[str] | None = None, lm_head: bool = False) -> None:
+                 modules_to_not_convert: list[str] | None = None, lm_head: bool = False, double_quant: bool = False,
+                 weight_strategy: str = "tensor") -> None:
         self.target = QuantFormat(method=method, bits=bits, group_size=group_size, sym=sym, format=format,
                                   desc_act=desc_act, static_groups=static_groups, act_scheme=act_scheme,
-                                  modules_to_not_convert=list(modules_to_not_convert or []), lm_head=lm_head)
+                                  modules_to_not_convert=list(modules_to_not_convert or []), lm_head=lm_head,
+                                  double_quant=double_quant, weight_strategy=weight_strategy)
         self.recipe = QuantRecipe(true_sequential=true_sequential, damp_percent=damp_percent,
                                   lazy_batch_size=lazy_batch_size, awq_grid=awq_grid, awq_clip=awq_clip,
                                   smooth_alpha=smooth_alpha)
@@ -53,6 +55,8 @@ class QuantConfig:
     act_scheme = _read("target", "act_scheme")
     modules_to_not_convert = _read("target", "modules_to_not_convert")
     lm_head = _read("target", "lm_head")
+    double_quant = _read("target", "double_quant")
+    weight_strategy = _read("target", "weight_strategy")
     min_zero = _read("target", "min_zero")
     true_sequential = _read("recipe", "true_sequential")
     damp_percent = _read("recipe", "damp_percent")

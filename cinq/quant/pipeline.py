@@ -53,6 +53,12 @@ def check_shapes(c: ModelConfig, cfg: QuantConfig) -> None:
         shapes["lm_head"] = (c.hidden_size, c.vocab_size)
     if fmt.format == "w8a8":
         return
+    if fmt.method in ("nf4", "fp8"):
+        for name, (k, n) in shapes.items():
+            if fmt.method == "nf4" and (k * n) % fmt.group_size:
+                raise InvalidParameterError(f"{name}: {n} x {k} values are not whole NF4 blocks of "
+                                            f"{fmt.group_size}", "group_size")
+        return
     per = pack_unit(cfg.bits)[0]  # values per whole packing unit (3 bits: 32 values in 3 words)
     for name, (k, n) in shapes.items():
         if n % per or (fmt.format in ("gptq", "gptq_v2") and k % per):
@@ -82,23 +88,31 @@ def quantize_model(src: str | Path, dst: str | Path, cfg: QuantConfig, calib: to
     src, dst = Path(src), Path(dst)
     if dst.resolve() == src.resolve():
         raise InvalidParameterError("--out must differ from the source model folder", "out")
+    from cinq.quant.float_codes import needs_calibration
     reader = CheckpointReader(src)
     from cinq.model.interface import check_supported
     from cinq.model.registry import ModelRegistry
     check_supported(ModelRegistry.model_class(reader.config.architecture), cfg.method, "method")
     check_shapes(reader.config, cfg)
-    if cfg.method != "rtn" and calib is None:
+    calibrated = needs_calibration(cfg)
+    if calibrated and calib is None:
         raise InvalidParameterError(f"{cfg.method} needs calibration text (--calib FILE)", "calib")
     dense_dtype = reader.dtype()
     writer = ShardWriter(dst, max_shard_bytes)
-    state = BlockState.from_tokens(reader, calib, calib_dtype) if calib is not None and cfg.method != "rtn" else None
+    state = BlockState.from_tokens(reader, calib, calib_dtype) if calib is not None and calibrated else None
     losses: dict[str, float] = {}
     layers = range(reader.config.num_hidden_layers)
     bar = _progress(layers, f"{cfg.method} {cfg.bits}-bit", progress)
     for i in bar:
         prefix = f"model.layers.{i}"
         block = reader.block(i)
-        packed, state, block_losses = _quantize_block(block, state, cfg, batch, awq_search_windows, calib_dtype)
+        if cfg.method in ("nf4", "fp8"):
+            from cinq.quant.float_codes import float_code_block
+            packed, state = float_code_block(block, state, cfg, batch, dense_dtype)
+            block_losses = {}
+        else:
+            packed, state, block_losses = _quantize_block(block, state, cfg, batch, awq_search_windows,
+                                                          calib_dtype)
         for local, tensors in packed.items():
             for key, t in tensors.items():
                 writer.add(f"{prefix}.{local}.{key}", t)
@@ -107,7 +121,7 @@ def quantize_model(src: str | Path, dst: str | Path, cfg: QuantConfig, calib: to
             owner = name.rsplit(".", 1)[0]
             if owner in linear_names:
                 if name.endswith(".bias"):
-                    bias_dtype = torch.float16 if cfg.format != "w8a8" else dense_dtype
+                    bias_dtype = torch.float16 if cfg.format in ("gptq", "gptq_v2", "awq") else dense_dtype
                     writer.add(f"{prefix}.{name}", p.detach().to(bias_dtype))
                 continue
             writer.add(f"{prefix}.{name}", p.detach().to(dense_dtype))  # norms (AWQ/SQ fold scales into them)
@@ -128,7 +142,7 @@ def quantize_model(src: str | Path, dst: str | Path, cfg: QuantConfig, calib: to
     write_configs(src, dst, reader.raw_config, cfg, dense_dtype)
     peak = peak_rss_mib()
     return QuantizeResult(dst, cfg.method, cfg.format or "", time.perf_counter() - start, peak, writer.total_bytes,
-                          0 if calib is None or cfg.method == "rtn" else int(calib.numel()), losses)
+                          0 if calib is None or not calibrated else int(calib.numel()), losses)
 
 
 def _quantize_block(block: torch.nn.Module, state: BlockState | None, cfg: QuantConfig, batch: int,

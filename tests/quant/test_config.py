@@ -11,7 +11,11 @@ from cinq.quant.recipe import QuantRecipe
 
 
 @pytest.mark.parametrize("kwargs,field", [
-    ({"method": "nf4"}, "method"), ({"method": "awq", "bits": 8}, "bits"),
+    ({"method": "hqq"}, "method"), ({"method": "awq", "bits": 8}, "bits"),
+    ({"method": "nf4", "group_size": 32}, "group_size"), ({"method": "nf4", "bits": 8}, "bits"),
+    ({"method": "fp8", "act_scheme": "per_group"}, "act_scheme"), ({"method": "fp8", "weight_strategy": "group"},
+                                                                   "weight_strategy"),
+    ({"method": "fp8", "act_scheme": "none", "format": "fp8"}, "format"),
     ({"method": "gptq", "damp_percent": 0.0}, "damp_percent"), ({"method": "smoothquant", "bits": 4}, "bits"),
     ({"method": "smoothquant", "act_scheme": "per_group"}, "act_scheme"),
     ({"method": "awq", "desc_act": True}, "desc_act"), ({"method": "gptq", "format": "w8a8"}, "format"),

@@ -5,7 +5,10 @@ linear kind whose buffers carry that format's tensor names and shapes.
 
 ``method`` says how the integers were chosen (rtn / gptq / awq / smoothquant; informational, from the
 ``meta`` cinq writes); ``format`` how they are stored: "gptq" (v1), "gptq_v2", "awq" (GEMM) or "w8a8" (cinq's
-SmoothQuant format, see packing.py). How to *make* such a checkpoint (calibration, damping, ...) is the offline
+SmoothQuant format, see packing.py). Two float-code formats have their own method: "nf4" writes "bnb_nf4"
+(bitsandbytes ``load_in_4bit``, nf4.py) and "fp8" writes float8_e4m3fn weights (fp8.py) as vLLM's "fp8" method
+(per-tensor scales, static or dynamic activations) or as compressed-tensors' "float-quantized" scheme (per tensor or
+channel; activations dynamic per token, static per tensor, or none: weight-only). How to *make* such a checkpoint (calibration, damping, ...) is the offline
 tool's ``QuantRecipe`` (cinq/quant/recipe.py); the settings it records in the file come in through ``to_hf``'s
 ``recorded`` argument.
 """
@@ -26,10 +29,11 @@ from cinq.layers.quantization.linear import AWQLinear, GPTQLinear, W8A8Linear
 from cinq.layers.quantization.qweight import check_grid
 from cinq.layers.weight_loader import OutputShards
 
-METHODS = ("rtn", "gptq", "awq", "smoothquant")
-FORMATS = ("gptq", "gptq_v2", "awq", "w8a8")
+METHODS = ("rtn", "gptq", "awq", "smoothquant", "nf4", "fp8")
+FORMATS = ("gptq", "gptq_v2", "awq", "w8a8", "bnb_nf4", "fp8", "compressed_tensors")
+FLOAT_FORMATS = ("bnb_nf4", "fp8", "compressed_tensors")  # float-code formats (float_format.py)
 W8A8_QUANT_METHOD = "cinq_w8a8"
-DEFAULT_FORMAT = {"rtn": "gptq", "gptq": "gptq", "awq": "awq", "smoothquant": "w8a8"}
+DEFAULT_FORMAT = {"rtn": "gptq", "gptq": "gptq", "awq": "awq", "smoothquant": "w8a8", "nf4": "bnb_nf4"}
 
 
 @dataclass(slots=True)
@@ -46,10 +50,16 @@ class QuantFormat:
     act_scheme: str = "dynamic"  # W8A8 activations: "dynamic" per token | "static" per tensor (calibrated)
     modules_to_not_convert: list[str] = field(default_factory=list)
     lm_head: bool = False  # the LM head is quantized too (GPTQ formats; gptqmodel's "lm_head" flag)
+    double_quant: bool = False  # NF4: the absmax values in 8 bits (bnb_4bit_use_double_quant)
+    weight_strategy: str = "tensor"  # FP8 weight scales: "tensor" | "channel"
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise InvalidParameterError(f"method must be one of {list(METHODS)}, got {self.method!r}", "method")
+        if self.method in ("nf4", "fp8") or self.format in FLOAT_FORMATS:
+            from cinq.layers.quantization.float_format import check_float_format
+            check_float_format(self)
+            return
         if self.format is None:
             self.format = DEFAULT_FORMAT[self.method]
         if self.bits is None:
@@ -92,6 +102,9 @@ class QuantFormat:
         meta = {"quantizer": ["cinq:0.1.0"], "method": self.method}
         skip = list(self.modules_to_not_convert) or None
         rec = dict(recorded or {})
+        if self.format in FLOAT_FORMATS:
+            from cinq.layers.quantization.float_format import float_to_hf
+            return float_to_hf(self, meta)
         if self.format in ("gptq", "gptq_v2"):
             return {"quant_method": "gptq", "bits": self.bits, "group_size": self.group_size,
                     "desc_act": self.desc_act, "sym": self.sym, "static_groups": self.static_groups,
@@ -123,6 +136,9 @@ class QuantFormat:
         skip = list(qc.get("modules_to_not_convert") or [])
         method = (qc.get("meta") or {}).get("method") if isinstance(qc.get("meta"), dict) else None
         try:
+            from cinq.layers.quantization.float_format import FLOAT_QUANT_METHODS, float_from_hf
+            if kind in FLOAT_QUANT_METHODS:
+                return float_from_hf(cls, qc, kind)
             if kind == "gptq":
                 fmt = str(qc.get("checkpoint_format", "gptq")).lower()
                 if fmt not in ("gptq", "gptq_v2"):
@@ -151,13 +167,14 @@ class QuantFormat:
         except InvalidParameterError as e:
             raise ModelLoadError(f"quantization_config: {e}", e.param) from e
         raise ModelLoadError(f"quantization_config.quant_method {kind!r} is not supported "
-                             f"(gptq, awq, {W8A8_QUANT_METHOD})", "quant_method")
+                             f"(gptq, awq, {W8A8_QUANT_METHOD}, bitsandbytes, fp8, compressed-tensors)", "quant_method")
 
     # ------------------------------------------------------------------------------------- LinearFactory
 
     def skips(self, prefix: str) -> bool:
         """True when ``prefix`` names a module listed in modules_to_not_convert (kept dense)."""
-        return any(re.search(rf"(^|\.){re.escape(m)}(\.|$)", prefix) for m in self.modules_to_not_convert)
+        return any(re.match(m[3:], prefix) if m.startswith("re:") else  # compressed-tensors' regex entries
+                   re.search(rf"(^|\.){re.escape(m)}(\.|$)", prefix) for m in self.modules_to_not_convert)
 
     def quantizes(self, prefix: str) -> bool:
         """True when checkpoint module ``prefix`` is stored quantized: not skipped, and the LM head only with the
@@ -171,6 +188,12 @@ class QuantFormat:
         """The quantized linear of this format, computing in ``compute_dtype`` (merged from ``output_shards``;
         ``split``: this tensor-parallel rank's part)."""
         kw = {"prefix": prefix, "compute_dtype": compute_dtype, "output_shards": output_shards, "split": split}
+        if self.format == "bnb_nf4":
+            from cinq.layers.quantization.nf4_linear import NF4Linear
+            return NF4Linear(in_features, out_features, bias, self.double_quant, **kw)
+        if self.format in ("fp8", "compressed_tensors"):
+            from cinq.layers.quantization.fp8_linear import FP8Linear
+            return FP8Linear(in_features, out_features, bias, self.act_scheme, **kw)
         if self.format in ("gptq", "gptq_v2"):
             return GPTQLinear(in_features, out_features, bias, self.bits, self.group_size,
                               version=2 if self.format == "gptq_v2" else 1, **kw)

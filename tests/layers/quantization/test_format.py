@@ -44,7 +44,10 @@ def test_third_party_gptq_config_defaults():
     ({"quant_method": "gptq", "bits": 4, "group_size": 0}, "group_size"),
     ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemv"}, "version"),
     ({"quant_method": "gptq", "bits": 4, "checkpoint_format": "marlin"}, "checkpoint_format"),
-    ({"quant_method": "bitsandbytes"}, "quant_method"),
+    ({"quant_method": "hqq"}, "quant_method"),
+    ({"quant_method": "bitsandbytes", "load_in_8bit": True}, "load_in_4bit"),  # LLM.int8: not read
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "fp4"}, "bnb_4bit_quant_type"),
+    ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {}}, "format"),
 ])
 def test_unsupported_configs_are_clear_errors(qc, field):
     with pytest.raises(ModelLoadError) as e:
