@@ -69,7 +69,8 @@ class UniProcExecutor:
         """Allocate ``num_blocks`` KV blocks and the runner that owns them."""
         compilation = self._compilation()
         self.runner = ModelRunner(self.model, num_blocks, self.config.block_size, self.device, self.dtype,
-                                  seed=self.seed, proposer=self.proposer, compilation=compilation)
+                                  seed=self.seed, proposer=self.proposer, compilation=compilation,
+                                  tokenizer_path=str(self.config.model))
         if self.runner.compiled is not None:
             times = self.runner.compiled.compile_all()
             if not times:

@@ -84,7 +84,8 @@ class StructuredOutputsParams:
         kind = self.kind
         value = getattr(self, kind)
         if kind == "json":
-            text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, separators=(",", ":"))
+            # property order is kept: it is the order the output writes them in
+            text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
             return kind, text
         if kind == "choice":
             return kind, json.dumps(value, ensure_ascii=False)
