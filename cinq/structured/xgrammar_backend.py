@@ -11,6 +11,25 @@ from cinq.structured.backend import choice_alternatives
 from cinq.structured.params import StructuredOutputsParams
 
 
+def strict_strings(node: Any) -> Any:
+    """The schema with each length-bounded plain string (minLength / maxLength, no pattern, format, enum or const)
+    given as the equivalent pattern without control characters, quotes or backslashes. xgrammar 0.2's rule for
+    such strings lets control characters through, which JSON forbids unescaped; its pattern rule does not."""
+    if isinstance(node, list):
+        return [strict_strings(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: strict_strings(v) for k, v in node.items()}
+    bounded = "minLength" in out or "maxLength" in out
+    if out.get("type") == "string" and bounded and not ({"pattern", "format", "enum", "const"} & out.keys()):
+        lo, hi = out.pop("minLength", 0), out.pop("maxLength", None)
+        if isinstance(lo, int) and (hi is None or isinstance(hi, int)):
+            out["pattern"] = "^[^\\x00-\\x1f\"\\\\]{%d,%s}$" % (lo, "" if hi is None else hi)
+        else:  # not integers: left for the compiler to refuse
+            out["minLength"], out["maxLength"] = lo, hi
+    return out
+
+
 class XGrammarMatcher:
     __slots__ = ("_m",)
 
@@ -44,7 +63,8 @@ class XGrammarBackend:
         kind, text = spec.key()
         try:
             if kind == "json":
-                return self._compiler.compile_json_schema(text, any_whitespace=False)
+                schema = json.dumps(strict_strings(json.loads(text)))
+                return self._compiler.compile_json_schema(schema, any_whitespace=False)
             if kind == "json_object":
                 return self._compiler.compile_json_schema(json.dumps({"type": "object"}), any_whitespace=False)
             if kind == "regex":
