@@ -14,15 +14,17 @@ from cinq.structured.params import StructuredOutputsParams
 
 
 class LLGuidanceMatcher:
-    __slots__ = ("_m",)
+    __slots__ = ("_m", "_eos")
 
     def __init__(self, tokenizer: Any, grammar: str) -> None:
         self._m = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+        self._eos = tokenizer.eos_token
 
     def accept_token(self, token_id: int) -> bool:
-        if self._m.validate_tokens([token_id]) != 1:
-            return False
-        return self._m.consume_token(token_id)
+        if self._m.try_consume_tokens([token_id]) == 1:  # a forbidden token leaves the state unchanged
+            return True
+        # try_consume_tokens never takes the end-of-sequence token; consume_token does, where the grammar is complete
+        return token_id == self._eos and self._m.is_accepting() and self._m.consume_token(token_id)
 
     def fill_bitmask(self, bitmask: Any, row: int) -> None:
         llguidance.torch.fill_next_token_bitmask(self._m, bitmask, row)
