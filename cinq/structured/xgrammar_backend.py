@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import xgrammar as xgr
@@ -28,6 +29,15 @@ def strict_strings(node: Any) -> Any:
         else:  # not integers: left for the compiler to refuse
             out["minLength"], out["maxLength"] = lo, hi
     return out
+
+
+_LOG_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:[0-9]+: ")  # "[03:13:22] /project/cpp/x.cc:94: "
+
+
+def _reason(error: BaseException) -> str:
+    """xgrammar's message, first line, without its C++ log prefix."""
+    lines = str(error).strip().splitlines()
+    return _LOG_PREFIX.sub("", lines[0]) if lines else type(error).__name__
 
 
 class XGrammarMatcher:
@@ -73,7 +83,7 @@ class XGrammarBackend:
                 return self._compiler.compile_grammar(f"root ::= {choice_alternatives(spec.choice or [])}")
             return self._compiler.compile_grammar(text)
         except (RuntimeError, ValueError, TypeError) as e:  # xgrammar's parse errors
-            raise ValueError(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__) from None
+            raise ValueError(_reason(e)) from None
 
     def matcher(self, compiled: Any) -> XGrammarMatcher:
         return XGrammarMatcher(compiled)
