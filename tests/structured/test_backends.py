@@ -74,15 +74,19 @@ def test_manager_caches_names_the_field_and_times_out(tiny_path, monkeypatch) ->
     release.set()
 
 
-def test_native_apply_matches_torch_reference(monkeypatch) -> None:
+def test_additive_apply_matches_the_bit_reference() -> None:
     g = torch.Generator().manual_seed(0)
     mask = torch.randint(-2**31, 2**31 - 1, (3, 4), dtype=torch.int32, generator=g)
     logits = torch.randn(6, 150, generator=g)  # 150 > 4 * 32: the padded LM head's tail is forbidden
-    native = bm.apply_token_bitmask(logits.clone(), mask, [0, 3, 5])
-    monkeypatch.setattr(bm, "_native_apply", None)
-    ref = bm.apply_token_bitmask(logits.clone(), mask, [0, 3, 5])
-    assert torch.equal(native, ref)
-    assert torch.equal(native[[1, 2, 4]], logits[[1, 2, 4]])
-    assert native[0, 128:].isinf().all() and not native[1].isinf().any()
-    bits = bm.bitmask_to_bool(mask, 128)
-    assert torch.equal(native[3, :128].isinf(), ~bits[1])
+    out = bm.apply_token_bitmask(logits.clone(), mask, [0, 3, 5])
+    assert torch.equal(out[[1, 2, 4]], logits[[1, 2, 4]])  # rows without a mask untouched
+    allowed = bm.bitmask_to_bool(mask, 128)
+    for i, r in enumerate([0, 3, 5]):
+        assert torch.equal(out[r, :128].isinf(), ~allowed[i]) and out[r, 128:].isinf().all()
+        assert torch.equal(out[r, :128][allowed[i]], logits[r, :128][allowed[i]])  # allowed values exact
+    contiguous = bm.apply_token_bitmask(logits.clone(), mask, [1, 2, 3])
+    assert torch.equal(contiguous[1:4].isinf(), bm.apply_token_bitmask(logits[1:4].clone(), mask).isinf())
+    import xgrammar
+    ref = logits[:3, :128].clone().contiguous()
+    xgrammar.apply_token_bitmask_inplace(ref, mask)
+    assert torch.equal(bm.apply_token_bitmask(logits[:3, :128].clone(), mask), ref)
