@@ -28,17 +28,26 @@ def mask_logits(logits: torch.Tensor, matchers: list[GrammarMatcher | None],
     if not rows:
         return logits
     bitmask = allocate_bitmask(len(rows), logits.shape[-1])
+    # A request's rows are consecutive; its matcher walks from one row's path to the next through their common
+    # prefix (a chain of k drafts costs k accepts, not k^2), then rolls back to where it started.
+    current: list[int] = []
     for i, r in enumerate(rows):
         m = matchers[r]
         path = paths[r] if paths is not None else []
-        advanced = 0
-        for tok in path:
+        common = 0
+        while common < min(len(current), len(path)) and current[common] == path[common]:
+            common += 1
+        m.rollback(len(current) - common)
+        current = current[:common]
+        for tok in path[common:]:
             if not m.accept_token(tok):
                 break
-            advanced += 1
-        if advanced == len(path) and not m.is_terminated():
+            current.append(tok)
+        if len(current) == len(path) and not m.is_terminated():
             m.fill_bitmask(bitmask, i)
-        m.rollback(advanced)
+        if i + 1 == len(rows) or matchers[rows[i + 1]] is not m:
+            m.rollback(len(current))
+            current = []
     logits = logits.float().contiguous()
     return apply_token_bitmask(logits, bitmask, rows)
 
