@@ -143,11 +143,20 @@ def main() -> None:
     ap.add_argument("--step-tokens", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="fewer reps (a smoke run)")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the other models' rows of the existing results (re-measure only --models)")
     args = ap.parse_args()
     reps = 1 if args.quick else args.reps
     schemas = schema_suite(args.schemas)
     report: dict[str, Any] = {"machine": machine_info(), "schemas": len(schemas), "validity": [], "step_cost": [],
                               "compile": {}}
+    old = RESULTS / "structured_outputs.json"
+    if args.merge and old.exists():
+        kept = json.loads(old.read_text())
+        labels = {model_label(m) for m in args.models}
+        for key in ("validity", "step_cost"):
+            report[key] = [r for r in kept[key] if r["model"] not in labels]
+        report["compile"] = {m: c for m, c in kept["compile"].items() if m not in labels}
     for model in args.models:
         report["compile"][model_label(model)] = compile_times(model, schemas)
         rows = [validity(model, schemas, args.max_tokens, spec) for spec in (None, NGRAM)]
@@ -160,8 +169,8 @@ def main() -> None:
             r = step_cost(model, batch, args.step_tokens, reps)
             report["step_cost"].append(r)
             print(json.dumps(r))
-    report["machine"]["loadavg_at_end"] = machine_info()["loadavg_at_end"]
-    write(report)
+        report["machine"]["loadavg_at_end"] = machine_info()["loadavg_at_end"]
+        write(report)  # after each model: a later one that fails or times out keeps these
 
 
 def _f(v: Any, fmt: str = "{:.1f}") -> str:
