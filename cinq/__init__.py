@@ -9,8 +9,9 @@ Importing cinq sets nothing process-wide: a program that wants cinq's OpenMP set
 from cinq.config import EngineConfig
 from cinq.outputs import CompletionOutput, Logprob, RequestOutput
 from cinq.sampling_params import SamplingParams
+from cinq.structured.params import StructuredOutputsParams
 
-__all__ = ["LLM", "LLMEngine", "EngineConfig", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob"]
+__all__ = ["LLM", "LLMEngine", "EngineConfig", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput", "Logprob"]
 __version__ = "0.1.0"
 
 

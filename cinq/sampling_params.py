@@ -7,6 +7,7 @@ import enum
 from dataclasses import dataclass, field
 
 from cinq.errors import InvalidParameterError
+from cinq.structured.params import StructuredOutputsParams
 
 MAX_LOGPROBS = 20
 _GREEDY_EPS = 1e-5
@@ -43,6 +44,8 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     output_kind: OutputKind = OutputKind.CUMULATIVE
+    # Constrained decoding (JSON schema, regex, choice, grammar, any JSON object): cinq/structured/.
+    structured_outputs: StructuredOutputsParams | None = None
     # Filled by the engine from the model's generation config; not user-facing.
     eos_token_ids: list[int] = field(default_factory=list)
 
@@ -51,6 +54,8 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
         self.validate()
 
     def validate(self) -> None:
@@ -84,6 +89,10 @@ class SamplingParams:
             if not isinstance(t, int) or isinstance(t, bool) or t < 0:
                 raise InvalidParameterError(f"stop_token_ids must be non-negative integers, got {t!r}",
                                             "stop_token_ids")
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs,
+                                                                   StructuredOutputsParams):
+            raise InvalidParameterError(f"structured_outputs must be a StructuredOutputsParams, got "
+                                        f"{type(self.structured_outputs).__name__}", "structured_outputs")
         if not isinstance(self.output_kind, OutputKind):
             raise InvalidParameterError(f"output_kind must be an OutputKind, got {self.output_kind!r}", "output_kind")
 

@@ -48,7 +48,43 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="no progress bar (default: one on stderr when it is a terminal and there are several "
                         "prompts or -n > 1)")
     add_sampling_args(p, max_tokens=64)
+    g = p.add_argument_group("structured outputs (at most one: the output is constrained to it)")
+    g.add_argument("--json-schema", metavar="FILE", default=None, help="a JSON schema file the output must match")
+    g.add_argument("--json-object", action="store_true", help="the output is a JSON object")
+    g.add_argument("--regex", default=None, help="a regular expression the output must match")
+    g.add_argument("--choice", action="append", default=None, help="the output is one of these (repeatable)")
+    g.add_argument("--grammar", metavar="FILE", default=None, help="an EBNF grammar file (xgrammar's: root ::= ...)")
     p.set_defaults(run=run)
+
+
+def structured_from_args(args: argparse.Namespace):  # noqa: ANN201 - StructuredOutputsParams | None
+    """The constraint the structured-output flags give (None: none); errors name the flag."""
+    import json
+    from pathlib import Path
+
+    from cinq.errors import InvalidParameterError
+    from cinq.structured.params import StructuredOutputsParams
+    given = {name: value for name, value in (("--json-schema", args.json_schema), ("--json-object",
+                                             args.json_object or None), ("--regex", args.regex),
+                                             ("--choice", args.choice), ("--grammar", args.grammar))
+             if value is not None}
+    if not given:
+        return None
+    if len(given) > 1:
+        raise InvalidParameterError(f"give only one of {', '.join(given)}", list(given)[1])
+    (flag, value), = given.items()
+    try:
+        if flag == "--json-schema":
+            try:
+                schema = json.loads(Path(value).read_text())
+            except ValueError as e:
+                raise InvalidParameterError(f"--json-schema: {value} is not JSON ({e})", flag) from None
+            return StructuredOutputsParams(json=schema)
+        if flag == "--grammar":
+            return StructuredOutputsParams(grammar=Path(value).read_text())
+        return StructuredOutputsParams(**{flag[2:].replace("-", "_"): value})
+    except InvalidParameterError as e:
+        raise InvalidParameterError(f"{flag}: {e}", flag) from None
 
 
 def _prompts(args: argparse.Namespace) -> list[str]:
@@ -190,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
     from cinq.engine.engine import LLMEngine
 
     config = engine_config_from_args(args)
-    params = sampling_params_from_args(args)
+    params = sampling_params_from_args(args, structured_outputs=structured_from_args(args))
     prompts = _prompts(args)
     engine = LLMEngine(config)
     inputs: list[str | list[int]] = list(prompts)

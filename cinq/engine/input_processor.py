@@ -54,6 +54,8 @@ class InputProcessor:
             prompt_ids = list(prompt)
         self.validate_prompt(prompt_ids)
         max_tokens = self.resolve_max_tokens(len(prompt_ids), params)
+        if params.structured_outputs is not None:
+            self.compile_structured(params)
         params = params.clone(eos_token_ids=self.eos_token_ids) if not params.eos_token_ids else params
         arrival = arrival_time or time.time()
         child_ids = [request_id] if params.n == 1 else [f"{i}_{request_id}" for i in range(params.n)]
@@ -64,6 +66,13 @@ class InputProcessor:
                 child_params = params.clone(seed=params.seed + i)
             core_requests.append(EngineCoreRequest(cid, prompt_ids, child_params, max_tokens, arrival, language))
         return ProcessedRequest(request_id, prompt_text, prompt_ids, params, arrival, language, core_requests)
+
+    def compile_structured(self, params: SamplingParams) -> None:
+        """Compile the request's constraint (cached; the core finds it compiled when it shares this process): a bad
+        schema, regex or grammar, or one that compiles too slowly, is an InvalidParameterError naming the field."""
+        from cinq.structured.manager import StructuredOutputManager
+        assert params.structured_outputs is not None
+        StructuredOutputManager.for_model(self.info.model, self.info.vocab_size).compile(params.structured_outputs)
 
     def validate_prompt(self, prompt_ids: list[int]) -> None:
         if not prompt_ids:

@@ -29,6 +29,8 @@ from cinq.sampling_params import SamplingParams
 from cinq.spec.proposer import DraftSampling, Proposals, Proposer, StepView
 from cinq.spec.rejection import DraftBatch, rejection_sample
 from cinq.spec.tree import verify_tree
+from cinq.structured.backend import GrammarMatcher
+from cinq.structured.masks import advance, mask_logits
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,7 @@ class _RequestState:
     output_counts: torch.Tensor | None = None  # [V] int32, for penalties
     seen_mask: torch.Tensor | None = None  # [V] bool, prompt + output tokens
     token_ids: list[int] | None = None  # prompt + emitted tokens, kept only for a proposer (its catch-up reads them)
+    matcher: GrammarMatcher | None = None  # structured outputs: the grammar's state over the emitted tokens
 
 
 def _plain_greedy(state: _RequestState, num_output: int) -> bool:
@@ -67,8 +70,10 @@ class ModelRunner:
 
     def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, device: torch.device,
                  kv_dtype: torch.dtype, seed: int = 0, proposer: Proposer | None = None,
-                 compilation: CompilationConfig | None = None, virtual: VirtualKVSpec | None = None) -> None:
+                 compilation: CompilationConfig | None = None, virtual: VirtualKVSpec | None = None,
+                 tokenizer_path: str | None = None) -> None:
         self.model = model
+        self.tokenizer_path = tokenizer_path  # structured outputs compile grammars over this tokenizer
         self.device = device
         self.block_size = block_size
         self.vocab_size = model.config.vocab_size
@@ -213,6 +218,8 @@ class ModelRunner:
         if params.seed is not None and not params.greedy:
             state.generator = torch.Generator(device=self.device)
             state.generator.manual_seed(params.seed)
+        if params.structured_outputs is not None:
+            state.matcher = self._structured().matcher(params.structured_outputs)
         if params.has_penalties:
             state.output_counts = torch.zeros(self.vocab_size, dtype=torch.int32, device=self.device)
             state.seen_mask = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.device)
@@ -220,12 +227,22 @@ class ModelRunner:
             state.seen_mask[prompt[prompt < self.vocab_size]] = True
         return state
 
+    def _structured(self):  # noqa: ANN202 - the manager, built on the first constrained request
+        from cinq.structured.manager import StructuredOutputManager
+        if self.tokenizer_path is None:
+            raise RuntimeError("structured outputs need the runner's tokenizer_path")
+        return StructuredOutputManager.for_model(self.tokenizer_path, self.vocab_size)
+
     def _sample(self, logits: torch.Tensor, seqs: list[ScheduledSeq], out: RunnerOutput) -> None:
         states = [self.states[s.request_id] for s in seqs]
+        matchers = [st.matcher for st in states]
+        if any(m is not None for m in matchers):  # grammar masks first: before penalties, temperature, top-p
+            logits = mask_logits(logits, matchers)
         if all(_plain_greedy(st, s.num_output_tokens) for st, s in zip(states, seqs)):
             # nothing but argmax to do: no sampling metadata (a dozen small tensors), no sampler pass
-            for seq, tok in zip(seqs, Sampler.greedy(logits).tolist()):
+            for seq, st, tok in zip(seqs, states, Sampler.greedy(logits).tolist()):
                 out.sampled[seq.request_id] = [tok]
+                advance(st.matcher, [tok], seq.request_id)
             return
         meta = self._sampling_metadata(states, [s.num_output_tokens for s in seqs])
         result = self.sampler(logits, meta)
@@ -239,6 +256,7 @@ class ModelRunner:
         for i, (seq, st) in enumerate(zip(seqs, states)):
             tok = tokens[i]
             out.sampled[seq.request_id] = [tok]
+            advance(st.matcher, [tok], seq.request_id)
             if st.output_counts is not None:
                 st.output_counts[tok] += 1
                 st.seen_mask[tok] = True
@@ -253,7 +271,6 @@ class ModelRunner:
         when the proposer gave its parents) against the target's distributions at those rows; emits the accepted
         drafts and one closing token per sequence. Returns, per request, the rows the target kept (the root and
         the accepted path)."""
-        raw_logits = logits
         states = [self.states[s.request_id] for s in seqs]
         ks = [s.num_logit_rows - 1 for s in seqs]
         draft_lists = [s.token_ids[len(s.token_ids) - k:] for s, k in zip(seqs, ks)]
@@ -268,6 +285,9 @@ class ModelRunner:
                 paths.append(paths[par[j]] + [d[j - 1]])
             row_history += paths
         row_states = [st for st, k in zip(states, ks) for _ in range(k + 1)]
+        if any(st.matcher is not None for st in states):  # row j masked at the grammar's state after its path
+            logits = mask_logits(logits, [st.matcher for st in row_states], row_history)
+        raw_logits = logits  # logprobs: of the constrained distribution where a grammar masks
         offsets = [0, *itertools.accumulate(k + 1 for k in ks)]
         row_outputs = [s.num_output_tokens + len(row_history[r]) for i, s in enumerate(seqs)
                        for r in range(offsets[i], offsets[i + 1])]
@@ -307,6 +327,7 @@ class ModelRunner:
         for i, (seq, st) in enumerate(zip(seqs, states)):
             tokens = emitted[i]
             out.sampled[seq.request_id] = tokens
+            advance(st.matcher, tokens, seq.request_id)
             if st.params.logprobs is not None:  # raw, as without drafts: emitted token j comes from kept row j
                 at = torch.tensor([offsets[i] + r for r in kept[i]], device=self.device)
                 raw = raw_logits[at].float().log_softmax(-1)

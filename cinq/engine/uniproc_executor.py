@@ -73,7 +73,8 @@ class UniProcExecutor:
         compilation = self._compilation() if virtual is None else None
         block_size = self.config.block_size if virtual is None else virtual.slot_tokens
         self.runner = ModelRunner(self.model, num_blocks, block_size, self.device, self.dtype,
-                                  seed=self.seed, proposer=self.proposer, compilation=compilation, virtual=virtual)
+                                  seed=self.seed, proposer=self.proposer, compilation=compilation, virtual=virtual,
+                                  tokenizer_path=str(self.config.model))
         if self.runner.compiled is not None:
             times = self.runner.compiled.compile_all()
             if not times:

@@ -16,6 +16,8 @@ from cinq.server.errors import to_api_error
 from cinq.server.logprobs import chat_logprobs
 from cinq.server.protocol import ChatCompletionRequest
 from cinq.server.streams import DONE, SSEResponse, final_outputs, merge_streams, sse, unless_disconnected
+from cinq.server.structured import add_all_naming
+from cinq.server.tools import ToolCallStreamer, prepare_messages
 
 
 async def render_chat_prompt(ctx: ServerContext, req_messages: list[dict], add_generation_prompt: bool,
@@ -28,10 +30,13 @@ async def render_chat_prompt(ctx: ServerContext, req_messages: list[dict], add_g
 async def create_chat_completion(ctx: ServerContext, req: ChatCompletionRequest, raw: Request):
     ctx.check_model(req.model)
     params = req.to_sampling_params(ctx.default_sampling_params)
-    prompt = await render_chat_prompt(ctx, req.template_messages(), req.add_generation_prompt,
-                                      req.chat_template_kwargs)
+    # tools: given to a template that renders them, else described in a system message (server/tools.py)
+    messages, tool_kwargs = prepare_messages(req.template_messages(), req._tool_plan,
+                                             "tools" in (ctx.tokenizer.chat_template or ""))
+    prompt = await render_chat_prompt(ctx, messages, req.add_generation_prompt,
+                                      {**tool_kwargs, **(req.chat_template_kwargs or {})})
     request_id = new_id("chatcmpl")
-    streams = await ctx.add_all(request_id, [prompt], params, req.language)
+    streams = await add_all_naming(ctx, req._constraint_field, request_id, [prompt], params, req.language)
     job = _Chat(ctx, req, request_id, prompt)
     if req.stream:
         return SSEResponse(job.stream(streams), streams, ctx.release)
@@ -56,10 +61,23 @@ class _Chat:
         n = len(self.prompt.token_ids)
         return {"prompt_tokens": n, "completion_tokens": completion_tokens, "total_tokens": n + completion_tokens}
 
+    def _message(self, comp: CompletionOutput) -> tuple[dict, str | None]:
+        """The reply's message (tool calls parsed out when tools were offered) and its finish reason."""
+        plan = self.req._tool_plan
+        if plan is None or plan.choice == "none":
+            return {"role": "assistant", "content": comp.text}, comp.finish_reason
+        content, calls = plan.parse(comp.text)
+        if not calls:
+            return {"role": "assistant", "content": content}, comp.finish_reason
+        finish = "tool_calls" if comp.finish_reason == "stop" else comp.finish_reason
+        return {"role": "assistant", "content": content, "tool_calls": calls}, finish
+
     def response(self, comps: list[CompletionOutput]) -> dict:
-        choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                    "logprobs": self._logprobs(c), "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
-                   for c in comps]
+        choices = []
+        for c in comps:
+            message, finish = self._message(c)
+            choices.append({"index": c.index, "message": message, "logprobs": self._logprobs(c),
+                            "finish_reason": finish, "stop_reason": c.stop_reason})
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.ctx.model_name,
                 "choices": choices, "usage": self._usage(sum(len(c.token_ids) for c in comps)),
                 "system_fingerprint": None}
@@ -71,8 +89,26 @@ class _Chat:
             chunk["usage"] = usage
         return chunk
 
+    def _tool_deltas(self, streamer: ToolCallStreamer, comp: CompletionOutput) -> list[dict]:
+        """One choice's chunk entries when tools were offered: content or tool_calls fragments (held while a
+        tool call may be forming), the finish reason "tool_calls" when one was made."""
+        deltas = streamer.feed(comp.text, comp.finish_reason is not None)
+        finish = comp.finish_reason
+        if finish == "stop" and streamer.called:
+            finish = "tool_calls"
+        entries = [{"index": comp.index, "delta": d, "logprobs": None, "finish_reason": None} for d in deltas]
+        if entries:
+            entries[0]["logprobs"] = self._logprobs(comp)
+        if finish is not None:
+            if not entries:
+                entries.append({"index": comp.index, "delta": {}, "logprobs": None, "finish_reason": None})
+            entries[-1].update(finish_reason=finish, stop_reason=comp.stop_reason)
+        return entries
+
     async def stream(self, streams: list[RequestStream]) -> AsyncIterator[str]:
         generated = 0
+        plan = self.req._tool_plan
+        tools = {i: ToolCallStreamer(plan) for i in range(self.req.n)} if plan and plan.choice != "none" else None
         continuous = bool(self.req.stream_options and self.req.stream_options.continuous_usage_stats)
         try:
             # The role comes first, one chunk per choice, as OpenAI sends it.
@@ -85,6 +121,10 @@ class _Chat:
                     generated += len(comp.token_ids)
                     if not (comp.text or comp.finish_reason or (self.req.logprobs and comp.token_ids)):
                         continue  # tokens held back (partial character, possible stop string)
+                    if tools is not None:  # one chunk per delta: a header and its arguments never share one
+                        for entry in self._tool_deltas(tools[comp.index], comp):
+                            yield sse(self._chunk([entry], self._usage(generated) if continuous else None))
+                        continue
                     choices.append({"index": comp.index, "delta": {"content": comp.text} if comp.text else {},
                                     "logprobs": self._logprobs(comp), "finish_reason": comp.finish_reason,
                                     "stop_reason": comp.stop_reason})

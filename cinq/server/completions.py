@@ -18,6 +18,7 @@ from cinq.outputs import CompletionOutput, RequestOutput
 from cinq.server.context import Prompt, ServerContext, new_id
 from cinq.server.errors import to_api_error
 from cinq.server.logprobs import CompletionLogprobs
+from cinq.server.structured import add_all_naming
 from cinq.server.protocol import CompletionRequest
 from cinq.server.streams import DONE, SSEResponse, final_outputs, merge_streams, sse, unless_disconnected
 
@@ -33,7 +34,7 @@ async def create_completion(ctx: ServerContext, req: CompletionRequest, raw: Req
             ctx.check_token_ids(p, "prompt")
             prompts.append(Prompt(p, None))
     request_id = new_id("cmpl")
-    streams = await ctx.add_all(request_id, prompts, params, req.language)
+    streams = await add_all_naming(ctx, req._constraint_field, request_id, prompts, params, req.language)
     job = _Completion(ctx, req, request_id, prompts)
     if req.stream:
         return SSEResponse(job.stream(streams), streams, ctx.release)

@@ -12,13 +12,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from cinq.engine.spec_metrics import MAX_LANGUAGE_LEN, check_language
 from cinq.errors import InvalidParameterError
 from cinq.model.generation_defaults import fill_defaults
 from cinq.sampling_params import MAX_LOGPROBS, OutputKind, SamplingParams
 from cinq.server.messages import ChatMessage, template_messages
+from cinq.server.structured import constraint_from_fields, constraint_from_response_format
+from cinq.server.tools import ToolPlan, tool_plan
+from cinq.structured.params import StructuredOutputsParams
 
 _STRICT = ConfigDict(strict=True, extra="ignore")
 # Markers the OpenAPI builder (server/openapi.py) replaces with this server's limits, known when the app is built.
@@ -74,6 +77,20 @@ class _SamplingRequest(BaseModel):
     language: str | None = _schema(minLength=1, maxLength=MAX_LANGUAGE_LEN, pattern="^[A-Za-z0-9_-]+$",
                                    description="a tag (e.g. 'de', 'python') labelling this request's "
                                                "speculative-decoding acceptance metrics")
+    # vLLM's extra body fields for constrained decoding (cinq/structured/); at most one of them
+    structured_outputs: dict[str, Any] | None = _schema(description="one of json, regex, choice, grammar, "
+                                                                    "json_object (vLLM's StructuredOutputsParams)")
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    # set by to_sampling_params: the field the constraint came from (compile errors name it), the tool plan
+    _constraint_field: str | None = PrivateAttr(None)
+    _tool_plan: ToolPlan | None = PrivateAttr(None)
+
+    def _constraint(self) -> tuple[StructuredOutputsParams | None, str | None]:
+        return constraint_from_fields({name: getattr(self, name) for name in (
+            "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")})
 
     def _check_common(self) -> None:
         if self.stream_options is not None and not self.stream:
@@ -86,7 +103,8 @@ class _SamplingRequest(BaseModel):
         check_language(self.language)
 
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None,
-                         defaults: Mapping[str, Any] | None) -> SamplingParams:
+                         defaults: Mapping[str, Any] | None,
+                         structured: StructuredOutputsParams | None = None) -> SamplingParams:
         """``max_tokens``: already resolved (None: up to the context). The sampling fields the request omits
         come from ``defaults`` (the model's generation config, as vLLM fills them), then SamplingParams'."""
         given = {
@@ -102,7 +120,8 @@ class _SamplingRequest(BaseModel):
             stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos, logprobs=logprobs,
             prompt_logprobs=prompt_logprobs, skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
-            output_kind=OutputKind.DELTA if self.stream else OutputKind.FINAL_ONLY, **values)
+            output_kind=OutputKind.DELTA if self.stream else OutputKind.FINAL_ONLY, structured_outputs=structured,
+            **values)
 
     @property
     def include_usage(self) -> bool:
@@ -129,7 +148,8 @@ class CompletionRequest(_SamplingRequest):
         # omitted: the model's max_new_tokens, else OpenAI's 16; an explicit null: up to the context
         max_tokens = self.max_tokens if "max_tokens" in self.model_fields_set \
             else (defaults or {}).get("max_tokens", self.max_tokens)
-        return self._sampling_params(max_tokens, self.logprobs, prompt_logprobs, defaults)
+        structured, self._constraint_field = self._constraint()
+        return self._sampling_params(max_tokens, self.logprobs, prompt_logprobs, defaults, structured)
 
     def prompts(self) -> list[str | list[int]]:
         """The prompt field as a list of prompts (strings or token-id lists)."""
@@ -143,9 +163,20 @@ class CompletionRequest(_SamplingRequest):
         return list(p)  # type: ignore[arg-type]
 
 
+class JSONSchemaFormat(BaseModel):
+    """``response_format.json_schema``: OpenAI's named schema (``schema`` is the JSON schema itself)."""
+
+    model_config = ConfigDict(strict=True, extra="allow", populate_by_name=True)
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
 class ResponseFormat(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
-    type: str = _schema("text", enum=["text"])
+    type: str = _schema("text", enum=["text", "json_object", "json_schema"])
+    json_schema: JSONSchemaFormat | None = None
 
 
 class ChatCompletionRequest(_SamplingRequest):
@@ -170,13 +201,7 @@ class ChatCompletionRequest(_SamplingRequest):
         self._check_common()
         if not self.messages:
             raise InvalidParameterError("messages must hold at least one message", "messages")
-        if self.response_format is not None and self.response_format.type != "text":
-            raise InvalidParameterError(
-                f"response_format type {self.response_format.type!r} is not supported (only 'text')",
-                "response_format")
-        if self.tools and self.tool_choice not in (None, "none"):
-            raise InvalidParameterError("tool calling is not supported by cinq; send tool_choice 'none' or no "
-                                        "tools", "tools")
+        structured = self._structured_constraint()
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidParameterError("top_logprobs requires logprobs to be true", "top_logprobs")
         if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_LOGPROBS:
@@ -186,7 +211,27 @@ class ChatCompletionRequest(_SamplingRequest):
         if max_tokens is None:  # neither given: the model's max_new_tokens, else up to the context
             max_tokens = (defaults or {}).get("max_tokens")
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        return self._sampling_params(max_tokens, logprobs, None, defaults)
+        return self._sampling_params(max_tokens, logprobs, None, defaults, structured)
+
+    def _structured_constraint(self) -> StructuredOutputsParams | None:
+        """One constraint from response_format, the vLLM fields or a required / named tool choice (the field it
+        came from in ``_constraint_field``, to name it in compile errors)."""
+        self._tool_plan = tool_plan(self.tools, self.tool_choice)
+        sources: list[tuple[StructuredOutputsParams, str]] = []
+        fmt = constraint_from_response_format(self.response_format)
+        if fmt is not None:
+            sources.append((fmt, "response_format.json_schema.schema" if fmt.json is not None else "response_format"))
+        fields, field = self._constraint()
+        if fields is not None:
+            sources.append((fields, field or "structured_outputs"))
+        tool = self._tool_plan.constraint() if self._tool_plan is not None else None
+        if tool is not None:
+            sources.append((tool, "tools"))
+        if len(sources) > 1:
+            raise InvalidParameterError(f"{sources[0][1]} and {sources[1][1]} both constrain the output: give one",
+                                        sources[1][1])
+        self._constraint_field = sources[0][1] if sources else None
+        return sources[0][0] if sources else None
 
     def template_messages(self) -> list[dict[str, Any]]:
         return template_messages(self.messages)

@@ -74,3 +74,20 @@ def test_generate_with_tensor_parallel_size_2_matches_one_device(tiny_llama, run
     assert one.returncode == 0 and two.returncode == 0, two.stderr
     texts = [[json.loads(line)["text"] for line in r.stdout.splitlines()] for r in (one, two)]
     assert texts[0] == texts[1] and len(texts[1]) == 2
+
+
+def test_structured_output_flags(tmp_path, run_cli):
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9}},
+              "required": ["n"], "additionalProperties": False}
+    (tmp_path / "s.json").write_text(json.dumps(schema))
+    r = run_cli("generate", "cinq-tiny", "-p", "A number:", "--json-schema", str(tmp_path / "s.json"),
+                "--temperature", "0", "--json", "--max-tokens", "20")
+    assert r.returncode == 0, r.stderr
+    assert 1 <= json.loads(json.loads(r.stdout.splitlines()[0])["text"])["n"] <= 9
+    r = run_cli("generate", "cinq-tiny", "-p", "Pick:", "--choice", "red", "--choice", "blue", "--json")
+    assert json.loads(r.stdout.splitlines()[0])["text"] in ("red", "blue")
+    r = run_cli("generate", "cinq-tiny", "-p", "x", "--regex", "(")
+    assert r.returncode == 2 and "structured_outputs.regex" in r.stderr and "not closed" in r.stderr
+    assert "Traceback" not in r.stderr and "/project" not in r.stderr
+    r = run_cli("generate", "cinq-tiny", "-p", "x", "--regex", "a", "--choice", "b")
+    assert r.returncode == 2 and "give only one of --regex, --choice" in r.stderr

@@ -68,6 +68,26 @@ def test_emitted_tokens_follow_the_target(one_hot: bool) -> None:
     assert len(second) > 1000 and tv(second, p[1]) <= tv_bound(len(second))
 
 
+def test_a_grammar_mask_keeps_the_bound_and_forbidden_drafts_never_pass() -> None:
+    """Structured outputs: the target's rows are masked (forbidden tokens at probability 0, the rest
+    renormalised, as softmax over -inf logits gives) while the proposer, blind to the grammar, favours the
+    forbidden tokens. The emitted tokens follow the masked target within the same bound; no forbidden one."""
+    p, q = toy(0)
+    allowed = torch.ones(K + 1, V, dtype=torch.bool)
+    allowed[:, :2] = False  # tokens 0 and 1 forbidden at every position
+    p_masked = torch.where(allowed, p, 0.0)
+    p_masked = p_masked / p_masked.sum(-1, keepdim=True)
+    q_blind = q.clone()
+    q_blind[:, :2] += 1.0  # most of the proposer's mass on forbidden tokens
+    q_blind = q_blind / q_blind.sum(-1, keepdim=True)
+    g = torch.Generator().manual_seed(1)
+    drafts = torch.stack([torch.multinomial(q_blind[j], N, replacement=True, generator=g) for j in range(K)], 1)
+    first, second = emitted_distributions(run_batch(p_masked, q_blind, drafts, seed=2))
+    assert tv(first, p_masked[0]) <= tv_bound(len(first))
+    assert len(second) > 1000 and tv(second, p_masked[1]) <= tv_bound(len(second))
+    assert not {0, 1} & (set(first) | set(second))
+
+
 def test_a_wrong_recovery_step_breaks_the_bound(monkeypatch) -> None:
     p, q = toy(0)
     # analytically, recovering from p gives min(p, q) + (1 - sum min(p, q)) p: far from p for this toy
