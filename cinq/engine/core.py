@@ -26,6 +26,8 @@ from cinq.engine.executor import Executor, make_executor
 from cinq.engine.io import EngineCoreInfo, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, RunnerOutput
 from cinq.engine.io import SchedulerOutput
 from cinq.engine.kv_cache import KVCacheManager
+from cinq.engine.kv_cache_groups import (HybridKVCacheManager, make_hybrid_kv_cache_manager, split_kv_blocks,
+                                         uses_kv_cache_groups)
 from cinq.engine.kv_cache_virtual import VirtualKVCacheManager, build_virtual_kv
 from cinq.engine.sliding_window import make_kv_cache_manager
 from cinq.engine.request import Request, RequestStatus
@@ -81,7 +83,7 @@ class EngineCore:
         mcfg = self.model_config
         self.max_model_len = self._resolve_max_model_len()
         self.num_blocks = self._resolve_num_blocks()
-        kv: KVCacheManager | VirtualKVCacheManager
+        kv: KVCacheManager | VirtualKVCacheManager | HybridKVCacheManager
         if config.kv_cache_layout == "virtual":  # the same memory budget, as pages of per-request ranges
             if mcfg.sliding_window:  # the contiguous backend attends over the whole range: no window mask
                 self.executor.shutdown()
@@ -90,6 +92,13 @@ class EngineCore:
                     f"{mcfg.sliding_window} tokens): use kv_cache_layout 'paged'", "kv_cache_layout")
             kv = build_virtual_kv(self.executor, self.num_blocks, config.block_size, config.max_num_seqs,
                                   self.max_model_len)
+        elif uses_kv_cache_groups(mcfg):  # full and sliding-window layers: one pool each, out-of-window blocks freed
+            groups = split_kv_blocks(mcfg, self.num_blocks, config.block_size, self.max_model_len,
+                                     config.max_num_batched_tokens)
+            log.info("KV cache groups: %d blocks for the full-attention layers, %d for the sliding-window layers "
+                     "(the budget of %d shared blocks)", groups[0], groups[1], self.num_blocks)
+            self.executor.initialize_cache(groups)
+            kv = make_hybrid_kv_cache_manager(mcfg, groups, config.block_size, config.enable_prefix_caching)
         else:
             self.executor.initialize_cache(self.num_blocks)
             kv = make_kv_cache_manager(mcfg, self.num_blocks, config.block_size, config.enable_prefix_caching)

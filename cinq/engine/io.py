@@ -51,6 +51,9 @@ class ScheduledSeq:
     # head); their slots and budget are reserved and ``num_logit_rows`` counts them. 0 for n-gram drafts, which
     # the scheduler puts in ``token_ids`` itself.
     num_draft_slots: int = 0
+    # KV cache groups (engine/kv_cache_groups.py): the request's block table in each group (``block_ids`` is
+    # group 0's); None with one group
+    group_block_ids: list[list[int]] | None = None
 
 
 @dataclass(slots=True)

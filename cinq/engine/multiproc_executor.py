@@ -118,8 +118,8 @@ class MultiprocExecutor:
         per_rank = self.driver.kv_bytes_per_block(block_size)
         return per_rank * (self.world_size if self.driver.device.type == "cpu" else 1)
 
-    def initialize_cache(self, num_blocks: int) -> None:
-        """Every rank allocates ``num_blocks`` blocks of its own KV heads."""
+    def initialize_cache(self, num_blocks: int | tuple[int, int]) -> None:
+        """Every rank allocates ``num_blocks`` blocks of its own KV heads (a pair: per KV cache group)."""
         self._run(INIT_CACHE, num_blocks, lambda: self.driver.initialize_cache(num_blocks))
 
     def execute_model(self, sched: SchedulerOutput) -> RunnerOutput:

@@ -20,8 +20,10 @@ from cinq.compilation_config import CompilationConfig
 from cinq.engine.batch_inputs import BatchInputs, TreeGroup, build_batch
 from cinq.engine.compiled_decode import CompiledDecode
 from cinq.engine.io import NewRequestData, RunnerOutput, ScheduledSeq, SchedulerOutput, TokenLogprobs
+from cinq.engine.kv_cache_groups import FULL, add_group_tables, allocate_group_caches
 from cinq.engine.kv_cache_virtual import VirtualKVRegion, VirtualKVSpec
 from cinq.engine.shape_buckets import MAX_PAD_ROWS, bucket_rows
+from cinq.errors import InvalidParameterError
 from cinq.layers.sampler import Sampler, SamplingMetadata
 from cinq.model.interface import check_supported
 from cinq.model.llama import LlamaForCausalLM
@@ -68,7 +70,8 @@ def token_logprobs(logprobs: torch.Tensor, tokens: list[int], k: int) -> list[To
 class ModelRunner:
     """Runs the model over scheduled sequences and samples."""
 
-    def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, device: torch.device,
+    def __init__(self, model: LlamaForCausalLM, num_blocks: int | tuple[int, int], block_size: int,
+                 device: torch.device,
                  kv_dtype: torch.dtype, seed: int = 0, proposer: Proposer | None = None,
                  compilation: CompilationConfig | None = None, virtual: VirtualKVSpec | None = None,
                  tokenizer_path: str | None = None) -> None:
@@ -84,6 +87,18 @@ class ModelRunner:
         self.generator.manual_seed(seed)
         cfg = model.config
         num_kv_heads = model.attention_layers()[0].num_kv_heads  # this rank's heads under tensor parallelism
+        # A (full, sliding) pair: KV cache groups (kv_cache_groups.py), each layer's tensor sized by its group;
+        # block ids below are the full group's (group 0, the scheduler's block_ids)
+        self.group_pad_block_ids: list[list[int]] | None = None
+        group_blocks = num_blocks if isinstance(num_blocks, tuple) else None
+        if group_blocks is not None:
+            if proposer is not None or virtual is not None:
+                what, field = (("a runner-side speculative proposer (draft model, EAGLE, Medusa): use n-gram",
+                                "speculative_config") if proposer is not None else
+                               ("kv_cache_layout 'virtual'", "kv_cache_layout"))
+                raise InvalidParameterError(f"KV cache groups (a model mixing full and sliding-window layers) do "
+                                            f"not support {what}", field)
+            num_blocks = group_blocks[FULL]
         # Past the pool's num_blocks: scratch blocks for the padding tokens that round a step's rows up to a
         # bucket (shape_buckets.py); the KV manager never hands them out.
         self.pad_block_ids = list(range(num_blocks, num_blocks + -(-MAX_PAD_ROWS // block_size)))
@@ -93,6 +108,11 @@ class ModelRunner:
             self.kv_region = VirtualKVRegion(cfg.num_hidden_layers, num_blocks + len(self.pad_block_ids), block_size,
                                              num_kv_heads, cfg.head_dim, kv_dtype, virtual.page_size)
             self.kv_caches = self.kv_region.layer_views()
+        elif group_blocks is not None:
+            npad = len(self.pad_block_ids)
+            self.group_pad_block_ids = [list(range(n, n + npad)) for n in group_blocks]
+            self.kv_caches = allocate_group_caches(model.attention_layers(), group_blocks, npad, block_size,
+                                                   num_kv_heads, cfg.head_dim, kv_dtype, device)
         else:
             self.kv_caches = [
                 torch.zeros(2, num_blocks + len(self.pad_block_ids), block_size, num_kv_heads,
@@ -153,6 +173,8 @@ class ModelRunner:
                 self._sample(logits[:len(batch.seqs)], batch.seqs, out)
                 return out
         batch = build_batch(seqs, self.block_size, self.pad_block_ids, self.device, tree=tree)
+        if self.group_pad_block_ids is not None:
+            add_group_tables(batch, self.group_pad_block_ids, self.block_size, self.device)
         layer_states = None
         if self.proposer is not None and self.proposer.needs_layer_states:
             hidden, layer_states = self.model.forward_with_hidden_states(batch.input_ids, batch.positions,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from cinq.engine.io import EngineCoreOutput, NewRequestData, RunnerOutput, ScheduledSeq, SchedulerOutput
 from cinq.engine.kv_cache import KVCacheManager
+from cinq.engine.kv_cache_groups import HybridKVCacheManager
 from cinq.engine.request import Request, RequestStatus
 from cinq.spec.drafter import Drafter
 
@@ -28,7 +29,7 @@ class SchedulerConfig:
 class Scheduler:
     """Owns the waiting queue, the running list and the KV cache manager."""
 
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, drafter: Drafter | None = None) -> None:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager | HybridKVCacheManager, drafter: Drafter | None = None) -> None:
         self.config = config
         self.kv = kv
         self.drafter = drafter  # proposes draft tokens for decoding requests (speculative decoding)
@@ -212,7 +213,9 @@ class Scheduler:
         reaches_end = start + known == req.num_tokens
         out.seqs.append(ScheduledSeq(req.request_id, req.all_token_ids[start:start + known] + drafts, start,
                                      self.kv.block_ids(req.request_id),
-                                     1 + len(drafts) + slots if reaches_end else 0, req.num_output_tokens, slots))
+                                     1 + len(drafts) + slots if reaches_end else 0, req.num_output_tokens, slots,
+                                     self.kv.group_block_ids(req.request_id)
+                                     if isinstance(self.kv, HybridKVCacheManager) else None))
 
     def _pick_victim(self, scheduled: set[str], current: Request) -> Request:
         # Newest first; a request already given work this step is never preempted (its blocks may have been

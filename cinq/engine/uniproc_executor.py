@@ -67,7 +67,7 @@ class UniProcExecutor:
         extra = self.proposer.kv_bytes_per_block(block_size) if self.proposer is not None else 0
         return ModelRunner.kv_bytes_per_block(self.model, block_size, self.dtype) + extra
 
-    def initialize_cache(self, num_blocks: int, virtual: VirtualKVSpec | None = None) -> None:
+    def initialize_cache(self, num_blocks: int | tuple[int, int], virtual: VirtualKVSpec | None = None) -> None:
         """Allocate ``num_blocks`` KV blocks and the runner that owns them; with ``virtual``, reserve its slots
         instead (kv_cache_layout "virtual": ``num_blocks`` slots of ``virtual.slot_tokens``, always eager)."""
         compilation = self._compilation() if virtual is None else None

@@ -47,6 +47,11 @@ class AttentionMetadata:
     # the calling layer's sliding window (cinq/layers/attention.py sets it per layer): query position p sees
     # context positions > p - sliding_window only; None: the whole context
     sliding_window: int | None = None
+    # KV cache groups (cinq/engine/kv_cache_groups.py: a model mixing full and sliding-window layers): per group,
+    # its block tables [B, w_g] and slots [T]; a layer of group g > 0 reads entry g instead of the two above (which
+    # are group 0's). None: one group, every layer reads block_tables / slot_mapping
+    group_block_tables: list[torch.Tensor] | None = None
+    group_slot_mapping: list[torch.Tensor] | None = None
 
     @property
     def num_decode_tokens(self) -> int:

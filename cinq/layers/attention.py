@@ -32,6 +32,8 @@ class Attention(nn.Module):
         self.sliding_window = sliding_window
         # [2, num_blocks, block_size, num_kv_heads, head_dim]; bound by the model runner when it allocates the cache.
         self.kv_cache: torch.Tensor | None = None
+        # its KV cache group (cinq/engine/kv_cache_groups.py), set by the runner when the model has several
+        self.kv_group = 0
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 meta: AttentionMetadata | None) -> torch.Tensor:
@@ -47,7 +49,11 @@ class Attention(nn.Module):
             return o.transpose(1, 2)
         if self.kv_cache is None:
             raise RuntimeError("attention: KV cache not allocated (the model runner binds it before the first step)")
-        if self.sliding_window is not None:  # the step's metadata is every layer's: a windowed layer gets a copy
+        if self.kv_group and meta.group_block_tables is not None:  # its group's own tables and slots
+            meta = dataclasses.replace(meta, sliding_window=self.sliding_window,
+                                       block_tables=meta.group_block_tables[self.kv_group],
+                                       slot_mapping=meta.group_slot_mapping[self.kv_group])
+        elif self.sliding_window is not None:  # the step's metadata is every layer's: a windowed layer gets a copy
             meta = dataclasses.replace(meta, sliding_window=self.sliding_window)
         self.backend.write_kv(k, v, self.kv_cache, meta.slot_mapping)
         return self.backend.forward(q, k, v, self.kv_cache, meta, self.scale)
