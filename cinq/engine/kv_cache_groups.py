@@ -61,9 +61,12 @@ def split_kv_blocks(config: ModelConfig, num_blocks: int, block_size: int, max_m
     window = config.sliding_window or max_model_len
     need_sliding = min(need_full, -(-(window - 1 + max_num_batched_tokens) // block_size) + 2)
     layer_blocks = num_blocks * len(types)
-    full = max(1, layer_blocks * need_full // (n_full * need_full + n_sliding * need_sliding))
-    sliding = max(2, (layer_blocks - full * n_full) // n_sliding)  # one of them is the null block
-    return full, sliding
+    full = layer_blocks * need_full // (n_full * need_full + n_sliding * need_sliding)
+    sliding = (layer_blocks - full * n_full) // n_sliding
+    if sliding < need_sliding + 1:  # the sliding group fits one request's largest step (+ its null block)
+        sliding = need_sliding + 1
+        full = (layer_blocks - sliding * n_sliding) // n_full
+    return max(1, full), max(2, sliding)
 
 
 class HybridKVCacheManager:
