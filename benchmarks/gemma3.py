@@ -5,13 +5,15 @@ file vs HF transformers (the file dequantized to a bf16 folder), in one run; and
 Latency is `cinq bench latency gemma3-270m --variants file --baselines hf,llama.cpp` (cinq/bench/latency.py: the
 same timer, prompts of random ids, median decode step per generation, rounds rotated). KV memory: cinq's block
 table is shared by all layers, so for Gemma 3 (3 global layers of 18) no block can be freed; the table gives the
-bytes held by the shared table (cinq today), by per-layer-group tables (vLLM's hybrid allocator: arithmetic, not
-implemented in cinq) and, measured on cinq's block managers (KVCacheManager vs SlidingWindowKVCacheManager driven
-through a 4k / 16k decode, no model), what freeing saves when every layer is windowed.
+bytes held with one table shared by all layers (what cinq does for single-type models), with KV cache groups
+(cinq/engine/kv_cache_groups.py, vLLM's hybrid allocator: what cinq does for Gemma 3: blocks counted on
+HybridKVCacheManager driven through a 4k / 16k decode, no model) and, measured the same way on
+KVCacheManager vs SlidingWindowKVCacheManager, what freeing saves when every layer is windowed.
 
     python benchmarks/gemma3.py            # writes benchmarks/results/gemma3.{md,json}
     python benchmarks/gemma3.py --quick    # prompt 128, 1 round, 8 tokens; not written
     python benchmarks/gemma3.py --render   # rewrite gemma3.md from gemma3.json, measuring nothing
+    python benchmarks/gemma3.py --kv-only  # re-measure the KV table only (kept latency from gemma3.json)
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from cinq.bench.report import markdown  # noqa: E402
 from cinq.cache import cache_dir  # noqa: E402
 from cinq.config import EngineConfig  # noqa: E402
 from cinq.engine.kv_cache import KVCacheManager  # noqa: E402
+from cinq.engine.kv_cache_groups import HybridKVCacheManager  # noqa: E402
 from cinq.engine.request import Request  # noqa: E402
 from cinq.engine.sliding_window import SlidingWindowKVCacheManager, kv_memory_per_context  # noqa: E402
 from cinq.model.config import ModelConfig  # noqa: E402
@@ -53,7 +56,15 @@ def blocks_held(kv: KVCacheManager, prompt: int, context: int) -> int:
         req.append_output_token(1)
         assert kv.allocate_slots(req, 1)
         req.num_computed_tokens += 1
+    if isinstance(kv, HybridKVCacheManager):  # the full group's blocks (the sliding one: group_blocks_held)
+        return kv.full.num_blocks - kv.full.num_free_blocks
     return kv.num_blocks - kv.num_free_blocks
+
+
+def group_blocks_held(kv: HybridKVCacheManager, prompt: int, context: int) -> tuple[int, int]:
+    """(full, sliding) blocks one request holds at ``context`` tokens (the null block is not the request's)."""
+    full = blocks_held(kv, prompt, context)
+    return full, kv.sliding.num_blocks - kv.sliding.num_free_blocks - 1
 
 
 def kv_rows(cfg: ModelConfig) -> list[dict]:
@@ -66,8 +77,14 @@ def kv_rows(cfg: ModelConfig) -> list[dict]:
         plain = blocks_held(KVCacheManager(n, BLOCK, enable_caching=False), 512, context)
         local = SlidingWindowKVCacheManager(n + 1, BLOCK, cfg.sliding_window, enable_caching=False)
         freed = blocks_held(local, 512, context) - 1  # the null block is not the request's
-        rows.append({"context": context, "gemma3_shared_table_mib": mem.shared_table / MIB,
-                     "gemma3_per_group_tables_mib": mem.per_group_tables / MIB,
+        n_full = sum(1 for w in windows if w is None)
+        full, sliding = group_blocks_held(HybridKVCacheManager(n, n + 1, BLOCK, cfg.sliding_window), 512, context)
+        layer_block = per_block // cfg.num_hidden_layers
+        groups = full * n_full * layer_block + sliding * (len(windows) - n_full) * layer_block
+        rows.append({"context": context, "gemma3_shared_table_mib": plain * per_block / MIB,
+                     "gemma3_per_group_tables_arithmetic_mib": mem.per_group_tables / MIB,
+                     "gemma3_groups_full_blocks": full, "gemma3_groups_sliding_blocks": sliding,
+                     "gemma3_per_group_tables_mib": groups / MIB, "gemma3_ratio": plain * per_block / groups,
                      "all_local_blocks_kept": plain, "all_local_blocks_freeing": freed,
                      "all_local_mib_kept": plain * per_block / MIB, "all_local_mib_freeing": freed * per_block / MIB,
                      "all_local_ratio": plain / freed})
@@ -101,17 +118,23 @@ def kv_markdown(rows: list[dict], cfg: ModelConfig) -> str:
     g = sum(1 for t in cfg.layer_types if t == "full_attention")
     lines = [f"## KV memory of one request (bf16, block {BLOCK}, window {cfg.sliding_window}; "
              f"{cfg.num_hidden_layers} layers: {g} global, {cfg.num_hidden_layers - g} local)", "",
-             "| context | Gemma 3, shared table (cinq: nothing freed) | Gemma 3, per-group tables (arithmetic, "
-             "not implemented) | all layers local: kept (measured blocks) | all local: freeing (measured blocks) "
-             "| saved |", "|---|---|---|---|---|---|"]
+             "| context | Gemma 3, one shared table (nothing freed) | Gemma 3, KV cache groups (cinq, measured: "
+             "full + sliding blocks) | saved | all layers local: kept (measured blocks) | all local: freeing "
+             "(measured blocks) | saved |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['context']} | {r['gemma3_shared_table_mib']:.1f} MiB | "
-                     f"{r['gemma3_per_group_tables_mib']:.1f} MiB | {r['all_local_mib_kept']:.1f} MiB "
+                     f"{r['gemma3_per_group_tables_mib']:.1f} MiB ({r['gemma3_groups_full_blocks']} + "
+                     f"{r['gemma3_groups_sliding_blocks']}) | {r['gemma3_ratio']:.1f}x | "
+                     f"{r['all_local_mib_kept']:.1f} MiB "
                      f"({r['all_local_blocks_kept']}) | {r['all_local_mib_freeing']:.1f} MiB "
                      f"({r['all_local_blocks_freeing']}) | {r['all_local_ratio']:.1f}x |")
-    lines += ["", "The all-local columns are the Gemma 3 270M shape with every layer windowed (a hypothetical model: "
-              "cinq frees out-of-window blocks only when no layer reads the whole context, its one block table "
-              "being shared by all layers); blocks are counted on cinq's managers driven through the decode."]
+    lines += ["", "Blocks are counted on cinq's managers driven through a decode from a 512-token prompt (no model): "
+              "HybridKVCacheManager for Gemma 3 (a full-attention group of the global layers, every position kept; "
+              "a sliding group of the local layers, blocks wholly out of the window returned to its pool), "
+              "KVCacheManager for the shared table. Per-layer-group arithmetic (window + one partial block per "
+              "local layer): " + ", ".join(f"{r['gemma3_per_group_tables_arithmetic_mib']:.1f} MiB at {r['context']}"
+                                           for r in rows if 'gemma3_per_group_tables_arithmetic_mib' in r) +
+              ". The all-local columns are the same shape with every layer windowed (a hypothetical model)."]
     return "\n".join(lines) + "\n"
 
 
@@ -136,13 +159,18 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--render", action="store_true", help="rewrite gemma3.md from gemma3.json, measuring nothing")
+    ap.add_argument("--kv-only", action="store_true",
+                    help="re-measure the KV memory table only; latency and weight bytes kept from gemma3.json")
     args = ap.parse_args()
     from cinq.assets import resolve_model_path
     path = Path(resolve_model_path("gemma3-270m", "model"))
     cfg = ModelConfig.from_pretrained(path)
-    if args.render:
+    if args.render or args.kv_only:
         from cinq.bench.latency_report import latency_result
         data = json.loads((RESULTS / "gemma3.json").read_text())
+        if args.kv_only:
+            data["kv_memory"] = kv_rows(cfg)
+            (RESULTS / "gemma3.json").write_text(json.dumps(data, indent=1))
         (RESULTS / "gemma3.md").write_text(report(latency_result(data["latency"]), data["kv_memory"],
                                                   data["weight_bytes"], cfg))
         return 0

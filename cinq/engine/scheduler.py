@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from cinq.engine.io import EngineCoreOutput, NewRequestData, RunnerOutput, ScheduledSeq, SchedulerOutput
 from cinq.engine.kv_cache import KVCacheManager
-from cinq.engine.kv_cache_groups import HybridKVCacheManager
 from cinq.engine.request import Request, RequestStatus
 from cinq.spec.drafter import Drafter
 
@@ -29,7 +28,7 @@ class SchedulerConfig:
 class Scheduler:
     """Owns the waiting queue, the running list and the KV cache manager."""
 
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager | HybridKVCacheManager, drafter: Drafter | None = None) -> None:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, drafter: Drafter | None = None) -> None:
         self.config = config
         self.kv = kv
         self.drafter = drafter  # proposes draft tokens for decoding requests (speculative decoding)
@@ -211,11 +210,12 @@ class Scheduler:
             self._seen.add(req.request_id)
             out.new_requests.append(NewRequestData(req.request_id, req.prompt_token_ids, req.sampling_params))
         reaches_end = start + known == req.num_tokens
+        # KV cache groups (engine/kv_cache_groups.py: HybridKVCacheManager) give one table per group
+        group_ids = getattr(self.kv, "group_block_ids", None)
         out.seqs.append(ScheduledSeq(req.request_id, req.all_token_ids[start:start + known] + drafts, start,
                                      self.kv.block_ids(req.request_id),
                                      1 + len(drafts) + slots if reaches_end else 0, req.num_output_tokens, slots,
-                                     self.kv.group_block_ids(req.request_id)
-                                     if isinstance(self.kv, HybridKVCacheManager) else None))
+                                     group_ids(req.request_id) if group_ids is not None else None))
 
     def _pick_victim(self, scheduled: set[str], current: Request) -> Request:
         # Newest first; a request already given work this step is never preempted (its blocks may have been
