@@ -71,8 +71,7 @@ class ModelRunner:
     """Runs the model over scheduled sequences and samples."""
 
     def __init__(self, model: LlamaForCausalLM, num_blocks: int | tuple[int, int], block_size: int,
-                 device: torch.device,
-                 kv_dtype: torch.dtype, seed: int = 0, proposer: Proposer | None = None,
+                 device: torch.device, kv_dtype: torch.dtype, seed: int = 0, proposer: Proposer | None = None,
                  compilation: CompilationConfig | None = None, virtual: VirtualKVSpec | None = None,
                  tokenizer_path: str | None = None) -> None:
         self.model = model
