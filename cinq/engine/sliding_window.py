@@ -10,8 +10,8 @@ null block holds finite values for those that gather it).
 Why only when every layer is windowed: cinq's block table is shared by all layers (block id b holds the K/V of
 every layer for its positions). In a model that interleaves local and global layers (Gemma 3: 15 local, 3 global
 of 18), the global layers still read every position, so no block can go back without per-layer-group tables
-(vLLM's hybrid allocator: one table per group). ``kv_memory_per_context`` gives the arithmetic of both layouts,
-which ``benchmarks/gemma3.py`` reports next to the measured all-local case.
+(vLLM's hybrid allocator: one table per group), which ``kv_cache_groups.py`` provides, using this manager for its
+sliding group. ``kv_memory_per_context`` gives the arithmetic of both layouts.
 """
 
 from __future__ import annotations
