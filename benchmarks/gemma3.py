@@ -19,6 +19,7 @@ KVCacheManager vs SlidingWindowKVCacheManager, what freeing saves when every lay
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import sys
 from pathlib import Path
@@ -31,7 +32,7 @@ from cinq.process_env import set_omp_wait_policy  # noqa: E402
 set_omp_wait_policy()  # before torch loads OpenMP: see cinq/process_env.py
 
 from cinq.bench.latency import LatencyOptions, run_latency  # noqa: E402
-from cinq.bench.report import markdown  # noqa: E402
+from cinq.bench.report import markdown, run_conditions  # noqa: E402
 from cinq.cache import cache_dir  # noqa: E402
 from cinq.config import EngineConfig  # noqa: E402
 from cinq.engine.kv_cache import KVCacheManager  # noqa: E402
@@ -138,7 +139,7 @@ def kv_markdown(rows: list[dict], cfg: ModelConfig) -> str:
     return "\n".join(lines) + "\n"
 
 
-def report(result, rows: list[dict], weights: dict, cfg: ModelConfig) -> str:
+def report(result, rows: list[dict], weights: dict, cfg: ModelConfig, conditions: str) -> str:
     why = (f"Why cinq trails llama.cpp on this file: cinq serves Q8_0 / Q4_0 / Q4_1 blocks natively and "
            f"dequantizes every other type at load, so of this Q4_K_M file (Q5_0, Q4_K, Q6_K matrices) only the "
            f"Q8_0 LM head (the tied embedding) and a few Q8_0 matrices stay in blocks: a decode step streams "
@@ -147,8 +148,7 @@ def report(result, rows: list[dict], weights: dict, cfg: ModelConfig) -> str:
            f"activations with integer dot products. Native Q5_0 (exact as int8 codes, groups of 32) and Q4_K "
            f"(exact as int4-affine groups of 32) are the next step.\n")
     return ("# Gemma 3 270M (Q4_K_M GGUF): batch-1 decode vs llama.cpp and HF; KV memory\n\n"
-            "**DRAFT: measured on a shared, loaded 2-core machine (other engineers' jobs running; load average in "
-            "the table).**\n\n" + markdown(result) + "\n" + why + "\n" + kv_markdown(rows, cfg))
+            + conditions + " Load averages per row in the table.\n\n" + markdown(result) + "\n" + why + "\n" + kv_markdown(rows, cfg))
 
 
 def main() -> int:
@@ -172,7 +172,7 @@ def main() -> int:
             data["kv_memory"] = kv_rows(cfg)
             (RESULTS / "gemma3.json").write_text(json.dumps(data, indent=1))
         (RESULTS / "gemma3.md").write_text(report(latency_result(data["latency"]), data["kv_memory"],
-                                                  data["weight_bytes"], cfg))
+                                                  data["weight_bytes"], cfg, data["conditions"]))
         return 0
     if args.quick:
         args.prompt_lens, args.rounds, args.new_tokens = "128", 1, 8
@@ -184,13 +184,14 @@ def main() -> int:
     max_len = max(prompt_lens) + args.new_tokens + 16
     config = EngineConfig(model="gemma3-270m", dtype="bfloat16", kv_cache_memory=0.25, max_model_len=max_len,
                           max_num_batched_tokens=max_len, enable_prefix_caching=False, seed=0)
+    draft, conditions = run_conditions(os.getloadavg()[0])
     result = run_latency(config, options)
     rows, weights = kv_rows(cfg), weight_bytes(path)
-    text = report(result, rows, weights, cfg)
+    text = report(result, rows, weights, cfg, conditions)
     print(text)
     if not args.quick:
         RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / "gemma3.json").write_text(json.dumps({"draft": True, "latency": result.data, "kv_memory": rows,
+        (RESULTS / "gemma3.json").write_text(json.dumps({"draft": draft, "conditions": conditions, "latency": result.data, "kv_memory": rows,
                                                           "weight_bytes": weights}, indent=1))
         (RESULTS / "gemma3.md").write_text(text)
     return 0

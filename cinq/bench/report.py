@@ -53,6 +53,18 @@ def machine_info() -> dict[str, Any]:
             "loadavg_at_end": [round(x, 2) for x in os.getloadavg()]}
 
 
+QUIET_LOAD = 1.0  # 1-minute load average at a run's start below which nothing else shared the cores
+
+
+def run_conditions(load_at_start: float) -> tuple[bool, str]:
+    """Whether a run counts as measured alone (``True``: the cores were idle when it began) or as a draft, and the
+    line a report opens with to say so."""
+    if load_at_start <= QUIET_LOAD:
+        return False, f"Quiet machine: load average {load_at_start:.2f} when the run began (nothing else running)."
+    return True, (f"**DRAFT: the machine was shared (load average {load_at_start:.2f} when the run began); rerun "
+                  f"alone before quoting these timings.**")
+
+
 def model_label(model: str) -> str:
     """How a report names a model: an embedded model by its name (not this machine's path to it; "" is the
     default model), a folder under the home directory as ``~/...``, any other folder as given."""
