@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 import jsonschema
 
 from cinq import LLM, SamplingParams, StructuredOutputsParams
-from cinq.bench.report import machine_info, model_label
+from cinq.bench.report import machine_info, model_label, run_conditions
 from cinq.bench.structured_schemas import schema_suite
 from cinq.structured.manager import StructuredOutputManager
 
@@ -149,7 +150,8 @@ def main() -> None:
     reps = 1 if args.quick else args.reps
     schemas = schema_suite(args.schemas)
     report: dict[str, Any] = {"machine": machine_info(), "schemas": len(schemas), "validity": [], "step_cost": [],
-                              "compile": {}}
+                              "compile": {}, "conditions": {}}
+    draft, conditions = run_conditions(os.getloadavg()[0])
     old = RESULTS / "structured_outputs.json"
     if args.merge and old.exists():
         kept = json.loads(old.read_text())
@@ -157,7 +159,11 @@ def main() -> None:
         for key in ("validity", "step_cost"):
             report[key] = [r for r in kept[key] if r["model"] not in labels]
         report["compile"] = {m: c for m, c in kept["compile"].items() if m not in labels}
+        report["conditions"] = {m: c for m, c in kept.get("conditions", {}).items() if m not in labels}
+        for m in report["compile"]:  # rows measured before runs recorded their conditions: taken on a loaded machine
+            report["conditions"].setdefault(m, "**DRAFT** (measured on a shared machine)")
     for model in args.models:
+        report["conditions"][model_label(model)] = conditions
         report["compile"][model_label(model)] = compile_times(model, schemas)
         rows = [validity(model, schemas, args.max_tokens, spec) for spec in (None, NGRAM)]
         same = sum(a == b for a, b in zip(rows[0].pop("outputs"), rows[1].pop("outputs")))
@@ -181,7 +187,9 @@ def write(report: dict[str, Any]) -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "structured_outputs.json").write_text(json.dumps(report, indent=2) + "\n")
     m = report["machine"]
-    lines = ["# Structured outputs (DRAFT: 2-core machine shared with other jobs; timings are noisy)", "",
+    lines = ["# Structured outputs", "",
+             "Conditions per model: " + "; ".join(f"{m}: {c}" for m, c in report.get("conditions", {}).items()),
+             "",
              f"{report['schemas']} JSON schemas (cinq/bench/structured_schemas.py: nested objects, bounded arrays, "
              "enums, pattern, anyOf, numbers with ranges), greedy, xgrammar backend; outputs checked with "
              f"`jsonschema`. Machine: {m['cpu']}, {m['threads']} torch threads, load {m['loadavg_at_end']}.", "",
