@@ -44,7 +44,8 @@ from cinq.bench.drive import run_until_done  # noqa: E402
 from cinq.bench.latency_stats import summarize_ms  # noqa: E402
 from cinq.bench.prefix import _run_rounds  # noqa: E402
 from cinq.bench.prefix_workload import PrefixWorkloadOptions, build_prefix_workload  # noqa: E402
-from cinq.bench.report import BenchResult, Table, machine_info, print_report, write_report  # noqa: E402
+from cinq.bench.report import (BenchResult, Table, machine_info, print_report, run_conditions,  # noqa: E402
+                               write_report)
 from cinq.bench.workload import random_requests, text_tokens  # noqa: E402
 from cinq.config import EngineConfig  # noqa: E402
 from cinq.engine import kv_cache_virtual as kvv  # noqa: E402
@@ -363,13 +364,13 @@ def report(data: dict[str, Any]) -> BenchResult:
         step_ratio = ab["virtual"]["step_ms"]["median"] / ab["paged"]["step_ms"]["median"]
         step_text = (f"{step_ratio:.2f}x in decode steps interleaved with the paged engine's (and "
                      f"{v['decode_step_ms']['median'] / p['decode_step_ms']['median']:.2f}x in the churn run, "
-                     f"where the two layouts ran minutes apart under a drifting load)")
+                     f"where the two layouts ran minutes apart)")
     else:
         step_text = (f"{v['decode_step_ms']['median'] / p['decode_step_ms']['median']:.2f}x in the churn run's "
-                     f"decode steps (the two layouts ran minutes apart under a drifting load)")
+                     f"decode steps (the two layouts ran minutes apart)")
     tables += [t2, t3, t4, t5, t6]
     verdict = (
-        f"Verdict (DRAFT, loaded machine). The virtual-contiguous layout works in this engine (same greedy tokens, "
+        f"Verdict ({'draft run' if data.get('draft', True) else 'quiet run'}). The virtual-contiguous layout works in this engine (same greedy tokens, "
         f"preemption, memory back to the system) and its own code is smaller ({sum(cs['virtual'].values())} lines "
         f"against the paged path's {sum(cs['paged'].values())}), but it is not a replacement. Memory: it commits "
         f"only what live requests write (peak {_mib(v['peak_physical_bytes']):.0f} MiB, "
@@ -397,7 +398,7 @@ def report(data: dict[str, Any]) -> BenchResult:
         f"process). For an engine that wants prefix caching, paging in user space remains "
         f"the better trade; the virtual layout fits where prefixes are rarely shared and returning memory between "
         f"bursts matters more than step time.")
-    setup = (f"DRAFT (loaded machine: 2 cores shared with other jobs; timings are indicative only). Model "
+    setup = (data.get("conditions", "DRAFT (loaded machine: 2 cores shared with other jobs).") + " Model "
              f"{data['config']['model']} ({data['config']['dtype']}), max_model_len {data['config']['max_model_len']}, "
              f"max_num_seqs {data['config']['max_num_seqs']}, KV budget {data['config']['kv_cache_memory_gib']} GiB "
              f"for both layouts; churn: {data['options']['requests']} requests, prompts 16-{data['options']['max_prompt']}"
@@ -486,6 +487,7 @@ def main() -> None:
     data: dict[str, Any] = {"config": {"model": args.model, "dtype": config.dtype, "max_model_len": 1024,
                                        "max_num_seqs": 16, "kv_cache_memory_gib": 0.25, "block_size": 16},
                             "options": vars(args), "machine": machine_info()}
+    data["draft"], data["conditions"] = run_conditions(os.getloadavg()[0])
     warm = argparse.Namespace(**{**vars(args), "requests": 4, "concurrency": 4})
     for layout in LAYOUTS:  # oneDNN primitives, native kernels, the tokenizer: paid before either layout is timed
         churn(config, layout, warm)
