@@ -48,3 +48,11 @@ def test_write_report_writes_json_markdown_and_the_plot(tmp_path):
 
 def test_no_plot_function_no_png(tmp_path):
     assert [p.name for p in write_report(result(), tmp_path / "x")] == ["x.json", "x.md"]
+
+
+def test_run_conditions_label_a_loaded_start_as_a_draft():
+    from cinq.bench.report import QUIET_LOAD, run_conditions
+    draft, text = run_conditions(QUIET_LOAD + 0.5)
+    assert draft and "DRAFT" in text and f"{QUIET_LOAD + 0.5:.2f}" in text
+    quiet, text = run_conditions(QUIET_LOAD / 2)
+    assert not quiet and "Quiet" in text

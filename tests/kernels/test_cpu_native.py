@@ -108,3 +108,22 @@ def test_write_kv_native_matches_index_copy(dtype):
     with pytest.raises(RuntimeError, match="outside the cache"):
         write_kv_native(k, v, got, torch.full((tokens,), nb * bs))
     assert not write_kv_native(k.float() if dtype != torch.float32 else k.double(), v, got, slots)  # a cast: no
+
+
+@pytest.mark.parametrize("rows", [9, 24, 37])
+def test_chunked_small_m_linear_equals_a_float32_linear_past_the_small_m_rows(rows: int):
+    from cinq.kernels.cpu_native import bf16_gemm_is_emulated, chunked_small_m_linear, small_m_rows
+    torch.manual_seed(rows)
+    x = torch.randn(1, rows, 96, dtype=torch.bfloat16)
+    w = torch.randn(40, 96, dtype=torch.bfloat16)
+    b = torch.randn(40, dtype=torch.bfloat16)
+    with torch.no_grad():
+        y = chunked_small_m_linear(x, w, b)
+        if not bf16_gemm_is_emulated() or small_m_rows() == 0:  # a CPU with bf16 instructions keeps torch's GEMM
+            assert y is None
+            return
+        assert y is not None and y.shape == (1, rows, 40) and y.dtype == torch.bfloat16
+        ref = torch.nn.functional.linear(x.float(), w.float(), b.float())
+        # each output rounded once to bf16 from a float32 sum: within one bf16 ulp of the float32 result
+        assert ((y.float() - ref).abs() <= ref.abs() * 2 ** -8 + 1e-3).all()
+        assert chunked_small_m_linear(x[:, :small_m_rows()], w, b) is None  # decode-sized: the plain kernel's job
