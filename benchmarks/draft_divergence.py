@@ -7,7 +7,7 @@ student, and the untouched shipped one, is then measured as a draft for cinq-tin
 
 * greedy acceptance at k = 3 on the target's own greedy continuations (float32, cinq's engine) of held-out
   prompts from the corpus test split, balanced over languages: tau and acceptance per position, overall and per
-  language (cinq/eval/draft_acceptance.py, offline: one teacher-forced draft forward per sequence);
+  language (benchmarks/draft_acceptance.py, offline: one teacher-forced draft forward per sequence);
 * the same tau from the serving engine's own counters (`speculative_config` method draft_model, float32, language
   tags), which also checks the speculative output equals the target's plain greedy output;
 * held-out perplexity on the test split and forward KL to the teacher (cinq/train/evaluate.py, as model cards).
@@ -44,7 +44,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from cinq.assets import shipped_model_path  # noqa: E402
-from cinq.eval.draft_acceptance import (measure_draft, paired_tau_difference, sequence_batches,  # noqa: E402
+from benchmarks.draft_acceptance import (measure_draft, paired_tau_difference, sequence_batches,  # noqa: E402
                                         served_batches)
 from cinq.eval.spec_acceptance import measure_ngram  # noqa: E402
 from cinq.model.loader import load_model  # noqa: E402

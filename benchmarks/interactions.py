@@ -1,16 +1,16 @@
 """Interaction tables (issue 12): how cinq's techniques change each other, each section its own measured table.
 
 * batch-mates: SmoothQuant W8A8 static vs dynamic activation scales under continuous batching: does a request's
-  greedy output change with its batch mates? (cinq/bench/batch_mates.py)
+  greedy output change with its batch mates? (benchmarks/batch_mates.py)
 * smoothquant-mix: SmoothQuant static (per tensor, calibrated on the shipped calibration text; and a copy
   calibrated on its English records alone) vs dynamic (per token) vs bf16 serving the mixed multilingual chat + code + arithmetic workload: KL to bf16 overall and per
   language, arithmetic accuracy as served, tokens/s, TTFT and TPOT at rate = inf and a fixed rate; the
-  batch-mates result folded in (cinq/bench/smoothquant_mix.py)
+  batch-mates result folded in (benchmarks/smoothquant_mix.py)
 * spec-rate: plain decoding vs EAGLE k=3 (the shipped head) and prompt lookup, adaptive off and on, at Poisson
   rates from a batch near 1 to saturation: tokens/s, TPOT, mean running batch, tau and the crossover rate
   (cinq/bench/spec_rate.py)
 * chunked-prefill: max_num_batched_tokens vs TTFT of long prompts and ITL of the requests decoding beside them
-  (cinq/bench/chunked_prefill.py)
+  (benchmarks/chunked_prefill.py)
 
 Target: the embedded cinq-tiny (this checkout's assets). Each section writes
 benchmarks/results/interactions_<section>.{json,md,png}.
@@ -45,9 +45,9 @@ def out_prefix(section: str) -> Path:
 def batch_mates_section(quick: bool, variants_dir: str | None) -> dict[str, list[dict[str, Any]]]:
     """SmoothQuant static / dynamic / bf16: a target's greedy output alone vs among random batch mates."""
     from cinq.assets import resolve_model_path
-    from cinq.bench.batch_mates import batch_mates
+    from benchmarks.batch_mates import batch_mates
     from cinq.bench.report import machine_info
-    from cinq.bench.smoothquant_mix import SmoothQuantMixOptions, smoothquant_models
+    from benchmarks.smoothquant_mix import SmoothQuantMixOptions, smoothquant_models
     from cinq.bench.workload import TokenWindows, text_tokens
     from cinq.config import EngineConfig
     from cinq.model.tokenizer import Tokenizer
@@ -151,11 +151,11 @@ def main() -> int:
     if args.assemble:
         print("wrote", assemble().relative_to(ROOT))
         return 0
-    from cinq.bench.chunked_prefill import ChunkedPrefillOptions, run_chunked_prefill
+    from benchmarks.chunked_prefill import ChunkedPrefillOptions, run_chunked_prefill
     from cinq.bench.mixed_workload import MixedOptions
     from cinq.bench.report import print_report, write_report
     from cinq.bench.served_quality import QualitySettings
-    from cinq.bench.smoothquant_mix import SmoothQuantMixOptions, run_smoothquant_mix
+    from benchmarks.smoothquant_mix import SmoothQuantMixOptions, run_smoothquant_mix
     from cinq.bench.spec_rate import SpecRateOptions, run_spec_rate
     from cinq.config import EngineConfig
     sections = args.only or list(SECTIONS)

@@ -77,7 +77,7 @@ LINEAR_SUFFIXES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj
 
 
 def calibration_text(path: Path, n: int) -> Path:
-    from cinq.eval.tasks import arithmetic_problems
+    from cinq.tasks import arithmetic_problems
     path.write_text("".join(p.text() for p in arithmetic_problems(n, seed=0, split="validation")))
     return path
 
@@ -228,9 +228,9 @@ def quality(args: argparse.Namespace) -> int:
     """The quality study on --quality MODEL (see the module docstring), through cinq.eval.quant_study."""
     from cinq.eval.quant_quality import EvalSettings
     from cinq.eval.quant_study import StudyConfig, run_study
-    from cinq.eval.tasks import arithmetic_problems
+    from cinq.tasks import arithmetic_problems
     from cinq.eval.texts import read_text
-    from cinq.eval.variants import parse_group_sizes, parse_variants
+    from cinq.quant.variants import parse_group_sizes, parse_variants
     work = Path(args.work_dir) / "quality"
     work.mkdir(parents=True, exist_ok=True)
     model = Path(args.quality)

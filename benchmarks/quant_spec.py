@@ -1,4 +1,4 @@
-"""Interaction table: quantized target x speculation (cinq/bench/quant_spec.py does the measuring).
+"""Interaction table: quantized target x speculation (benchmarks/quant_spec_study.py does the measuring).
 
 Targets: the embedded cinq-tiny of this checkout (bf16) and its int8 RTN (per channel), int4 RTN / GPTQ / AWQ
 (groups of 128) and W8A8 SmoothQuant (dynamic) copies, made here from the shipped calibration text
@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 def head(folder: Path, name: str, trained_on: str) -> Any:
     """A head folder with its budget as its own config records it (tokens seen, training sequences)."""
-    from cinq.bench.quant_spec import Head
+    from benchmarks.quant_spec_study import Head
     training = json.loads((folder / "config.json").read_text()).get("cinq_spec", {}).get("training", {})
     seqs = training.get("train_data", {}).get("sequences")
     budget = f"{training.get('tokens_seen', 0) / 1e3:.0f}k tokens, {seqs} sequences" if training else "unknown"
@@ -42,7 +42,7 @@ def head(folder: Path, name: str, trained_on: str) -> Any:
 
 def teacher_identity(folder: Path) -> dict[str, str]:
     """What the table measured: the teacher's weight hash, its head fingerprint and the checkout's commit."""
-    from cinq.eval.quant_study import content_hash
+    from cinq.cache import content_hash
     from cinq.spec.head_folder import TargetFingerprint
     from cinq.train.distill import load_teacher
     try:
@@ -75,10 +75,10 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "interactions_quant_spec"))
     args = ap.parse_args()
     from cinq.assets import resolve_model_path
-    from cinq.bench.quant_spec import DENSE, TARGETS, QuantSpecOptions, quant_spec_result, run_quant_spec
+    from benchmarks.quant_spec_study import DENSE, TARGETS, QuantSpecOptions, quant_spec_result, run_quant_spec
     from cinq.bench.report import print_report, write_report
     from cinq.errors import InvalidParameterError
-    from cinq.eval.variants import one_variant
+    from cinq.quant.variants import one_variant
     from cinq.quant.variant_folder import variant_folder
     if args.rerender:  # the measurements as they were, the reading added or replaced
         data = {k: v for k, v in json.loads(Path(args.rerender).read_text()).items()

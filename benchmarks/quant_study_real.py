@@ -121,7 +121,7 @@ def grid_check(dense: Path, variants: list[str]) -> list[str]:
     import torch
     from safetensors import safe_open
 
-    from cinq.eval.variants import parse_variants
+    from cinq.quant.variants import parse_variants
     from cinq.model.loader import checkpoint_files
     from cinq.quant.rtn import rtn_quantize
     lines = ["## RTN round trip of the dense weights (computed)", "",

@@ -7,14 +7,18 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
-from cinq.assets import resolve_model_path
-from cinq.bench.structured_schemas import schema_suite
-from cinq.structured.bitmask import allocate_bitmask, apply_token_bitmask
-from cinq.structured.manager import BACKENDS, make_backend
-from cinq.structured.params import StructuredOutputsParams
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # benchmarks.* beside cinq when run as a script
+
+from cinq.assets import resolve_model_path  # noqa: E402
+from cinq.structured.bitmask import allocate_bitmask, apply_token_bitmask  # noqa: E402
+from cinq.structured.manager import BACKENDS, make_backend  # noqa: E402
+from cinq.structured.params import StructuredOutputsParams  # noqa: E402
+from benchmarks.structured_schemas import schema_suite  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -89,7 +93,7 @@ def main() -> None:
     (RESULTS / "structured_backends.json").write_text(json.dumps(rows, indent=2) + "\n")
     lines = ["# Grammar backends on this CPU (DRAFT: 2-core machine shared with other jobs)", "",
              f"SmolLM2-135M-Instruct tokenizer ({vocab} tokens), {len(specs)} JSON schemas of the benchmark suite "
-             "(cinq/bench/structured_schemas.py). Fill = computing one row's allowed-token bitmask at the matcher's "
+             "(benchmarks/structured_schemas.py). Fill = computing one row's allowed-token bitmask at the matcher's "
              "state (first-state fills included); batch 32 = 32 matchers on different schemas, filled one after "
              "another in one thread. Apply = cinq.structured.bitmask.apply_token_bitmask (xgrammar native kernel) over 32 rows.", "",
              "| backend | tokenizer setup s | compile ms mean / median / max | fill ms/token b=1 | fill ms/step b=32 "

@@ -13,16 +13,20 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 
-from cinq import LLM, SamplingParams, StructuredOutputsParams
-from cinq.bench.report import machine_info, model_label, run_conditions
-from cinq.bench.structured_schemas import schema_suite
-from cinq.structured.manager import StructuredOutputManager
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # benchmarks.* beside cinq when run as a script
+
+from cinq import LLM, SamplingParams, StructuredOutputsParams  # noqa: E402
+from cinq.bench.report import machine_info, model_label, run_conditions  # noqa: E402
+from cinq.structured.manager import StructuredOutputManager  # noqa: E402
+from benchmarks.structured_schemas import schema_suite  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
@@ -190,7 +194,7 @@ def write(report: dict[str, Any]) -> None:
     lines = ["# Structured outputs", "",
              "Conditions per model: " + "; ".join(f"{m}: {c}" for m, c in report.get("conditions", {}).items()),
              "",
-             f"{report['schemas']} JSON schemas (cinq/bench/structured_schemas.py: nested objects, bounded arrays, "
+             f"{report['schemas']} JSON schemas (benchmarks/structured_schemas.py: nested objects, bounded arrays, "
              "enums, pattern, anyOf, numbers with ranges), greedy, xgrammar backend; outputs checked with "
              f"`jsonschema`. Machine: {m['cpu']}, {m['threads']} torch threads, load {m['loadavg_at_end']}.", "",
              "## Validity, and speculation with and without a grammar", "",

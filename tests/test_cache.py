@@ -21,3 +21,15 @@ def test_native_kernels_import_neither_assets_nor_models():
             "print(sorted(m for m in sys.modules if m.startswith(('cinq.assets', 'cinq.model'))))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert r.stdout.strip() == "[]"
+
+
+def test_content_hash_follows_the_weights_not_the_folder(tmp_path):
+    from cinq.cache import content_hash
+    a, b = tmp_path / "a", tmp_path / "b"
+    for folder in (a, b):
+        folder.mkdir()
+        (folder / "config.json").write_text("{}")
+        (folder / "model.safetensors").write_bytes(b"weights")
+    assert content_hash(a) == content_hash(b)  # where a model lies does not change its key
+    (b / "model.safetensors").write_bytes(b"retrained")
+    assert content_hash(a) != content_hash(b)

@@ -1,4 +1,6 @@
-"""The house's import rules, read from the source: no cycles among cinq's modules, and the layers point one way.
+"""The house's import rules, read from the source: no cycles among cinq's modules, imports between cinq's
+packages point one way (down ``PACKAGE_ORDER``, the order docs/architecture.md writes), and the layers inside the
+engine point one way.
 
 Imports inside functions count too: a lazy import that closes a circle is still a circle, it only fails later.
 """
@@ -74,6 +76,49 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+# cinq's packages and top-level modules, lowest first: a module may import from its own package and from those
+# before it, never from one after it (docs/architecture.md, "Imports run one way"). A new package takes its place
+# here; ``cinq`` is the package's own __init__ (LLM, SamplingParams: the offline API the tools above it use).
+PACKAGE_ORDER = [
+    "errors", "process_env", "cache", "compilation_config", "structured", "sampling_params", "outputs", "kernels",
+    "distributed", "layers", "model", "assets", "export", "plan", "spec", "config", "engine", "cinq", "tasks",
+    "quant", "eval", "train", "server", "dp", "bench", "tune", "commands", "cli",
+]
+
+# Back-edges that stand today, each (importer module, imported module) with whose change removes it. The list may
+# only shrink: test_known_back_edges_still_exist fails on an entry that is gone, so a fix deletes its line.
+KNOWN_BACK_EDGES = {
+    # the grammar compiler's cache is per tokenizer (the structured room; a tokenizer protocol would end it)
+    ("cinq.structured.manager", "cinq.model.tokenizer"), ("cinq.structured.manager", "cinq.model.config"),
+    # a real model's sampling defaults (the model room)
+    ("cinq.model.generation_defaults", "cinq.assets.real_models"),
+    # a TP worker builds the engine's executor (the engine room)
+    ("cinq.distributed.worker", "cinq.config"), ("cinq.distributed.worker", "cinq.engine.uniproc_executor"),
+    # proposers read the engine's step data (the spec room, issue in flight: engine <-> spec)
+    ("cinq.spec.draft_model", "cinq.engine.io"), ("cinq.spec.draft_model", "cinq.engine.batch_inputs"),
+    ("cinq.spec.medusa_proposer", "cinq.engine.io"), ("cinq.spec.eagle_proposer", "cinq.engine.io"),
+    ("cinq.spec.eagle_proposer", "cinq.engine.batch_inputs"), ("cinq.spec.proposer", "cinq.engine.io"),
+    ("cinq.spec.drafter", "cinq.engine.request"), ("cinq.spec.proposer", "cinq.engine.batch_inputs"),
+    # engine flags parsed where a benchmark and tune build engines (the serve and tune rooms)
+    ("cinq.bench.serve", "cinq.commands.engine_args"), ("cinq.tune.report", "cinq.commands.engine_args"),
+}
+
+
+def package_of(module: str) -> str:
+    """The entry of PACKAGE_ORDER a module belongs to (``cinq`` for the package's own __init__)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def back_edges(graph: dict[str, set[str]], order: list[str] = PACKAGE_ORDER) -> set[tuple[str, str]]:
+    """Every import from a package to one after it in ``order`` (an unlisted package is an error: give it a place)."""
+    rank = {name: i for i, name in enumerate(order)}
+    unplaced = sorted({package_of(m) for m in graph} - set(rank))
+    if unplaced:
+        raise ValueError(f"packages with no place in PACKAGE_ORDER: {unplaced}")
+    return {(m, t) for m, targets in graph.items() for t in targets if rank[package_of(t)] > rank[package_of(m)]}
+
+
 def reaches(graph: dict[str, set[str]], start: str) -> set[str]:
     seen, todo = set(), [start]
     while todo:
@@ -103,6 +148,32 @@ def test_the_cycle_finder_finds_a_planted_cycle(tmp_path: Path) -> None:
     (pkg / "a" / "y.py").write_text("def f():\n    from cinq.a import x  # lazy, still a circle\n")
     cycle = find_cycle(import_graph(pkg))
     assert cycle is not None and {"cinq.a.x", "cinq.a.y"} <= set(cycle)
+
+
+def test_imports_between_packages_point_one_way(graph: dict[str, set[str]]) -> None:
+    new = sorted(back_edges(graph) - KNOWN_BACK_EDGES)
+    assert not new, f"imports against PACKAGE_ORDER (docs/architecture.md): {new}"
+
+
+def test_known_back_edges_still_exist(graph: dict[str, set[str]]) -> None:
+    gone = sorted(KNOWN_BACK_EDGES - back_edges(graph))
+    assert not gone, f"fixed, delete from KNOWN_BACK_EDGES: {gone}"
+
+
+def test_the_order_check_finds_a_planted_back_edge(tmp_path: Path) -> None:
+    pkg = tmp_path / "cinq"
+    for sub in ("low", "high"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "high" / "x.py").write_text("from cinq.low.y import f\n")  # down: allowed
+    (pkg / "low" / "y.py").write_text("def f():\n    from cinq.high import x  # lazy, still a back-edge\n")
+    graph = import_graph(pkg)
+    assert ("cinq.low.y", "cinq.high.x") in back_edges(graph, ["cinq", "low", "high"])
+    assert {m for m, _ in back_edges(graph, ["cinq", "low", "high"])} == {"cinq.low.y"}
+    assert {m for m, _ in back_edges(graph, ["cinq", "high", "low"])} == {"cinq.high.x"}
+    with pytest.raises(ValueError, match="high"):
+        back_edges(graph, ["cinq", "low"])
 
 
 # (importer prefix, forbidden prefixes): the runtime never reaches for what sits above it

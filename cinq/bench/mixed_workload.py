@@ -94,7 +94,7 @@ def classify(record: str) -> str:
 def mixed_workload(tokenizer: Any, options: MixedOptions) -> MixedWorkload:
     """The workload of ``options`` tokenized with ``tokenizer`` (the served model's)."""
     from cinq.assets.text import resolve_text_path
-    from cinq.eval.tasks import arithmetic_problems
+    from cinq.tasks import arithmetic_problems
     options.validate()
     rng = random.Random(options.seed)
     records = [r.strip("\n") for r in resolve_text_path("held-out").read_text(encoding="utf-8").split("\n\n")]

@@ -11,7 +11,7 @@ import math
 import os
 import platform
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -109,14 +109,23 @@ def text_table(table: Table) -> str:
     return "\n".join(lines)
 
 
+def markdown_table(columns: Sequence[str], rows: Iterable[Sequence[Any]], align: str | None = None) -> str:
+    """One markdown table, the only writer of them: a header, an alignment line and a row per item (cells through
+    ``fmt``; text cells as they are). ``align``: one letter a column, ``l`` or ``r`` (default: the first column
+    left, the others right)."""
+    align = align or "l" + "r" * (len(columns) - 1)
+    if len(align) != len(columns):
+        raise ValueError(f"align: {len(align)} letters for {len(columns)} columns")
+    lines = ["| " + " | ".join(columns) + " |", "|" + "".join("---:|" if a == "r" else "---|" for a in align)]
+    lines += ["| " + " | ".join(fmt(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
 def markdown(result: BenchResult) -> str:
     """The report as markdown: title, setup, every table, the headline ratio and the notes."""
     lines = [f"# {result.title}", "", result.setup, ""]
     for table in result.tables:
-        lines += [f"## {table.title}", "", "| " + " | ".join(table.columns) + " |",
-                  "|" + "---|" + "---:|" * (len(table.columns) - 1)]
-        lines += ["| " + " | ".join(fmt(c) for c in row) + " |" for row in table.rows]
-        lines.append("")
+        lines += [f"## {table.title}", "", markdown_table(table.columns, table.rows), ""]
     lines += [f"**{result.headline}**", ""]
     lines += [f"{note}\n" for note in result.notes]
     return "\n".join(lines).rstrip() + "\n"

@@ -39,7 +39,7 @@ class StackOptions:
     price_per_hour: float = 1.0
     hf_batch_size: int = 16
     flash_backend: str | None = None  # None: triton on CUDA, flash-torch elsewhere
-    quant: str = "gptq:4/128"  # cinq.eval.variants grammar, one entry
+    quant: str = "gptq:4/128"  # cinq.quant.variants grammar, one entry
     speculative_config: dict[str, Any] | None = field(default_factory=lambda: dict(EAGLE))
     student: str = "cinq-tiny-student"
     variants_dir: str | None = None  # None: the cinq cache
@@ -69,7 +69,7 @@ def stack_rows(base: EngineConfig, options: StackOptions, progress: bool = False
     """The configurations, each adding one technique; quantized folders are made (or found) on the way."""
     from cinq.cache import cache_dir
     from cinq.config import resolve_model
-    from cinq.eval.variants import one_variant
+    from cinq.quant.variants import one_variant
     from cinq.quant.variant_folder import variant_folder
     spec = one_variant(options.quant)
     root = Path(options.variants_dir) if options.variants_dir else cache_dir() / "variants"

@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameterError("--variants needs --out DIR (the quantized variants and cached rows go there)",
                                     "out")
     from cinq.eval.quant_study import StudyConfig, run_study
-    from cinq.eval.variants import parse_group_sizes, parse_variants
+    from cinq.quant.variants import parse_group_sizes, parse_variants
     specs, skipped = parse_variants(args.variants, parse_group_sizes(args.group_sizes)) if args.variants else ([], [])
     (base_label, base), *rest = models.items()
     cfg = StudyConfig(Path(base), Path(args.out), specs, {k: Path(v) for k, v in rest}, settings, ppl_text,

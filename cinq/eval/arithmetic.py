@@ -1,5 +1,5 @@
 """The arithmetic reasoning benchmark, one implementation for every report (model cards, distillation and
-quantization reports): greedy answers to held-out word problems (cinq.eval.tasks), scored whole (the
+quantization reports): greedy answers to held-out word problems (cinq.tasks), scored whole (the
 ``Answer:`` line) and step by step (each worked step generated after the correct earlier ones), with standard
 errors (cinq.eval.standard_error) and the per-problem outcomes that paired comparisons between models need.
 """
@@ -14,7 +14,7 @@ from typing import Any
 from cinq.errors import InvalidParameterError
 from cinq.eval.generation import EngineGenerator, GenerateFn, NaiveGenerator
 from cinq.eval.standard_error import binomial_se, cluster_ratio_se
-from cinq.eval.tasks import TASKS, arithmetic_problems, extract_answer, step_items
+from cinq.tasks import TASKS, arithmetic_problems, extract_answer, step_items
 
 WHOLE_STOP = ("\nQuestion",)  # the next document of the task's format starts: the answer is complete
 STEP_STOP = ("\n",)  # a step item is scored on the completion's first line only

@@ -42,7 +42,7 @@ class ModelQuality:
     linear_bytes: int = 0  # the decoder linears' tensors alone
     decode_tokens_per_s: float | None = None  # batch-1 greedy decode, median of runs
     kernels: list[str] = field(default_factory=list)  # kernel kinds of the served decoder linears
-    spec: str = ""  # the variant it was made from (cinq.eval.variants), "" for given folders
+    spec: str = ""  # the variant it was made from (cinq.quant.variants), "" for given folders
     eval_seconds: float = 0.0
     quantize_seconds: float = 0.0
     correct: list[int] = field(default_factory=list)  # per problem, for paired deltas

@@ -26,11 +26,12 @@ from typing import Any, TextIO
 
 import torch
 
+from cinq.cache import content_hash
 from cinq.errors import InvalidParameterError
 from cinq.eval.findings import FLAT_PPL_PCT, Z
 from cinq.eval.quality_report import ModelQuality, QualityReport
 from cinq.eval.quant_quality import EvalSettings, GeneratorFactory, baseline_scores, evaluate_model
-from cinq.eval.variants import VariantSpec, split_supported
+from cinq.quant.variants import VariantSpec, split_supported
 
 log = logging.getLogger(__name__)
 ROW_VERSION = 1  # bump when a row's meaning changes: every cached row is then recomputed
@@ -56,27 +57,13 @@ class StudyConfig:
     # Calibration forwards' dtype (cinq.quant.pipeline's default: bf16). float32 on CPUs without bf16 matmul
     # units, where bf16 forwards run several times slower (measured 6.5x on a Zen 3 core).
     calib_dtype: str = "bfloat16"
-    skipped: list[tuple[str, str]] = field(default_factory=list)  # from parsing (cinq.eval.variants)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # from parsing (cinq.quant.variants)
     keep_variants: bool = False
     generator: str | GeneratorFactory = "engine"
     base_label: str = ""
     title: str = ""
     flat_ppl_pct: float = FLAT_PPL_PCT  # findings: |Δppl| percent that counts as flat
     z: float = Z  # findings: a fall beyond z SEs of the paired difference counts
-
-
-def content_hash(folder: Path) -> str:
-    """sha256 of a model folder's config.json and weight files, or of a GGUF file (what its numbers depend on)."""
-    from cinq.model.gguf.file import find_gguf_file
-    from cinq.model.loader import checkpoint_files
-    h = hashlib.sha256()
-    gguf = find_gguf_file(folder)
-    for file in [gguf] if gguf is not None else [folder / "config.json", *checkpoint_files(folder)]:
-        h.update(file.name.encode())
-        with open(file, "rb") as f:
-            while chunk := f.read(1 << 20):
-                h.update(chunk)
-    return h.hexdigest()
 
 
 def _text_hash(text: str | None) -> str | None:

@@ -1,6 +1,6 @@
 """The tasks `cinq eval --tasks NAME` can name, and one call that evaluates a model folder on any of them.
 
-Two kinds: the arithmetic word problems with worked steps (cinq.eval.tasks / cinq.eval.arithmetic: accuracy and
+Two kinds: the arithmetic word problems with worked steps (cinq.tasks / cinq.eval.arithmetic: accuracy and
 step accuracy) and the few-shot exact-match tasks (cinq.eval.fewshot: accuracy only; a one-line answer has no
 steps, so its step columns stay empty). Both return the fields the quality report reads, under the same names.
 """
@@ -18,8 +18,8 @@ from cinq.eval.arithmetic import ArithmeticResult, evaluate_arithmetic, make_gen
 from cinq.eval.fewshot import MAX_NEW_TOKENS, STOP, FewShotItem, fewshot_problems, score
 from cinq.eval.generation import GenerateFn
 from cinq.eval.standard_error import binomial_se
-from cinq.eval.tasks import TASKS as ARITHMETIC_TASKS
-from cinq.eval.tasks import arithmetic_problems
+from cinq.tasks import TASKS as ARITHMETIC_TASKS
+from cinq.tasks import arithmetic_problems
 
 FEWSHOT_SHOTS = 8  # examples before each problem
 

@@ -10,7 +10,7 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from cinq.eval.variants import VariantSpec
+from cinq.quant.variants import VariantSpec
 
 MARKER = "cinq-variant.json"
 
@@ -28,7 +28,7 @@ class Calibration:
 def variant_folder(src: str | Path, spec: VariantSpec, root: str | Path, calib: Calibration = Calibration(),
                    progress: bool = False) -> Path:
     """The folder of ``spec`` applied to the dense model ``src``, under ``root`` (made now when missing)."""
-    from cinq.eval.quant_study import content_hash
+    from cinq.cache import content_hash
     src = Path(src)
     key = hashlib.sha256(json.dumps({"src": content_hash(src), "spec": spec.to_dict(), "calib": asdict(calib)},
                                     sort_keys=True).encode()).hexdigest()[:16]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cinq.eval.tasks import arithmetic_problems
+from cinq.tasks import arithmetic_problems
 from cinq.train.sources import Document, Source, iter_documents, package_version
 
 SPLITS = ("train", "validation", "test")

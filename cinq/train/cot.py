@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from cinq.eval.tasks import arithmetic_problems, extract_answer
+from cinq.tasks import arithmetic_problems, extract_answer
 from cinq.train.data import window_rng
 from cinq.train.generation import generate_naive, generate_with_engine
 

@@ -145,7 +145,7 @@ class MixedBatchSampler:
 def task_tokens(tokenizer: Any, task: str, n_problems: int, seed: int, split: str = "train") -> np.ndarray:
     """``split`` of the generated ``task`` (e.g. "arithmetic-easy") as one token stream, each problem wrapped in
     BOS ... EOS as the corpus documents are."""
-    from cinq.eval.tasks import TASKS, arithmetic_problems
+    from cinq.tasks import TASKS, arithmetic_problems
     if task not in TASKS:
         raise InvalidParameterError(f"task must be one of {sorted(TASKS)}, got {task!r}", "task")
     problems = arithmetic_problems(n_problems, seed=seed, split=split, level=TASKS[task])

@@ -8,7 +8,7 @@ from cinq.errors import InvalidParameterError
 from cinq.eval.arithmetic import STEP_STOP, WHOLE_STOP, evaluate_arithmetic, score
 from cinq.eval.generation import NaiveGenerator
 from cinq.eval.standard_error import binomial_se, cluster_ratio_se
-from cinq.eval.tasks import arithmetic_problems, step_items
+from cinq.tasks import arithmetic_problems, step_items
 
 
 def test_scores_and_ses_from_known_completions(trained_tiny):

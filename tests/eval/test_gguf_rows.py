@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from cinq.eval.quant_quality import EvalSettings, checkpoint_bytes, describe_folder, evaluate_model
-from cinq.eval.quant_study import content_hash
+from cinq.cache import content_hash
 
 
 @pytest.fixture(scope="module")

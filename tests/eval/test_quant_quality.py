@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from cinq.eval.quant_quality import EvalSettings, checkpoint_bytes, compare_to_base, describe_folder, quality_report
-from cinq.eval.tasks import TASKS, arithmetic_problems, step_items
+from cinq.tasks import TASKS, arithmetic_problems, step_items
 from cinq.eval.text_scores import base_scores, score_text
 from cinq.model.byte_tokenizer import build_byte_tokenizer
 

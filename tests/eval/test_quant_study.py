@@ -12,8 +12,8 @@ import pytest
 from cinq.errors import InvalidParameterError
 from cinq.eval.quant_quality import EvalSettings
 from cinq.eval.quant_study import StudyConfig, run_study
-from cinq.eval.tasks import arithmetic_problems, step_items
-from cinq.eval.variants import parse_variants
+from cinq.tasks import arithmetic_problems, step_items
+from cinq.quant.variants import parse_variants
 from tests.quant.conftest import arithmetic_text
 
 

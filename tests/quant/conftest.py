@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cinq.eval.tasks import arithmetic_problems
+from cinq.tasks import arithmetic_problems
 from cinq.model.byte_tokenizer import build_byte_tokenizer, save_byte_tokenizer
 from cinq.model.config import ModelConfig
 from cinq.model.saver import init_random_model, save_model

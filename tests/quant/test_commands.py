@@ -11,7 +11,7 @@ from cinq.cli import main
 
 @pytest.fixture
 def calib_file(tmp_path):
-    from cinq.eval.tasks import arithmetic_problems
+    from cinq.tasks import arithmetic_problems
     path = tmp_path / "calib.txt"
     path.write_text("".join(p.text() for p in arithmetic_problems(60, seed=5, split="validation")))
     return path

@@ -52,7 +52,7 @@ def test_gptq_config_has_the_fields_autogptq_writes():
 def test_the_lm_head_stays_dense_by_default():
     """Quantizing the head (round-to-nearest) doubled a real model's perplexity loss: jobs leave it dense unless
     they ask, as do `cinq eval --variants` studies."""
-    from cinq.eval.variants import parse_variants
+    from cinq.quant.variants import parse_variants
     assert QuantConfig("gptq", 4, 128).lm_head is False and QuantConfig("gptq", 4, 128).to_hf()["lm_head"] is False
     specs, _ = parse_variants("rtn:4;gptq:4+act;awq:4", [128])
     assert [s.quant_config().lm_head for s in specs] == [False, False, False]

@@ -29,7 +29,7 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def float_logits(trained_tiny):
-    from cinq.eval.tasks import arithmetic_problems
+    from cinq.tasks import arithmetic_problems
     from cinq.model.byte_tokenizer import build_byte_tokenizer
     text = "".join(p.text() for p in arithmetic_problems(4, seed=11, split="test"))
     ids = torch.tensor(build_byte_tokenizer().encode(text, add_special_tokens=False).ids[:192]).unsqueeze(0)

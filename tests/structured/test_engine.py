@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 
 from cinq import LLM, SamplingParams, StructuredOutputsParams
-from cinq.bench.structured_schemas import schema_suite
+from benchmarks.structured_schemas import schema_suite
 from cinq.errors import InvalidParameterError
 
 CHOICE = StructuredOutputsParams(choice=["alpha", "beta", "gamma delta"])

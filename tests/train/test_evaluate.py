@@ -23,7 +23,7 @@ def test_language_perplexities_cover_each_language_and_pool(teacher, tiny_corpus
 
 @pytest.mark.parametrize("generator", ["engine", "naive"])
 def test_arithmetic_eval_scores_greedy_completions(teacher, generator):
-    from cinq.eval.tasks import arithmetic_problems
+    from cinq.tasks import arithmetic_problems
     model = load_model(teacher, dtype="float32")
     out = arithmetic_eval(teacher, n=4, generator=generator, model=model)
     assert out["problems"] == 4 and out["samples"][0]["prompt"] == arithmetic_problems(4, 0, "test")[0].prompt()

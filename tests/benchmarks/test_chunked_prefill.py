@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cinq.bench.chunked_prefill import ChunkedPrefillOptions, chunked_workload, run_chunked_prefill
+from benchmarks.chunked_prefill import ChunkedPrefillOptions, chunked_workload, run_chunked_prefill
 from cinq.bench.report import markdown
 from cinq.config import EngineConfig
 from cinq.errors import InvalidParameterError

@@ -3,7 +3,7 @@ import re
 import pytest
 
 from cinq.errors import InvalidParameterError
-from cinq.eval.tasks import (ArithmeticProblem, accuracy, arithmetic_problems, extract_answer, step_accuracy,
+from cinq.tasks import (ArithmeticProblem, accuracy, arithmetic_problems, extract_answer, step_accuracy,
                              step_items)
 
 _STEP = re.compile(r"^(\d+) ([-+*/]) (\d+) = (\d+)$")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from cinq.eval.draft_acceptance import draft_model_matches, measure_draft, paired_tau_difference, sequence_batches
+from benchmarks.draft_acceptance import draft_model_matches, measure_draft, paired_tau_difference, sequence_batches
 from cinq.train.generation import generate_naive
 from cinq.train.spec_head_data import TargetSequences
 from tests.spec.random_target import random_target

@@ -8,7 +8,7 @@ import pytest
 from cinq.bench.mixed_workload import MixedOptions
 from cinq.bench.report import markdown
 from cinq.bench.served_quality import QualitySettings
-from cinq.bench.smoothquant_mix import (DYNAMIC, REFERENCE, STATIC, SmoothQuantMixOptions, run_smoothquant_mix,
+from benchmarks.smoothquant_mix import (DYNAMIC, REFERENCE, STATIC, SmoothQuantMixOptions, run_smoothquant_mix,
                                         single_language_label)
 from cinq.config import EngineConfig
 from cinq.errors import InvalidParameterError

@@ -23,7 +23,7 @@ from cinq.bench.spec import compare, measure
 from cinq.bench.workload import TokenWindows, text_tokens
 from cinq.config import EngineConfig
 from cinq.errors import InvalidParameterError
-from cinq.eval.head_transfer import held_out_acceptance
+from benchmarks.head_transfer import held_out_acceptance
 
 DENSE = "bf16"
 # (label, cinq eval --variants entry): the targets; the dense model is the first
@@ -53,7 +53,7 @@ class QuantSpecOptions:
     text: str = "held-out"
     k: int = 3
     fixed_k: bool = True  # also measure with adaptive off (tau at a fixed draft length)
-    offline_prompts: int = 32  # held-out tau offline (cinq/eval/head_transfer.py) on this many prompts; 0: off
+    offline_prompts: int = 32  # held-out tau offline (benchmarks/head_transfer.py) on this many prompts; 0: off
     offline_max_tokens: int = 64
     num_threads: int | None = None
     seed: int = 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cinq.assets.text import resolve_text_path
-from cinq.bench.text_languages import LANGUAGES, language_records, language_token_ids, record_language
+from benchmarks.text_languages import LANGUAGES, language_records, language_token_ids, record_language
 from cinq.errors import InvalidParameterError
 from cinq.model.tokenizer import Tokenizer
 

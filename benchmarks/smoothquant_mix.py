@@ -59,7 +59,7 @@ class SmoothQuantMixOptions:
         if self.language_tokens < 2:
             raise InvalidParameterError(f"language_tokens must be >= 2, got {self.language_tokens}",
                                         "language_tokens")
-        from cinq.bench.text_languages import LANGUAGES
+        from benchmarks.text_languages import LANGUAGES
         if self.calibration_language is not None and self.calibration_language not in LANGUAGES:
             raise InvalidParameterError(f"calibration_language must be one of {', '.join(LANGUAGES)} or None, got "
                                         f"{self.calibration_language!r}", "calibration_language")
@@ -70,9 +70,9 @@ def smoothquant_models(model: str, options: SmoothQuantMixOptions, progress: boo
     static and dynamic calibrated on the shipped calibration text, and static calibrated on one language of it."""
     from pathlib import Path
 
-    from cinq.bench.text_languages import language_records
+    from benchmarks.text_languages import language_records
     from cinq.cache import cache_dir
-    from cinq.eval.variants import one_variant
+    from cinq.quant.variants import one_variant
     from cinq.quant.variant_folder import Calibration, variant_folder
     root = Path(options.variants_dir) if options.variants_dir else cache_dir() / "variants"
     models = {REFERENCE: model}
@@ -99,7 +99,7 @@ def run_smoothquant_mix(config: EngineConfig, options: SmoothQuantMixOptions,
     """Measure bf16, static and dynamic SmoothQuant on one workload (see the module docstring). ``batch_mates``:
     a batch-mates run's rows by model label (its labels may carry a parenthesis, e.g. "bf16 (control)")."""
     from cinq.bench.served_quality import engine_quality, held_out_ids, reference_scores
-    from cinq.bench.text_languages import language_token_ids
+    from benchmarks.text_languages import language_token_ids
     from cinq.config import resolve_model
     from cinq.eval.text_scores import base_scores, score_text
     from cinq.model.loader import load_model
@@ -243,9 +243,9 @@ def smoothquant_mix_result(data: dict[str, Any]) -> BenchResult:
              f"top-1 to the {REFERENCE} model on the first {data['options']['quality']['ppl_tokens']} held-out "
              f"tokens (context {data['options']['quality']['context_len']}), arithmetic accuracy of the serving engine "
              f"on {data['options']['quality']['n_problems']} test problems; per language: the held-out records split "
-             f"by language (cinq/bench/text_languages.py, a script and common-word heuristic), up to "
+             f"by language (benchmarks/text_languages.py, a script and common-word heuristic), up to "
              f"{data['options']['language_tokens']} tokens each. 'changed by batch mates': target requests whose "
-             f"greedy output changed when run among other requests (cinq/bench/batch_mates.py, its own run). CPU "
+             f"greedy output changed when run among other requests (benchmarks/batch_mates.py, its own run). CPU "
              f"threads {m['threads']} of {m['cpus']}; load average at end {m['loadavg_at_end']}.")
     headline = "; ".join(f"{r['label']}: {r['inf']['tok_s'] / first['inf']['tok_s']:.2f}x {REFERENCE} tok/s, KL "
                          f"{_kl(r['quality']['kl'])}" for r in quant)

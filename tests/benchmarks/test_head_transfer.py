@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from cinq.errors import InvalidParameterError
-from cinq.eval.head_transfer import held_out_acceptance
+from benchmarks.head_transfer import held_out_acceptance
 from cinq.model.loader import load_model
 from cinq.quant.config import QuantConfig
 from cinq.quant.pipeline import quantize_model

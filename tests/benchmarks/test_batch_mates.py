@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cinq.bench.batch_mates import batch_mates, first_divergence
+from benchmarks.batch_mates import batch_mates, first_divergence
 from cinq.config import EngineConfig
 
 

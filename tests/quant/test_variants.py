@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cinq.errors import InvalidParameterError
-from cinq.eval.variants import CHANNEL, VariantSpec, parse_group_sizes, parse_variants, split_supported
+from cinq.quant.variants import CHANNEL, VariantSpec, parse_group_sizes, parse_variants, split_supported
 from tests.quant.conftest import tiny_config
 
 STUDY = "rtn:8,4,3,2;gptq:8,4,3,2;awq:4;smoothquant:static,dynamic"

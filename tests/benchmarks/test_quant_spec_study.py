@@ -1,4 +1,4 @@
-"""The quantized-target x speculation table (cinq/bench/quant_spec.py): every head that applies runs on every
+"""The quantized-target x speculation table (benchmarks/quant_spec_study.py): every head that applies runs on every
 target against that target's plain decoding, keeps its greedy output, and the report rebuilds from its JSON."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cinq.bench.quant_spec import Head, QuantSpecOptions, heads_for, quant_spec_result, run_quant_spec
+from benchmarks.quant_spec_study import Head, QuantSpecOptions, heads_for, quant_spec_result, run_quant_spec
 from cinq.bench.report import markdown, write_report
 from cinq.errors import InvalidParameterError
 from cinq.model.loader import load_model
