@@ -65,6 +65,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from cinq.bench.random_model import LLAMA_110M, build_random_llama  # noqa: E402
+from cinq.bench.report import markdown_table  # noqa: E402
 from cinq.config import EngineConfig  # noqa: E402
 from cinq.engine.engine import LLMEngine  # noqa: E402
 from cinq.model.config import ModelConfig  # noqa: E402
@@ -270,39 +271,43 @@ def quality(args: argparse.Namespace) -> int:
             row.path = f"<work-dir>/{Path(row.path).relative_to(work)}"
     report.notes = [f"`python benchmarks/quant.py {' '.join(sys.argv[1:])}`", "",
                     "Quantization time per variant (in process, calibration forwards in bf16):", "",
-                    "| variant | seconds |", "|---|---|",
-                    *(f"| {r.label} | {r.quantize_seconds:.1f} |" for r in report.rows[1:]), "",
+                    markdown_table(["variant", "seconds"], [[r.label, f"{r.quantize_seconds:.1f}"]
+                                                            for r in report.rows[1:]], "ll"), "",
                     f"load average at the end: {os.getloadavg()[0]:.2f}; {args.threads} thread(s)."]
     report.save(Path(args.out), name)
     print(report.to_markdown())
     return 0
 
 
+def reading(serving: list[dict]) -> str:
+    """What the run says, from its own ratios: which variants beat bf16 at batch 1 and at batch 32."""
+    def verdict(key: str) -> str:
+        rows = [r for r in serving if r["variant"] != "bf16"]
+        won = [f"{r['variant']} {r[key]:.2f}x" for r in rows if r[key] > 1.0]
+        lost = [f"{r['variant']} {r[key]:.2f}x" for r in rows if r[key] <= 1.0]
+        return f"faster than bf16: {', '.join(won) or 'none'}; not faster: {', '.join(lost) or 'none'}"
+    base = next(r for r in serving if r["variant"] == "bf16")
+    return (f"Reading it (computed from this run; the bf16 baseline's linears: {', '.join(base['batch1']['kernels'])}): "
+            f"at batch 1, {verdict('ratio_batch1')}. At batch 32, {verdict('ratio_batch32')}.")
+
+
 def render(res: dict) -> str:
     env = res["env"]
+    rows = [[r["variant"], ", ".join(r["batch1"]["kernels"]), f"{r['linear_bytes'] / 2**20:.1f}",
+             f"{r['ratio_linear_bytes']:.2f}", f"{r['total_bytes'] / 2**20:.1f}", f"{r['ratio_total_bytes']:.2f}",
+             f"{r['batch1']['tokens_per_s']:.1f}", f"{r['ratio_batch1']:.2f}", f"{r['batch32']['tokens_per_s']:.1f}",
+             f"{r['ratio_batch32']:.2f}"] for r in res["serving"]]
     lines = ["# Quantized serving on CPU: ~110M Llama (768/12L/12H/2048, vocab 32000, tied), bf16 activations", "",
              f"torch {env['torch']}, {env['threads']} threads, {env['cores']} cores; load average before "
              f"{env['load_avg_before'][0]:.2f}, after {env['load_avg_after'][0]:.2f} (other jobs share the CPU)."
              + (" QUICK smoke run." if env["quick"] else ""), "",
-             "| variant | kernel | decoder-linear MiB | x bf16 | all tensors MiB | x bf16 | batch-1 tok/s | x bf16 "
-             "| batch-32 tok/s | x bf16 |", "|" + "---|" * 10]
-    for r in res["serving"]:
-        lines.append(f"| {r['variant']} | {', '.join(r['batch1']['kernels'])} | {r['linear_bytes'] / 2**20:.1f} | "
-                     f"{r['ratio_linear_bytes']:.2f} | {r['total_bytes'] / 2**20:.1f} | {r['ratio_total_bytes']:.2f} | "
-                     f"{r['batch1']['tokens_per_s']:.1f} | {r['ratio_batch1']:.2f} | "
-                     f"{r['batch32']['tokens_per_s']:.1f} | {r['ratio_batch32']:.2f} |")
-    lines += ["", "Reading it: the bf16 baseline already streams its weights through the native AVX512-BF16 skinny "
-              "kernel at batch 1. int4 (cinq's native kernel: a quarter of the bytes, unpacked in registers) wins "
-              "there; PyTorch's int8 and the W8A8 path (activation quantization per step) do not beat that "
-              "baseline. The bf16 LM head (tied embedding, 22% of the weights) and the per-step engine work (norms, "
-              "rope, attention, sampling: a few ms per step) cap the int4 gain; the int4-head row shows the head's "
-              "share. At batch 32 the weight-only kernels (unpacking per tile) lose to the bf16 GEMM; W8A8's int8 "
-              "GEMM is the one that gains there.",
-              "", "`cinq quantize` of the same model (own process each; calibration: arithmetic text, bf16 forwards):",
-              "", "| method | args | calibration tokens | seconds | peak RSS MiB |", "|---|---|---|---|---|"]
-    for c in res["quantize"]:
-        lines.append(f"| {c['method']} | {c['args']} | {c['calib_tokens']} | {c['seconds']:.1f} | "
-                     f"{c['peak_rss_mib']} |")
+             markdown_table(["variant", "kernel", "decoder-linear MiB", "x bf16", "all tensors MiB", "x bf16",
+                             "batch-1 tok/s", "x bf16", "batch-32 tok/s", "x bf16"], rows, "l" * 10),
+             "", reading(res["serving"]), "",
+             "`cinq quantize` of the same model (own process each; calibration: arithmetic text, bf16 forwards):", "",
+             markdown_table(["method", "args", "calibration tokens", "seconds", "peak RSS MiB"],
+                            [[c["method"], c["args"], c["calib_tokens"], f"{c['seconds']:.1f}", c["peak_rss_mib"]]
+                             for c in res["quantize"]], "lllll")]
     return "\n".join(lines) + "\n"
 
 

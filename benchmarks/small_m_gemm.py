@@ -117,8 +117,30 @@ def race(fns: dict[str, Callable[[], Any]], repeats: int, budget_s: float) -> di
     return best
 
 
+def gemm_reading(times: dict[tuple[str, int], dict[str, float]]) -> str:
+    """The per-shape table's conclusion, computed from its times ({(weight, M): {candidate: us}}): how each path's
+    time per call grows from one row to the most rows measured, and where each stands against torch."""
+    ms = sorted({m for _, m in times})
+    lo, hi = ms[0], ms[-1]
+    names = sorted({w for w, _ in times})
+
+    def growth(key: str) -> str:
+        g = [times[(w, hi)][key] / times[(w, lo)][key] for w in names if (w, hi) in times and (w, lo) in times]
+        return f"{min(g):.2f}-{max(g):.2f}x"
+
+    def vs_torch(key: str, m: int) -> str:
+        r = [times[(w, m)]["torch"] / times[(w, m)][key] for w in names if (w, m) in times]
+        return f"{min(r):.2f}-{max(r):.2f}x"
+    return (f"Reading it (computed from this run): from M = {lo} to {hi} rows the time per call grows "
+            f"{growth('now')} for 'now', {growth('vector')} for 'vector only' and {growth('torch')} for torch "
+            f"(over the {len(names)} weights). Against torch, 'now' is {vs_torch('now', lo)} faster at M = {lo} and "
+            f"{vs_torch('now', hi)} at M = {hi}; 'vector only' {vs_torch('vector', lo)} and {vs_torch('vector', hi)}. "
+            "'now GB/s' is the weight stream rate (each weight read from L3 or memory, as in a forward); single "
+            "timings swing by tens of percent on a shared machine: compare within a row.")
+
+
 def gemm_section(before: Any | None, before_rows: int, repeats: int) -> list[str]:
-    """The per-shape table (markdown lines), printed as it goes."""
+    """The per-shape table (markdown lines, printed as it goes) and its computed reading."""
     after = cpu_native.native_module("small_m_gemm")
     after_rows = kernel_rows(after)
     g = torch.Generator().manual_seed(0)
@@ -127,6 +149,7 @@ def gemm_section(before: Any | None, before_rows: int, repeats: int) -> list[str
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     print(lines[0])
     none = torch.empty(0)
+    times: dict[tuple[str, int], dict[str, float]] = {}
     for name, (k, n) in SHAPES.items():
         # A forward streams ~22 MB of weights, more than this CPU's L2: cycling through copies of one weight
         # (>= STREAM_BYTES in all) times it read from L3/memory as it is there, not warm from the last call.
@@ -144,13 +167,14 @@ def gemm_section(before: Any | None, before_rows: int, repeats: int) -> list[str
                 fns["before"] = lambda: before.small_m_linear(x, next(ws), none)
             with torch.inference_mode():
                 t = race(fns, repeats, 0.01)
+            times[(name, m)] = t
             b = t.get("before")
             row = (f"| {name} | {k} | {n} | {m} | {t['torch']:.1f} | {'' if b is None else f'{b:.1f}'} | "
                    f"{t['now']:.1f} | {t['vector']:.1f} | {t['torch'] / t['now']:.2f}x | {ratio(b, t['now'])} | "
                    f"{t['torch'] / t['vector']:.2f}x | {n * k * 2 / t['now'] / 1e3:.1f} |")
             lines.append(row)
             print(row, flush=True)
-    return lines
+    return lines + ["", gemm_reading(times)]
 
 
 class VectorOnly:
@@ -234,12 +258,6 @@ def main() -> None:
     if "gemm" in sections:
         out += ["## Per weight: y[M, N] = x[M, K] @ w[N, K]^T, cinq-tiny shapes", ""]
         out += gemm_section(before, before_rows, repeats) + [""]
-        out += ["Reading it: 'now GB/s' is the weight stream rate (each weight is read from L3 or memory, as in a "
-                "forward). The AMX path (M >= 2 where the CPU has it) holds one-row speed for every M: its tile "
-                "product does 16 x M x 32 multiply-adds per instruction, so the stream bounds it. The vector path "
-                "falls behind past 2-3 rows (M `vdpbf16ps` per weight vector), which is why, without AMX, the "
-                "engine hands 7-8 rows to oneDNN. Single timings swing by tens of percent on a shared machine; "
-                "compare within a row.", ""]
     if "forward" in sections:
         out += ["## cinq-tiny target forward, one sequence of M rows (no LM head)", "",
                 "torch only: every linear through oneDNN; before / now / vector only: the native kernel up to its "

@@ -1,0 +1,337 @@
+"""Build "where we stand" from the results, not by hand: ``benchmarks/results/README.md`` (every result file, one row
+each: its headline figure, the script that measured it, quiet / draft) and README.md's headline table (at most 12
+rows, the real model first), both from the JSON files in benchmarks/results/.
+
+    python benchmarks/results_table.py           # rewrite both (seconds; reads JSON, runs nothing)
+    python benchmarks/results_table.py --check   # exit 1 when either is not what the results say
+
+A new result is picked up by itself: every ``results/*.json`` gets a row, its figure the JSON's ``headline`` (what
+``cinq.bench.report.write_report`` writes) or the bold headline line of its ``.md``, or one computed from the
+JSON by a function in ``FIGURES``. Give it its script in ``SCRIPTS`` (a row without one says so); a headline row
+is a ``Headline`` in ``HEADLINES`` (at most 12). A figure typed in from a log, not written by a script, is labelled so (``FROM_A_LOG``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from cinq.bench.report import QUIET_LOAD, markdown_table  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+README = ROOT / "README.md"
+BEGIN, END = "<!-- headline table: benchmarks/results_table.py -->", "<!-- end of the headline table -->"
+
+# result file stem -> the script (or command) that writes it; a stem not here still gets its row
+SCRIPTS = {
+    "attention": "benchmarks/attention.py", "compile": "benchmarks/compile.py",
+    "decode_kernels": "benchmarks/decode_kernels.py", "decode_kernels_float_codes": "benchmarks/decode_kernels.py",
+    "distill": "cinq distill (benchmarks/results/distill.md)", "draft_divergence": "benchmarks/draft_divergence.py",
+    "gemma3": "benchmarks/gemma3.py", "gpu": "benchmarks/gpu.py",
+    "head_language_balance": "benchmarks/head_language_balance.py",
+    "interactions_batch_mates": "benchmarks/interactions.py --only batch-mates",
+    "interactions_chunked_prefill": "benchmarks/interactions.py --only chunked-prefill",
+    "interactions_quant_spec": "benchmarks/quant_spec.py",
+    "interactions_smoothquant_mix": "benchmarks/interactions.py --only smoothquant-mix",
+    "interactions_spec_rate": "benchmarks/interactions.py --only spec-rate",
+    "latency": "benchmarks/latency.py", "latency_hf": "cinq bench latency", "latency_smollm2": "benchmarks/latency.py",
+    "latency_smollm2_bf16": "benchmarks/latency.py", "prefix": "cinq bench prefix", "quant": "benchmarks/quant.py",
+    "quant_quality": "benchmarks/quant.py --quality", "quant_quality_arithmetic_easy": "benchmarks/quant.py --quality",
+    "quant_study": "benchmarks/quant.py --quality", "quant_study_float_codes": "benchmarks/quant_study_real.py",
+    "quant_study_float_codes_decode": "benchmarks/float_codes_decode.py",
+    "quant_study_smollm2": "benchmarks/quant_study_real.py",
+    "quant_study_smollm2_capitals": "benchmarks/quant_study_real.py", "reliability": "benchmarks/reliability.py",
+    "scale": "benchmarks/scale.py", "scale_dp": "benchmarks/scale_dp.py", "serving": "benchmarks/serving.py",
+    "serving_inproc-core": "benchmarks/serving.py", "serving_llama23m": "benchmarks/serving.py",
+    "serving_split": "cinq bench serve", "speculative": "benchmarks/speculative.py", "stack": "cinq bench stack",
+    "step_breakdown": "benchmarks/step_breakdown.py", "structured_backends": "benchmarks/structured_backends.py",
+    "structured_outputs": "benchmarks/structured_outputs.py", "throughput": "benchmarks/throughput.py",
+    "throughput_gemma3": "benchmarks/throughput.py", "train_sizing": "cinq train --sizing",
+    "tune": "cinq tune", "vattention": "benchmarks/vattention.py", "wide_linear": "benchmarks/wide_linear.py",
+}
+# results whose JSON was typed in from a run's log, not written by the script that measured them
+FROM_A_LOG = {"gpu": "typed from the H200 run's log (benchmarks/gpu.py has no section writing kernel_tests and "
+                     "attention_quick)"}
+NOT_RESULTS = {"tune.config"}  # JSON in results/ that is an output to use, not a measurement
+
+
+def load(stem: str) -> dict[str, Any]:
+    data = json.loads((RESULTS / f"{stem}.json").read_text())
+    return data if isinstance(data, dict) else {"rows": data}
+
+
+def md_text(stem: str) -> str:
+    path = RESULTS / f"{stem}.md"
+    return path.read_text() if path.is_file() else ""
+
+
+def label(stem: str, data: dict[str, Any]) -> str:
+    """quiet / draft as the run recorded it: the JSON's own flag or start load first, then the markdown's words;
+    "not recorded" when neither says."""
+    if stem in FROM_A_LOG:
+        return "from a log"
+    if isinstance(data.get("draft"), bool):
+        return "draft" if data["draft"] else "quiet"
+    conditions = data.get("conditions")
+    if isinstance(conditions, dict):
+        conditions = " ".join(map(str, conditions.values()))
+    if isinstance(conditions, str):
+        return "draft" if "DRAFT" in conditions else "quiet"
+    for key in ("load_start", "load_average_at_start"):
+        for where in (data, *[v for v in data.values() if isinstance(v, dict)]):
+            if isinstance(where.get(key), (int, float)):
+                return "quiet" if where[key] <= QUIET_LOAD else "draft"
+    text = md_text(stem)
+    if "DRAFT" in text or "**Draft" in text:
+        return "draft"
+    if "Quiet machine" in text:
+        return "quiet"
+    return "not recorded"
+
+
+def figure_of(stem: str, data: dict[str, Any]) -> str:
+    """A result's one-line figure: computed from its JSON where ``FIGURES`` (or its shape: a quantization study)
+    says how, else the headline its script wrote (the JSON's, else the markdown's bold line)."""
+    if stem in FIGURES:
+        return FIGURES[stem](data)
+    if "flat_ppl_pct" in data and data.get("rows"):
+        return quant_study(data)
+    if isinstance(data.get("headline"), str):
+        return data["headline"]
+    for line in md_text(stem).splitlines():
+        if line.startswith("**") and line.rstrip().endswith("**") and len(line) > 4:
+            return line.strip("* ")
+    return f"tables in {stem}.md"
+
+
+def title_of(stem: str, data: dict[str, Any]) -> str:
+    if isinstance(data.get("title"), str):
+        return data["title"]
+    first = md_text(stem).splitlines()[:1]
+    return first[0].lstrip("# ").strip() if first else stem
+
+
+def cell(text: str) -> str:
+    return text.replace("|", "/").replace("\n", " ")
+
+
+# ---- the headline rows: each figure computed from its JSON ----
+
+def _x(a: float, b: float) -> str:
+    return f"{a / b:.2f}x"
+
+
+def _latency_rows(rows: list[dict[str, Any]], threads: int, prompt: int) -> dict[str, dict[str, Any]]:
+    return {r["engine"]: r for r in rows if r["threads"] == threads and r["prompt_len"] == prompt}
+
+
+def smollm2_decode(d: dict[str, Any]) -> str:
+    rows = _latency_rows(d["rows"], 2, 128)
+    parts = [f"{name} {rows['cinq ' + v]['tok_s']:.1f} vs {rows['llama.cpp ' + base]['tok_s']:.1f} tok/s "
+             f"({_x(rows['cinq ' + v]['tok_s'], rows['llama.cpp ' + base]['tok_s'])})"
+             for name, v, base in (("bf16", "bf16", "bf16"), ("q8_0", "int8", "q8_0"), ("q4_0", "int4", "q4_0"),
+                                   ("the Q4_1 file", "file", "file")) if f"cinq {v}" in rows]
+    hf = rows.get("HF bf16")
+    if hf:
+        parts.append(f"HF generate bf16 {hf['tok_s']:.1f} (cinq {_x(rows['cinq bf16']['tok_s'], hf['tok_s'])} HF)")
+    return "; ".join(parts)
+
+
+def smollm2_bf16(d: dict[str, Any]) -> str:
+    parts = []
+    for prompt in d["options"]["input_lens"]:
+        rows = _latency_rows(d["rows"], 2, prompt)
+        c, ll = rows["cinq bf16"], rows["llama.cpp bf16"]
+        parts.append(f"prompt {prompt}: TTFT {c['ttft_ms']['mean']:.0f} vs {ll['ttft_ms']['mean']:.0f} ms, "
+                     f"decode {c['tok_s']:.1f} vs {ll['tok_s']:.1f} tok/s ({_x(c['tok_s'], ll['tok_s'])})")
+    return "; ".join(parts)
+
+
+def gemma3_decode(d: dict[str, Any]) -> str:
+    parts = []
+    for prompt in d["latency"]["options"]["input_lens"]:
+        rows = _latency_rows(d["latency"]["rows"], 2, prompt)
+        c, ll, hf = rows["cinq file"], rows["llama.cpp file"], rows.get("HF bf16")
+        parts.append(f"prompt {prompt}: {c['tok_s']:.1f} vs {ll['tok_s']:.1f} tok/s ({_x(c['tok_s'], ll['tok_s'])})"
+                     + (f", HF bf16 {hf['tok_s']:.1f}" if hf else ""))
+    kv = ", ".join(f"{k['gemma3_per_group_tables_mib']:.1f} vs {k['gemma3_shared_table_mib']:.0f} MiB at "
+                   f"{k['context']:,} tokens" for k in d["kv_memory"])
+    return "; ".join(parts) + f"; KV with per-group (sliding-window) tables {kv}"
+
+
+def throughput(d: dict[str, Any]) -> str:
+    return (f"{d['cinq']['tok_s']:.1f} vs {d['hf']['tok_s']:.1f} tok/s (**{d['ratio_cinq_over_hf']:.2f}x**), "
+            f"{d['workload']['num_requests']} requests; KV reserved but unused {d['cinq']['kv_waste_paged']:.1%} "
+            f"vs {d['cinq']['kv_waste_naive_max_len']:.1%} at max_model_len per request")
+
+
+def speculation(d: dict[str, Any]) -> str:
+    b1 = [r for r in d["batch_sweep"] if r["batch"] == 1 and r["target"] == "bf16"]
+    best = max(b1, key=lambda r: r["speedup"])
+    fixed = {r["method"]: r for r in b1 if not r["adaptive"]}
+    named = "; ".join(f"{m} {fixed[m]['speedup']:.2f}x (tau {fixed[m]['tau']:.2f})"
+                      for m in ("ngram", "eagle", "eagle3-dynamic", "draft_model") if m in fixed)
+    b32 = [r["speedup"] for r in d["batch_sweep"] if r["batch"] == 32 and r["target"] == "bf16" and r["adaptive"]]
+    same = all(r["greedy_identical"] for r in b1 if not r["adaptive"] and r["method"] != "draft_model")
+    return (f"k = 3, batch 1: best {best['method']}{' adaptive' if best['adaptive'] else ''} "
+            f"{best['speedup']:.2f}x; {named}"
+            + (f"; batch 32 adaptive {min(b32):.2f}-{max(b32):.2f}x" if b32 else "")
+            + ("; greedy output identical to plain" if same else ""))
+
+
+def quant_quality(d: dict[str, Any]) -> str:
+    rows = {r["label"]: r for r in d["rows"]}
+    base = d["rows"][0]
+
+    def row(label: str, name: str) -> str:
+        r = rows[label]
+        return (f"{name} ppl {100 * (r['perplexity'] / base['perplexity'] - 1):+.1f}%, accuracy "
+                f"{100 * (r['accuracy'] - base['accuracy']):+.1f} pt, {r['linear_bytes'] / 2**20:.1f} MiB")
+    picks = [(lb, name) for lb, name in (("nf4-b64", "NF4 b64"), ("rtn-w4-g64", "RTN int4 g64"),
+                                           ("fp8-channel-weight-only", "FP8 weight-only"), ("rtn-w8-ch", "int8 RTN"))
+             if lb in rows]
+    return (f"vs dense bf16 ({base['n_problems']} {d['task']} problems): "
+            + "; ".join(row(lb, name) for lb, name in picks))
+
+
+def quant_study(d: dict[str, Any]) -> str:
+    """Any `cinq eval --variants` study: the spread of its rows against its first (the reference)."""
+    base, rows = d["rows"][0], d["rows"][1:]
+    ppl = [100 * (r["perplexity"] / base["perplexity"] - 1) for r in rows]
+    acc = [100 * (r["accuracy"] - base["accuracy"]) for r in rows if r.get("accuracy") is not None]
+    return (f"{len(rows)} variants vs {base['label']} on {d['task']}: perplexity {min(ppl):+.1f}% to "
+            f"{max(ppl):+.1f}%" + (f", accuracy {min(acc):+.1f} to {max(acc):+.1f} pt" if acc else ""))
+
+
+def server(d: dict[str, Any]) -> str:
+    run = d["runs"][0]
+    return (f"{run['output_throughput']:.0f} vs {d['baseline']['output_throughput']:.0f} out tok/s "
+            f"(**{d['ratio_server_over_offline']:.2f}x**), {run['completed']} streams, engine core in its own "
+            f"process ({run['core_cores']:.2f} cores; front end {run['server_cores']:.2f})")
+
+
+def structured(d: dict[str, Any]) -> str:
+    valid = ", ".join(f"{v['model']} {v['speculation']}: {v['valid']}/{d['schemas']}" for v in d["validity"])
+    cost = ", ".join(f"{c['model']} b{c['batch']} {100 * c['overhead']:+.1f}%" for c in d["step_cost"])
+    return f"valid JSON {valid}; step cost {cost}"
+
+
+def reliability(d: dict[str, Any]) -> str:
+    s, o, c = d["soak"], d["overload"], d["disconnects"]
+    return (f"{s['completed']:,} of {s['requests']:,} mixed requests completed, RSS "
+            f"{s['rss']['growth_after_warmup_pct']:+.1f}% after warm-up; {o['completed']} of {o['streams']} "
+            f"streams at {o['demand_x']}x KV capacity ({o['preemptions']} preemptions); {c['clients']} vanishing "
+            f"clients, {c['free_blocks_after']} of {c['num_kv_blocks']} blocks free after")
+
+
+def gpu(d: dict[str, Any]) -> str:
+    tp = ", ".join(f"{r['model']} {r['ratio']:.2f}x" for r in d["throughput"]["rows"])
+    check = d["check"]["cinq_triton_float32_vs_cinq_cpu_float32"]
+    return (f"{d['environment']['gpu']}: offline throughput vs HF {tp}; Triton fp32 greedy tokens identical to the "
+            f"CPU engine's on {check['identical_sequences']}/{check['sequences']} prompts")
+
+
+# result stem -> its figure computed from the JSON, for results whose JSON has no one-line headline of its own
+# (or whose headline leaves out what the tables need); every other result shows the headline its script wrote
+FIGURES: dict[str, Callable[[dict[str, Any]], str]] = {
+    "latency_smollm2": smollm2_decode, "latency_smollm2_bf16": smollm2_bf16, "gemma3": gemma3_decode,
+    "throughput_gemma3": throughput, "throughput": throughput, "quant_study_float_codes": quant_quality,
+    "speculative": speculation, "serving_split": server, "structured_outputs": structured,
+    "reliability": reliability, "gpu": gpu,
+}
+
+
+@dataclass(slots=True, frozen=True)
+class Headline:
+    """One row of README.md's headline table: what, the result it reads (its figure: ``figure_of``), the
+    baseline it is measured against."""
+
+    what: str
+    stem: str
+    baseline: str
+
+
+HEADLINES = [
+    Headline("SmolLM2-135M-Instruct batch-1 decode, the same GGUF weights, 2 threads (prompt 128)", "latency_smollm2",
+             "llama.cpp on the same file, same run"),
+    Headline("SmolLM2 bf16 prefill and decode after the chunked bf16 linears", "latency_smollm2_bf16",
+             "llama.cpp bf16, same run"),
+    Headline("Gemma 3 270M (Q4_K_M GGUF) batch-1 decode, 2 threads", "gemma3", "llama.cpp on the same file, HF"),
+    Headline("offline throughput, Gemma 3 270M", "throughput_gemma3", "HF generate at its best batch, same run"),
+    Headline("offline throughput, random ~110M Llama", "throughput", "HF generate at its best batch, same run"),
+    Headline("quantization quality, SmolLM2 (NF4 / FP8 / int4 / int8 rows)", "quant_study_float_codes",
+             "dense bf16 from the same file"),
+    Headline("speculative decoding, cinq-tiny and its heads", "speculative", "plain decoding, same run"),
+    Headline("OpenAI server, rate = inf, cinq-tiny", "serving_split", "the offline engine, same run"),
+    Headline("prefix caching, 64 requests sharing a 1024-token prefix", "prefix", "caching off, same run"),
+    Headline("structured outputs (xgrammar), 60 schemas", "structured_outputs", "unconstrained requests, same engine"),
+    Headline("server under soak / overload / disconnects", "reliability", "RSS bound +15%"),
+    Headline("the CUDA path on one H200", "gpu", "HF generate on the same GPU"),
+]
+assert len(HEADLINES) <= 12, "README's headline table holds at most 12 rows"
+
+
+def headline_table() -> str:
+    rows = []
+    for h in HEADLINES:
+        data = load(h.stem)
+        rows.append([h.what, cell(figure_of(h.stem, data)), h.baseline, f"[{h.stem}.md](benchmarks/results/{h.stem}.md)",
+                     label(h.stem, data)])
+    return markdown_table(["what", "measured", "baseline", "result", "run"], rows, "lllll")
+
+
+def full_table() -> str:
+    stems = sorted(p.stem for p in RESULTS.glob("*.json") if p.stem not in NOT_RESULTS)
+    rows = []
+    for stem in stems:
+        data = load(stem)
+        script = SCRIPTS.get(stem, "not registered: add it to SCRIPTS in benchmarks/results_table.py")
+        run = label(stem, data) + (f": {FROM_A_LOG[stem]}" if stem in FROM_A_LOG else "")
+        rows.append([f"[{stem}]({stem}.md)", cell(title_of(stem, data)), cell(figure_of(stem, data)),
+                     f"`{script}`", run])
+    only_md = sorted(p.stem for p in RESULTS.glob("*.md") if p.stem != "README" and not (RESULTS / f"{p.stem}.json").exists())
+    lines = ["# Where we stand: every result", "",
+             "Written by `python benchmarks/results_table.py` from the JSON files here; do not edit by hand. Each "
+             "figure is computed from the JSON (`FIGURES` in the script) or is the one-line headline its script "
+             "wrote (the JSON's `headline`, or the bold line of its `.md`); `run` is how the run recorded its machine: quiet (nothing else running when it began), "
+             "draft (shared machine: rerun alone before quoting timings), not recorded, or from a log.", "",
+             markdown_table(["result", "what", "figure", "script", "run"], rows, "lllll"), ""]
+    if only_md:
+        lines += ["Written by hand, no JSON (their figures are not in the tables above): "
+                  + ", ".join(f"[{s}]({s}.md)" for s in only_md) + ".", ""]
+    return "\n".join(lines)
+
+
+def with_headline(readme: str, table: str) -> str:
+    if BEGIN not in readme or END not in readme:
+        raise SystemExit(f"README.md has no {BEGIN} ... {END} markers")
+    head, rest = readme.split(BEGIN, 1)
+    return head + BEGIN + "\n" + table + "\n" + END + rest.split(END, 1)[1]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 when a file is out of date")
+    args = ap.parse_args()
+    wanted = {RESULTS / "README.md": full_table(), README: with_headline(README.read_text(), headline_table())}
+    stale = [p for p, text in wanted.items() if not p.is_file() or p.read_text() != text]
+    if args.check:
+        for p in stale:
+            print(f"out of date: {p.relative_to(ROOT)} (run python benchmarks/results_table.py)")
+        return 1 if stale else 0
+    for p in stale:
+        p.write_text(wanted[p])
+        print(f"wrote {p.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""benchmarks/results_table.py: the committed tables are what the results say, a new result file is picked up by
+itself, and a run's quiet / draft label is read from what the run recorded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import results_table as rt
+
+
+def test_the_committed_tables_are_generated_not_typed() -> None:
+    full = (rt.RESULTS / "README.md").read_text()
+    assert full == rt.full_table(), "run python benchmarks/results_table.py"
+    assert rt.with_headline(rt.README.read_text(), rt.headline_table()) == rt.README.read_text()
+
+
+def test_the_headline_table_has_at_most_12_rows_the_real_model_first() -> None:
+    rows = [line for line in rt.headline_table().splitlines()[2:] if line.startswith("| ")]
+    assert 0 < len(rows) <= 12
+    assert "SmolLM2" in rows[0]
+
+
+def test_a_new_result_file_gets_its_row_by_itself(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rt, "RESULTS", tmp_path)
+    (tmp_path / "brand_new.json").write_text(json.dumps({"title": "A new benchmark", "headline": "3.00x faster",
+                                                          "draft": True}))
+    (tmp_path / "notes.md").write_text("# Hand-written notes\n")
+    table = rt.full_table()
+    row = next(line for line in table.splitlines() if line.startswith("| [brand_new]"))
+    assert "3.00x faster" in row and "not registered" in row and row.endswith("| draft |")
+    assert "[notes](notes.md)" in table  # a markdown-only result is named as hand-written
+
+
+@pytest.mark.parametrize("data,md,want", [
+    ({"draft": False}, "", "quiet"),
+    ({"conditions": "**DRAFT: the machine was shared**"}, "", "draft"),
+    ({"conditions": {"a": "Quiet machine: load 0.4", "b": "Quiet machine: load 0.8"}}, "", "quiet"),
+    ({"env": {"load_start": 3.2}}, "", "draft"),
+    ({"load_average_at_start": 0.5}, "", "quiet"),
+    ({}, "Setup. **Draft numbers**: shared.", "draft"),
+    ({}, "Quiet machine: load average 0.52", "quiet"),
+    ({}, "no word on the machine", "not recorded"),
+])
+def test_the_run_label_comes_from_what_the_run_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        data: dict, md: str, want: str) -> None:
+    monkeypatch.setattr(rt, "RESULTS", tmp_path)
+    (tmp_path / "x.md").write_text(md)
+    assert rt.label("x", data) == want
+
+
+def test_a_figure_typed_from_a_log_says_so() -> None:
+    assert rt.label("gpu", rt.load("gpu")) == "from a log"
