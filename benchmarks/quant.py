@@ -64,8 +64,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from cinq.bench.drive import run_until_done  # noqa: E402
 from cinq.bench.random_model import LLAMA_110M, build_random_llama  # noqa: E402
-from cinq.bench.report import markdown_table  # noqa: E402
+from cinq.markdown_table import markdown_table  # noqa: E402
 from cinq.config import EngineConfig  # noqa: E402
 from cinq.engine.engine import LLMEngine  # noqa: E402
 from cinq.model.config import ModelConfig  # noqa: E402
@@ -136,10 +137,7 @@ def decode_speed(folder: Path, batch: int, new_tokens: int, repeats: int, prompt
                                                                    output_kind=OutputKind.FINAL_ONLY))
         engine.step()  # prefill (and each request's first token)
         t0 = time.perf_counter()
-        generated = 0
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                generated += len(out.outputs[0].token_ids) - 1
+        generated = sum(len(out.outputs[0].token_ids) - 1 for out in run_until_done(engine).values())
         if r:
             rates.append(generated / (time.perf_counter() - t0))
     return {"tokens_per_s": statistics.median(rates), "runs": rates, "kernels": kinds}
@@ -237,7 +235,7 @@ def quality(args: argparse.Namespace) -> int:
     model = Path(args.quality)
     finetuned = None
     if args.finetune_tokens:
-        from cinq.train.finetune import FinetuneJob, finetune_on_task
+        from benchmarks.finetune import FinetuneJob, finetune_on_task
         summary = finetune_on_task(FinetuneJob(base=str(model), out_dir=str(work / f"finetune-{args.task}"),
                                                task=args.task, token_budget=int(args.finetune_tokens),
                                                progress=False))
@@ -260,7 +258,7 @@ def quality(args: argparse.Namespace) -> int:
     title = model.name
     if finetuned is not None:
         title = (f"{Path(finetuned['base']).name} fine-tuned on {args.task} ({finetuned['tokens']:,} tokens, "
-                 f"{finetuned['seconds'] / 60:.1f} min with cinq.train.finetune), then quantized")
+                 f"{finetuned['seconds'] / 60:.1f} min with benchmarks/finetune.py), then quantized")
     name = "quant_quality" if finetuned is None else f"quant_quality_{args.task.replace('-', '_')}"
     cfg = StudyConfig(model, work / name, specs, settings=EvalSettings(task=args.task, n_problems=args.n_problems),
                       ppl_text=ppl_text, ppl_source=ppl_source, calib_text=calib, skipped=skipped, base_label="float",

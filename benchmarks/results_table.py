@@ -24,7 +24,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cinq.bench.report import QUIET_LOAD, markdown_table  # noqa: E402
+from cinq.bench.report import QUIET_LOAD  # noqa: E402
+from cinq.markdown_table import markdown_table  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 README = ROOT / "README.md"

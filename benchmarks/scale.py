@@ -34,6 +34,7 @@ set_omp_wait_policy()  # before torch loads OpenMP: see cinq/process_env.py
 import torch  # noqa: E402
 
 from cinq.assets import resolve_model_path  # noqa: E402
+from cinq.bench.drive import run_until_done  # noqa: E402
 from cinq.cache import cache_dir  # noqa: E402
 from cinq.config import EngineConfig  # noqa: E402
 from cinq.engine.engine import LLMEngine  # noqa: E402
@@ -63,9 +64,8 @@ def run(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> tuple[f
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, output_kind=OutputKind.FINAL_ONLY)
     for i, p in enumerate(prompts):
         engine.add_request(f"r{time.monotonic_ns()}-{i}", p, params)
-    made, t0 = 0, time.perf_counter()
-    while engine.has_unfinished_requests():
-        made += sum(len(o.outputs[0].token_ids) for o in engine.step() if o.finished)
+    t0 = time.perf_counter()
+    made = sum(len(o.outputs[0].token_ids) for o in run_until_done(engine).values())
     return time.perf_counter() - t0, made
 
 

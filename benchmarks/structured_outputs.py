@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))  # benchmarks.* beside cinq when run as a script
 
 from cinq import LLM, SamplingParams, StructuredOutputsParams  # noqa: E402
 from cinq.bench.report import machine_info, model_label, run_conditions  # noqa: E402
+from cinq.outputs import SpecDecodingStats  # noqa: E402
 from cinq.structured.manager import StructuredOutputManager  # noqa: E402
 from benchmarks.structured_schemas import schema_suite  # noqa: E402
 
@@ -61,10 +62,11 @@ def validity(model: str, schemas: list[dict], max_tokens: int, spec: dict | None
         elapsed = time.perf_counter() - t0
         st = llm.engine.get_stats()
         ntok = sum(len(o.outputs[0].token_ids) for o in outs)
-        drafts = st.spec_decode_num_drafts - before.spec_decode_num_drafts
-        accepted = st.spec_decode_num_accepted_tokens - before.spec_decode_num_accepted_tokens
+        spec = SpecDecodingStats(num_drafts=st.spec_decode_num_drafts - before.spec_decode_num_drafts,
+                                 num_accepted_tokens=st.spec_decode_num_accepted_tokens
+                                 - before.spec_decode_num_accepted_tokens)
         row[f"{label}_tok_s"] = ntok / elapsed
-        row[f"{label}_tau"] = (1 + accepted / drafts) if drafts else None
+        row[f"{label}_tau"] = spec.mean_acceptance_length if spec.num_drafts else None
         if label == "grammar":
             valid = truncated = 0
             invalid = []

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import platform
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
+
+from cinq.markdown_table import fmt, markdown_table
 
 log = logging.getLogger(__name__)
 
@@ -82,21 +83,6 @@ def model_label(model: str) -> str:
         return str(model)
 
 
-def fmt(value: Any) -> str:
-    """A cell as text: floats with 3 significant figures or one decimal, None as "n/a", booleans as yes/no."""
-    if value is None:
-        return "n/a"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "n/a"
-        if abs(value) >= 100:
-            return f"{value:.0f}"
-        return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
-    return str(value)
-
-
 def text_table(table: Table) -> str:
     """The table as aligned plain text (the terminal view)."""
     cells = [table.columns] + [[fmt(c) for c in row] for row in table.rows]
@@ -106,18 +92,6 @@ def text_table(table: Table) -> str:
     for raw, row in zip(table.rows, cells[1:]):  # numbers right-aligned, text left-aligned
         lines.append("  ".join(c.rjust(w) if isinstance(v, (int, float)) and not isinstance(v, bool) else c.ljust(w)
                                for v, c, w in zip(raw, row, widths)).rstrip())
-    return "\n".join(lines)
-
-
-def markdown_table(columns: Sequence[str], rows: Iterable[Sequence[Any]], align: str | None = None) -> str:
-    """One markdown table, the only writer of them: a header, an alignment line and a row per item (cells through
-    ``fmt``; text cells as they are). ``align``: one letter a column, ``l`` or ``r`` (default: the first column
-    left, the others right)."""
-    align = align or "l" + "r" * (len(columns) - 1)
-    if len(align) != len(columns):
-        raise ValueError(f"align: {len(align)} letters for {len(columns)} columns")
-    lines = ["| " + " | ".join(columns) + " |", "|" + "".join("---:|" if a == "r" else "---|" for a in align)]
-    lines += ["| " + " | ".join(fmt(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from cinq.plan.memory import GIB
 from cinq.plan.planner import Plan, Throughput
+from cinq.markdown_table import markdown_table
 
 Section = tuple[str, list[str], list[list[str]]]
 
@@ -32,8 +33,7 @@ def _numeric(cell: str) -> bool:
 def format_table(header: list[str], rows: list[list[str]], markdown: bool) -> str:
     """A table as markdown (pipes) or as aligned text (columns of numbers right-aligned)."""
     if markdown:
-        lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-        return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+        return markdown_table(header, rows, "l" * len(header))
     widths = [max(len(c) for c in col) for col in zip(header, *rows)]
     right = [all(_numeric(c) or c in ("", "-") for c in col) for col in zip(*rows)] if rows else []
 

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from cinq.markdown_table import markdown_table
+
 
 def _fmt(v: Any, digits: int = 2) -> str:
     if v is None:
@@ -16,7 +18,7 @@ def _fmt(v: Any, digits: int = 2) -> str:
     return f"{v:,}" if isinstance(v, int) else str(v)
 
 
-def markdown_table(rows: dict[str, dict[str, Any]]) -> str:
+def distill_table(rows: dict[str, dict[str, Any]]) -> str:
     """One row per model: held-out perplexity per language, pooled perplexity, KL to the teacher, arithmetic
     accuracy (whole problems, and steps after a correct prefix; "—" where a run predates step scoring)."""
     langs: list[str] = []
@@ -24,21 +26,21 @@ def markdown_table(rows: dict[str, dict[str, Any]]) -> str:
         langs += [k for k in r["perplexity"] if k != "all" and k not in langs]
     head = ["model", "params", "tokens", "train s"] + [f"ppl {k}" for k in langs] + \
         ["ppl all", "KL→teacher", "arith acc", "step acc"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    table = []
     for name, r in rows.items():
         cells = [name, f"{r['parameters'] / 1e6:.2f}M", _fmt(r.get("tokens_seen")), _fmt(r.get("train_seconds"), 0)]
         cells += [_fmt(r["perplexity"].get(k)) for k in langs]
         cells += [_fmt(r["perplexity"].get("all")), _fmt(r.get("kl_to_teacher"), 3),
                   _fmt(r["arithmetic"]["accuracy"], 3), _fmt(r["arithmetic"].get("step_accuracy"), 3)]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        table.append(cells)
+    return markdown_table(head, table, "l" * len(head)) + "\n"
 
 
 def write_report(rows: dict[str, dict[str, Any]], out_prefix: str | Path, title: str, notes: str = "") -> list[Path]:
     """Write ``<prefix>.md``, ``<prefix>.json`` and (with matplotlib) ``<prefix>.png``; returns the paths."""
     prefix = Path(out_prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    md = f"# {title}\n\n{markdown_table(rows)}\n{notes}"
+    md = f"# {title}\n\n{distill_table(rows)}\n{notes}"
     paths = [prefix.with_suffix(".md"), prefix.with_suffix(".json")]
     paths[0].write_text(md)
     slim = {k: {kk: vv for kk, vv in v.items() if kk != "model_dir"} for k, v in rows.items()}

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from cinq.markdown_table import markdown_table
 from cinq.train.evaluate import evaluate_folder
 
 SHIPPED_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
@@ -91,13 +92,12 @@ def _perplexity_table(result: dict[str, Any]) -> list[str]:
     ppl = result["perplexity"]
     before = (result.get("previous") or {}).get("perplexity")
     if not before:
-        return ["| " + " | ".join(ppl) + " |", "|" + "---|" * len(ppl),
-                "| " + " | ".join(f"{v:.2f}" for v in ppl.values()) + " |", ""]
-    lines = ["| | " + " | ".join(ppl) + " |", "|---|" + "---|" * len(ppl),
-             "| this version | " + " | ".join(f"{v:.2f}" for v in ppl.values()) + " |",
-             "| replaced version | " + " | ".join(f"{before[k]:.2f}" if k in before else "—" for k in ppl) + " |",
-             "| change | " + " | ".join(f"{ppl[k] / before[k] - 1:+.1%}" if k in before else "—" for k in ppl)
-             + " |", ""]
+        return [markdown_table(list(ppl), [[f"{v:.2f}" for v in ppl.values()]], "l" * len(ppl)), ""]
+    lines = [markdown_table(["", *ppl], [
+        ["this version", *(f"{v:.2f}" for v in ppl.values())],
+        ["replaced version", *(f"{before[k]:.2f}" if k in before else "—" for k in ppl)],
+        ["change", *(f"{ppl[k] / before[k] - 1:+.1%}" if k in before else "—" for k in ppl)]], "l" * (len(ppl) + 1)),
+        ""]
     prev = result["previous"]
     for key, label in (("arithmetic", "arithmetic"), ("arithmetic_easy", "arithmetic-easy")):
         if key in prev and key in result:
@@ -106,16 +106,16 @@ def _perplexity_table(result: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
-def _stage_rows(training: dict[str, Any]) -> list[str]:
+def _stage_rows(training: dict[str, Any]) -> list[list[str]]:
     """For a model trained in stages (a pre-training run, then an anneal): one row per earlier stage."""
     stages = training.get("stages") or []
     rows = []
     for i, st in enumerate(stages[:-1], 1):
-        rows.append(f"| before this run: stage {i} | {st['tokens_seen']:,} tokens in {st['elapsed_s'] / 60:.1f} min, "
-                    f"lr {st['settings']['lr']} |")
+        rows.append([f"before this run: stage {i}", f"{st['tokens_seen']:,} tokens in {st['elapsed_s'] / 60:.1f} min, "
+                     f"lr {st['settings']['lr']}"])
     if rows:
         total = sum(st["tokens_seen"] for st in stages)
-        rows.append(f"| tokens seen, all stages | {total:,} |")
+        rows.append(["tokens seen, all stages", f"{total:,}"])
     return rows
 
 
@@ -126,27 +126,28 @@ def render_card(name: str, description: str, folder: Path, training: dict[str, A
     lines = [f"# {name}", "", description, "",
              "## Reproduce", "", "```sh", *training["commands"], "```", "",
              "## Model", "",
-             "| field | value |", "|---|---|",
-             f"| architecture | {cfg['architectures'][0]} (loads in cinq and in `transformers`) |",
-             f"| parameters | {result['parameters']:,} ({result['parameters'] / 1e6:.2f}M, tied embeddings) |"]
-    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "head_dim", "max_position_embeddings", "rope_theta", "torch_dtype"):
-        lines.append(f"| {key} | {cfg.get(key)} |")
+             markdown_table(["field", "value"], [
+                 ["architecture", f"{cfg['architectures'][0]} (loads in cinq and in `transformers`)"],
+                 ["parameters", f"{result['parameters']:,} ({result['parameters'] / 1e6:.2f}M, tied embeddings)"],
+                 *([key, str(cfg.get(key))] for key in (
+                     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "max_position_embeddings", "rope_theta", "torch_dtype"))],
+                 "ll")]
     val = training.get("final_val") or {}
     lines += ["", "## Training", "",
-              "| field | value |", "|---|---|",
-              f"| tokens seen | {training['tokens_seen']:,} ({training['steps']} steps x {s['batch_size']} x "
-              f"{s['seq_len']}) |",
-              f"| training time | {training['elapsed_s'] / 60:.1f} min on {training['cpu']} "
-              f"({training['torch_threads']} torch thread(s), shared machine; "
-              f"{training['tokens_per_s']:.0f} tokens/s) |",
-              *_stage_rows(training),
-              f"| optimiser | AdamW lr {s['lr']}, betas ({s['beta1']}, {s['beta2']}), weight decay "
-              f"{s['weight_decay']}, grad clip {s['grad_clip']} |",
-              f"| schedule | {_schedule(s)} |",
-              "| precision | bf16 autocast on CPU, float32 master weights, shipped as bf16 |",
-              f"| final train loss | {training['final_train_loss']:.3f} |",
-              f"| final validation loss | {val.get('val_loss', float('nan')):.3f} |", "",
+              markdown_table(["field", "value"], [
+                  ["tokens seen", f"{training['tokens_seen']:,} ({training['steps']} steps x {s['batch_size']} x "
+                                  f"{s['seq_len']})"],
+                  ["training time", f"{training['elapsed_s'] / 60:.1f} min on {training['cpu']} "
+                                    f"({training['torch_threads']} torch thread(s), shared machine; "
+                                    f"{training['tokens_per_s']:.0f} tokens/s)"],
+                  *_stage_rows(training),
+                  ["optimiser", f"AdamW lr {s['lr']}, betas ({s['beta1']}, {s['beta2']}), weight decay "
+                                f"{s['weight_decay']}, grad clip {s['grad_clip']}"],
+                  ["schedule", _schedule(s)],
+                  ["precision", "bf16 autocast on CPU, float32 master weights, shipped as bf16"],
+                  ["final train loss", f"{training['final_train_loss']:.3f}"],
+                  ["final validation loss", f"{val.get('val_loss', float('nan')):.3f}"]], "ll"), "",
               "![loss curve](loss_curve.png)", "",
               "## Held-out evaluation", "",
               "Perplexity on the corpus test split (documents never trained on), per language:", "",
@@ -171,12 +172,12 @@ def render_card(name: str, description: str, folder: Path, training: dict[str, A
               "```", "",
               "## Data", "",
               "Built by `cinq data build` (same inputs, same bytes); full manifest in `data_manifest.json`.", "",
-              "| language | train bytes | train tokens | test tokens |", "|---|---|---|---|"]
-    for lang, e in manifest["languages"].items():
-        lines.append(f"| {lang} | {e['bytes']['train']:,} | {e['tokens']['train']:,} | {e['tokens']['test']:,} |")
-    lines += ["", "| source | Debian package | version |", "|---|---|---|"]
-    for src, e in manifest["sources"].items():
-        lines.append(f"| {src} | {e.get('package') or 'synthetic'} | {e.get('package_version') or '—'} |")
+              markdown_table(["language", "train bytes", "train tokens", "test tokens"],
+                             [[lang, f"{e['bytes']['train']:,}", f"{e['tokens']['train']:,}", f"{e['tokens']['test']:,}"]
+                              for lang, e in manifest["languages"].items()], "llll"),
+              "", markdown_table(["source", "Debian package", "version"],
+                                 [[src, e.get("package") or "synthetic", e.get("package_version") or "—"]
+                                  for src, e in manifest["sources"].items()], "lll")]
     lines += ["", f"Corpus sha256 (train.jsonl): `{manifest['sha256']['train']}`; tokenizer sha256: "
               f"`{manifest.get('tokenizer', {}).get('sha256', '—')}`.", ""]
     return "\n".join(lines)

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from cinq.train.presets import model_config, new_model
+from cinq.markdown_table import markdown_table
 
 
 class _Bench:
@@ -71,12 +72,11 @@ def sizing_table(specs: list[str], vocab_size: int, batch_size: int, seq_len: in
         prefix.parent.mkdir(parents=True, exist_ok=True)
         lines = [f"# Training throughput by model shape (batch {batch_size} x {seq_len}, "
                  f"{torch.get_num_threads()} thread(s))", "",
-                 "| config | params | bf16 tok/s | fp32 tok/s | bf16 speed-up | "
-                 f"min for {budget_tokens / 1e6:.0f}M tok |",
-                 "|---|---|---|---|---|---|"]
-        for r in rows:
-            lines.append(f"| {r['config']} | {r['parameters'] / 1e6:.2f}M | {r['bf16_tokens_per_s']:.0f} | "
-                         f"{r['fp32_tokens_per_s']:.0f} | {r['bf16_speedup']:.2f}x | {r['minutes_for_budget']:.0f} |")
+                 markdown_table(["config", "params", "bf16 tok/s", "fp32 tok/s", "bf16 speed-up",
+                                 f"min for {budget_tokens / 1e6:.0f}M tok"],
+                                [[r["config"], f"{r['parameters'] / 1e6:.2f}M", f"{r['bf16_tokens_per_s']:.0f}",
+                                  f"{r['fp32_tokens_per_s']:.0f}", f"{r['bf16_speedup']:.2f}x",
+                                  f"{r['minutes_for_budget']:.0f}"] for r in rows], "llllll")]
         lines += ["", "Measured by `cinq train --measure`: full training steps (forward, backward, clipping, AdamW) on "
                       "random tokens, median over rounds in which shapes and precisions take turns (the machine is "
                       "shared with other jobs; taking turns spreads their load over every column).", ""]

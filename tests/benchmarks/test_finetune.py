@@ -9,7 +9,7 @@ import torch
 
 from cinq.errors import InvalidParameterError
 from cinq.model.loader import load_model
-from cinq.train.finetune import FinetuneJob, finetune_on_task, task_tokens
+from benchmarks.finetune import FinetuneJob, finetune_on_task, task_tokens
 from cinq.train.pretrain import causal_lm_loss
 from cinq.train.tokenizer_train import load_tokenizer, special_ids
 
