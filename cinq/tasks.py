@@ -179,13 +179,18 @@ def step_items(problems: Sequence[ArithmeticProblem]) -> list[StepItem]:
     return items
 
 
-def step_accuracy(items: Sequence[StepItem], completions: Sequence[str]) -> float:
-    """Fraction of items whose completion's first line is exactly the expected step (spaces trimmed)."""
+def _check_scored(items: Sequence[object], completions: Sequence[str], field: str, what: str) -> None:
+    """One completion per item, and at least one item: scoring an empty or misaligned list is a caller's bug."""
     if len(items) != len(completions):
         raise InvalidParameterError(
-            f"completions: got {len(completions)} for {len(items)} step items (must be equal)", "completions")
+            f"completions: got {len(completions)} for {len(items)} {what} (must be equal)", "completions")
     if not items:
-        raise InvalidParameterError("items must not be empty", "items")
+        raise InvalidParameterError(f"{field} must not be empty", field)
+
+
+def step_accuracy(items: Sequence[StepItem], completions: Sequence[str]) -> float:
+    """Fraction of items whose completion's first line is exactly the expected step (spaces trimmed)."""
+    _check_scored(items, completions, "items", "step items")
     hits = sum(c.split("\n", 1)[0].strip() == it.expected for it, c in zip(items, completions))
     return hits / len(items)
 
@@ -198,10 +203,6 @@ def extract_answer(text: str) -> int | None:
 
 def accuracy(problems: Sequence[ArithmeticProblem], completions: Sequence[str]) -> float:
     """Exact-match accuracy of the completions' extracted answers (a missing answer counts as wrong)."""
-    if len(problems) != len(completions):
-        raise InvalidParameterError(
-            f"completions: got {len(completions)} for {len(problems)} problems (must be equal)", "completions")
-    if not problems:
-        raise InvalidParameterError("problems must not be empty", "problems")
+    _check_scored(problems, completions, "problems", "problems")
     hits = sum(extract_answer(c) == p.answer for p, c in zip(problems, completions))
     return hits / len(problems)
