@@ -24,6 +24,7 @@ from cinq.bench.report import BenchResult, Table, machine_info, model_label
 from cinq.bench.served_quality import QualitySettings
 from cinq.config import EngineConfig
 from cinq.errors import InvalidParameterError
+from cinq.option_fields import bounded, check_bounds
 
 SCHEMES = ("static", "dynamic")
 REFERENCE = "bf16"
@@ -42,8 +43,8 @@ class SmoothQuantMixOptions:
     workload: MixedOptions = field(default_factory=lambda: MixedOptions(num_requests=32, output_len=(8, 32)))
     request_rate: float = 8.0
     quality: QualitySettings = field(default_factory=QualitySettings)
-    language_tokens: int = 512  # KL tokens per language of the held-out text
-    rounds: int = 3  # speed runs per (model, rate), the models' order rotated each round; the median one is kept
+    language_tokens: int = bounded(512, ge=2)  # KL tokens per language of the held-out text
+    rounds: int = bounded(3, ge=1)  # speed runs per (model, rate), the models' order rotated each round; the median one is kept
     # one more static copy calibrated on this language's records of the calibration text alone (None: none), to
     # show what a calibration distribution that misses the served languages does to each of them
     calibration_language: str | None = "en"
@@ -54,11 +55,7 @@ class SmoothQuantMixOptions:
         self.quality.validate()
         from cinq.bench.rate_run import check_fixed_rate
         check_fixed_rate(self.request_rate)
-        if self.rounds < 1:
-            raise InvalidParameterError(f"rounds must be >= 1, got {self.rounds}", "rounds")
-        if self.language_tokens < 2:
-            raise InvalidParameterError(f"language_tokens must be >= 2, got {self.language_tokens}",
-                                        "language_tokens")
+        check_bounds(self)
         from benchmarks.text_languages import LANGUAGES
         if self.calibration_language is not None and self.calibration_language not in LANGUAGES:
             raise InvalidParameterError(f"calibration_language must be one of {', '.join(LANGUAGES)} or None, got "

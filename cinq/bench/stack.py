@@ -24,7 +24,7 @@ from cinq.bench.progress import progress_bar
 from cinq.bench.report import BenchResult, machine_info, model_label
 from cinq.bench.served_quality import QualitySettings
 from cinq.config import EngineConfig
-from cinq.errors import InvalidParameterError
+from cinq.option_fields import bounded, check_bounds
 
 EAGLE = {"method": "eagle", "model": "cinq-tiny-eagle", "num_speculative_tokens": 3, "adaptive": True}
 
@@ -36,8 +36,8 @@ class StackOptions:
     workload: MixedOptions = field(default_factory=MixedOptions)
     request_rate: float = 2.0
     quality: QualitySettings = field(default_factory=QualitySettings)
-    price_per_hour: float = 1.0
-    hf_batch_size: int = 16
+    price_per_hour: float = bounded(1.0, ge=0)
+    hf_batch_size: int = bounded(16, ge=1)
     flash_backend: str | None = None  # None: triton on CUDA, flash-torch elsewhere
     quant: str = "gptq:4/128"  # cinq.quant.variants grammar, one entry
     speculative_config: dict[str, Any] | None = field(default_factory=lambda: dict(EAGLE))
@@ -50,10 +50,7 @@ class StackOptions:
         self.quality.validate()
         from cinq.bench.rate_run import check_fixed_rate
         check_fixed_rate(self.request_rate)
-        if self.price_per_hour < 0:
-            raise InvalidParameterError(f"price_per_hour must be >= 0, got {self.price_per_hour}", "price_per_hour")
-        if self.hf_batch_size < 1:
-            raise InvalidParameterError(f"hf_batch_size must be >= 1, got {self.hf_batch_size}", "hf_batch_size")
+        check_bounds(self)
 
 
 @dataclass(slots=True)

@@ -1,0 +1,34 @@
+"""Options validated through field metadata: a bounded field's limit is checked and named, None is an optional
+setting only where the default is None, and fields without limits are left alone."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from cinq.errors import InvalidParameterError
+from cinq.option_fields import bounded, check_bounds
+
+
+@dataclass(slots=True)
+class Options:
+    rounds: int = bounded(3, ge=1)
+    rate: float = bounded(1.0, gt=0, le=100)
+    cap: int | None = bounded(None, ge=0)
+    name: str = "x"
+
+
+def test_values_within_their_limits_pass() -> None:
+    check_bounds(Options())
+    check_bounds(Options(rounds=1, rate=100, cap=0))
+
+
+@pytest.mark.parametrize("kwargs,field,limit", [
+    ({"rounds": 0}, "rounds", ">= 1"), ({"rate": 0.0}, "rate", "> 0 and <= 100"), ({"rate": 101}, "rate", "<= 100"),
+    ({"rounds": True}, "rounds", ">= 1"), ({"rounds": None}, "rounds", ">= 1"), ({"cap": -1}, "cap", ">= 0"),
+])
+def test_a_value_out_of_its_limits_names_the_field_and_the_limit(kwargs: dict, field: str, limit: str) -> None:
+    with pytest.raises(InvalidParameterError, match=limit) as err:
+        check_bounds(Options(**kwargs))
+    assert err.value.param == field and str(err.value).startswith(field)
