@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from cinq.eval.findings import FLAT_PPL_PCT, HIDDEN, Z, classify, delta, findings
+from cinq.markdown_table import markdown_table
 
 log = logging.getLogger(__name__)
 DEQUANTIZED_NOTE = "bf16 kernel: dequantized at load"
@@ -82,25 +83,25 @@ class QualityReport:
 
     def to_markdown(self) -> str:
         base = self.rows[0] if self.rows else None
-        head = ("| model | method | bits | group | weight MiB | size vs base | linear MiB | perplexity | Δppl | "
-                f"KL vs base | top-1 = base | {self.task} acc ± SE | Δacc ± SE | step acc ± SE | Δstep ± SE | "
-                "batch-1 tok/s | gen tok/s | finding |")
-        lines = ([f"# {self.title}", ""] if self.title else []) + [head, "|" + "---|" * 18]
+        head = ["model", "method", "bits", "group", "weight MiB", "size vs base", "linear MiB", "perplexity", "Δppl",
+                "KL vs base", "top-1 = base", f"{self.task} acc ± SE", "Δacc ± SE", "step acc ± SE", "Δstep ± SE",
+                "batch-1 tok/s", "gen tok/s", "finding"]
+        rows = []
         for r in self.rows:
             d = delta(r, base) if base is not None and r is not base else None
             kind = classify(d, self.flat_ppl_pct, self.z) if d is not None else "baseline"
             size = f"{r.weight_bytes / base.weight_bytes:.2f}x" if base and base.weight_bytes else "-"
             group = "-" if r.group_size is None else ("channel" if r.group_size <= 0 else str(r.group_size))
-            lines.append(
-                f"| {r.label} | {r.method} | {r.bits or '-'} | {group} | {r.weight_bytes / 2**20:.2f} | {size} | "
-                f"{r.linear_bytes / 2**20:.2f} | {_fmt(r.perplexity, '.3f')} | "
-                f"{'-' if d is None or d.ppl_pct is None else f'{d.ppl_pct:+.1f}%'} | {_fmt(r.kl_vs_base, '.5f')} | "
-                f"{_pct(r.top1_vs_base)} | {_pm(r.accuracy, r.accuracy_se)} | "
-                f"{_dpm(None if d is None else d.acc_pt, None if d is None else d.acc_se_pt)} | "
-                f"{_pm(r.step_accuracy, r.step_accuracy_se)} | "
-                f"{_dpm(None if d is None else d.step_pt, None if d is None else d.step_se_pt)} | "
-                f"{r.speed_note()} | {_fmt(r.gen_tokens_per_s, '.1f')} | "
-                f"{'**⚑ ' + kind + '**' if kind == HIDDEN else kind} |")
+            rows.append([
+                r.label, r.method, str(r.bits or "-"), group, f"{r.weight_bytes / 2**20:.2f}", size,
+                f"{r.linear_bytes / 2**20:.2f}", _fmt(r.perplexity, ".3f"),
+                "-" if d is None or d.ppl_pct is None else f"{d.ppl_pct:+.1f}%", _fmt(r.kl_vs_base, ".5f"),
+                _pct(r.top1_vs_base), _pm(r.accuracy, r.accuracy_se),
+                _dpm(None if d is None else d.acc_pt, None if d is None else d.acc_se_pt),
+                _pm(r.step_accuracy, r.step_accuracy_se),
+                _dpm(None if d is None else d.step_pt, None if d is None else d.step_se_pt),
+                r.speed_note(), _fmt(r.gen_tokens_per_s, ".1f"), "**⚑ " + kind + "**" if kind == HIDDEN else kind])
+        lines = ([f"# {self.title}", ""] if self.title else []) + [markdown_table(head, rows, "l" * len(head))]
         out = "\n".join(lines) + "\n" + self._legend()
         found = findings(self.rows, self.flat_ppl_pct, self.z)
         if found:
