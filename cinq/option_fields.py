@@ -5,30 +5,35 @@ arguments). Checks that relate fields to each other stay in the class's ``valida
 
 from __future__ import annotations
 
+import operator
 from dataclasses import field, fields
 from typing import Any
 
 from cinq.errors import InvalidParameterError
 
+_LIMITS = {"ge": (">=", operator.ge), "gt": (">", operator.gt), "le": ("<=", operator.le), "lt": ("<", operator.lt)}
 
-def bounded(default: Any, *, ge: float | None = None, le: float | None = None, gt: float | None = None) -> Any:
-    """A dataclass field whose value must be a number within the given limits (``None`` allowed only as a
-    ``None`` default: an optional setting)."""
-    return field(default=default, metadata={"ge": ge, "le": le, "gt": gt})
+
+def bounded(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
+            lt: float | None = None) -> Any:
+    """A dataclass field whose value must be a number within the given limits: an integer when the default is
+    one, and ``None`` only where the default is ``None`` (an optional setting)."""
+    return field(default=default, metadata={"limits": {"ge": ge, "gt": gt, "le": le, "lt": lt}})
 
 
 def check_bounds(options: object) -> None:
     """Check every ``bounded`` field of a dataclass instance against its limits."""
     for f in fields(options):  # type: ignore[arg-type]
-        if not {"ge", "le", "gt"} & set(f.metadata):
+        limits = f.metadata.get("limits")
+        if limits is None:
             continue
         value = getattr(options, f.name)
         if value is None and f.default is None:
             continue
-        ge, le, gt = f.metadata["ge"], f.metadata["le"], f.metadata["gt"]
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and \
-            (ge is None or value >= ge) and (le is None or value <= le) and (gt is None or value > gt)
+        integer = isinstance(f.default, int) and not isinstance(f.default, bool)
+        ok = isinstance(value, int if integer else (int, float)) and not isinstance(value, bool) and all(
+            _LIMITS[name][1](value, bound) for name, bound in limits.items() if bound is not None)
         if not ok:
-            limits = [s for s in (f">= {ge}" if ge is not None else "", f"> {gt}" if gt is not None else "",
-                                  f"<= {le}" if le is not None else "") if s]
-            raise InvalidParameterError(f"{f.name} must be a number {' and '.join(limits)}, got {value!r}", f.name)
+            said = " and ".join(f"{_LIMITS[name][0]} {bound}" for name, bound in limits.items() if bound is not None)
+            raise InvalidParameterError(
+                f"{f.name} must be {'an integer' if integer else 'a number'} {said}, got {value!r}", f.name)

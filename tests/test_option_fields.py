@@ -25,7 +25,8 @@ def test_values_within_their_limits_pass() -> None:
 
 
 @pytest.mark.parametrize("kwargs,field,limit", [
-    ({"rounds": 0}, "rounds", ">= 1"), ({"rate": 0.0}, "rate", "> 0 and <= 100"), ({"rate": 101}, "rate", "<= 100"),
+    ({"rounds": 0}, "rounds", "an integer >= 1"), ({"rate": 0.0}, "rate", "a number > 0 and <= 100"),
+    ({"rate": 101}, "rate", "<= 100"), ({"rounds": 2.5}, "rounds", "an integer"),
     ({"rounds": True}, "rounds", ">= 1"), ({"rounds": None}, "rounds", ">= 1"), ({"cap": -1}, "cap", ">= 0"),
 ])
 def test_a_value_out_of_its_limits_names_the_field_and_the_limit(kwargs: dict, field: str, limit: str) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from cinq.bench.workload import BenchRequest
 from cinq.errors import InvalidParameterError
+from cinq.option_fields import bounded, check_bounds
 
 KINDS = ("chat", "code", "arithmetic")
 _CODE = re.compile(r"^\s*(def |class |import |from \w+ import|return\b|raise\b|@\w)|^\s*\w+ = |__\w+__", re.M)
@@ -29,28 +30,21 @@ CODE_PREFIX = ("# You are a careful Python reviewer. Continue the following stan
 class MixedOptions:
     """How many requests, their mix (shares of chat / code / arithmetic) and their output lengths."""
 
-    num_requests: int = 48
+    num_requests: int = bounded(48, ge=1)
     shares: tuple[float, float, float] = (0.5, 0.25, 0.25)
     output_len: tuple[int, int] = (16, 48)  # uniform, inclusive
-    max_record_tokens: int = 96  # a chat / code record is cut to this many tokens
-    max_prompt_tokens: int | None = None  # a prompt is cut to this many (a model's context: the prefix is kept)
+    max_record_tokens: int = bounded(96, ge=1)  # a chat / code record is cut to this many tokens
+    max_prompt_tokens: int | None = bounded(None, ge=1)  # a prompt is cut to this many (a model's context: the prefix is kept)
     seed: int = 0
 
     def validate(self) -> None:
-        if self.num_requests < 1:
-            raise InvalidParameterError(f"num_requests must be >= 1, got {self.num_requests}", "num_requests")
+        check_bounds(self)
         if len(self.shares) != len(KINDS) or min(self.shares) < 0 or sum(self.shares) <= 0:
             raise InvalidParameterError(f"shares must be {len(KINDS)} non-negative numbers with a positive sum, "
                                         f"got {list(self.shares)}", "shares")
         lo, hi = self.output_len
         if not 1 <= lo <= hi:
             raise InvalidParameterError(f"output_len must satisfy 1 <= low <= high, got [{lo}, {hi}]", "output_len")
-        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
-            raise InvalidParameterError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}",
-                                        "max_prompt_tokens")
-        if self.max_record_tokens < 1:
-            raise InvalidParameterError(f"max_record_tokens must be >= 1, got {self.max_record_tokens}",
-                                        "max_record_tokens")
 
     def to_dict(self) -> dict[str, Any]:
         return {"num_requests": self.num_requests, "shares": list(self.shares), "output_len": list(self.output_len),

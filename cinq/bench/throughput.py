@@ -21,30 +21,28 @@ from cinq.bench.report import BenchResult, Table, machine_info, model_label
 from cinq.bench.workload import BenchRequest, random_requests
 from cinq.config import EngineConfig
 from cinq.errors import InvalidParameterError
+from cinq.option_fields import bounded, check_bounds
 
 
 @dataclass(slots=True)
 class ThroughputOptions:
     """The workload and the baseline's settings."""
 
-    num_requests: int = 128
+    num_requests: int = bounded(128, ge=1)
     input_lens: tuple[int, int] = (32, 512)
     output_lens: tuple[int, int] = (32, 256)
     seed: int = 0
     baseline: bool = True
     hf_batch_sizes: tuple[int, ...] = (8, 16, 32, 64)
     hf_probe_requests: int = 32  # requests each probe runs before transformers' full run at the best size
-    decode_tokens: int = 256  # batch-1 decode length for the roofline comparison
+    decode_tokens: int = bounded(256, ge=2)  # batch-1 decode length for the roofline comparison
     low_token: int = 0  # random prompts draw ids from [low_token, vocab) (e.g. past a byte tokenizer's specials)
 
     def validate(self) -> None:
-        if self.num_requests < 1:
-            raise InvalidParameterError(f"num_requests must be >= 1, got {self.num_requests}", "num_requests")
+        check_bounds(self)
         if not self.hf_batch_sizes or min(self.hf_batch_sizes) < 1:
             raise InvalidParameterError(f"hf_batch_sizes must be positive, got {list(self.hf_batch_sizes)}",
                                         "hf_batch_sizes")
-        if self.decode_tokens < 2:
-            raise InvalidParameterError(f"decode_tokens must be >= 2, got {self.decode_tokens}", "decode_tokens")
 
 
 def run_throughput(config: EngineConfig, options: ThroughputOptions, progress: bool = True) -> BenchResult:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cinq.errors import InvalidParameterError
+from cinq.option_fields import bounded, check_bounds
 
 
 @dataclass(slots=True)
@@ -18,22 +18,14 @@ class QuantRecipe:
     """Offline quantization settings; validated on construction (errors name the field and its limit)."""
 
     true_sequential: bool = True  # GPTQ: quantize q/k/v, o, gate/up, down in turn inside a block
-    damp_percent: float = 0.01  # GPTQ Hessian dampening, fraction of mean(diag(H))
-    lazy_batch_size: int = 128  # GPTQ lazy-batch width: columns updated together before the rest of W
-    awq_grid: int = 20  # AWQ: alpha in {0, 1/n, ..., (n-1)/n}
+    damp_percent: float = bounded(0.01, gt=0.0, lt=1.0)  # GPTQ Hessian dampening, fraction of mean(diag(H))
+    lazy_batch_size: int = bounded(128, ge=1)  # GPTQ lazy-batch width: columns updated together before the rest of W
+    awq_grid: int = bounded(20, ge=1, le=1000)  # AWQ: alpha in {0, 1/n, ..., (n-1)/n}
     awq_clip: bool = True  # AWQ: search a clipping ratio per group after scaling
-    smooth_alpha: float = 0.5  # SmoothQuant migration strength
+    smooth_alpha: float = bounded(0.5, ge=0.0, le=1.0)  # SmoothQuant migration strength
 
     def __post_init__(self) -> None:
-        if not (0.0 < self.damp_percent < 1.0):
-            raise InvalidParameterError(f"damp_percent must be in (0, 1), got {self.damp_percent}", "damp_percent")
-        if not isinstance(self.lazy_batch_size, int) or self.lazy_batch_size < 1:
-            raise InvalidParameterError(f"lazy_batch_size must be a positive integer, got {self.lazy_batch_size}",
-                                        "lazy_batch_size")
-        if not isinstance(self.awq_grid, int) or not (1 <= self.awq_grid <= 1000):
-            raise InvalidParameterError(f"awq_grid must be an integer in [1, 1000], got {self.awq_grid}", "awq_grid")
-        if not (0.0 <= self.smooth_alpha <= 1.0):
-            raise InvalidParameterError(f"smooth_alpha must be in [0, 1], got {self.smooth_alpha}", "smooth_alpha")
+        check_bounds(self)
 
     def recorded(self, fmt: str) -> dict[str, Any]:
         """The settings files of format ``fmt`` record in their ``quantization_config`` (GPTQ: as AutoGPTQ)."""
