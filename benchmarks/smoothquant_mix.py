@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from cinq.bench.mixed_workload import MixedOptions, mixed_workload
+from cinq.bench.mixed_workload import MixedOptions, mixed_workload, run_head
 from cinq.bench.progress import progress_bar
 from cinq.bench.report import BenchResult, Table, machine_info, model_label
 from cinq.bench.served_quality import QualitySettings
@@ -131,12 +131,7 @@ def run_smoothquant_mix(config: EngineConfig, options: SmoothQuantMixOptions,
                      "same_as_bf16": same, "batch_mates": _mates(label, batch_mates)})
         bar.update(1)
     bar.close()
-    data = {"config": {"model": model_label(config.model), "dtype": config.dtype, "device": config.device},
-            "options": {**dataclasses.asdict(options), "workload": options.workload.to_dict(),
-                        "variants_dir": "<variants>" if options.variants_dir else "<cinq cache>/variants"},
-            "workload": {"counts": work.counts(), "prompt_tokens": sum(len(r.prompt) for r in work.requests),
-                         "output_tokens": sum(r.output_len for r in work.requests)},
-            "language_tokens": {lang: len(t) for lang, t in per_lang.items()},
+    data = {**run_head(config, options, work), "language_tokens": {lang: len(t) for lang, t in per_lang.items()},
             "machine": machine_info(), "rows": rows}
     return smoothquant_mix_result(data)
 

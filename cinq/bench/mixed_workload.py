@@ -9,11 +9,13 @@ Everything is seeded: the same options give the same token ids for every configu
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from cinq.bench.report import model_label
 from cinq.bench.workload import BenchRequest
 from cinq.errors import InvalidParameterError
 from cinq.option_fields import bounded, check_bounds
@@ -61,6 +63,11 @@ class MixedWorkload:
     def counts(self) -> dict[str, int]:
         return {k: self.kinds.count(k) for k in KINDS}
 
+    def summary(self) -> dict[str, Any]:
+        """What the workload holds, for a result's JSON: requests by kind, prompt and output tokens."""
+        return {"counts": self.counts(), "prompt_tokens": sum(len(r.prompt) for r in self.requests),
+                "output_tokens": sum(r.output_len for r in self.requests)}
+
     def prefix_tokens_shared(self) -> int:
         """Prompt tokens that an earlier request of the same kind already had at the same positions (what an
         ideal prefix cache could skip)."""
@@ -76,6 +83,15 @@ class MixedWorkload:
             else:
                 seen[kind] = req.prompt
         return shared
+
+
+def run_head(config: Any, options: Any, work: MixedWorkload) -> dict[str, Any]:
+    """The head of the JSON every benchmark over a mixed workload writes: the engine config, the options (the
+    workload through its ``to_dict``, the variants folder without this machine's path) and the workload."""
+    return {"config": {"model": model_label(config.model), "dtype": config.dtype, "device": config.device},
+            "options": {**dataclasses.asdict(options), "workload": options.workload.to_dict(),
+                        "variants_dir": "<variants>" if options.variants_dir else "<cinq cache>/variants"},
+            "workload": work.summary()}
 
 
 def classify(record: str) -> str:

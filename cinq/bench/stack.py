@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cinq.bench.mixed_workload import MixedOptions, mixed_workload
+from cinq.bench.mixed_workload import MixedOptions, mixed_workload, run_head
 from cinq.bench.progress import progress_bar
 from cinq.bench.report import BenchResult, machine_info, model_label
 from cinq.bench.served_quality import QualitySettings
@@ -126,13 +126,8 @@ def run_stack(config: EngineConfig, options: StackOptions, progress: bool = True
         measured.append(m)
         bar.update(1)
     bar.close()
-    data = {"config": {"model": model_label(config.model), "dtype": config.dtype, "device": config.device},
-            "options": {**dataclasses.asdict(options), "workload": options.workload.to_dict(),
-                        "variants_dir": "<variants>" if options.variants_dir else "<cinq cache>/variants"},
-            "workload": {"counts": work.counts(), "prompt_tokens": sum(len(r.prompt) for r in work.requests),
-                         "output_tokens": sum(r.output_len for r in work.requests),
-                         "shared_prefix_tokens": work.prefix_tokens_shared()},
-            "machine": machine_info(), "rows": measured}
+    data = {**run_head(config, options, work), "machine": machine_info(), "rows": measured}
+    data["workload"]["shared_prefix_tokens"] = work.prefix_tokens_shared()
     _ratios(data["rows"], options.price_per_hour)
     from cinq.bench.stack_report import stack_result
     return stack_result(data)
