@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cinq.kernels.backends import get_backend  # noqa: E402
 from cinq.kernels.metadata import AttentionMetadata  # noqa: E402
 from cinq.kernels.paged import causal_mask, gather_context, write_kv_index_copy  # noqa: E402
+from cinq.markdown_table import markdown_table  # noqa: E402
 from cinq.kernels.sdpa import sdpa_paged_attention  # noqa: E402
 from cinq.process_env import set_omp_wait_policy  # noqa: E402
 
@@ -281,15 +282,13 @@ def render_markdown(r: dict) -> str:
     if cpu:
         lines += [f"## CPU: one causal prompt of N tokens ({cpu['heads']} heads, {cpu['kv_heads']} kv head, "
                   f"D={cpu['head_dim']}, {cpu['dtype']}, {cpu['threads']} threads)", "",
-                  "Peak extra memory = growth of the process's peak resident set during one call.", "",
-                  "| N | backend | time (s) | peak extra memory (MiB) | memory growth vs previous N "
-                  "| time vs reference |",
-                  "|---:|---|---:|---:|---:|---:|"]
+                  "Peak extra memory = growth of the process's peak resident set during one call.", ""]
+        rows = []
         done = {(x["backend"], x["n"]): x for x in cpu["rows"] if "skipped" not in x}
         ns = sorted({x["n"] for x in cpu["rows"]})
         for x in cpu["rows"]:
             if "skipped" in x:
-                lines.append(f"| {x['n']} | {x['backend']} | skipped: {x['skipped']} | | | |")
+                rows.append([x["n"], x["backend"], f"skipped: {x['skipped']}", "", "", ""])
                 continue
             prev = done.get((x["backend"], ns[ns.index(x["n"]) - 1])) if ns.index(x["n"]) else None
             grew = prev and prev["peak_extra_mib"] > 0
@@ -297,16 +296,15 @@ def render_markdown(r: dict) -> str:
                       if grew else "")
             ref = done.get(("reference", x["n"]))
             vs = f"{ref['time_s'] / x['time_s']:.2f}x faster" if ref and x["backend"] != "reference" else ""
-            lines.append(f"| {x['n']} | {x['backend']} | {x['time_s']:.3f} | {x['peak_extra_mib']:.1f} | {growth} "
-                         f"| {vs} |")
-        lines.append("")
+            rows.append([x["n"], x["backend"], f"{x['time_s']:.3f}", f"{x['peak_extra_mib']:.1f}", growth, vs])
+        lines += [markdown_table(["N", "backend", "time (s)", "peak extra memory (MiB)", "memory growth vs previous N",
+                                  "time vs reference"], rows, "rlrrrr"), ""]
     serving = r.get("serving")
     if serving:
         lines += [f"## CPU serving hot path: `sdpa` backend, previous vs current ({serving['threads']} threads)", "",
-                  "| step | before (ms) | after (ms) | speedup | max abs diff |", "|---|---:|---:|---:|---:|"]
-        lines += [f"| {x['case']} | {x['before_ms']:.2f} | {x['after_ms']:.2f} | {x['speedup']:.2f}x | "
-                  f"{x['max_abs_diff']:.1e} |" for x in serving["rows"]]
-        lines.append("")
+                  markdown_table(["step", "before (ms)", "after (ms)", "speedup", "max abs diff"],
+                                 [[x["case"], f"{x['before_ms']:.2f}", f"{x['after_ms']:.2f}", f"{x['speedup']:.2f}x",
+                                   f"{x['max_abs_diff']:.1e}"] for x in serving["rows"]]), ""]
     gpu = r.get("gpu")
     lines.append("## GPU")
     if not gpu:
@@ -316,18 +314,16 @@ def render_markdown(r: dict) -> str:
     lines += ["", f"{gpu['device']}: bf16 peak {gpu['bf16_peak_tflops']:.0f} TFLOP/s ({gpu['peak_source']}), "
               f"measured bf16 matmul {gpu['measured_matmul_tflops']:.0f} TFLOP/s, copy bandwidth "
               f"{gpu['copy_gbs']:.0f} GB/s. Heads {gpu['heads']}/{gpu['kv_heads']}, D={gpu['head_dim']}, bf16.", "",
-              "| N | seqs | Triton TFLOP/s | % of peak | torch flash TFLOP/s | reference TFLOP/s |",
-              "|---:|---:|---:|---:|---:|---:|"]
-    for x in gpu["prefill"]:
-        ref = f"{x['reference_tflops']:.2f}" if "reference_tflops" in x else "skipped (memory)"
-        lines.append(f"| {x['n']} | {x['batch']} | {x['triton_tflops']:.1f} | {x['triton_pct_peak']:.0f}% | "
-                     f"{x['torch_flash_tflops']:.1f} | {ref} |")
-    lines += ["", "| decode batch | context | Triton GB/s | % of copy bandwidth | Triton ms | sdpa backend ms "
-              "| speedup |",
-              "|---:|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {x['batch']} | {x['ctx']} | {x['triton_gbs']:.0f} | {x['triton_pct_copy_bw']:.0f}% | "
-              f"{x['triton_ms']:.3f} | {x['sdpa_backend_ms']:.3f} | {x['speedup_vs_sdpa']:.1f}x |"
-              for x in gpu["decode"]]
+              markdown_table(["N", "seqs", "Triton TFLOP/s", "% of peak", "torch flash TFLOP/s", "reference TFLOP/s"],
+                             [[x["n"], x["batch"], f"{x['triton_tflops']:.1f}", f"{x['triton_pct_peak']:.0f}%",
+                               f"{x['torch_flash_tflops']:.1f}",
+                               f"{x['reference_tflops']:.2f}" if "reference_tflops" in x else "skipped (memory)"]
+                              for x in gpu["prefill"]], "rrrrrr"),
+              "", markdown_table(["decode batch", "context", "Triton GB/s", "% of copy bandwidth", "Triton ms",
+                                  "sdpa backend ms", "speedup"],
+                                 [[x["batch"], x["ctx"], f"{x['triton_gbs']:.0f}", f"{x['triton_pct_copy_bw']:.0f}%",
+                                   f"{x['triton_ms']:.3f}", f"{x['sdpa_backend_ms']:.3f}", f"{x['speedup_vs_sdpa']:.1f}x"]
+                                  for x in gpu["decode"]], "rrrrrrr")]
     return "\n".join(lines + [""])
 
 
