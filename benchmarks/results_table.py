@@ -35,7 +35,7 @@ BEGIN, END = "<!-- headline table: benchmarks/results_table.py -->", "<!-- end o
 SCRIPTS = {
     "attention": "benchmarks/attention.py", "compile": "benchmarks/compile.py",
     "decode_kernels": "benchmarks/decode_kernels.py", "decode_kernels_float_codes": "benchmarks/decode_kernels.py",
-    "distill": "cinq distill (benchmarks/results/distill.md)", "draft_divergence": "benchmarks/draft_divergence.py",
+    "distill": "cinq distill --report", "draft_divergence": "benchmarks/draft_divergence.py",
     "gemma3": "benchmarks/gemma3.py", "gpu": "benchmarks/gpu.py",
     "head_language_balance": "benchmarks/head_language_balance.py",
     "interactions_batch_mates": "benchmarks/interactions.py --only batch-mates",
@@ -55,7 +55,7 @@ SCRIPTS = {
     "serving_split": "cinq bench serve", "speculative": "benchmarks/speculative.py", "stack": "cinq bench stack",
     "step_breakdown": "benchmarks/step_breakdown.py", "structured_backends": "benchmarks/structured_backends.py",
     "structured_outputs": "benchmarks/structured_outputs.py", "throughput": "benchmarks/throughput.py",
-    "throughput_gemma3": "benchmarks/throughput.py", "train_sizing": "cinq train --sizing",
+    "throughput_gemma3": "benchmarks/throughput.py", "train_sizing": "cinq train --measure",
     "tune": "cinq tune", "vattention": "benchmarks/vattention.py", "wide_linear": "benchmarks/wide_linear.py",
 }
 # results whose JSON was typed in from a run's log, not written by the script that measured them
