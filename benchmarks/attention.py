@@ -322,7 +322,8 @@ def render_markdown(r: dict) -> str:
               "", markdown_table(["decode batch", "context", "Triton GB/s", "% of copy bandwidth", "Triton ms",
                                   "sdpa backend ms", "speedup"],
                                  [[x["batch"], x["ctx"], f"{x['triton_gbs']:.0f}", f"{x['triton_pct_copy_bw']:.0f}%",
-                                   f"{x['triton_ms']:.3f}", f"{x['sdpa_backend_ms']:.3f}", f"{x['speedup_vs_sdpa']:.1f}x"]
+                                   f"{x['triton_ms']:.3f}", f"{x['sdpa_backend_ms']:.3f}",
+                                   f"{x['speedup_vs_sdpa']:.1f}x"]
                                   for x in gpu["decode"]], "rrrrrrr")]
     return "\n".join(lines + [""])
 

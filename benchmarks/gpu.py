@@ -351,8 +351,9 @@ def render(r: dict[str, Any]) -> str:
                                    f"{x['torch_flash_tflops']:.0f}"] for x in a["prefill"]], "rrrr"),
                   "", markdown_table(["decode batch x context", "Triton GB/s", "% of copy bandwidth",
                                       "vs the sdpa backend"],
-                                     [[f"{x['batch']} x {x['ctx']}", str(x["triton_gbs"]), f"{x['triton_pct_copy_bw']}%",
-                                       f"{x['speedup_vs_sdpa_backend']}x"] for x in a["decode"]]), ""]
+                                     [[f"{x['batch']} x {x['ctx']}", str(x["triton_gbs"]),
+                                       f"{x['triton_pct_copy_bw']}%", f"{x['speedup_vs_sdpa_backend']}x"]
+                                      for x in a["decode"]]), ""]
     c = r.get("check")
     if c and "error" not in c:
         lines += ["## Greedy tokens of cinq-tiny: CUDA against the CPU engine (float32, sdpa)", "",

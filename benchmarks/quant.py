@@ -285,8 +285,9 @@ def reading(serving: list[dict]) -> str:
         lost = [f"{r['variant']} {r[key]:.2f}x" for r in rows if r[key] <= 1.0]
         return f"faster than bf16: {', '.join(won) or 'none'}; not faster: {', '.join(lost) or 'none'}"
     base = next(r for r in serving if r["variant"] == "bf16")
-    return (f"Reading it (computed from this run; the bf16 baseline's linears: {', '.join(base['batch1']['kernels'])}): "
-            f"at batch 1, {verdict('ratio_batch1')}. At batch 32, {verdict('ratio_batch32')}.")
+    kernels = ", ".join(base["batch1"]["kernels"])
+    return (f"Reading it (computed from this run; the bf16 baseline's linears: {kernels}): at batch 1, "
+            f"{verdict('ratio_batch1')}. At batch 32, {verdict('ratio_batch32')}.")
 
 
 def render(res: dict) -> str:

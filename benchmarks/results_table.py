@@ -8,7 +8,8 @@ rows, the real model first), both from the JSON files in benchmarks/results/.
 A new result is picked up by itself: every ``results/*.json`` gets a row, its figure the JSON's ``headline`` (what
 ``cinq.bench.report.write_report`` writes) or the bold headline line of its ``.md``, or one computed from the
 JSON by a function in ``FIGURES``. Give it its script in ``SCRIPTS`` (a row without one says so); a headline row
-is a ``Headline`` in ``HEADLINES`` (at most 12). A figure typed in from a log, not written by a script, is labelled so (``FROM_A_LOG``)."""
+is a ``Headline`` in ``HEADLINES`` (at most 12). A figure typed in from a log, not written by a script, is
+labelled so (``FROM_A_LOG``)."""
 
 from __future__ import annotations
 
@@ -86,7 +87,7 @@ def label(stem: str, data: dict[str, Any]) -> str:
         conditions = " ".join(map(str, conditions.values()))
     if isinstance(conditions, str):
         return "draft" if "DRAFT" in conditions else "quiet"
-    for key in ("load_start", "load_average_at_start"):
+    for key in ("load_at_start", "load_start", "load_average_at_start"):
         for where in (data, *[v for v in data.values() if isinstance(v, dict)]):
             if isinstance(where.get(key), (int, float)):
                 return "quiet" if where[key] <= QUIET_LOAD else "draft"
@@ -284,7 +285,8 @@ def headline_table() -> str:
     rows = []
     for h in HEADLINES:
         data = load(h.stem)
-        rows.append([h.what, cell(figure_of(h.stem, data)), h.baseline, f"[{h.stem}.md](benchmarks/results/{h.stem}.md)",
+        rows.append([h.what, cell(figure_of(h.stem, data)), h.baseline,
+                     f"[{h.stem}.md](benchmarks/results/{h.stem}.md)",
                      label(h.stem, data)])
     return markdown_table(["what", "measured", "baseline", "result", "run"], rows, "lllll")
 
@@ -298,12 +300,14 @@ def full_table() -> str:
         run = label(stem, data) + (f": {FROM_A_LOG[stem]}" if stem in FROM_A_LOG else "")
         rows.append([f"[{stem}]({stem}.md)", cell(title_of(stem, data)), cell(figure_of(stem, data)),
                      f"`{script}`", run])
-    only_md = sorted(p.stem for p in RESULTS.glob("*.md") if p.stem != "README" and not (RESULTS / f"{p.stem}.json").exists())
+    only_md = sorted(p.stem for p in RESULTS.glob("*.md")
+                     if p.stem != "README" and not (RESULTS / f"{p.stem}.json").exists())
     lines = ["# Where we stand: every result", "",
              "Written by `python benchmarks/results_table.py` from the JSON files here; do not edit by hand. Each "
              "figure is computed from the JSON (`FIGURES` in the script) or is the one-line headline its script "
-             "wrote (the JSON's `headline`, or the bold line of its `.md`); `run` is how the run recorded its machine: quiet (nothing else running when it began), "
-             "draft (shared machine: rerun alone before quoting timings), not recorded, or from a log.", "",
+             "wrote (the JSON's `headline`, or the bold line of its `.md`); `run` is how the run recorded its "
+             "machine: quiet (nothing else running when it began), draft (shared machine: rerun alone before "
+             "quoting timings), not recorded, or from a log.", "",
              markdown_table(["result", "what", "figure", "script", "run"], rows, "lllll"), ""]
     if only_md:
         lines += ["Written by hand, no JSON (their figures are not in the tables above): "

@@ -80,9 +80,9 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 # before it, never from one after it (docs/architecture.md, "Imports run one way"). A new package takes its place
 # here; ``cinq`` is the package's own __init__ (LLM, SamplingParams: the offline API the tools above it use).
 PACKAGE_ORDER = [
-    "errors", "markdown_table", "option_fields", "process_env", "cache", "compilation_config", "structured", "sampling_params", "outputs", "kernels",
-    "distributed", "layers", "model", "assets", "export", "plan", "spec", "config", "engine", "cinq", "tasks",
-    "quant", "eval", "train", "server", "dp", "bench", "tune", "commands", "cli",
+    "errors", "markdown_table", "option_fields", "process_env", "cache", "compilation_config", "structured",
+    "sampling_params", "outputs", "kernels", "distributed", "layers", "model", "assets", "export", "plan", "spec",
+    "config", "engine", "cinq", "tasks", "quant", "eval", "train", "server", "dp", "bench", "tune", "commands", "cli",
 ]
 
 # Back-edges that stand today, each (importer module, imported module) with whose change removes it. The list may

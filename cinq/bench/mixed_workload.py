@@ -36,7 +36,8 @@ class MixedOptions:
     shares: tuple[float, float, float] = (0.5, 0.25, 0.25)
     output_len: tuple[int, int] = (16, 48)  # uniform, inclusive
     max_record_tokens: int = bounded(96, ge=1)  # a chat / code record is cut to this many tokens
-    max_prompt_tokens: int | None = bounded(None, ge=1)  # a prompt is cut to this many (a model's context: the prefix is kept)
+    # a prompt is cut to this many (a model's context: the prefix is kept)
+    max_prompt_tokens: int | None = bounded(None, ge=1)
     seed: int = 0
 
     def validate(self) -> None:

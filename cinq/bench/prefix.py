@@ -9,6 +9,7 @@ The goal of the issue: with caching on, TTFT >= 5x lower and throughput >= 2x on
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +46,7 @@ class PrefixOptions:
 
 def run_prefix(config: EngineConfig, options: PrefixOptions, progress: bool = True) -> BenchResult:
     """Caching off (baseline) and on, both workloads; then the eviction sweep with caching on."""
+    load_at_start = os.getloadavg()[0]
     from cinq.engine.engine import LLMEngine
     options.validate()
     off_cfg = dataclasses.replace(config, enable_prefix_caching=False)
@@ -90,7 +92,8 @@ def run_prefix(config: EngineConfig, options: PrefixOptions, progress: bool = Tr
             "options": {**dataclasses.asdict(options.workload), "text": options.text,
                         "kv_fractions": list(options.kv_fractions), "seed": options.seed},
             "footprint_blocks": {n: footprint_blocks(work.rounds(n), bs) for n in WORKLOADS},
-            "machine": machine_info(), "caching_off": modes["off"], "caching_on": modes["on"], "ratios": ratios,
+            "machine": machine_info(load_at_start), "caching_off": modes["off"], "caching_on": modes["on"],
+            "ratios": ratios,
             "goal": {"ttft_p50_x": GOAL_TTFT, "throughput_x": GOAL_THROUGHPUT, "met": goal_met},
             "eviction_sweep": sweep}
     return _result(data)

@@ -46,12 +46,16 @@ class BenchResult:
     plot: Callable[[Any], None] | None = None
 
 
-def machine_info() -> dict[str, Any]:
-    """Where the run happened (for the JSON and the setup line): CPU, torch threads, torch version, load."""
+def machine_info(load_at_start: float | None = None) -> dict[str, Any]:
+    """Where the run happened (for the JSON and the setup line): CPU, torch threads, torch version, load; given
+    the 1-minute load when the run began, also that and ``run_conditions``' verdict (the results table reads it)."""
     import torch
-    return {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+    info = {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
             "threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version(),
             "loadavg_at_end": [round(x, 2) for x in os.getloadavg()]}
+    if load_at_start is not None:
+        info["load_at_start"] = round(load_at_start, 2)
+    return info
 
 
 QUIET_LOAD = 1.0  # 1-minute load average at a run's start below which nothing else shared the cores

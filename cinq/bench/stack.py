@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,6 +103,7 @@ def stack_rows(base: EngineConfig, options: StackOptions, progress: bool = False
 
 def run_stack(config: EngineConfig, options: StackOptions, progress: bool = True) -> BenchResult:
     """Measure every row of ``stack_rows`` (see the module docstring)."""
+    load_at_start = os.getloadavg()[0]
     from cinq.bench.served_quality import held_out_ids, reference_scores
     from cinq.config import resolve_model
     from cinq.model.tokenizer import Tokenizer
@@ -126,7 +128,7 @@ def run_stack(config: EngineConfig, options: StackOptions, progress: bool = True
         measured.append(m)
         bar.update(1)
     bar.close()
-    data = {**run_head(config, options, work), "machine": machine_info(), "rows": measured}
+    data = {**run_head(config, options, work), "machine": machine_info(load_at_start), "rows": measured}
     data["workload"]["shared_prefix_tokens"] = work.prefix_tokens_shared()
     _ratios(data["rows"], options.price_per_hour)
     from cinq.bench.stack_report import stack_result

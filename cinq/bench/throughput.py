@@ -9,6 +9,7 @@ reserved, averaged over engine steps) against a naive reservation of max_model_l
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ class ThroughputOptions:
 
 def run_throughput(config: EngineConfig, options: ThroughputOptions, progress: bool = True) -> BenchResult:
     """Measure cinq and (unless ``options.baseline`` is off) transformers on the same requests."""
+    load_at_start = os.getloadavg()[0]
     from cinq.engine.engine import LLMEngine
     options.validate()
     engine = LLMEngine(config)
@@ -75,7 +77,7 @@ def run_throughput(config: EngineConfig, options: ThroughputOptions, progress: b
                          "output_len": list(options.output_lens), "seed": options.seed,
                          "prompt_tokens": sum(len(r.prompt) for r in reqs),
                          "output_tokens": sum(r.output_len for r in reqs)},
-            "machine": machine_info(), "cinq": ours, "hf_probes": probes, "hf": hf, "batch1": b1,
+            "machine": machine_info(load_at_start), "cinq": ours, "hf_probes": probes, "hf": hf, "batch1": b1,
             "ratio_cinq_over_hf": ratio}
     return _result(data, missing)
 

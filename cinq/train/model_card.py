@@ -173,7 +173,8 @@ def render_card(name: str, description: str, folder: Path, training: dict[str, A
               "## Data", "",
               "Built by `cinq data build` (same inputs, same bytes); full manifest in `data_manifest.json`.", "",
               markdown_table(["language", "train bytes", "train tokens", "test tokens"],
-                             [[lang, f"{e['bytes']['train']:,}", f"{e['tokens']['train']:,}", f"{e['tokens']['test']:,}"]
+                             [[lang, f"{e['bytes']['train']:,}", f"{e['tokens']['train']:,}",
+                               f"{e['tokens']['test']:,}"]
                               for lang, e in manifest["languages"].items()], "llll"),
               "", markdown_table(["source", "Debian package", "version"],
                                  [[src, e.get("package") or "synthetic", e.get("package_version") or "—"]

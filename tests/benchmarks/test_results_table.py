@@ -40,6 +40,7 @@ def test_a_new_result_file_gets_its_row_by_itself(tmp_path: Path, monkeypatch: p
     ({"conditions": {"a": "Quiet machine: load 0.4", "b": "Quiet machine: load 0.8"}}, "", "quiet"),
     ({"env": {"load_start": 3.2}}, "", "draft"),
     ({"load_average_at_start": 0.5}, "", "quiet"),
+    ({"machine": {"load_at_start": 0.4}}, "", "quiet"),
     ({}, "Setup. **Draft numbers**: shared.", "draft"),
     ({}, "Quiet machine: load average 0.52", "quiet"),
     ({}, "no word on the machine", "not recorded"),
