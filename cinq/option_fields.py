@@ -6,7 +6,7 @@ arguments). Checks that relate fields to each other stay in the class's ``valida
 from __future__ import annotations
 
 import operator
-from dataclasses import field, fields
+from dataclasses import MISSING, field, fields
 from typing import Any
 
 from cinq.errors import InvalidParameterError
@@ -14,11 +14,14 @@ from cinq.errors import InvalidParameterError
 _LIMITS = {"ge": (">=", operator.ge), "gt": (">", operator.gt), "le": ("<=", operator.le), "lt": ("<", operator.lt)}
 
 
-def bounded(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
-            lt: float | None = None) -> Any:
+def bounded(default: Any = MISSING, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
+            lt: float | None = None, integer: bool | None = None) -> Any:
     """A dataclass field whose value must be a number within the given limits: an integer when the default is
-    one, and ``None`` only where the default is ``None`` (an optional setting)."""
-    return field(default=default, metadata={"limits": {"ge": ge, "gt": gt, "le": le, "lt": lt}})
+    one (or ``integer``: a field with no default says it), and ``None`` only where the default is ``None`` (an
+    optional setting)."""
+    if integer is None:
+        integer = isinstance(default, int) and not isinstance(default, bool)
+    return field(default=default, metadata={"limits": {"ge": ge, "gt": gt, "le": le, "lt": lt}, "integer": integer})
 
 
 def check_bounds(options: object) -> None:
@@ -30,7 +33,7 @@ def check_bounds(options: object) -> None:
         value = getattr(options, f.name)
         if value is None and f.default is None:
             continue
-        integer = isinstance(f.default, int) and not isinstance(f.default, bool)
+        integer = f.metadata["integer"]
         ok = isinstance(value, int if integer else (int, float)) and not isinstance(value, bool) and all(
             _LIMITS[name][1](value, bound) for name, bound in limits.items() if bound is not None)
         if not ok:

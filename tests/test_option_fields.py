@@ -33,3 +33,16 @@ def test_a_value_out_of_its_limits_names_the_field_and_the_limit(kwargs: dict, f
     with pytest.raises(InvalidParameterError, match=limit) as err:
         check_bounds(Options(**kwargs))
     assert err.value.param == field and str(err.value).startswith(field)
+
+
+@dataclass(slots=True)
+class Required:
+    steps: int = bounded(ge=1, integer=True)
+
+
+def test_a_required_field_keeps_its_limits() -> None:
+    check_bounds(Required(steps=3))
+    with pytest.raises(InvalidParameterError, match="steps must be an integer >= 1, got 3.0"):
+        check_bounds(Required(steps=3.0))
+    with pytest.raises(TypeError):
+        Required()  # type: ignore[call-arg]

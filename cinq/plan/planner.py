@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from cinq.errors import InvalidParameterError
 from cinq.model.config import ModelConfig
+from cinq.option_fields import bounded, check_bounds
 from cinq.plan.cost import dollars_per_million_tokens
 from cinq.plan.devices import Device
 from cinq.plan.memory import (MemoryPlan, Precision, kv_bytes_per_token, min_tensor_parallel_size, param_count,
@@ -19,12 +20,12 @@ from cinq.plan.shapes import ModelShape
 class PlanSettings:
     """What the plan is asked for (vLLM's names where it has them)."""
 
-    max_model_len: int
-    concurrency: int = 1
-    tensor_parallel_size: int | None = None  # None: the smallest degree that fits
-    gpu_memory_utilization: float = 0.9
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 256
+    max_model_len: int = bounded(ge=1, integer=True)
+    concurrency: int = bounded(1, ge=1)
+    tensor_parallel_size: int | None = bounded(None, ge=1, integer=True)  # None: the smallest degree that fits
+    gpu_memory_utilization: float = bounded(0.9, gt=0, le=1)
+    max_num_batched_tokens: int = bounded(2048, ge=1)
+    max_num_seqs: int = bounded(256, ge=1)
     context_len: int | None = None  # tokens of context while decoding (and the prompt prefilled); None: max_model_len
 
     @property
@@ -32,19 +33,10 @@ class PlanSettings:
         return self.max_model_len if self.context_len is None else self.context_len
 
     def __post_init__(self) -> None:
-        for name, low in (("max_model_len", 1), ("concurrency", 1), ("max_num_batched_tokens", 1),
-                          ("max_num_seqs", 1)):
-            if getattr(self, name) < low:
-                raise InvalidParameterError(f"{name} must be >= {low}, got {getattr(self, name)}", name)
+        check_bounds(self)
         if self.context_len is not None and not 1 <= self.context_len <= self.max_model_len:
             raise InvalidParameterError(f"context_len must be in [1, max_model_len = {self.max_model_len}], got "
                                         f"{self.context_len}", "context_len")
-        if self.tensor_parallel_size is not None and self.tensor_parallel_size < 1:
-            raise InvalidParameterError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}",
-                                        "tensor_parallel_size")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise InvalidParameterError(f"gpu_memory_utilization must be in (0, 1], got "
-                                        f"{self.gpu_memory_utilization}", "gpu_memory_utilization")
 
 
 @dataclass(slots=True, frozen=True)

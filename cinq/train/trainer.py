@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from cinq.errors import InvalidParameterError
+from cinq.option_fields import bounded, check_bounds
 from cinq.train.checkpoint import load_checkpoint, save_checkpoint
 from cinq.train.schedule import decay_start, lr_at
 
@@ -44,13 +45,13 @@ class TrainSettings:
     """Optimisation and bookkeeping settings of one run."""
 
     out_dir: str
-    total_steps: int
-    batch_size: int
-    seq_len: int
-    lr: float = 2e-3
+    total_steps: int = bounded(ge=1, integer=True)
+    batch_size: int = bounded(ge=1, integer=True)
+    seq_len: int = bounded(ge=1, integer=True)
+    lr: float = bounded(2e-3, gt=0, le=1)
     min_lr_ratio: float = 0.1
     warmup_steps: int = 100
-    decay_frac: float = 1.0  # cosine over the last fraction of the post-warmup steps (1: warmup + cosine)
+    decay_frac: float = bounded(1.0, gt=0, le=1)  # cosine over the last fraction of the post-warmup steps (1: warmup + cosine)
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
@@ -66,14 +67,7 @@ class TrainSettings:
     extra: dict[str, Any] = field(default_factory=dict)  # recorded in the summary (model config, data, ...)
 
     def __post_init__(self) -> None:
-        for name in ("total_steps", "batch_size", "seq_len"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise InvalidParameterError(f"{name} must be a positive integer, got {value!r}", name)
-        if not (0 < self.lr <= 1):
-            raise InvalidParameterError(f"lr must be in (0, 1], got {self.lr}", "lr")
-        if not (0 < self.decay_frac <= 1):
-            raise InvalidParameterError(f"decay_frac must be in (0, 1], got {self.decay_frac}", "decay_frac")
+        check_bounds(self)
         if not (0 <= self.warmup_steps <= self.total_steps):
             raise InvalidParameterError(
                 f"warmup_steps must be in [0, total_steps={self.total_steps}], got {self.warmup_steps}",
