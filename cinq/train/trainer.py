@@ -51,7 +51,8 @@ class TrainSettings:
     lr: float = bounded(2e-3, gt=0, le=1)
     min_lr_ratio: float = 0.1
     warmup_steps: int = 100
-    decay_frac: float = bounded(1.0, gt=0, le=1)  # cosine over the last fraction of the post-warmup steps (1: warmup + cosine)
+    # cosine over the last fraction of the post-warmup steps (1: warmup + cosine)
+    decay_frac: float = bounded(1.0, gt=0, le=1)
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
