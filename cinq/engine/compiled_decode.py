@@ -125,7 +125,13 @@ class CompiledDecode:
         if self.graphs:
             return self._captured[size].replay()
         b = self.buffers[size]
-        return self._step(b.input_ids, b.positions, b.meta)
+        if size not in self.compile_times_s:  # its first call compiles: every guard is built and checked
+            return self._step(b.input_ids, b.positions, b.meta)
+        # Later calls check only the guards that tell the sizes' graphs apart (their shapes): the model, its
+        # weights and caches and the buffers are the same objects every step, and evaluating every guard on them
+        # costs more than the rest of the compiled code's host work (0.23 ms a step on cinq-tiny)
+        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+            return self._step(b.input_ids, b.positions, b.meta)
 
     def _first_call(self, size: int) -> torch.Tensor | None:
         t0 = time.perf_counter()
