@@ -74,6 +74,7 @@ class StepBuffers:
                         non_blocking=pin)
         self.meta.seq_lens_cpu[:] = seq_lens
         self.meta.max_seq_len = max(seq_lens)
+        self.meta.checked_inputs = None  # a new step: the first layer checks it again
 
     def check(self, seqs: list[ScheduledSeq]) -> None:
         """Raise ValueError unless ``seqs`` fit: at most ``size`` one-token decodes, each table within the width
