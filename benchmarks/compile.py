@@ -131,6 +131,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="eager/compiled alternations per configuration")
     ap.add_argument("--no-int4", action="store_true", help="no cinq-tiny int4")
     ap.add_argument("--no-smollm2", action="store_true", help="no SmolLM2-135M-Instruct bf16")
+    ap.add_argument("--no-cpp-wrapper", action="store_true",
+                    help="skip inductor's cpp_wrapper (its cold compile of SmolLM2 took 15 min on a loaded machine)")
     ap.add_argument("--model", default="cinq-tiny")
     ap.add_argument("--config", default="null", help=argparse.SUPPRESS)
     ap.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)
@@ -153,6 +155,7 @@ def main() -> None:
         models["cinq-tiny int4 (RTN g128)"] = _int4_model()
     if not args.no_smollm2:
         models["smollm2-135m-instruct bf16"] = "smollm2-135m-instruct"
+    configs = {k: v for k, v in CONFIGS.items() if not (args.no_cpp_wrapper and k == "cpp_wrapper")}
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         cache = Path(tmp) / "inductor"  # starts empty: the first compiled run pays a cold compile
@@ -160,7 +163,7 @@ def main() -> None:
             for threads in [int(x) for x in args.threads.split(",")]:
                 samples: dict[str, list[dict[str, Any]]] = defaultdict(list)
                 for _ in range(args.rounds):
-                    for label, cfg in CONFIGS.items():
+                    for label, cfg in configs.items():
                         r = _child(model, threads, args.steps, args.repeats, cfg, cache)
                         samples[label].append(r)
                         print(f"{name} t={threads} {label}: {r['step_ms_median']:.3f} ms/step "
@@ -170,7 +173,7 @@ def main() -> None:
                 run = {"model": name, "threads": threads, **{k: _merge(v) for k, v in samples.items()},
                        "tokens_equal": all(s["first_tokens"] == e[0]["first_tokens"] for v in samples.values()
                                            for s in v)}
-                for label in CONFIGS:
+                for label in configs:
                     if label != "eager":
                         run[f"compile_s_each_{label}"] = [s["compile_s"] for s in samples[label]]
                         run[f"ratio_wall_{label}"] = run["eager"]["step_ms_median"] / run[label]["step_ms_median"]
@@ -183,7 +186,7 @@ def main() -> None:
                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True).stdout
     dispatch = json.loads(out.strip().splitlines()[-1])
     print(f"one native call: {dispatch['direct_us']:.1f} us direct, {dispatch['custom_op_us']:.1f} us as a custom op")
-    write({"configs": CONFIGS, "runs": runs, "dispatch": dispatch})
+    write({"configs": configs, "runs": runs, "dispatch": dispatch})
 
 
 def _merge(samples: list[dict[str, Any]]) -> dict[str, Any]:

@@ -170,16 +170,17 @@ def kernel_ms(engine: Any, steps: int = 10) -> tuple[float, float]:
     from torch.profiler import ProfilerActivity, profile
 
     import cinq.kernels.cpu_native as cpu_native
+    import cinq.layers.quantization.native as int_native
     from cinq.kernels import custom_ops  # noqa: F401  (torch.ops.cinq.*: the profiler sees the native kernels)
 
     real = cpu_native.call_native
-    cpu_native.call_native = lambda mod, name, *args: getattr(torch.ops.cinq, name)(*args)
+    cpu_native.call_native = int_native.call_native = lambda mod, name, *a: getattr(torch.ops.cinq, name)(*a)
     try:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(steps):
                 engine.step()
     finally:
-        cpu_native.call_native = real
+        cpu_native.call_native = int_native.call_native = real
     ops = [e for e in prof.key_averages() if e.key.startswith(("cinq::", "aten::"))]
     total_us = sum(e.self_cpu_time_total for e in ops if e.key.startswith("cinq::") or e.key[6:] not in _HOST_OPS)
     return total_us / 1e3 / steps, sum(e.count for e in ops) / steps
@@ -435,7 +436,8 @@ def write(result: dict[str, Any]) -> None:
     (RESULTS / "step_breakdown.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = ["# Batch-1 decode step breakdown (before / after, same run)", "",
              f"`python benchmarks/step_breakdown.py`: greedy batch 1 after a 32-token prompt, bf16, medians over "
-             f"repeats; 'before' is commit {result['baseline']} run back to back with this checkout ('after'; "
+             f"repeats; 'before' is commit {result['baseline']} ('none': not measured) run back to back with this "
+             "checkout ('after', or 'eager' without a 'before'; "
              f"'compiled': this checkout's compiled decode step, `{json.dumps(COMPILED)}`), alternating "
              "subprocesses. Phase times are process CPU ms from an instrumented run (timers add a little; CPU time "
              "leaves out the time other jobs on this shared machine take the cores; not measured for the compiled "
@@ -451,7 +453,8 @@ def write(result: dict[str, Any]) -> None:
         lines += [f"## {run['model']}, {run['threads']} torch thread(s)", "",
                   "load average during the runs (1 min): " + ", ".join(f"{x[0]:.2f}" for c in cols
                                                                        for x in c["loadavg"]), "",
-                  "| phase (ms / step) | " + " | ".join(labels) + " |", "|---|" + "---:|" * len(labels)]
+                  "| phase (ms / step) | " + " | ".join("eager" if k == "after" and "before" not in run else k
+                                                        for k in labels) + " |", "|---|" + "---:|" * len(labels)]
 
         def row(name: str, key: str, fmt: str, cols: list[dict[str, Any]] = cols) -> str:
             vals = [c.get(key, float("nan")) for c in cols]
