@@ -73,3 +73,12 @@ def test_inductor_step_gives_the_eager_tokens(tiny_llama, dtype, options):
                                              "inductor_compile_config": options}, dtype, max_tokens=24)
     assert sorted(compiled.compile_times_s) == [1, 4] and compiled.steps > 0
     assert tokens == eager
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (scripts/gpu_check.sh runs this)")
+def test_cuda_graph_step_gives_the_eager_tokens(tiny_llama):
+    eager, _ = generate(tiny_llama, None, "float32", device="cuda")
+    tokens, captured = generate(tiny_llama, {"mode": 3, "compile_sizes": [1, 4]}, "float32", device="cuda")
+    assert captured.graphs and sorted(captured.compile_times_s) == [1, 4] and not captured.failed
+    assert captured.steps >= 11
+    assert tokens == eager
