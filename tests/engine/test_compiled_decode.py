@@ -82,3 +82,13 @@ def test_cuda_graph_step_gives_the_eager_tokens(tiny_llama):
     assert captured.graphs and sorted(captured.compile_times_s) == [1, 4] and not captured.failed
     assert captured.steps >= 11
     assert tokens == eager
+
+
+def test_inductor_cache_dir_is_under_the_cinq_cache_unless_the_user_chose_one(monkeypatch, tmp_path):
+    from cinq.engine.compiled_decode import inductor_cache_dir
+
+    monkeypatch.setenv("CINQ_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    assert inductor_cache_dir() == tmp_path / "inductor" / f"torch-{torch.__version__}"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert inductor_cache_dir() == tmp_path / "mine"
