@@ -8,7 +8,7 @@ prompt, 20 warm-up decode steps, then ``--repeats`` x ``--steps`` timed steps); 
 cinq-tiny bf16, its RTN int4 (g128, LM head int4) version and SmolLM2-135M-Instruct bf16.
 
     python benchmarks/compile.py                    # cinq-tiny bf16 + int4 + SmolLM2 bf16, 1 thread
-    python benchmarks/compile.py --no-int4 --no-smollm2 --threads 1,2
+    python benchmarks/compile.py --no-int4 --cpp-wrapper cinq-tiny --rounds 1   # the quiet rerun (~6-8 min)
     python benchmarks/compile.py --render           # the .md again from the saved .json
 """
 
@@ -131,8 +131,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="eager/compiled alternations per configuration")
     ap.add_argument("--no-int4", action="store_true", help="no cinq-tiny int4")
     ap.add_argument("--no-smollm2", action="store_true", help="no SmolLM2-135M-Instruct bf16")
-    ap.add_argument("--no-cpp-wrapper", action="store_true",
-                    help="skip inductor's cpp_wrapper (its cold compile of SmolLM2 took 15 min on a loaded machine)")
+    ap.add_argument("--cpp-wrapper", choices=("all", "cinq-tiny", "none"), default="all",
+                    help="which models also run inductor's cpp_wrapper (its cold compile of SmolLM2 took 15 min on a "
+                         "loaded machine)")
     ap.add_argument("--model", default="cinq-tiny")
     ap.add_argument("--config", default="null", help=argparse.SUPPRESS)
     ap.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)
@@ -155,11 +156,12 @@ def main() -> None:
         models["cinq-tiny int4 (RTN g128)"] = _int4_model()
     if not args.no_smollm2:
         models["smollm2-135m-instruct bf16"] = "smollm2-135m-instruct"
-    configs = {k: v for k, v in CONFIGS.items() if not (args.no_cpp_wrapper and k == "cpp_wrapper")}
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         cache = Path(tmp) / "inductor"  # starts empty: the first compiled run pays a cold compile
         for name, model in models.items():
+            cpp = args.cpp_wrapper == "all" or (args.cpp_wrapper == "cinq-tiny" and name.startswith("cinq-tiny"))
+            configs = {k: v for k, v in CONFIGS.items() if cpp or k != "cpp_wrapper"}
             for threads in [int(x) for x in args.threads.split(",")]:
                 samples: dict[str, list[dict[str, Any]]] = defaultdict(list)
                 for _ in range(args.rounds):
@@ -186,7 +188,7 @@ def main() -> None:
                          env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True).stdout
     dispatch = json.loads(out.strip().splitlines()[-1])
     print(f"one native call: {dispatch['direct_us']:.1f} us direct, {dispatch['custom_op_us']:.1f} us as a custom op")
-    write({"configs": configs, "runs": runs, "dispatch": dispatch})
+    write({"configs": CONFIGS, "runs": runs, "dispatch": dispatch})
 
 
 def _merge(samples: list[dict[str, Any]]) -> dict[str, Any]:
@@ -216,7 +218,7 @@ def write(result: dict[str, Any]) -> None:
              "| model | threads | config | ms / step (wall, CPU) | eager / this (wall, CPU) | compile s (each run) | "
              "start-up s | load avg (1 min) |", "|---|---:|---|---:|---:|---:|---:|---|"]
     for r in result["runs"]:
-        for label in result["configs"]:
+        for label in [k for k in result["configs"] if k in r]:
             c = r[label]
             loads = ", ".join(f"{x[0]:.1f}" for x in c["loadavg"])
             ratio = ("" if label == "eager" else
