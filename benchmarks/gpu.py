@@ -10,6 +10,9 @@ Sections (``--sections``; each one's failure is recorded with its traceback and 
   greedy, ignore_eos, bf16.
 * ``decode``: batch-1 decode tokens/s of cinq against HF on the same models and cinq-tiny, next to the memory
   roofline (weight bytes / the card's measured copy bandwidth).
+* ``graphs``: the decode step as CUDA graphs (``compilation_config`` mode 3 on CUDA, capture sizes 1-8): greedy
+  tokens of cinq-tiny against the eager engine (float32: identical expected), and batch-1 decode with and without
+  graphs on cinq-tiny and the models (baseline in the same run), next to the roofline.
 * ``int4``: the ~1.1B model quantized by ``cinq quantize`` (RTN int4, group 128) served through the Triton int4
   GEMM: batch-1 decode and throughput against the bf16 rows of the same run, and the kernel alone against a bf16
   matmul at a few row counts.
@@ -177,7 +180,8 @@ def copy_bandwidth(device: str) -> float:
     return 2 * n / best
 
 
-def decode_row(name: str, folder: str, args: argparse.Namespace, bw: float, new: int) -> dict[str, Any]:
+def decode_row(name: str, folder: str, args: argparse.Namespace, bw: float, new: int,
+               **engine_args: Any) -> dict[str, Any]:
     from safetensors import safe_open
     weight_bytes = 0
     for f in Path(folder).glob("*.safetensors"):
@@ -186,7 +190,7 @@ def decode_row(name: str, folder: str, args: argparse.Namespace, bw: float, new:
                 s = h.get_slice(k)
                 weight_bytes += _numel(s.get_shape()) * _dtype_bytes(s.get_dtype())
     prompt = [list(range(300, 428))] if not args.quick else [list(range(10, 42))]
-    _, t = cinq_generate(folder, prompt, [new], args.device, "bfloat16", kv_cache_memory=1.0)
+    _, t = cinq_generate(folder, prompt, [new], args.device, "bfloat16", kv_cache_memory=1.0, **engine_args)
     row = {"model": name, "new_tokens": new, "weight_bytes": weight_bytes, "cinq_tok_s": new / t,
            "roofline_tok_s": bw / weight_bytes}
     row["cinq_fraction_of_roofline"] = row["cinq_tok_s"] / row["roofline_tok_s"]
@@ -218,6 +222,26 @@ def section_decode(args: argparse.Namespace) -> dict[str, Any]:
         folder, _ = model_folder(args, name)
         rows.append(decode_row(name, folder, args, bw, new))
     return {"read_bandwidth_gb_s": bw / 1e9, "rows": rows}
+
+
+CUDA_GRAPHS = {"mode": 3, "compile_sizes": [1, 2, 4, 8]}
+
+
+def section_graphs(args: argparse.Namespace) -> dict[str, Any]:
+    from cinq.assets import resolve_model_path
+    tiny = str(resolve_model_path("cinq-tiny"))
+    prompts, lens = [list(range(10, 10 + n)) for n in (5, 17, 40, 3)], [24] * 4  # steps of 1-4 decodes
+    eager, _ = cinq_generate(tiny, prompts, lens, args.device, "float32")
+    graphs, _ = cinq_generate(tiny, prompts, lens, args.device, "float32", compilation_config=CUDA_GRAPHS)
+    out: dict[str, Any] = {"fp32_tokens_identical": eager == graphs, "agreement": agreement(eager, graphs)}
+    print(f"graphs: float32 greedy tokens identical to eager: {out['fp32_tokens_identical']}", flush=True)
+    bw = copy_bandwidth(args.device) / 2
+    new = 16 if args.quick else 256
+    out["rows"] = []
+    for name, folder in [("cinq-tiny", tiny)] + [(n, model_folder(args, n)[0]) for n in args.models.split(",")]:
+        for mode, cc in (("eager", None), ("cuda graphs", CUDA_GRAPHS)):
+            out["rows"].append({"mode": mode, **decode_row(name, folder, args, bw, new, compilation_config=cc)})
+    return out
 
 
 def section_int4(args: argparse.Namespace) -> dict[str, Any]:
@@ -284,7 +308,8 @@ def _bench(fn: Callable[[], Any], reps: int = 50) -> float:
 
 
 SECTIONS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
-    "check": section_check, "throughput": section_throughput, "decode": section_decode, "int4": section_int4}
+    "check": section_check, "throughput": section_throughput, "decode": section_decode, "int4": section_int4,
+    "graphs": section_graphs}
 
 
 def environment(device: str) -> dict[str, Any]:
@@ -378,6 +403,13 @@ def render(r: dict[str, Any]) -> str:
                                    f"{x['roofline_tok_s']:.0f}", f"{x['cinq_fraction_of_roofline']:.0%}",
                                    f"{x.get('hf_tok_s', float('nan')):.0f}",
                                    f"**{x.get('ratio', float('nan')):.2f}x**"] for x in d["rows"]]), ""]
+    g = r.get("graphs")
+    if g and "error" not in g:
+        lines += ["## The decode step as CUDA graphs (bf16 batch 1, 128-token prompt)", "",
+                  f"cinq-tiny float32 greedy tokens identical to eager: {g['fp32_tokens_identical']}.", "",
+                  markdown_table(["model", "mode", "cinq tok/s", "of roofline"],
+                                 [[x["model"], x["mode"], f"{x['cinq_tok_s']:.0f}",
+                                   f"{x['cinq_fraction_of_roofline']:.0%}"] for x in g["rows"]]), ""]
     q = r.get("int4")
     if q and "error" not in q:
         lines += [f"## int4 ({q['method']}) on {q['model']}", "",

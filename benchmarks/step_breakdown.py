@@ -9,9 +9,14 @@ o projection / post-attention norm / MLP, final norm, LM head (runner._compute_l
 (functions and module hooks), so the instrumented step is a little slower than a clean one; the clean step time
 is measured separately, without any instrumentation, both as wall time and as process CPU time. Counts (noise-free): ATen ops per decode step (a
 TorchDispatchMode counter; the native kernels' calls are not ATen ops and are counted apart) and host syncs
-(``Tensor.item`` / ``tolist`` / ``bool`` of a tensor).
+(``Tensor.item`` / ``tolist`` / ``bool`` of a tensor). Host time: the clean step's wall time minus its kernel time,
+the self (wall) time of the step's kernels (the native ``cinq::`` kernels, routed through their registered ops for the
+profiled steps, and ATen's compute ops; views, allocations and the compiler's wrappers are host work) under the
+torch profiler.
 
     python benchmarks/step_breakdown.py                      # cinq-tiny, 1 and 2 threads, vs c961254
+    python benchmarks/step_breakdown.py --baseline none --compiled --smollm2 --threads 1
+                                                             # eager vs the compiled step, cinq-tiny + SmolLM2
     python benchmarks/step_breakdown.py --model-110m         # + the ~110M random Llama of throughput.py
     python benchmarks/step_breakdown.py --model-110m --int4  # + its int4 versions (LM head int4 / bf16)
     python benchmarks/step_breakdown.py --baseline none      # this checkout only
@@ -37,6 +42,7 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 BASE_COMMIT = "c961254"
+COMPILED = {"mode": 3, "backend": "inductor", "compile_sizes": [1]}  # the compiled decode step measured
 PHASES = ("schedule", "prepare_inputs", "embed", "input_norm", "qkv_proj", "qk_norm", "rope", "attention",
           "o_proj", "post_attn_norm", "mlp", "final_norm", "lm_head", "sampler", "scheduler_update",
           "output_processing")
@@ -157,14 +163,56 @@ def _engine(model: str, threads: int, **engine_args: Any) -> Any:
     return engine
 
 
-def measure(model: str, threads: int, steps: int, repeats: int) -> dict[str, Any]:
+def kernel_ms(engine: Any, steps: int = 10) -> tuple[float, float]:
+    """Wall ms per step inside the step's kernels (see the module docstring) and ATen + native op calls per step,
+    from ``steps`` profiled steps."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    import cinq.kernels.cpu_native as cpu_native
+    import cinq.layers.quantization.native as int_native
+    from cinq.kernels import custom_ops  # noqa: F401  (torch.ops.cinq.*: the profiler sees the native kernels)
+
+    real = cpu_native.call_native
+    cpu_native.call_native = int_native.call_native = lambda mod, name, *a: getattr(torch.ops.cinq, name)(*a)
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(steps):
+                engine.step()
+    finally:
+        cpu_native.call_native = int_native.call_native = real
+    ops = [e for e in prof.key_averages() if e.key.startswith(("cinq::", "aten::"))]
+    total_us = sum(e.self_cpu_time_total for e in ops if e.key.startswith("cinq::") or e.key[6:] not in _HOST_OPS)
+    return total_us / 1e3 / steps, sum(e.count for e in ops) / steps
+
+
+# ATen ops that move no data (views, allocations, dispatch wrappers): host work, not kernel time
+_HOST_OPS = frozenset(("empty", "empty_strided", "empty_like", "view", "select", "slice", "as_strided", "split",
+                       "split_with_sizes", "reshape", "unsqueeze", "squeeze", "transpose", "t", "expand", "detach",
+                       "detach_", "lift_fresh", "alias", "resolve_conj", "resolve_neg", "_unsafe_view", "to",
+                       "contiguous", "chunk", "narrow", "permute", "flatten", "unbind", "numpy_T", "set_"))
+
+
+def measure(model: str, threads: int, steps: int, repeats: int,
+            compilation: dict[str, Any] | None = None) -> dict[str, Any]:
     """One code version's numbers (runs in a child process whose ``cinq`` is the version measured)."""
     import torch
 
     import cinq
 
-    engine = _engine(model, threads)
+    engine = _engine(model, threads, **({"compilation_config": compilation} if compilation else {}))
     step_ms, cpu_ms = clean_steps(engine, steps, repeats)
+    kernels, profiled_ops = kernel_ms(engine) if hasattr(torch.ops, "cinq") else (float("nan"), 0.0)
+    tokens = engine.scheduler.running[0].output_token_ids if engine.scheduler.running else []
+    if compilation:  # hooks, timers and a dispatch mode inside the compiled graph would make it recompile
+        return {"cinq": cinq.__file__, "threads": threads, "torch_threads": torch.get_num_threads(),
+                "step_ms_median": statistics.median(step_ms), "step_ms_all": step_ms,
+                "cpu_ms_median": statistics.median(cpu_ms), "cpu_ms_all": cpu_ms, "kernel_ms": kernels,
+                "host_ms": statistics.median(step_ms) - kernels, "profiled_ops": profiled_ops,
+                "instrumented_step_ms_median": float("nan"),
+                "phases_ms": {p: float("nan") for p in (*PHASES, "other")},
+                "aten_ops": -1, "host_syncs": -1, "top_ops": {}, "first_tokens": list(tokens[:64]),
+                "loadavg": os.getloadavg(), "weight_mb": _weight_mb(engine)}
     counter = _Counter()
     counter.run(engine.step)
     timers = _instrument(engine)
@@ -182,15 +230,20 @@ def measure(model: str, threads: int, steps: int, repeats: int) -> dict[str, Any
     phases = {p: statistics.median(r.get(p, 0.0) for r in per_repeat) for p in PHASES}
     phases["other"] = statistics.median(instrumented_ms) - sum(phases.values())  # engine / runner / layer glue
     tokens = engine.scheduler.running[0].output_token_ids if engine.scheduler.running else []
-    weight_bytes = sum(p.numel() * p.element_size() for p in engine.executor.runner.model.parameters())
-    weight_bytes += sum(b.numel() * b.element_size() for b in engine.executor.runner.model.buffers())
     return {"cinq": cinq.__file__, "threads": threads, "torch_threads": torch.get_num_threads(),
             "step_ms_median": statistics.median(step_ms), "step_ms_all": step_ms,
-            "cpu_ms_median": statistics.median(cpu_ms), "cpu_ms_all": cpu_ms,
+            "cpu_ms_median": statistics.median(cpu_ms), "cpu_ms_all": cpu_ms, "kernel_ms": kernels,
+            "host_ms": statistics.median(step_ms) - kernels,
             "instrumented_step_ms_median": statistics.median(instrumented_ms), "phases_ms": phases,
             "aten_ops": sum(counter.ops.values()), "host_syncs": counter.syncs,
             "top_ops": dict(sorted(counter.ops.items(), key=lambda kv: -kv[1])[:12]),
-            "first_tokens": list(tokens[:64]), "loadavg": os.getloadavg(), "weight_mb": weight_bytes / 1e6}
+            "first_tokens": list(tokens[:64]), "loadavg": os.getloadavg(), "weight_mb": _weight_mb(engine),
+            "profiled_ops": profiled_ops}
+
+
+def _weight_mb(engine: Any) -> float:
+    model = engine.executor.runner.model
+    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers())) / 1e6
 
 
 def clean_steps(engine: Any, steps: int, repeats: int) -> tuple[list[float], list[float]]:
@@ -233,10 +286,11 @@ def _int4_model(dense: Path, lm_head: bool) -> Path:
     return out
 
 
-def _child(code_root: Path, model: str, threads: int, steps: int, repeats: int) -> dict[str, Any]:
+def _child(code_root: Path, model: str, threads: int, steps: int, repeats: int,
+           compilation: dict[str, Any] | None = None) -> dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=str(code_root), OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--measure-only", "--model", model, "--threads",
-           str(threads), "--steps", str(steps), "--repeats", str(repeats)]
+           str(threads), "--steps", str(steps), "--repeats", str(repeats), "--config", json.dumps(compilation)]
     out = subprocess.run(cmd, env=env, cwd=code_root, check=True, capture_output=True, text=True).stdout
     result = json.loads(out.strip().splitlines()[-1])
     if not Path(result["cinq"]).resolve().is_relative_to(Path(code_root).resolve()):
@@ -262,6 +316,10 @@ def main() -> None:
     ap.add_argument("--int4", action="store_true",
                     help="with --model-110m: also its RTN int4 (g128) versions, LM head int4 and bf16 (first "
                          "thread count only)")
+    ap.add_argument("--smollm2", action="store_true", help="also SmolLM2-135M-Instruct (bf16)")
+    ap.add_argument("--compiled", action="store_true",
+                    help=f"also this checkout's compiled decode step ({json.dumps(COMPILED)}) beside its eager one")
+    ap.add_argument("--config", default="null", help=argparse.SUPPRESS)
     ap.add_argument("--model", default="cinq-tiny")
     ap.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--no-write", action="store_true", help="print only")
@@ -274,10 +332,12 @@ def main() -> None:
         sys.path.insert(0, os.getcwd())
         from cinq.process_env import set_omp_wait_policy
         set_omp_wait_policy()
-        print(json.dumps(measure(args.model, int(args.threads), args.steps, args.repeats)))
+        print(json.dumps(measure(args.model, int(args.threads), args.steps, args.repeats, json.loads(args.config))))
         return
 
     models = {"cinq-tiny": "cinq-tiny"}
+    if args.smollm2:
+        models["smollm2-135m-instruct"] = "smollm2-135m-instruct"
     if args.model_110m:
         from cinq.bench.random_model import LLAMA_110M, build_random_llama
         from cinq.cache import cache_dir
@@ -292,15 +352,18 @@ def main() -> None:
         base = _baseline_tree(args.baseline, Path(tmp)) if args.baseline != "none" else None
         for name, model in models.items():
             for threads in [int(x) for x in (first_threads if "int4" in name else args.threads).split(",")]:
-                versions = [("after", ROOT)] + ([("before", base)] if base else [])
+                versions = [("after", ROOT, None)] + ([("before", base, None)] if base else [])
+                if args.compiled:
+                    versions.append(("compiled", ROOT, COMPILED))
                 samples: dict[str, list[dict[str, Any]]] = defaultdict(list)
                 for _ in range(args.rounds):  # alternate, so drifting machine load hits both alike
-                    for label, root in versions:
-                        r = _child(root, model, threads, args.steps, args.repeats)
+                    for label, root, compilation in versions:
+                        r = _child(root, model, threads, args.steps, args.repeats, compilation)
                         samples[label].append(r)
                         print(f"{name} t={threads} {label}: {r['step_ms_median']:.3f} ms/step "
                               f"({r['cpu_ms_median']:.3f} CPU ms), "
-                              f"{r['aten_ops']} ops, {r['host_syncs']} syncs, load {r['loadavg'][0]:.2f}",
+                              f"{r['aten_ops']} ops, {r['host_syncs']} syncs, host {r['host_ms']:.3f} ms, "
+                              f"load {r['loadavg'][0]:.2f}",
                               flush=True)
                 runs.append({"model": name, "threads": threads, **{k: _merge(v) for k, v in samples.items()}})
     result = {"baseline": args.baseline, "runs": runs}
@@ -322,6 +385,9 @@ def _merge(samples: list[dict[str, Any]]) -> dict[str, Any]:
     out = dict(samples[-1])
     out["step_ms_median"] = statistics.median(s["step_ms_median"] for s in samples)
     out["cpu_ms_median"] = statistics.median(s["cpu_ms_median"] for s in samples)
+    out["kernel_ms"] = statistics.median(s.get("kernel_ms", float("nan")) for s in samples)
+    out["host_ms"] = statistics.median(s.get("host_ms", float("nan")) for s in samples)
+    out["profiled_ops"] = statistics.median(s.get("profiled_ops", 0.0) for s in samples)
     out["instrumented_step_ms_median"] = statistics.median(s["instrumented_step_ms_median"] for s in samples)
     out["phases_ms"] = {p: statistics.median(s["phases_ms"][p] for s in samples) for p in (*PHASES, "other")}
     out["read_bandwidth_gb_s"] = statistics.median(s["read_bandwidth_gb_s"] for s in samples)
@@ -337,7 +403,7 @@ def _goals(runs: list[dict[str, Any]]) -> list[str]:
     lines = ["## Goals (this checkout, this run)", "", "| goal | measured | |", "|---|---|---|"]
     tiny = after.get(("cinq-tiny", 1))
     if tiny:
-        lines.append(f"| cinq-tiny bf16 batch 1 <= 1 ms / step (llama.cpp: 1.16 ms) | {tiny['step_ms_median']:.2f} ms "
+        lines.append(f"| cinq-tiny bf16 batch 1 <= 1 ms / step | {tiny['step_ms_median']:.2f} ms "
                      f"wall, {tiny['cpu_ms_median']:.2f} ms CPU (roofline at the measured bandwidth "
                      f"{tiny['roofline_ms']:.2f} ms) | {'met' if tiny['step_ms_median'] <= 1 else 'missed'} |")
     for t in sorted({r["threads"] for r in runs}):
@@ -370,35 +436,51 @@ def write(result: dict[str, Any]) -> None:
     (RESULTS / "step_breakdown.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = ["# Batch-1 decode step breakdown (before / after, same run)", "",
              f"`python benchmarks/step_breakdown.py`: greedy batch 1 after a 32-token prompt, bf16, medians over "
-             f"repeats; 'before' is commit {result['baseline']} run back to back with this checkout (alternating "
-             "subprocesses). Phase times are process CPU ms from an instrumented run (timers add a little; CPU time "
-             "leaves out the time other jobs on this shared machine take the cores); 'clean step' is a run "
-             "without instrumentation, wall and CPU. ATen ops and host syncs are per decode step (exact counts; "
-             "the ops include those the native kernels dispatch).", ""]
+             f"repeats; 'before' is commit {result['baseline']} ('none': not measured) run back to back with this "
+             "checkout ('after', or 'eager' without a 'before'; "
+             f"'compiled': this checkout's compiled decode step, `{json.dumps(COMPILED)}`), alternating "
+             "subprocesses. Phase times are process CPU ms from an instrumented run (timers add a little; CPU time "
+             "leaves out the time other jobs on this shared machine take the cores; not measured for the compiled "
+             "step, whose graph the timers would break); 'clean step' is a run without instrumentation, wall and "
+             "CPU. Kernel time: the self time (wall) of the native kernels and ATen's compute ops under the torch "
+             "profiler; host time: clean step wall minus kernel time (meaningful on a quiet machine only: under load "
+             "both include waits for a core). ATen ops and host syncs are per decode step "
+             "(exact counts; the ops include those the native kernels dispatch); profiled ops: ATen and native op "
+             "calls the profiler saw per step.", ""]
     for run in result["runs"]:
-        a, b = run["after"], run.get("before")
+        labels = [k for k in ("before", "after", "compiled") if k in run]
+        cols = [run[k] for k in labels]
         lines += [f"## {run['model']}, {run['threads']} torch thread(s)", "",
-                  f"load average during the runs (1 min): "
-                  + ", ".join(f"{x[0]:.2f}" for x in (b["loadavg"] if b else []) + a["loadavg"]), ""]
-        lines += ["| phase (ms / step) | before | after |", "|---|---:|---:|"]
+                  "load average during the runs (1 min): " + ", ".join(f"{x[0]:.2f}" for c in cols
+                                                                       for x in c["loadavg"]), "",
+                  "| phase (ms / step) | " + " | ".join("eager" if k == "after" and "before" not in run else k
+                                                        for k in labels) + " |", "|---|" + "---:|" * len(labels)]
+
+        def row(name: str, key: str, fmt: str, cols: list[dict[str, Any]] = cols) -> str:
+            vals = [c.get(key, float("nan")) for c in cols]
+            return f"| {name} | " + " | ".join("" if v != v or v == -1 else f"{v:{fmt}}" for v in vals) + " |"
         for p in (*PHASES, "other"):
-            lines.append(f"| {p} | {b['phases_ms'][p]:.3f} | {a['phases_ms'][p]:.3f} |" if b else
-                         f"| {p} | | {a['phases_ms'][p]:.3f} |")
-        fmt = (lambda key, f: f"| {b[key]:{f}} | {a[key]:{f}} |") if b else (lambda key, f: f"| | {a[key]:{f}} |")
-        lines += [f"| **instrumented step (CPU)** {fmt('instrumented_step_ms_median', '.3f')}",
-                  f"| **clean step (wall)** {fmt('step_ms_median', '.3f')}",
-                  f"| **clean step (CPU)** {fmt('cpu_ms_median', '.3f')}",
-                  f"| ATen ops / step {fmt('aten_ops', 'd')}",
-                  f"| host syncs / step {fmt('host_syncs', 'd')}",
-                  f"| weights + buffers (MB) {fmt('weight_mb', '.1f')}",
-                  f"| measured read bandwidth (GB/s) {fmt('read_bandwidth_gb_s', '.1f')}",
-                  f"| roofline at that bandwidth (ms) {fmt('roofline_ms', '.3f')}", ""]
-        if b:
-            lines += [f"**speed-up {b['step_ms_median'] / a['step_ms_median']:.2f}x wall** "
-                      f"({1e3 / b['step_ms_median']:.0f} -> {1e3 / a['step_ms_median']:.0f} tok/s), "
-                      f"**{b['cpu_ms_median'] / a['cpu_ms_median']:.2f}x CPU** "
-                      f"({b['cpu_ms_median']:.3f} -> {a['cpu_ms_median']:.3f} ms); greedy tokens "
-                      f"identical to before: {run['greedy_tokens_identical']}", ""]
+            lines.append(f"| {p} | " + " | ".join("" if c["phases_ms"].get(p, float("nan")) != c["phases_ms"].get(
+                p, float("nan")) else f"{c['phases_ms'][p]:.3f}" for c in cols) + " |")
+        lines += [row("**instrumented step (CPU)**", "instrumented_step_ms_median", ".3f"),
+                  row("**clean step (wall)**", "step_ms_median", ".3f"),
+                  row("**clean step (CPU)**", "cpu_ms_median", ".3f"),
+                  row("kernel time (ms)", "kernel_ms", ".3f"),
+                  row("**host time (ms)**", "host_ms", ".3f"),
+                  row("ATen ops / step", "aten_ops", "d"), row("profiled ops / step", "profiled_ops", ".0f"),
+                  row("host syncs / step", "host_syncs", "d"), row("weights + buffers (MB)", "weight_mb", ".1f"),
+                  row("measured read bandwidth (GB/s)", "read_bandwidth_gb_s", ".1f"),
+                  row("roofline at that bandwidth (ms)", "roofline_ms", ".3f"), ""]
+        a = run["after"]
+        for label in ("before", "compiled"):
+            if label in run:
+                o = run[label]
+                x, y = (o, a) if label == "before" else (a, o)  # the speed-up of the later version
+                lines += [f"**{'after vs before' if label == 'before' else 'compiled vs eager'}: "
+                          f"{x['step_ms_median'] / y['step_ms_median']:.2f}x wall, "
+                          f"{x['cpu_ms_median'] / y['cpu_ms_median']:.2f}x CPU**, host time {x['host_ms']:.3f} -> "
+                          f"{y['host_ms']:.3f} ms; greedy tokens identical: "
+                          f"{o['first_tokens'] == a['first_tokens']}", ""]
     lines += _goals(result["runs"])
     (RESULTS / "step_breakdown.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {RESULTS / 'step_breakdown.md'}")

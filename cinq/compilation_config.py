@@ -9,6 +9,10 @@ CPU decode step (cinq/engine/compiled_decode.py), validated on construction. Tor
 * ``compile_sizes``: decode batch sizes with a compiled step, as CUDA graph capture sizes: a decode-only step of
   n sequences runs the step of the smallest size >= n, padded with scratch sequences; steps past the largest
   size, prefills and speculative verifies run eager.
+* ``cudagraph_capture_sizes``: on CUDA, the batch sizes with a captured CUDA graph of the decode step (same
+  padding); None: ``compile_sizes``.
+* ``inductor_compile_config``: extra inductor options for the compiled step, e.g. ``{"cpp_wrapper": true}``
+  (C++ instead of Python between the kernels; see benchmarks/results/compile.md for what it measured here).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ class CompilationConfig:
     mode: int = 0
     backend: str = "inductor"
     compile_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    cudagraph_capture_sizes: list[int] | None = None
+    inductor_compile_config: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, int) or isinstance(self.mode, bool) or self.mode not in MODES:
@@ -41,18 +47,24 @@ class CompilationConfig:
         if self.backend not in BACKENDS:
             raise InvalidParameterError(
                 f"compilation_config.backend must be one of {list(BACKENDS)}, got {self.backend!r}", "backend")
-        sizes = self.compile_sizes
-        if (not isinstance(sizes, (list, tuple)) or not 1 <= len(sizes) <= MAX_COMPILE_SIZES
-                or any(not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_COMPILE_SIZE for n in sizes)):
+        self.compile_sizes = _sizes(self.compile_sizes, "compile_sizes")
+        if self.cudagraph_capture_sizes is not None:
+            self.cudagraph_capture_sizes = _sizes(self.cudagraph_capture_sizes, "cudagraph_capture_sizes")
+        options = self.inductor_compile_config
+        if not isinstance(options, dict) or any(not isinstance(k, str) for k in options):
             raise InvalidParameterError(
-                f"compilation_config.compile_sizes must be a list of 1 to {MAX_COMPILE_SIZES} batch sizes in "
-                f"[1, {MAX_COMPILE_SIZE}], got {sizes!r}", "compile_sizes")
-        self.compile_sizes = sorted(set(sizes))
+                f"compilation_config.inductor_compile_config must be a JSON object of inductor options, got "
+                f"{options!r}", "inductor_compile_config")
 
     @property
     def enabled(self) -> bool:
         """True when the decode step is to be compiled."""
         return self.mode != 0
+
+    @property
+    def capture_sizes(self) -> list[int]:
+        """The batch sizes with a CUDA graph of the decode step (on CUDA)."""
+        return self.compile_sizes if self.cudagraph_capture_sizes is None else self.cudagraph_capture_sizes
 
     def padded_size(self, batch_size: int) -> int | None:
         """The compiled size a decode step of ``batch_size`` sequences runs at, or None (eager)."""
@@ -77,3 +89,13 @@ class CompilationConfig:
             raise InvalidParameterError(
                 f"compilation_config: unknown field(s) {unknown}; known: {sorted(known | {'level'})}", unknown[0])
         return cls(**d)
+
+
+def _sizes(sizes: Any, name: str) -> list[int]:
+    """``sizes`` sorted and deduplicated, or an error naming ``compilation_config.<name>`` and its limits."""
+    if (not isinstance(sizes, (list, tuple)) or not 1 <= len(sizes) <= MAX_COMPILE_SIZES
+            or any(not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_COMPILE_SIZE for n in sizes)):
+        raise InvalidParameterError(
+            f"compilation_config.{name} must be a list of 1 to {MAX_COMPILE_SIZES} batch sizes in "
+            f"[1, {MAX_COMPILE_SIZE}], got {sizes!r}", name)
+    return sorted(set(sizes))

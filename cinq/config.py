@@ -112,9 +112,11 @@ class EngineConfig:
               "\"num_speculative_tokens\": 3}' (ngram, draft model, eagle, eagle3, medusa)", parse=json_object)
     enforce_eager: bool = _arg(False, "never compile: run every step eager, whatever --compilation-config says")
     compilation_config: CompilationConfig | dict[str, Any] | None = _arg(
-        None, "torch.compile of the CPU decode step as vLLM's JSON, e.g. '{\"mode\": 3, \"compile_sizes\": [1, 2, 4, "
-              "8]}' (mode 0: eager, the default; backend inductor | aot_eager | eager); decode steps of a listed "
-              "batch size (padded up to the next one) run compiled, the rest eager", parse=json_object)
+        None, "the decode step compiled (CPU: torch.compile) or captured (CUDA graphs) as vLLM's JSON, e.g. "
+              "'{\"mode\": 3, \"compile_sizes\": [1, 2, 4, 8]}' (mode 0: eager, the default; backend inductor | "
+              "aot_eager | eager; cudagraph_capture_sizes; inductor_compile_config, e.g. {\"cpp_wrapper\": true}); "
+              "decode steps of a listed batch size (padded up to the next one) run compiled, the rest eager",
+        parse=json_object)
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str):

@@ -3,7 +3,8 @@
 # transformers). Each part has its own time limit, so one that hangs or fails costs only its share:
 #   1. the Triton kernel tests, compiled for CUDA instead of interpreted (tests/kernels picks CUDA when present)
 #   2. benchmarks/gpu.py: greedy-token check of the CUDA engine, batch-1 decode, throughput, int4 (vs HF, same run)
-#   3. benchmarks/attention.py --sections gpu: the Triton kernels against PyTorch's flash SDPA
+#   3. benchmarks/gpu.py --sections graphs: the decode step as CUDA graphs (tokens vs eager, batch-1 decode)
+#   4. benchmarks/attention.py --sections gpu: the Triton kernels against PyTorch's flash SDPA
 # Everything lands in $OUT (default gpu-out/); `python benchmarks/gpu.py --report gpu-out/gpu.json` then writes
 # benchmarks/results/gpu.{json,md} here. Usage: OUT=dir bash scripts/gpu_check.sh [--quick]
 set -uo pipefail
@@ -29,6 +30,7 @@ part triton-tests 120 $PY -m pytest -q -p no:cacheprovider --timeout 60 -o addop
   tests/kernels/test_int4_gemm.py tests/kernels/test_tree_attention.py tests/kernels/test_backends.py \
   tests/kernels/test_flash.py -k "not native"
 part gpu-decode 65 $PY benchmarks/gpu.py --out "$OUT" --sections decode $QUICK
+part gpu-graphs 60 $PY benchmarks/gpu.py --out "$OUT" --sections graphs --models llama-1b --skip-hf-decode $QUICK
 part gpu-throughput 90 $PY benchmarks/gpu.py --out "$OUT" --sections throughput --num-requests 128 \
   --hf-batch-sizes 128 $QUICK
 part gpu-int4 100 $PY benchmarks/gpu.py --out "$OUT" --sections int4 --num-requests 128 $QUICK

@@ -41,8 +41,19 @@ def test_from_dict_takes_vllm_level_and_refuses_unknown_keys():
         CompilationConfig.from_dict({"level": 3, "mode": 0})
     assert e.value.param == "mode"
     with pytest.raises(InvalidParameterError) as e:
-        CompilationConfig.from_dict({"mode": 3, "cudagraph_capture_sizes": [1]})
+        CompilationConfig.from_dict({"mode": 3, "cudagraph_mode": 1})
+    assert e.value.param == "cudagraph_mode"
+
+
+def test_capture_sizes_default_to_compile_sizes_and_are_checked():
+    assert CompilationConfig(compile_sizes=[4, 1]).capture_sizes == [1, 4]
+    assert CompilationConfig(compile_sizes=[1], cudagraph_capture_sizes=[8, 2, 2]).capture_sizes == [2, 8]
+    with pytest.raises(InvalidParameterError) as e:
+        CompilationConfig(cudagraph_capture_sizes=[0])
     assert e.value.param == "cudagraph_capture_sizes"
+    with pytest.raises(InvalidParameterError) as e:
+        CompilationConfig(inductor_compile_config=["cpp_wrapper"])
+    assert e.value.param == "inductor_compile_config"
 
 
 def test_engine_config_parses_the_dict_and_enforce_eager_wins():

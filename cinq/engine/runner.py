@@ -124,7 +124,8 @@ class ModelRunner:
         self.proposer = proposer
         if proposer is not None:
             proposer.initialize_cache(num_blocks + len(self.pad_block_ids), block_size, self.pad_block_ids)
-        # torch.compile of plain decode steps (compilation_config): tables as wide as the longest sequence can need
+        # plain decode steps compiled (CPU) or captured (CUDA graphs; compilation_config): tables as wide as the
+        # longest sequence can need
         self.compiled: CompiledDecode | None = None
         if compilation is not None and compilation.enabled and proposer is None:
             check_supported(type(model), "compile", "compilation_config")
@@ -166,10 +167,9 @@ class ModelRunner:
         # sequence last (its own scratch blocks, no logits) keeps the GEMM shapes to a few buckets.
         tree = TreeGroup(proposals.parents) if proposals is not None and proposals.parents else None
         if self.compiled is not None and tree is None:
-            ran = self.compiled.run(seqs)  # plain decode steps of a compile size
-            if ran is not None:
-                batch, logits = ran
-                self._sample(logits[:len(batch.seqs)], batch.seqs, out)
+            logits = self.compiled.run(seqs)  # plain decode steps of a compile (capture) size
+            if logits is not None:
+                self._sample(logits, seqs, out)
                 return out
         batch = build_batch(seqs, self.block_size, self.pad_block_ids, self.device, tree=tree)
         if self.group_pad_block_ids is not None:

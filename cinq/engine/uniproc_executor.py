@@ -78,23 +78,24 @@ class UniProcExecutor:
         if self.runner.compiled is not None:
             times = self.runner.compiled.compile_all()
             if not times:
-                log.warning("torch.compile of the decode step failed for every size; decode runs eager")
+                log.warning("compiling (capturing) the decode step failed for every size; decode runs eager")
                 return
-            log.warning("compiled the decode step (torch.compile, backend %s) for batch sizes %s in %.1f s (%s)%s",
-                        compilation.backend, sorted(times), sum(times.values()),
+            how = ("captured the decode step (CUDA graphs)" if self.runner.compiled.graphs else
+                   f"compiled the decode step (torch.compile, backend {compilation.backend})")
+            log.warning("%s for batch sizes %s in %.1f s (%s)%s", how, sorted(times), sum(times.values()),
                         ", ".join(f"{n}: {t:.1f} s" for n, t in sorted(times.items())),
                         f"; sizes {sorted(self.runner.compiled.failed)} run eager" if self.runner.compiled.failed
                         else "")
 
     def _compilation(self) -> CompilationConfig | None:
         """The compilation config the runner gets, its sizes capped at max_num_seqs; None when eager: the default,
-        --enforce-eager, or what the compiled step does not cover (a device other than the CPU, whose kernels are
-        not custom ops; a runner-side proposer; tensor parallelism)."""
+        --enforce-eager, or what the compiled step does not cover (a device other than the CPU, compiled, and CUDA,
+        captured; a runner-side proposer; tensor parallelism)."""
         cc = self.config.compilation_config
         if not self.config.compiles_decode or cc is None:
             return None
-        if self.device.type != "cpu":
-            log.warning("compilation_config: the compiled decode step is built for the CPU; %s runs eager",
+        if self.device.type not in ("cpu", "cuda"):
+            log.warning("compilation_config: the decode step is compiled on the CPU, captured on CUDA; %s runs eager",
                         self.device)
             return None
         if self.proposer is not None or self.config.tensor_parallel_size > 1:
@@ -102,8 +103,10 @@ class UniProcExecutor:
             log.warning("compilation_config: %s runs eager", "tensor parallelism" if self.proposer is None else
                         "speculative decoding with a runner-side proposer")
             return None
-        sizes = [n for n in cc.compile_sizes if n <= self.config.max_num_seqs] or cc.compile_sizes[:1]
-        return dataclasses.replace(cc, compile_sizes=sizes)
+        def capped(sizes: list[int]) -> list[int]:
+            return [n for n in sizes if n <= self.config.max_num_seqs] or sizes[:1]
+        return dataclasses.replace(cc, compile_sizes=capped(cc.compile_sizes),
+                                   cudagraph_capture_sizes=capped(cc.capture_sizes))
 
     def execute_model(self, sched: SchedulerOutput) -> RunnerOutput:
         """Run one step (also for an empty one: it still drops finished requests' runner state)."""

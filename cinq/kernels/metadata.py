@@ -52,6 +52,10 @@ class AttentionMetadata:
     # are group 0's). None: one group, every layer reads block_tables / slot_mapping
     group_block_tables: list[torch.Tensor] | None = None
     group_slot_mapping: list[torch.Tensor] | None = None
+    # the inputs (shapes, dtypes, devices) paged.check_inputs last accepted with this metadata: every layer of a
+    # step passes the same ones, so the step is validated once, not per layer. Whoever rewrites the metadata in
+    # place for a new step (StepBuffers.fill) clears it
+    checked_inputs: tuple | None = None
 
     @property
     def num_decode_tokens(self) -> int:

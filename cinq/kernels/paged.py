@@ -65,11 +65,23 @@ def tree_context_mask(tree_mask: torch.Tensor, kv_len: int) -> torch.Tensor:
 def check_inputs(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
                  key: torch.Tensor | None = None, value: torch.Tensor | None = None,
                  out: torch.Tensor | None = None) -> None:
-    """Raise a clear error for shapes or dtypes no backend can take (O(1) host work: called per layer per step).
-    Skipped while torch.compile traces the runner's decode step: its inputs are the runner's own, and every host
-    value read here (max_seq_len grows each step) would become a guard, a recompile per step."""
+    """Raise a clear error for shapes or dtypes no backend can take; once per step (the metadata remembers the
+    inputs it accepted: every layer passes the same shapes). Skipped while torch.compile traces the runner's
+    decode step: its inputs are the runner's own, and every host value read here (max_seq_len grows each step)
+    would become a guard, a recompile per step."""
     if torch.compiler.is_compiling():
         return
+    signature = (query.shape, query.dtype, query.device, kv_cache.shape, kv_cache.dtype,
+                 None if key is None else key.shape, None if value is None else value.shape,
+                 None if out is None else (out.shape, out.dtype, out.device))
+    if meta.checked_inputs == signature:  # an earlier layer of this step passed the same inputs
+        return
+    _check_inputs(query, kv_cache, meta, key, value, out)
+    meta.checked_inputs = signature
+
+
+def _check_inputs(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, key: torch.Tensor | None,
+                  value: torch.Tensor | None, out: torch.Tensor | None) -> None:
     if query.dim() != 3:
         raise InvalidParameterError(
             f"attention: query must be [tokens, heads, head_dim], got shape {tuple(query.shape)}", param="query")

@@ -34,13 +34,17 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])  # native kernels as custom ops / the PyTorch paths
-def test_aot_eager_step_is_taken_padded_and_gives_the_eager_tokens(tiny_llama, dtype):
+# bf16: the native kernels as C++-registered ops; float32: the PyTorch paths. Backend "eager" runs the model's own
+# code over the persistent buffers (the path a CUDA graph captures); "aot_eager" traces it into one graph.
+@pytest.mark.parametrize("backend, dtype", [("aot_eager", "bfloat16"), ("aot_eager", "float32"),
+                                            ("eager", "float32")])
+def test_step_over_persistent_buffers_is_taken_padded_and_gives_the_eager_tokens(tiny_llama, backend, dtype):
     eager, none = generate(tiny_llama, None, dtype)
     assert none is None
     # sizes 1 and 4: steps of 3 decodes pad to 4, steps of 2 too; batch 1 runs its own size
-    tokens, compiled = generate(tiny_llama, {"mode": 3, "backend": "aot_eager", "compile_sizes": [1, 4]}, dtype)
+    tokens, compiled = generate(tiny_llama, {"mode": 3, "backend": backend, "compile_sizes": [1, 4]}, dtype)
     assert sorted(compiled.compile_times_s) == [1, 4] and not compiled.failed
+    assert sorted(compiled.buffers) == [1, 4]  # the inputs every step of a size was written into
     assert compiled.steps >= 11  # every decode step of the last prompt (its first token came with its prefill)
     assert tokens == eager
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2  # one graph per size: no recompiles
@@ -62,9 +66,29 @@ def test_steps_past_the_largest_size_run_eager(tiny_llama):
 
 
 @pytest.mark.slow
-def test_inductor_step_gives_the_eager_tokens(tiny_llama):
-    eager, _ = generate(tiny_llama, None, max_tokens=24)
-    tokens, compiled = generate(tiny_llama, {"mode": 3, "backend": "inductor", "compile_sizes": [1, 2, 4]},
-                                max_tokens=24)
-    assert sorted(compiled.compile_times_s) == [1, 2, 4] and compiled.steps > 0
+@pytest.mark.parametrize("dtype, options", [("bfloat16", {}), ("float32", {}), ("bfloat16", {"cpp_wrapper": True})])
+def test_inductor_step_gives_the_eager_tokens(tiny_llama, dtype, options):
+    eager, _ = generate(tiny_llama, None, dtype, max_tokens=24)
+    tokens, compiled = generate(tiny_llama, {"mode": 3, "backend": "inductor", "compile_sizes": [1, 4],
+                                             "inductor_compile_config": options}, dtype, max_tokens=24)
+    assert sorted(compiled.compile_times_s) == [1, 4] and compiled.steps > 0
     assert tokens == eager
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (scripts/gpu_check.sh runs this)")
+def test_cuda_graph_step_gives_the_eager_tokens(tiny_llama):
+    eager, _ = generate(tiny_llama, None, "float32", device="cuda")
+    tokens, captured = generate(tiny_llama, {"mode": 3, "compile_sizes": [1, 4]}, "float32", device="cuda")
+    assert captured.graphs and sorted(captured.compile_times_s) == [1, 4] and not captured.failed
+    assert captured.steps >= 11
+    assert tokens == eager
+
+
+def test_inductor_cache_dir_is_under_the_cinq_cache_unless_the_user_chose_one(monkeypatch, tmp_path):
+    from cinq.engine.compiled_decode import inductor_cache_dir
+
+    monkeypatch.setenv("CINQ_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    assert inductor_cache_dir() == tmp_path / "inductor" / f"torch-{torch.__version__}"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert inductor_cache_dir() == tmp_path / "mine"

@@ -60,3 +60,20 @@ def test_check_inputs_validates_key_value_and_out() -> None:
         check_inputs(query, cache, meta, key=torch.randn(3, 4, 8))
     with pytest.raises(InvalidParameterError, match="out"):
         check_inputs(query, cache, meta, out=torch.empty(3, 4, 8, dtype=torch.float64))
+
+
+def test_check_inputs_checks_a_step_once_and_again_for_new_inputs(monkeypatch) -> None:
+    import cinq.kernels.paged as paged
+
+    calls = []
+    real = paged._check_inputs
+    monkeypatch.setattr(paged, "_check_inputs", lambda *a: calls.append(1) or real(*a))
+    query, cache, meta = torch.randn(3, 4, 8), torch.zeros(2, 3, 4, 2, 8), _meta()
+    for _ in range(4):  # the layers of one step
+        check_inputs(query, cache, meta)
+    assert len(calls) == 1
+    with pytest.raises(InvalidParameterError, match="out"):  # other inputs with the same metadata: checked
+        check_inputs(query, cache, meta, out=torch.empty(3, 4, 8, dtype=torch.float64))
+    meta.checked_inputs = None  # what StepBuffers.fill does for a new step
+    check_inputs(query, cache, meta)
+    assert len(calls) == 3

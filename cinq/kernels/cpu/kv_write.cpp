@@ -40,6 +40,22 @@ void write_kv(torch::Tensor key, torch::Tensor value, torch::Tensor kv_cache, to
   }
 }
 
+#if defined(CINQ_REGISTER_OPS)
+// torch.ops.cinq.write_kv in C++ (see small_m_gemm.cpp); the cache is declared mutated, so a compiled graph keeps
+// the write before the attention that reads it.
+TORCH_LIBRARY_FRAGMENT(cinq, m) {
+  m.def("write_kv(Tensor key, Tensor value, Tensor(a!) kv_cache, Tensor slot_mapping) -> ()");
+}
+TORCH_LIBRARY_IMPL(cinq, CPU, m) {
+  m.impl("write_kv", [](const at::Tensor& k, const at::Tensor& v, const at::Tensor& cache, const at::Tensor& s) {
+    write_kv(k, v, cache, s);
+  });
+}
+TORCH_LIBRARY_IMPL(cinq, Meta, m) {
+  m.impl("write_kv", [](const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&) {});
+}
+#endif
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("write_kv", &write_kv, "store new K/V rows into the paged cache at their slots (CPU)");
 }

@@ -298,6 +298,33 @@ torch::Tensor paged_decode(torch::Tensor query_in, torch::Tensor kv_cache, torch
   return paged_decode_window(query_in, kv_cache, block_tables, seq_lens, scale, ql, tree_mask, 0);
 }
 
+#if defined(CINQ_REGISTER_OPS)
+// torch.ops.cinq.paged_decode(_window) in C++ (see small_m_gemm.cpp): one call per layer of a compiled decode step.
+TORCH_LIBRARY_FRAGMENT(cinq, m) {
+  m.def("paged_decode(Tensor query, Tensor kv_cache, Tensor block_tables, Tensor seq_lens, float scale, "
+        "int query_len, Tensor tree_mask) -> Tensor");
+  m.def("paged_decode_window(Tensor query, Tensor kv_cache, Tensor block_tables, Tensor seq_lens, float scale, "
+        "int query_len, Tensor tree_mask, int window) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(cinq, CPU, m) {
+  m.impl("paged_decode", [](const at::Tensor& q, const at::Tensor& cache, const at::Tensor& tables,
+                            const at::Tensor& lens, double scale, int64_t ql, const at::Tensor& tree) {
+    return paged_decode(q, cache, tables, lens, scale, ql, tree);
+  });
+  m.impl("paged_decode_window", [](const at::Tensor& q, const at::Tensor& cache, const at::Tensor& tables,
+                                   const at::Tensor& lens, double scale, int64_t ql, const at::Tensor& tree,
+                                   int64_t window) {
+    return paged_decode_window(q, cache, tables, lens, scale, ql, tree, window);
+  });
+}
+TORCH_LIBRARY_IMPL(cinq, Meta, m) {
+  m.impl("paged_decode", [](const at::Tensor& q, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+                            int64_t, const at::Tensor&) { return at::empty_like(q); });
+  m.impl("paged_decode_window", [](const at::Tensor& q, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                   double, int64_t, const at::Tensor&, int64_t) { return at::empty_like(q); });
+}
+#endif
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "paged decode attention (CPU)");
   m.def("paged_decode_window", &paged_decode_window, "paged decode attention (CPU), sliding window");

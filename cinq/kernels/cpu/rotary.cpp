@@ -69,6 +69,22 @@ void rotary_(torch::Tensor q, torch::Tensor k, torch::Tensor positions, torch::T
   rotate(k, pos, table, d);
 }
 
+#if defined(CINQ_REGISTER_OPS)
+// torch.ops.cinq.rotary_ in C++ (see small_m_gemm.cpp); the schema declares q and k mutated, which keeps the order
+// of the rotation before the KV write and the attention in a compiled graph.
+TORCH_LIBRARY_FRAGMENT(cinq, m) {
+  m.def("rotary_(Tensor(a!) q, Tensor(b!) k, Tensor positions, Tensor cos_sin) -> ()");
+}
+TORCH_LIBRARY_IMPL(cinq, CPU, m) {
+  m.impl("rotary_", [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& p, const at::Tensor& t) {
+    rotary_(q, k, p, t);
+  });
+}
+TORCH_LIBRARY_IMPL(cinq, Meta, m) {
+  m.impl("rotary_", [](const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&) {});
+}
+#endif
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rotary_", &rotary_, "rotary embedding in place on q and k, bf16 (CPU)");
 }
