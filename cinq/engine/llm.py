@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from cinq.config import EngineConfig
-from cinq.engine.engine import LLMEngine
+from cinq.engine.protocol import OfflineEngine, check_engine_core, make_llm_engine
 from cinq.engine.spec_metrics import check_language
 from cinq.errors import InvalidParameterError
 from cinq.model.generation_defaults import fill_defaults
@@ -30,15 +30,9 @@ class LLM:
 
     def __init__(self, model: str | Path | None = None, engine_core: str = "inproc", **engine_args: Any) -> None:
         # "" is the default model; the engine resolves names (one ModelLoadError naming "model" for a bad one)
+        check_engine_core(engine_core)  # before a model is loaded
         config = EngineConfig.from_kwargs("" if model is None else str(model), **engine_args)
-        if engine_core == "process":
-            from cinq.engine.mp_engine import MPLLMEngine
-            self.engine: LLMEngine | Any = MPLLMEngine(config)
-        elif engine_core == "inproc":
-            self.engine = LLMEngine(config)
-        else:
-            raise InvalidParameterError(f"engine_core must be 'inproc' or 'process', got {engine_core!r}",
-                                        "engine_core")
+        self.engine: OfflineEngine | Any = make_llm_engine(config, engine_core)  # type: ignore[arg-type]
         self._ids = itertools.count()
         self.errors: dict[str, str] = {}  # request id -> error, for requests of the last call that failed alone
 

@@ -1,5 +1,7 @@
-"""EngineClient: the one interface the server, the CLI, ``cinq bench`` / ``cinq tune`` and the data-parallel front
-end use to drive an engine (vLLM's ``EngineClient``), and ``make_engine_client`` to build one.
+"""EngineClient: the one interface the server, ``cinq bench serve`` and the data-parallel front end use to drive an
+engine (vLLM's ``EngineClient``), and ``make_engine_client`` to build one; ``OfflineEngine``, its synchronous
+counterpart (``LLMEngine``'s add_request / step interface) behind the offline ``LLM``, ``cinq generate``, ``cinq
+chat`` and ``cinq tune``, and ``make_llm_engine``.
 
 Three implementations: ``AsyncLLM`` (engine/async_engine.py: the core in a thread of this process),
 ``AsyncMPLLM`` (engine/async_mp_llm.py: the core in its own process behind ZMQ, the server's default) and
@@ -13,6 +15,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, Literal, Protocol
 
 from cinq.config import EngineConfig
+from cinq.engine.io import EngineCoreInfo
 from cinq.model.tokenizer import Tokenizer
 from cinq.outputs import EngineStats, RequestOutput
 from cinq.sampling_params import SamplingParams
@@ -86,16 +89,73 @@ class EngineClient(Protocol):
     def get_stats(self) -> EngineStats: ...
 
 
+class OfflineEngine(Protocol):
+    """The synchronous front end: ``LLMEngine`` (the core in this process) or ``MPLLMEngine`` (the core in its own
+    process). Not thread-safe; one caller drives it with ``step()``."""
+
+    config: EngineConfig
+    info: EngineCoreInfo  # the core's limits and sizes, as it reported them at start-up
+    failed_requests: dict[str, str]  # of the last step: request id -> error, for requests that failed alone
+    default_sampling_params: dict[str, Any]
+
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def num_blocks(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
+                    arrival_time: float | None = None, prompt_text: str | None = None,
+                    language: str | None = None) -> None: ...
+
+    def abort_request(self, request_ids: str | list[str]) -> None: ...
+
+    def has_unfinished_requests(self) -> bool: ...
+
+    def step(self) -> list[RequestOutput]: ...
+
+    def get_stats(self) -> EngineStats: ...
+
+    def shutdown(self) -> None: ...
+
+
+# The offline front ends' default: measured faster for offline batches (benchmarks/results/offline_engine_core.md).
+DEFAULT_OFFLINE_ENGINE_CORE: EngineCoreMode = "process"
+
+
+def make_llm_engine(config: EngineConfig, engine_core: EngineCoreMode = DEFAULT_OFFLINE_ENGINE_CORE
+                    ) -> OfflineEngine:
+    """One engine behind the ``OfflineEngine`` interface: its core in its own process (``"process"``: detokenizing
+    here overlaps the next step there) or here (``"inproc"``: tools may reach the model and the scheduler)."""
+    check_engine_core(engine_core)
+    if engine_core == "process":
+        from cinq.engine.mp_engine import MPLLMEngine
+        return MPLLMEngine(config)
+    from cinq.engine.engine import LLMEngine
+    return LLMEngine(config)
+
+
+def check_engine_core(engine_core: str) -> None:
+    """``engine_core`` must name one of ``ENGINE_CORE_MODES``."""
+    if engine_core not in ENGINE_CORE_MODES:
+        from cinq.errors import InvalidParameterError
+        raise InvalidParameterError(f"engine_core must be one of {', '.join(ENGINE_CORE_MODES)}, got "
+                                    f"{engine_core!r}", "engine_core")
+
+
 def make_engine_client(config: EngineConfig, max_waiting_requests: int | None = None,
                        engine_core: EngineCoreMode = "process") -> EngineClient:
     """One engine behind the ``EngineClient`` interface: its core in its own process (``"process"``, the
     server's default: the step loop does not share the GIL with HTTP) or in a thread here (``"inproc"``)."""
+    check_engine_core(engine_core)
     if engine_core == "process":
         from cinq.engine.async_mp_llm import AsyncMPLLM
         return AsyncMPLLM(config, max_waiting_requests)
-    if engine_core == "inproc":
-        from cinq.engine.async_engine import AsyncLLM
-        return AsyncLLM.from_config(config, max_waiting_requests)
-    from cinq.errors import InvalidParameterError
-    raise InvalidParameterError(f"engine_core must be one of {', '.join(ENGINE_CORE_MODES)}, got {engine_core!r}",
-                                "engine_core")
+    from cinq.engine.async_engine import AsyncLLM
+    return AsyncLLM.from_config(config, max_waiting_requests)
