@@ -11,6 +11,7 @@ stats are what the core publishes (``get_stats``), limits what it said at start-
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, Literal, Protocol
 
@@ -125,14 +126,24 @@ class OfflineEngine(Protocol):
     def shutdown(self) -> None: ...
 
 
-# The offline front ends' default: measured faster for offline batches (benchmarks/results/offline_engine_core.md).
-DEFAULT_OFFLINE_ENGINE_CORE: EngineCoreMode = "process"
+# The offline front ends' placement when none is given (vLLM's VLLM_ENABLE_V1_MULTIPROCESSING, by our names):
+# "process" unless this variable says "inproc" (the test suite does: its tests reach llm.engine's scheduler).
+ENGINE_CORE_ENV = "CINQ_ENGINE_CORE"
 
 
-def make_llm_engine(config: EngineConfig, engine_core: EngineCoreMode = DEFAULT_OFFLINE_ENGINE_CORE
-                    ) -> OfflineEngine:
+def default_offline_engine_core() -> EngineCoreMode:
+    """Where the offline front ends put the core by default: ``$CINQ_ENGINE_CORE``, else ``"process"``, measured
+    faster for offline batches (1.28x cinq-tiny, 1.48x SmolLM2-135M, draft; benchmarks/offline_engine_core.py)."""
+    mode = os.environ.get(ENGINE_CORE_ENV) or "process"
+    check_engine_core(mode, ENGINE_CORE_ENV)
+    return mode  # type: ignore[return-value]
+
+
+def make_llm_engine(config: EngineConfig, engine_core: EngineCoreMode | None = None) -> OfflineEngine:
     """One engine behind the ``OfflineEngine`` interface: its core in its own process (``"process"``: detokenizing
-    here overlaps the next step there) or here (``"inproc"``: tools may reach the model and the scheduler)."""
+    here overlaps the next step there) or here (``"inproc"``: tools may reach the model and the scheduler); None:
+    ``default_offline_engine_core()``."""
+    engine_core = engine_core or default_offline_engine_core()
     check_engine_core(engine_core)
     if engine_core == "process":
         from cinq.engine.mp_engine import MPLLMEngine
@@ -141,12 +152,12 @@ def make_llm_engine(config: EngineConfig, engine_core: EngineCoreMode = DEFAULT_
     return LLMEngine(config)
 
 
-def check_engine_core(engine_core: str) -> None:
-    """``engine_core`` must name one of ``ENGINE_CORE_MODES``."""
+def check_engine_core(engine_core: str, name: str = "engine_core") -> None:
+    """``engine_core`` (given as ``name``) must be one of ``ENGINE_CORE_MODES``."""
     if engine_core not in ENGINE_CORE_MODES:
         from cinq.errors import InvalidParameterError
-        raise InvalidParameterError(f"engine_core must be one of {', '.join(ENGINE_CORE_MODES)}, got "
-                                    f"{engine_core!r}", "engine_core")
+        raise InvalidParameterError(f"{name} must be one of {', '.join(ENGINE_CORE_MODES)}, got {engine_core!r}",
+                                    name)
 
 
 def make_engine_client(config: EngineConfig, max_waiting_requests: int | None = None,

@@ -153,8 +153,8 @@ def _measure(config: EngineConfig, requests: list[Any], rate: float, seed: int) 
     """One rate run on a fresh offline engine (no prefix cache carried over), its core where the offline ``LLM``
     puts it (engine/protocol.py); the engine is shut down after."""
     from cinq.bench.rate_run import build_engine, run_at_rate
-    from cinq.engine.protocol import DEFAULT_OFFLINE_ENGINE_CORE
-    engine = build_engine(config, engine_core=DEFAULT_OFFLINE_ENGINE_CORE)
+    from cinq.engine.protocol import default_offline_engine_core
+    engine = build_engine(config, engine_core=default_offline_engine_core())
     try:
         return run_at_rate(engine, requests, rate, seed).summary()
     finally:

@@ -7,8 +7,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 
 def cinq(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "cinq.cli", *args], input=stdin, capture_output=True, text=True,
@@ -37,9 +35,8 @@ def test_chat_streams_reply_and_quits_on_empty_line(tiny_llama, run_cli):
 def test_generate_runs_the_core_in_its_own_process_and_stops_it(tiny_llama, run_cli, monkeypatch):
     """The offline front end's default placement: the core in a child process, gone when the command returns."""
     from cinq.engine.mp_engine import MPLLMEngine
-    from cinq.engine.protocol import DEFAULT_OFFLINE_ENGINE_CORE
-    if DEFAULT_OFFLINE_ENGINE_CORE != "process":
-        pytest.skip("the offline default keeps the core in this process")
+    from cinq.engine.protocol import ENGINE_CORE_ENV
+    monkeypatch.delenv(ENGINE_CORE_ENV, raising=False)  # the suite's conftest keeps the core in-process
     engines: list[MPLLMEngine] = []
     original = MPLLMEngine.__init__
 
