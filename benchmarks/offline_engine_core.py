@@ -66,15 +66,16 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--out", default=str(RESULTS / "offline_engine_core"))
     args = ap.parse_args()
-    draft, conditions = run_conditions(os.getloadavg()[0])
+    loads = [os.getloadavg()[0]]  # sampled before every round: a run that began quiet may not stay so
     table = Table("Offline LLM.generate, one batch (median round)",
                   ["model", "engine_core", "tok/s", "seconds", "front-end cores", "x inproc"])
-    data: dict[str, Any] = {"config": vars(args), "draft": draft, "runs": {}}
+    data: dict[str, Any] = {"config": {**vars(args), "out": Path(args.out).name}, "runs": {}}
     ratios = []
     for model in args.models.split(","):
         rounds: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
         for n in range(args.rounds):
             for mode in rotated(list(MODES), n):
+                loads.append(os.getloadavg()[0])
                 rounds[mode].append(one_round(model, mode, args.num_prompts, args.input_len, args.output_len,
                                               args.dtype))
         best = {mode: median_by(rounds[mode], "tok_s") for mode in MODES}
@@ -86,6 +87,8 @@ def main() -> None:
             table.rows.append([model, mode, r["tok_s"], r["seconds"], r["front_end_cores"],
                                r["tok_s"] / best["inproc"]["tok_s"]])
     data["machine"] = machine_info()
+    draft, conditions = run_conditions(max(loads))  # the busiest moment decides (the label says "began")
+    data.update(draft=draft, load_samples=[round(x, 2) for x in loads])
     result = BenchResult(
         "offline_engine_core", "Offline LLM: engine core in process vs in its own process",
         f"{conditions} {args.num_prompts} prompts of ~{args.input_len} tokens, {args.output_len} output tokens "
