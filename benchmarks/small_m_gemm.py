@@ -193,7 +193,7 @@ def forward_section(before: Any | None, before_rows: int, repeats: int) -> list[
     from cinq.engine.batch_inputs import build_batch
     from cinq.engine.io import ScheduledSeq
 
-    llm = LLM(None, dtype="bfloat16", kv_cache_memory=0.5)
+    llm = LLM(None, engine_core="inproc", dtype="bfloat16", kv_cache_memory=0.5)  # reaches the runner
     runner = llm.engine.executor.runner
     now_mod, now_rows = cpu_native.native_module("small_m_gemm"), cpu_native.small_m_rows()
     configs: dict[str, tuple[Any, int]] = {"torch only": (now_mod, 0), "now": (now_mod, now_rows),

@@ -15,6 +15,9 @@ set_omp_wait_policy()  # first, before torch loads OpenMP: see cinq/process_env.
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# The offline LLM / cinq generate keep the engine core in this process (tests reach llm.engine's scheduler and
+# model, and a core process per LLM would cost a start each); the process core has its own tests.
+os.environ.setdefault("CINQ_ENGINE_CORE", "inproc")
 
 
 def pytest_configure(config: pytest.Config) -> None:

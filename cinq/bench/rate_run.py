@@ -16,12 +16,16 @@ import math
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cinq.bench.latency_stats import percentile
 from cinq.bench.workload import BenchRequest
 from cinq.config import EngineConfig
+from cinq.engine.core import module_bytes  # noqa: F401 (re-export: the benchmarks' weight-bytes column)
 from cinq.errors import InvalidParameterError
+
+if TYPE_CHECKING:
+    from cinq.engine.protocol import OfflineEngine
 
 
 @dataclass(slots=True)
@@ -93,34 +97,10 @@ def arrival_offsets(n: int, rate: float, seed: int) -> list[float]:
     return out
 
 
-def module_bytes(*modules: Any) -> int:
-    """Bytes of the distinct tensors (parameters and buffers) of torch modules; a tensor two modules share (a
-    head tied to the target's embeddings) counts once."""
-    import torch
-    seen: set[tuple[int, int]] = set()
-    total = 0
-    for m in modules:
-        if not isinstance(m, torch.nn.Module):
-            continue
-        for t in [*m.parameters(), *m.buffers()]:
-            key = (t.untyped_storage().data_ptr(), t.storage_offset())
-            if key not in seen:
-                seen.add(key)
-                total += t.numel() * t.element_size()
-    return total
-
-
-def served_weight_bytes(engine: Any) -> int:
-    """The target's weights plus those of its proposer's modules (a draft model, EAGLE / Medusa heads)."""
-    proposer = engine.executor.proposer
-    extra = [v for v in vars(proposer).values()] if proposer is not None and hasattr(proposer, "__dict__") else []
-    return module_bytes(engine.model, *extra)
-
-
 def run_at_rate(engine: Any, requests: list[BenchRequest], rate: float, seed: int = 0,
                 offsets: list[float] | None = None) -> RateRun:
     """Serve ``requests`` (greedy, exactly ``output_len`` tokens each) arriving at ``rate`` on ``engine`` (an
-    LLMEngine with nothing in flight); see the module docstring. ``offsets`` (seconds after the start, one per
+    ``OfflineEngine``, its core here or in its own process, with nothing in flight); see the module docstring. ``offsets`` (seconds after the start, one per
     request, ascending) replaces the Poisson arrivals of ``rate`` for a workload with its own timing."""
     from cinq.sampling_params import SamplingParams
     if offsets is None:
@@ -128,7 +108,6 @@ def run_at_rate(engine: Any, requests: list[BenchRequest], rate: float, seed: in
     if len(offsets) != len(requests) or any(b < a for a, b in zip(offsets, offsets[1:])):
         raise InvalidParameterError(f"offsets must give one ascending arrival time per request ({len(requests)}), "
                                     f"got {len(offsets)}", "offsets")
-    block_size = engine.config.block_size
     before = engine.get_stats()
     finished: dict[str, Any] = {}
     due: dict[str, float] = {}
@@ -180,10 +159,10 @@ def run_at_rate(engine: Any, requests: list[BenchRequest], rate: float, seed: in
     return RateRun(rate, len(requests), sum(len(o) for o in outputs), seconds,
                    1000 * percentile(ttft, 50), 1000 * percentile(ttft, 99),
                    1000 * percentile(tpot, 50), 1000 * percentile(tpot, 99), peak_blocks,
-                   engine.executor.kv_bytes_per_block(block_size),
+                   engine.info.kv_bytes_per_block,
                    1 - held_tokens / held_slots if held_slots else 0.0,
                    1 + accepted / drafts if drafts else None, hits / queries if queries else 0.0,
-                   served_weight_bytes(engine), running_sum / steps if steps else 0.0, outputs, ttft, token_times)
+                   engine.info.weight_bytes, running_sum / steps if steps else 0.0, outputs, ttft, token_times)
 
 
 def rotated(items: list[Any], n: int) -> list[Any]:
@@ -208,15 +187,20 @@ def _record_emission(times: list[float], num_tokens: int, now: float) -> None:
     times += [last + (now - last) * (j + 1) / new for j in range(new)]
 
 
-def build_engine(config: EngineConfig, warmup_prompt_len: int = 8) -> Any:
-    """An LLMEngine for ``config`` after one warm-up request (kernels built, allocator warm; a long warm-up prompt
-    also warms the prefill shapes of long prompts); the warm-up prompt (the last vocabulary id repeated) shares no
-    prefix-cache block with a real prompt."""
-    from cinq.engine.engine import LLMEngine
+def build_engine(config: EngineConfig, warmup_prompt_len: int = 8, engine_core: str = "inproc") -> OfflineEngine:
+    """An offline engine for ``config`` (its core here, or in its own process: ``engine_core``) after one warm-up
+    request (kernels built, allocator warm; a long warm-up prompt also warms the prefill shapes of long prompts);
+    the warm-up prompt (the last vocabulary id repeated) shares no prefix-cache block with a real prompt. The
+    caller shuts it down."""
+    from cinq.engine.protocol import make_llm_engine
     from cinq.sampling_params import SamplingParams
-    engine = LLMEngine(config)
-    engine.add_request("warmup", [engine.vocab_size - 1] * warmup_prompt_len,
-                       SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
-    while engine.has_unfinished_requests():
-        engine.step()
+    engine = make_llm_engine(config, engine_core)
+    try:
+        engine.add_request("warmup", [engine.vocab_size - 1] * warmup_prompt_len,
+                           SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+        while engine.has_unfinished_requests():
+            engine.step()
+    except BaseException:
+        engine.shutdown()
+        raise
     return engine

@@ -62,8 +62,8 @@ def measure(config: EngineConfig, prompts: list[list[int]], batch: int, max_toke
     acceptance per position, the share of time spent drafting, and the outputs (to compare)."""
     from cinq.engine.llm import LLM
     from cinq.sampling_params import SamplingParams
-    llm = LLM(config.model, **{f.name: getattr(config, f.name) for f in dataclasses.fields(config)
-                               if f.name != "model"})
+    llm = LLM(config.model, engine_core="inproc",  # DraftTimer reaches the proposer: the core must be here
+              **{f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name != "model"})
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     todo = [prompts[i % len(prompts)] for i in range(max(batch, len(prompts)))]
     llm.generate(todo[:1], SamplingParams(temperature=0, max_tokens=4))  # warm-up: kernels, allocator

@@ -8,7 +8,8 @@ not sent, and the session goes on. Each of these is told to the user on stderr.
 Ctrl-C while a reply streams stops that reply (the request is aborted in the engine after the current step) and
 keeps the session: the reply as far as it got stays in the history, so the next turn follows what the user saw
 (a reply stopped before its first token is dropped with the message that asked for it). Ctrl-C at the prompt
-only reminds how to quit; a second one in a row quits.
+only reminds how to quit; a second one in a row quits. The engine is the offline ``LLM``'s (``OfflineEngine``, its
+core in its own process by default, engine/protocol.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ import argparse
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cinq.engine.protocol import OfflineEngine
 
 Message = dict[str, str]
 
@@ -94,20 +99,28 @@ def _notice(text: str) -> None:
     print(f"cinq chat: {text}", file=sys.stderr, flush=True)
 
 
-def context_capacity(engine) -> int:
+def context_capacity(engine: OfflineEngine) -> int:
     """Tokens one request may hold in total: the context length, or the whole KV cache when that is smaller."""
     return min(engine.max_model_len, engine.num_blocks * engine.config.block_size)
 
 
 def run(args: argparse.Namespace) -> int:
     from cinq.commands.engine_args import engine_config_from_args
+    from cinq.engine.protocol import make_llm_engine
+
+    engine = make_llm_engine(engine_config_from_args(args))
+    try:
+        return _chat(args, engine)
+    finally:
+        engine.shutdown()  # a core process, tensor-parallel workers
+
+
+def _chat(args: argparse.Namespace, engine: OfflineEngine) -> int:
     from cinq.commands.interrupt import StepInterrupt
     from cinq.commands.sampling_args import sampling_params_from_args
-    from cinq.engine.engine import LLMEngine
     from cinq.errors import CinqError, InvalidParameterError
     from cinq.sampling_params import OutputKind
 
-    engine = LLMEngine(engine_config_from_args(args))
     params = sampling_params_from_args(args, n=1, output_kind=OutputKind.DELTA)
     tok = engine.tokenizer
     if not tok.chat_template:

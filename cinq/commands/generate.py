@@ -1,4 +1,5 @@
-"""`cinq generate`: complete prompts offline with the batched engine.
+"""`cinq generate`: complete prompts offline with the batched engine (an ``OfflineEngine``, the offline ``LLM``'s:
+its core in its own process by default, engine/protocol.py).
 
 With several prompts or ``-n`` > 1, vLLM's "Processed prompts" progress bar runs on stderr when stderr is a
 terminal (``--no-progress``: none). Ctrl-C stops the run after the current engine step and prints every
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from cinq.engine.engine import LLMEngine
+    from cinq.engine.protocol import OfflineEngine
     from cinq.outputs import RequestOutput
     from cinq.sampling_params import SamplingParams
 
@@ -184,7 +185,7 @@ def show_progress(args: argparse.Namespace, num_completions: int) -> bool:
     return not args.no_progress and num_completions > 1 and sys.stderr.isatty()
 
 
-def run_requests(engine: LLMEngine, prompts: list[str | list[int]], params: SamplingParams,
+def run_requests(engine: OfflineEngine, prompts: list[str | list[int]], params: SamplingParams,
                  bar: ProgressBar | None = None) -> tuple[Results, bool]:
     """Run every prompt to the end, or until Ctrl-C; returns the results and whether it was interrupted.
     All prompts are queued first, all or nothing (a bad one raises before anything runs)."""
@@ -223,12 +224,20 @@ def run(args: argparse.Namespace) -> int:
 
     from cinq.commands.engine_args import engine_config_from_args
     from cinq.commands.sampling_args import sampling_params_from_args
-    from cinq.engine.engine import LLMEngine
+    from cinq.engine.protocol import make_llm_engine
 
     config = engine_config_from_args(args)
     params = sampling_params_from_args(args, structured_outputs=structured_from_args(args))
     prompts = _prompts(args)
-    engine = LLMEngine(config)
+    engine = make_llm_engine(config)
+    try:
+        return _generate(args, engine, prompts, params)
+    finally:
+        engine.shutdown()  # a core process, tensor-parallel workers
+
+
+def _generate(args: argparse.Namespace, engine: OfflineEngine, prompts: list[str], params: SamplingParams) -> int:
+    config = engine.config
     inputs: list[str | list[int]] = list(prompts)
     if args.chat:
         tok = engine.tokenizer

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from cinq.config import EngineConfig, ParallelConfig
@@ -25,6 +24,7 @@ from cinq.dp.replica import ACCEPTED, EngineReplica, ReplicaInfo
 from cinq.dp.request_stream import DPRequest, DPRequestStream, ReplicaSlot, abort_on
 from cinq.dp.router import NoReplicaError, PrefixRouter, RouterConfig
 from cinq.dp.stats import sum_stats, without_gauges
+from cinq.engine.async_frontend import AsyncFrontend
 from cinq.engine.async_engine import EngineDeadError, EngineOverloadedError
 from cinq.errors import InvalidParameterError
 from cinq.model.tokenizer import Tokenizer
@@ -37,7 +37,7 @@ POLL_INTERVAL_S = 0.5  # replica stats (and idle replicas' liveness) are polled 
 RESTART_ATTEMPTS = 5
 
 
-class DPAsyncLLM:
+class DPAsyncLLM(AsyncFrontend):
     """The ``EngineClient`` interface over ``data_parallel_size`` replicas (see the module docstring). Construction
     connects to Ray (``ray_address``; None: $RAY_ADDRESS, else a new local cluster, unless this process is
     already connected) and waits until every replica has loaded its engine. ``replica_num_cpus``: CPUs each
@@ -47,6 +47,7 @@ class DPAsyncLLM:
     def __init__(self, config: EngineConfig, data_parallel_size: int, max_waiting_requests: int | None = None,
                  ray_address: str | None = None, router_config: RouterConfig | None = None,
                  replica_num_cpus: float | None = None, startup_timeout: float = 600.0) -> None:
+        super().__init__()
         try:
             import ray
         except ImportError:
@@ -63,7 +64,6 @@ class DPAsyncLLM:
         self.max_waiting_requests = max_waiting_requests
         self.router = PrefixRouter(data_parallel_size, router_config)
         self.counters = DPCounters(data_parallel_size)
-        self.finished_callbacks: list[Callable[[RequestOutput], None]] = []
         self.startup_timeout = startup_timeout
         self._owns_ray = connect_ray(ray_address)
         try:
@@ -133,31 +133,11 @@ class DPAsyncLLM:
             self._owns_ray = False
 
     # ---- what the server reads (EngineClient) --------------------------------------------------------------------
-    dead_error: str | None = None  # a dead replica is replaced; the front end itself never reports one
+    # dead_error stays None: a dead replica is replaced; the front end itself never reports one
 
     @property
     def tokenizer(self) -> Tokenizer:
         return self.info.tokenizer
-
-    @property
-    def max_model_len(self) -> int:
-        return self.info.max_model_len
-
-    @property
-    def vocab_size(self) -> int:
-        return self.info.vocab_size
-
-    @property
-    def num_blocks(self) -> int:
-        return self.info.num_blocks
-
-    @property
-    def architecture(self) -> str:
-        return self.info.architecture
-
-    @property
-    def default_sampling_params(self) -> dict[str, Any]:
-        return self.info.default_sampling_params
 
     @property
     def stopping(self) -> bool:
@@ -181,17 +161,6 @@ class DPAsyncLLM:
         stream = DPRequestStream(self, req)
         await stream.submit()
         return stream
-
-    async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str,
-                       prompt_text: str | None = None, arrival_time: float | None = None,
-                       language: str | None = None) -> AsyncGenerator[RequestOutput, None]:
-        """Add a request and yield its outputs until it finishes; leaving early aborts it."""
-        stream = await self.add_request(request_id, prompt, params, prompt_text, arrival_time, language)
-        try:
-            async for out in stream:
-                yield out
-        finally:
-            stream.abort()
 
     async def send(self, req: DPRequest, exclude: set[int]) -> tuple[ReplicaSlot, int, Any]:
         """Send ``req`` to a replica and wait for its acceptance; a replica that dies first is marked dead and
@@ -238,11 +207,7 @@ class DPAsyncLLM:
     def request_finished(self, out: RequestOutput) -> None:
         """A stream delivered its finished output: count it and run the finished callbacks (metrics)."""
         self.counters.completed += 1
-        for callback in self.finished_callbacks:
-            try:
-                callback(out)
-            except Exception:  # a metrics bug must not lose the output
-                log.exception("finished-request callback failed")
+        self._request_finished(out)
 
     # ---- faults -------------------------------------------------------------------------------------------------
     def replica_died(self, replica: ReplicaSlot, generation: int) -> None:

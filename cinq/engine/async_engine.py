@@ -31,11 +31,11 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from cinq.config import EngineConfig
+from cinq.engine.async_frontend import AsyncFrontend, call_on_loop
 from cinq.engine.engine import LLMEngine
 from cinq.errors import CinqError, InvalidParameterError
 from cinq.model.tokenizer import Tokenizer
@@ -86,19 +86,17 @@ def check_max_waiting(max_waiting_requests: int | None) -> None:
             f"max_waiting_requests must be >= 1 or None, got {max_waiting_requests}", "max_waiting_requests")
 
 
-class AsyncLLM:
+class AsyncLLM(AsyncFrontend):
     """Async front of one ``LLMEngine`` in this process (the engine core in a thread): ``generate()`` yields a
     request's outputs as the engine produces them. An ``EngineClient``; ``AsyncMPLLM`` is the same with the core
-    in its own process."""
-
-    dead_error: str | None = None  # an in-process core dies with the process: never set
+    in its own process. An in-process core dies with the process: ``dead_error`` is never set."""
 
     def __init__(self, engine: LLMEngine, max_waiting_requests: int | None = None) -> None:
+        super().__init__()
         check_max_waiting(max_waiting_requests)
         self.engine = engine
+        self.info = engine.info
         self.max_waiting_requests = max_waiting_requests
-        # Hooks called on the event loop with every finished RequestOutput (metrics).
-        self.finished_callbacks: list[Callable[[RequestOutput], None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopped_thread: threading.Thread | None = None  # shut down, possibly still ending its last step
@@ -107,7 +105,6 @@ class AsyncLLM:
         self._commands: deque[_Add | _Abort] = deque()
         self._pending_adds = 0  # sequences queued as commands, not yet in the engine
         self._num_waiting = 0  # sequences in the engine's waiting queue (as of the last drain or step)
-        self._queues: dict[str, asyncio.Queue] = {}  # event-loop side only
         self._live: set[str] = set()  # engine-thread side only: requests the engine holds
         self._stopping = False
         self._stats = engine.get_stats()
@@ -126,26 +123,6 @@ class AsyncLLM:
     @property
     def tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer
-
-    @property
-    def max_model_len(self) -> int:
-        return self.engine.max_model_len
-
-    @property
-    def vocab_size(self) -> int:
-        return self.engine.vocab_size
-
-    @property
-    def num_blocks(self) -> int:
-        return self.engine.num_blocks
-
-    @property
-    def architecture(self) -> str:
-        return self.engine.model_config.architecture
-
-    @property
-    def default_sampling_params(self) -> dict[str, Any]:
-        return self.engine.default_sampling_params
 
     # ---- life cycle ---------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -206,18 +183,6 @@ class AsyncLLM:
         queue = await self._add(request_id, prompt, params, prompt_text, arrival_time or time.time(), language)
         return RequestStream(request_id, queue, self, params.output_kind is OutputKind.DELTA)
 
-    async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str,
-                       prompt_text: str | None = None, arrival_time: float | None = None,
-                       language: str | None = None) -> AsyncGenerator[RequestOutput, None]:
-        """Add a request and yield its outputs until it finishes. Leaving the loop early (break, cancellation,
-        ``aclose()``) aborts the request."""
-        stream = await self.add_request(request_id, prompt, params, prompt_text, arrival_time, language)
-        try:
-            async for out in stream:
-                yield out
-        finally:
-            stream.abort()
-
     async def _add(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                    prompt_text: str | None, arrival_time: float, language: str | None = None) -> asyncio.Queue:
         if not self.is_running:
@@ -272,20 +237,6 @@ class AsyncLLM:
     def stats_time(self) -> float:
         return self._stats_time
 
-    def _deliver(self, outputs: list[RequestOutput]) -> None:
-        for out in outputs:
-            queue = self._queues.get(out.request_id)
-            if queue is None:
-                continue  # aborted on this side after the engine produced it
-            queue.put_nowait(out)
-            if out.finished:
-                del self._queues[out.request_id]
-                for callback in self.finished_callbacks:
-                    try:
-                        callback(out)
-                    except Exception:  # a metrics bug must not lose the output
-                        log.exception("finished-request callback failed")
-
     def _fail(self, request_ids: list[str], error: BaseException) -> None:
         for rid in request_ids:
             queue = self._queues.pop(rid, None)
@@ -293,10 +244,7 @@ class AsyncLLM:
                 queue.put_nowait(error)
 
     def _to_loop(self, fn: Callable, *args: object) -> None:
-        try:
-            self._loop.call_soon_threadsafe(fn, *args)  # type: ignore[union-attr]
-        except RuntimeError:  # the event loop is closed: nobody is left to receive it
-            pass
+        call_on_loop(self._loop, fn, *args)
 
     # ---- the engine thread --------------------------------------------------------------------------------------
     def _run(self) -> None:

@@ -24,9 +24,10 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import Callable
 
 from cinq.config import EngineConfig
+from cinq.engine.async_frontend import AsyncFrontend, call_on_loop
 from cinq.engine.async_engine import (EngineDeadError, EngineOverloadedError, RequestFailedError, RequestStream,
                                       check_max_waiting)
 from cinq.engine.core_client import CoreDiedError, CoreProcClient
@@ -35,18 +36,19 @@ from cinq.engine.io import EngineCoreOutputs
 from cinq.engine.output_processor import OutputProcessor
 from cinq.errors import InvalidParameterError
 from cinq.model.tokenizer import Tokenizer
-from cinq.outputs import EngineStats, RequestOutput
+from cinq.outputs import EngineStats
 from cinq.sampling_params import OutputKind, SamplingParams
 
 log = logging.getLogger(__name__)
 
 
-class AsyncMPLLM:
+class AsyncMPLLM(AsyncFrontend):
     """``EngineClient`` over an engine core process (see the module docstring). Construction starts the core and
     waits until it has loaded the model (its start-up error, if any, is raised here as itself)."""
 
     def __init__(self, config: EngineConfig, max_waiting_requests: int | None = None,
                  on_core_start: Callable[..., None] | None = None) -> None:
+        super().__init__()
         check_max_waiting(max_waiting_requests)
         self.max_waiting_requests = max_waiting_requests
         self.client = CoreProcClient(config, on_start=on_core_start)
@@ -61,10 +63,8 @@ class AsyncMPLLM:
         self.info = info
         self.input_processor = InputProcessor(info, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer)
-        self.finished_callbacks: list[Callable[[RequestOutput], None]] = []
         self.num_step_failures = 0
         self.dead_error: str | None = None  # why the core is gone, once it is
-        self._queues: dict[str, asyncio.Queue] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reader: threading.Thread | None = None
         self._stopping = False
@@ -78,26 +78,6 @@ class AsyncMPLLM:
         return cls(config, max_waiting_requests)
 
     # ---- what the server reads ----------------------------------------------------------------------------------
-    @property
-    def max_model_len(self) -> int:
-        return self.info.max_model_len
-
-    @property
-    def vocab_size(self) -> int:
-        return self.info.vocab_size
-
-    @property
-    def num_blocks(self) -> int:
-        return self.info.num_blocks
-
-    @property
-    def architecture(self) -> str:
-        return self.info.architecture
-
-    @property
-    def default_sampling_params(self) -> dict:
-        return self.info.default_sampling_params
-
     @property
     def core_pid(self) -> int | None:
         """The engine core's process id (the tests kill it; the benchmark reads its CPU time)."""
@@ -168,17 +148,6 @@ class AsyncMPLLM:
         self._sent += len(req.core_requests)
         return RequestStream(request_id, queue, self, params.output_kind is OutputKind.DELTA)
 
-    async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str,
-                       prompt_text: str | None = None, arrival_time: float | None = None,
-                       language: str | None = None) -> AsyncGenerator[RequestOutput, None]:
-        """Add a request and yield its outputs until it finishes; leaving early aborts it."""
-        stream = await self.add_request(request_id, prompt, params, prompt_text, arrival_time, language)
-        try:
-            async for out in stream:
-                yield out
-        finally:
-            stream.abort()
-
     def abort(self, request_id: str) -> None:
         """Abort a request (no-op when it already finished); the core frees its blocks before its next step."""
         if self._queues.pop(request_id, None) is None:
@@ -234,30 +203,15 @@ class AsyncMPLLM:
             return
         outputs, stopped, failures = processor.process(known, first)
         self.client.abort(stopped, "stop")
-        failed = set()
         for failure in failures:
             self.client.abort(failure.child_ids, "error")
-            failed.add(failure.request_id)
             log.error("request %s failed inside the engine and was ended alone: %s", failure.request_id,
                       failure.error)
             queue = self._queues.pop(failure.request_id, None)
             if queue is not None:
                 queue.put_nowait(RequestFailedError(f"request {failure.request_id} failed in the engine: "
                                                     f"{failure.error}"))
-        for out in outputs:
-            if out.request_id in failed:
-                continue
-            queue = self._queues.get(out.request_id)
-            if queue is None:
-                continue
-            queue.put_nowait(out)
-            if out.finished:
-                del self._queues[out.request_id]
-                for callback in self.finished_callbacks:
-                    try:
-                        callback(out)
-                    except Exception:  # a metrics bug must not lose the output
-                        log.exception("finished-request callback failed")
+        self._deliver(outputs)  # a failed request's queue is already gone: its outputs are skipped
 
     def _fail_children(self, child_ids: list[str], error: BaseException) -> None:
         parents = {self.output_processor.children[c][0].request_id for c in child_ids
@@ -281,10 +235,7 @@ class AsyncMPLLM:
             self.output_processor.abort(rid)
 
     def _to_loop(self, fn: Callable, *args: object) -> None:
-        try:
-            self._loop.call_soon_threadsafe(fn, *args)  # type: ignore[union-attr]
-        except RuntimeError:  # the event loop is closed: nobody is left to receive it
-            pass
+        call_on_loop(self._loop, fn, *args)
 
 
 def _with_model(config: EngineConfig, model: str) -> EngineConfig:

@@ -133,7 +133,8 @@ class EngineCore:
         return EngineCoreInfo(self.config.model, mcfg.architecture, mcfg.vocab_size, self.max_model_len,
                               self.num_blocks, self.config.block_size, list(mcfg.eos_token_ids),
                               dict(self.default_sampling_params), self.seed, self.executor.attention_backend,
-                              os.getpid())
+                              os.getpid(), self.executor.kv_bytes_per_block(self.config.block_size),
+                              served_weight_bytes(self.executor))
 
     def _resolve_max_model_len(self) -> int:
         mcfg, asked = self.model_config, self.config.max_model_len
@@ -283,3 +284,27 @@ class EngineCore:
         snap.spec_decode_num_accepted_tokens_per_pos = list(st.spec_decode_num_accepted_tokens_per_pos)
         snap.spec_decode_by_language = {k: dataclasses.replace(v) for k, v in st.spec_decode_by_language.items()}
         return snap
+
+
+def module_bytes(*modules: Any) -> int:
+    """Bytes of the distinct tensors (parameters and buffers) of torch modules; a tensor two modules share (a
+    head tied to the target's embeddings) counts once; anything not a module counts nothing."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for m in modules:
+        if not isinstance(m, torch.nn.Module):
+            continue
+        for t in [*m.parameters(), *m.buffers()]:
+            key = (t.untyped_storage().data_ptr(), t.storage_offset())
+            if key not in seen:
+                seen.add(key)
+                total += t.numel() * t.element_size()
+    return total
+
+
+def served_weight_bytes(executor: Executor) -> int:
+    """The target's weights plus those of its proposer's modules (a draft model, EAGLE / Medusa heads), as far as
+    this process holds them (tensor-parallel workers' shards are not counted)."""
+    proposer = getattr(executor, "proposer", None)
+    extra = list(vars(proposer).values()) if proposer is not None and hasattr(proposer, "__dict__") else []
+    return module_bytes(getattr(executor, "model", None), *extra)

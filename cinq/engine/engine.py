@@ -46,7 +46,8 @@ class LLMEngine:
         except BaseException:
             core.shutdown()
             raise
-        self.input_processor = InputProcessor(core.info(), self.tokenizer)
+        self.info = core.info()  # what MPLLMEngine learns from its core process: the same questions answered here
+        self.input_processor = InputProcessor(self.info, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer)
         # Requests that failed alone in the last step: request id -> "ErrorType: message" (AsyncLLM turns them
         # into RequestFailedError on their streams). Replaced every step, so it never grows.

@@ -169,3 +169,5 @@ class EngineCoreInfo:
     seed: int
     attention_backend: str = ""
     pid: int = 0  # the core's process (the front end's own pid when in-process)
+    kv_bytes_per_block: int = 0  # KV cache bytes of one block, all layers (and a draft model's), K and V
+    weight_bytes: int = 0  # the target's weights plus its proposer's modules (benchmarks' memory column)

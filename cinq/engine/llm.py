@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from cinq.config import EngineConfig
-from cinq.engine.engine import LLMEngine
+from cinq.engine.protocol import OfflineEngine, check_engine_core, default_offline_engine_core, make_llm_engine
 from cinq.engine.spec_metrics import check_language
 from cinq.errors import InvalidParameterError
 from cinq.model.generation_defaults import fill_defaults
@@ -22,23 +22,18 @@ class LLM:
     """Batch generation over a local Hugging Face model folder or an embedded model by name ("cinq-tiny",
     "cinq-tiny-student"; None: the default model).
 
-    ``engine_core``: ``"inproc"`` (default) runs the engine core in this process (``LLMEngine``; ``llm.engine``
-    then exposes the model and the scheduler to tools); ``"process"`` runs it in its own process behind ZMQ
-    (``MPLLMEngine``), so detokenizing here overlaps the next step there. In-process stays the default for now:
-    tools and tests reach ``llm.engine``'s model and scheduler, and the only offline comparison so far (64 cinq-tiny
-    prompts on a shared, loaded machine) is too noisy to decide on; see docs/architecture.md."""
+    ``engine_core``: ``"process"`` runs the engine core in its own process behind ZMQ (``MPLLMEngine``), so
+    detokenizing here overlaps the next step there; ``"inproc"`` runs it in this process (``LLMEngine``;
+    ``llm.engine`` then exposes the model and the scheduler to tools). None (default): ``$CINQ_ENGINE_CORE``, else
+    ``"process"``, measured faster on offline batches: 1.28x tokens/s on cinq-tiny and 1.48x on SmolLM2-135M
+    (48 prompts, median of 3 rotated rounds; a draft on a shared machine, benchmarks/offline_engine_core.py)."""
 
-    def __init__(self, model: str | Path | None = None, engine_core: str = "inproc", **engine_args: Any) -> None:
-        # "" is the default model; the engine resolves names (one ModelLoadError naming "model" for a bad one)
+    def __init__(self, model: str | Path | None = None, engine_core: str | None = None,
+                 **engine_args: Any) -> None:
+        engine_core = engine_core or default_offline_engine_core()
+        check_engine_core(engine_core)  # before a model is loaded
         config = EngineConfig.from_kwargs("" if model is None else str(model), **engine_args)
-        if engine_core == "process":
-            from cinq.engine.mp_engine import MPLLMEngine
-            self.engine: LLMEngine | Any = MPLLMEngine(config)
-        elif engine_core == "inproc":
-            self.engine = LLMEngine(config)
-        else:
-            raise InvalidParameterError(f"engine_core must be 'inproc' or 'process', got {engine_core!r}",
-                                        "engine_core")
+        self.engine: OfflineEngine | Any = make_llm_engine(config, engine_core)  # type: ignore[arg-type]
         self._ids = itertools.count()
         self.errors: dict[str, str] = {}  # request id -> error, for requests of the last call that failed alone
 

@@ -8,6 +8,7 @@ own failure found here is sent back as an abort. A dead core raises ``EngineDead
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -31,7 +32,7 @@ class MPLLMEngine:
         self.client = CoreProcClient(config)
         try:
             info = self.client.info
-            self.config = config
+            self.config = config if info.model == config.model else dataclasses.replace(config, model=info.model)
             self.tokenizer = Tokenizer.from_pretrained(config.tokenizer or info.model, info.model_eos_token_ids)
         except BaseException:
             self.client.shutdown()

@@ -1,5 +1,7 @@
-"""EngineClient: the one interface the server, the CLI, ``cinq bench`` / ``cinq tune`` and the data-parallel front
-end use to drive an engine (vLLM's ``EngineClient``), and ``make_engine_client`` to build one.
+"""EngineClient: the one interface the server, ``cinq bench serve`` and the data-parallel front end use to drive an
+engine (vLLM's ``EngineClient``), and ``make_engine_client`` to build one; ``OfflineEngine``, its synchronous
+counterpart (``LLMEngine``'s add_request / step interface) behind the offline ``LLM``, ``cinq generate``, ``cinq
+chat`` and ``cinq tune``, and ``make_llm_engine``.
 
 Three implementations: ``AsyncLLM`` (engine/async_engine.py: the core in a thread of this process),
 ``AsyncMPLLM`` (engine/async_mp_llm.py: the core in its own process behind ZMQ, the server's default) and
@@ -9,10 +11,12 @@ stats are what the core publishes (``get_stats``), limits what it said at start-
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, Literal, Protocol
 
 from cinq.config import EngineConfig
+from cinq.engine.io import EngineCoreInfo
 from cinq.model.tokenizer import Tokenizer
 from cinq.outputs import EngineStats, RequestOutput
 from cinq.sampling_params import SamplingParams
@@ -86,16 +90,83 @@ class EngineClient(Protocol):
     def get_stats(self) -> EngineStats: ...
 
 
+class OfflineEngine(Protocol):
+    """The synchronous front end: ``LLMEngine`` (the core in this process) or ``MPLLMEngine`` (the core in its own
+    process). Not thread-safe; one caller drives it with ``step()``."""
+
+    config: EngineConfig
+    info: EngineCoreInfo  # the core's limits and sizes, as it reported them at start-up
+    failed_requests: dict[str, str]  # of the last step: request id -> error, for requests that failed alone
+    default_sampling_params: dict[str, Any]
+
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def num_blocks(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
+                    arrival_time: float | None = None, prompt_text: str | None = None,
+                    language: str | None = None) -> None: ...
+
+    def abort_request(self, request_ids: str | list[str]) -> None: ...
+
+    def has_unfinished_requests(self) -> bool: ...
+
+    def step(self) -> list[RequestOutput]: ...
+
+    def get_stats(self) -> EngineStats: ...
+
+    def shutdown(self) -> None: ...
+
+
+# The offline front ends' placement when none is given (vLLM's VLLM_ENABLE_V1_MULTIPROCESSING, by our names):
+# "process" unless this variable says "inproc" (the test suite does: its tests reach llm.engine's scheduler).
+ENGINE_CORE_ENV = "CINQ_ENGINE_CORE"
+
+
+def default_offline_engine_core() -> EngineCoreMode:
+    """Where the offline front ends put the core by default: ``$CINQ_ENGINE_CORE``, else ``"process"``, measured
+    faster for offline batches (1.28x cinq-tiny, 1.48x SmolLM2-135M, draft; benchmarks/offline_engine_core.py)."""
+    mode = os.environ.get(ENGINE_CORE_ENV) or "process"
+    check_engine_core(mode, ENGINE_CORE_ENV)
+    return mode  # type: ignore[return-value]
+
+
+def make_llm_engine(config: EngineConfig, engine_core: EngineCoreMode | None = None) -> OfflineEngine:
+    """One engine behind the ``OfflineEngine`` interface: its core in its own process (``"process"``: detokenizing
+    here overlaps the next step there) or here (``"inproc"``: tools may reach the model and the scheduler); None:
+    ``default_offline_engine_core()``."""
+    engine_core = engine_core or default_offline_engine_core()
+    check_engine_core(engine_core)
+    if engine_core == "process":
+        from cinq.engine.mp_engine import MPLLMEngine
+        return MPLLMEngine(config)
+    from cinq.engine.engine import LLMEngine
+    return LLMEngine(config)
+
+
+def check_engine_core(engine_core: str, name: str = "engine_core") -> None:
+    """``engine_core`` (given as ``name``) must be one of ``ENGINE_CORE_MODES``."""
+    if engine_core not in ENGINE_CORE_MODES:
+        from cinq.errors import InvalidParameterError
+        raise InvalidParameterError(f"{name} must be one of {', '.join(ENGINE_CORE_MODES)}, got {engine_core!r}",
+                                    name)
+
+
 def make_engine_client(config: EngineConfig, max_waiting_requests: int | None = None,
                        engine_core: EngineCoreMode = "process") -> EngineClient:
     """One engine behind the ``EngineClient`` interface: its core in its own process (``"process"``, the
     server's default: the step loop does not share the GIL with HTTP) or in a thread here (``"inproc"``)."""
+    check_engine_core(engine_core)
     if engine_core == "process":
         from cinq.engine.async_mp_llm import AsyncMPLLM
         return AsyncMPLLM(config, max_waiting_requests)
-    if engine_core == "inproc":
-        from cinq.engine.async_engine import AsyncLLM
-        return AsyncLLM.from_config(config, max_waiting_requests)
-    from cinq.errors import InvalidParameterError
-    raise InvalidParameterError(f"engine_core must be one of {', '.join(ENGINE_CORE_MODES)}, got {engine_core!r}",
-                                "engine_core")
+    from cinq.engine.async_engine import AsyncLLM
+    return AsyncLLM.from_config(config, max_waiting_requests)

@@ -37,7 +37,7 @@ class EngineGenerator:
         # the scheduler preempts when the cache is full.
         blocks = max_num_seqs * math.ceil(tokens_per_seq / 16) + 16
         args = {"dtype": dtype, "max_num_seqs": max_num_seqs, "num_kv_blocks": blocks, **(engine_args or {})}
-        self.llm = LLM(str(model_dir), **args)
+        self.llm = LLM(str(model_dir), engine_core="inproc", **args)  # the scorer reads llm.engine.model
 
     def __call__(self, prompts: list[str], max_new_tokens: int, stop: Sequence[str] = ()) -> tuple[list[str], float]:
         from cinq import SamplingParams

@@ -92,7 +92,6 @@ def candidate_config(base: EngineConfig, c: Candidate, model: str, options: Tune
 def run_tune(config: EngineConfig, options: TuneOptions, log: Any = None) -> dict[str, Any]:
     """The search (see the module docstring): every verdict, every measured row, and the chosen one (None when
     nothing measured meets the SLO) with its EngineConfig."""
-    from cinq.bench.rate_run import build_engine, run_at_rate
     from cinq.bench.served_quality import engine_quality, held_out_ids, reference_scores
     from cinq.cache import cache_dir
     from cinq.config import resolve_model
@@ -130,8 +129,8 @@ def run_tune(config: EngineConfig, options: TuneOptions, log: Any = None) -> dic
             folders[c.quant] = str(variant_folder(config.model, one_variant(c.quant), root))
         cfg = candidate_config(config, c, folders[c.quant], options)
         say(f"  [{i + 1}/{min(len(kept), options.max_trials)}] {c.label}")
-        at_rate = run_at_rate(build_engine(cfg), requests, options.request_rate, options.seed).summary()
-        at_inf = run_at_rate(build_engine(cfg), requests, math.inf, options.seed).summary()
+        at_rate = _measure(cfg, requests, options.request_rate, options.seed)
+        at_inf = _measure(cfg, requests, math.inf, options.seed)
         key = (c.quant, c.spec_k)
         if key not in qualities:
             qualities[key] = engine_quality(cfg, ids, options.quality, base).to_dict()
@@ -148,3 +147,15 @@ def run_tune(config: EngineConfig, options: TuneOptions, log: Any = None) -> dic
                          "prompt_tokens": sum(len(r.prompt) for r in requests),
                          "output_tokens": sum(r.output_len for r in requests)},
             "device": dataclasses.asdict(device)}
+
+
+def _measure(config: EngineConfig, requests: list[Any], rate: float, seed: int) -> dict[str, Any]:
+    """One rate run on a fresh offline engine (no prefix cache carried over), its core where the offline ``LLM``
+    puts it (engine/protocol.py); the engine is shut down after."""
+    from cinq.bench.rate_run import build_engine, run_at_rate
+    from cinq.engine.protocol import default_offline_engine_core
+    engine = build_engine(config, engine_core=default_offline_engine_core())
+    try:
+        return run_at_rate(engine, requests, rate, seed).summary()
+    finally:
+        engine.shutdown()

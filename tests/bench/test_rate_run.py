@@ -67,3 +67,21 @@ def test_rounds_rotate_the_order_and_keep_the_median_run():
     assert rotated([], 3) == []
     runs = [{"tok_s": 5.0, "i": 0}, {"tok_s": 1.0, "i": 1}, {"tok_s": 3.0, "i": 2}]
     assert median_by(runs, "tok_s")["i"] == 2 and median_by(runs[:2], "tok_s")["i"] == 0
+
+
+def test_a_core_in_its_own_process_runs_the_same_and_reports_the_same_sizes(tiny_llama):
+    """``cinq tune``'s placement: the rate run reads sizes and KV state from what the core publishes, so a core
+    behind ZMQ gives the in-process core's outputs (greedy), KV bytes per block and weight bytes."""
+    config = EngineConfig(model=str(tiny_llama), dtype="float32", num_threads=1, max_model_len=128, seed=0)
+    here = build_engine(config, engine_core="inproc")
+    there = build_engine(config, engine_core="process")
+    try:
+        reqs = random_requests(3, here.vocab_size, (10, 20), (3, 5), seed=2, low_token=10)
+        a, b = run_at_rate(here, reqs, math.inf), run_at_rate(there, reqs, math.inf)
+        assert b.outputs == a.outputs
+        assert b.kv_bytes_per_block == a.kv_bytes_per_block > 0
+        assert b.weight_bytes == a.weight_bytes == module_bytes(here.model)
+        assert b.peak_kv_blocks >= 1 and 0 <= b.kv_waste < 1
+    finally:
+        there.shutdown()
+        here.shutdown()

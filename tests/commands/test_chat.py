@@ -11,6 +11,7 @@ import pytest
 from cinq.cli import main
 from cinq.commands.chat import ChatHistory
 from cinq.engine.engine import LLMEngine
+from cinq.engine.mp_engine import MPLLMEngine
 
 CONTEXT = 64
 
@@ -19,15 +20,14 @@ CONTEXT = 64
 def requests(monkeypatch):
     """Every request the chat sends: (prompt ids, max_tokens, min_tokens), and the engine that got it."""
     sent: list[tuple[list[int], int, int]] = []
-    engines: list[LLMEngine] = []
-    original = LLMEngine.add_request
+    engines: list[LLMEngine | MPLLMEngine] = []
+    for cls in (LLMEngine, MPLLMEngine):  # the chat's engine, its core here or in its own process
+        def spy(self, request_id, prompt, params=None, *args, original=cls.add_request, **kwargs):
+            engines.append(self)
+            sent.append((list(prompt), params.max_tokens, params.min_tokens))
+            return original(self, request_id, prompt, params, *args, **kwargs)
 
-    def spy(self, request_id, prompt, params=None, *args, **kwargs):
-        engines.append(self)
-        sent.append((list(prompt), params.max_tokens, params.min_tokens))
-        return original(self, request_id, prompt, params, *args, **kwargs)
-
-    monkeypatch.setattr(LLMEngine, "add_request", spy)
+        monkeypatch.setattr(cls, "add_request", spy)
     return sent, engines
 
 

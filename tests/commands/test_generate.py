@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -29,6 +30,27 @@ def test_chat_streams_reply_and_quits_on_empty_line(tiny_llama, run_cli):
              stdin="hello\nagain\n\n")
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("assistant> ") == 2
+
+
+def test_generate_runs_the_core_in_its_own_process_and_stops_it(tiny_llama, run_cli, monkeypatch):
+    """The offline front end's default placement: the core in a child process, gone when the command returns."""
+    from cinq.engine.mp_engine import MPLLMEngine
+    from cinq.engine.protocol import ENGINE_CORE_ENV
+    monkeypatch.delenv(ENGINE_CORE_ENV, raising=False)  # the suite's conftest keeps the core in-process
+    engines: list[MPLLMEngine] = []
+    original = MPLLMEngine.__init__
+
+    def spy(self, *args, **kwargs):
+        engines.append(self)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(MPLLMEngine, "__init__", spy)
+    r = run_cli("generate", str(tiny_llama), "-p", "abc", "--max-tokens", "3", "--temperature", "0", "--ignore-eos",
+                "--json", "--dtype", "float32")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.splitlines()[0])["num_tokens"] == 3
+    assert len(engines) == 1 and engines[0].client.pid != os.getpid()
+    assert not engines[0].client.proc.is_alive()  # shut down when the command ended: no orphan core
 
 
 def test_bad_flag_value_is_one_clear_line(tiny_llama, run_cli):

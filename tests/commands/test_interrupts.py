@@ -15,32 +15,36 @@ import pytest
 
 from cinq.cli import main
 from cinq.engine.engine import LLMEngine
+from cinq.engine.mp_engine import MPLLMEngine
+
+OFFLINE_ENGINES = (LLMEngine, MPLLMEngine)  # the commands' engine, its core here or in its own process
 
 
 @pytest.fixture
 def sigint_at_step(monkeypatch):
     """``sigint_at_step(k)``: Ctrl-C arrives while the engine runs its k-th step (1-based); returns the engines
     and the prompts (token ids) they were sent."""
-    engines: list[LLMEngine] = []
+    engines: list[LLMEngine | MPLLMEngine] = []
     prompts: list[list[int]] = []
-    step, add = LLMEngine.step, LLMEngine.add_request
 
     def arm(k: int | None):
         calls = [0]
+        for cls in OFFLINE_ENGINES:
+            step, add = cls.step, cls.add_request
 
-        def spy_step(self):
-            calls[0] += 1
-            if calls[0] == k:
-                signal.raise_signal(signal.SIGINT)
-            return step(self)
+            def spy_step(self, step=step):
+                calls[0] += 1
+                if calls[0] == k:
+                    signal.raise_signal(signal.SIGINT)
+                return step(self)
 
-        def spy_add(self, request_id, prompt, *args, **kwargs):
-            engines.append(self)
-            prompts.append(list(prompt) if not isinstance(prompt, str) else prompt)
-            return add(self, request_id, prompt, *args, **kwargs)
+            def spy_add(self, request_id, prompt, *args, add=add, **kwargs):
+                engines.append(self)
+                prompts.append(list(prompt) if not isinstance(prompt, str) else prompt)
+                return add(self, request_id, prompt, *args, **kwargs)
 
-        monkeypatch.setattr(LLMEngine, "step", spy_step)
-        monkeypatch.setattr(LLMEngine, "add_request", spy_add)
+            monkeypatch.setattr(cls, "step", spy_step)
+            monkeypatch.setattr(cls, "add_request", spy_add)
         return engines, prompts
 
     return arm
@@ -96,16 +100,15 @@ def test_ctrl_c_stops_the_reply_and_keeps_it_in_the_history(tiny_llama, monkeypa
 
 def test_ctrl_c_before_the_first_token_drops_the_message(tiny_llama, monkeypatch, capsys, sigint_at_step):
     engines, prompts = sigint_at_step(None)
-    original = LLMEngine.add_request  # the spy: Ctrl-C right after the first message is queued
     sent = [0]
+    for cls in OFFLINE_ENGINES:  # the spy: Ctrl-C right after the first message is queued
+        def add_then_interrupt(self, *args, original=cls.add_request, **kwargs):
+            original(self, *args, **kwargs)
+            sent[0] += 1
+            if sent[0] == 1:
+                signal.raise_signal(signal.SIGINT)
 
-    def add_then_interrupt(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        sent[0] += 1
-        if sent[0] == 1:
-            signal.raise_signal(signal.SIGINT)
-
-    monkeypatch.setattr(LLMEngine, "add_request", add_then_interrupt)
+        monkeypatch.setattr(cls, "add_request", add_then_interrupt)
     rc = chat(monkeypatch, tiny_llama, "hello\nagain\n", "--max-tokens", "8")
     _, err = capsys.readouterr()
     assert rc == 0, err
