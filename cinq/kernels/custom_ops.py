@@ -77,7 +77,7 @@ def _(query: Tensor, kv_cache: Tensor, block_tables: Tensor, seq_lens: Tensor, s
 # Meta kernels, when their extension loads (cinq/kernels/cpu/small_m_gemm.cpp, grouped_int_linear.cpp): compiled code
 # then calls them through the dispatcher alone (~10 us a call less than a Python custom op, the one that runs ~20
 # times per decode step). Loaded here so that importing this module registers every op, as before.
-for _name in ("small_m_gemm", "grouped_int_linear"):
+for _name in ("small_m_gemm", "grouped_int_linear", "int8_activation_linear"):
     native_module(_name)
 
 

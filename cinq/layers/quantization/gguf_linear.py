@@ -5,7 +5,8 @@ It loads the blocks as bytes (``weight``: uint8 [N, K / 32 * block bytes]; a mer
 rows, so they concatenate like dense ones), then ``process_weights_after_loading`` decodes them once and hands them
 to the kernel: for bf16 on the CPU, cinq's native grouped kernels (int8 with one scale per 32-value block for Q8_0;
 4-bit with a float32 scale and offset per block for Q4_0 / Q4_1: Q4_1's minimum is not an integer zero point, so
-the kernel takes the affine form W = scale * q + offset rather than GPTQ's scale * (q - zero)). Elsewhere (float32
+the kernel takes the affine form W = scale * q + offset rather than GPTQ's scale * (q - zero)); with int8
+activations (``int8_activations``, the default) the int8-activation kernels on the blocks' own fp16 scales. Elsewhere (float32
 parity runs, CUDA, no native build) the exact values are dequantized once to the compute dtype and run dense; the
 log says so once.
 """
@@ -17,6 +18,12 @@ import torch
 from cinq.errors import InvalidParameterError
 from cinq.layers.linear_split import LinearSplit
 from cinq.layers.quantization.gguf_blocks import BLOCK, BLOCK_BYTES, decode_blocks
+from cinq.layers.quantization.int8_activations import (
+    gguf_kernel_tensors,
+    int4_affine_linear_i8,
+    int8_activations,
+    int8_grouped_linear_i8,
+)
 from cinq.layers.quantization.kernels import DEQUANTIZED_AT_LOAD, Prepared, say_once, weight_only_mm
 from cinq.layers.quantization.linear import QuantizedLinear
 from cinq.layers.weight_loader import OutputShards, ParamLayout
@@ -49,6 +56,8 @@ def prepare_blocks(raw: torch.Tensor, type_name: str, dtype: torch.dtype) -> Pre
     device = raw.device
     if device.type == "cpu" and dtype == torch.bfloat16 and native.affine_kernels_available():
         kind = "gguf_int8" if type_name == "Q8_0" else "gguf_int4"
+        if int8_activations():  # GGUF's own fp16 scales: the file's bytes per weight, streamed as they are
+            return Prepared(kind + "_i8", gguf_kernel_tensors(raw, type_name), BLOCK)
         return Prepared(kind, kernel_tensors(raw, type_name), BLOCK)
     codes = decode_blocks(raw, type_name)
     say_once(f"GGUF {codes.type_name} blocks: no native kernel for {dtype} on {device.type}; dequantized once "
@@ -63,8 +72,12 @@ def gguf_mm(kind: str, t: dict[str, torch.Tensor], group: int, x: torch.Tensor) 
     from cinq.layers.quantization import native
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k)
-    fn = native.int8_grouped_linear if kind == "gguf_int8" else native.int4_affine_linear
-    y = fn(x2 if x2.dtype == torch.bfloat16 else x2.to(torch.bfloat16), t, group)
+    x2 = x2 if x2.dtype == torch.bfloat16 else x2.to(torch.bfloat16)
+    if kind.endswith("_i8"):
+        x2 = x2 if x2.is_contiguous() else x2.contiguous()
+        y = (int8_grouped_linear_i8 if kind == "gguf_int8_i8" else int4_affine_linear_i8)(x2, t, group)
+    else:
+        y = (native.int8_grouped_linear if kind == "gguf_int8" else native.int4_affine_linear)(x2, t, group)
     return (y if y.dtype == x.dtype else y.to(x.dtype)).reshape(*lead, -1)
 
 
