@@ -85,10 +85,10 @@ def test_int4_half_scales_with_offset(available, threads, group, m):
     codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
     d = (torch.rand(n, k // group, generator=gen) * 0.1).half()
     t = native.pack_int4_affine(codes, d.float(), -8 * d.float(), group)
-    t = {"codes": t["codes"], "scales": d, "q_offset": torch.tensor(8, dtype=torch.int32)}
+    t = {"codes": t["codes"], "scales": d}
     w = (codes.double() - 8) * d.double().repeat_interleave(group, 1)
     x = torch.randn(m, k, generator=gen).bfloat16()
-    assert_same_math(i8.int4_affine_linear_i8(x, t, group), x, w)
+    assert_same_math(i8.int4_affine_linear_i8(x, t, group, 8), x, w)
 
 
 @pytest.mark.parametrize("half", [False, True], ids=["f32", "f16"])
@@ -135,11 +135,11 @@ def test_a_broken_offset_fails_the_reference(available):
     codes = torch.randint(0, 16, (64, 128), generator=gen, dtype=torch.uint8)
     d = (torch.rand(64, 4, generator=gen) * 0.1).half()
     x = torch.randn(2, 128, generator=gen).bfloat16()
-    t = {"codes": native.pack_int4_affine(codes, d.float(), -8 * d.float(), 32)["codes"], "scales": d,
-         "q_offset": torch.tensor(0, dtype=torch.int32)}  # wrong: 0 instead of 8
+    t = {"codes": native.pack_int4_affine(codes, d.float(), -8 * d.float(), 32)["codes"], "scales": d}
     w = (codes.double() - 8) * d.double().repeat_interleave(32, 1)
+    assert_same_math(i8.int4_affine_linear_i8(x, t, 32, 8), x, w)
     with pytest.raises(AssertionError):
-        assert_same_math(i8.int4_affine_linear_i8(x, t, 32), x, w)
+        assert_same_math(i8.int4_affine_linear_i8(x, t, 32, 0), x, w)  # wrong: 0 instead of 8
 
 
 def test_knob_routes_the_native_linears(available, monkeypatch):

@@ -50,17 +50,17 @@ def i8_module() -> Any | None:
     return native_module(_MODULE)
 
 
-def int4_affine_linear_i8(x2: torch.Tensor, t: dict[str, torch.Tensor], group: int) -> torch.Tensor:
+def int4_affine_linear_i8(x2: torch.Tensor, t: dict[str, torch.Tensor], group: int, q_offset: int = 0
+                          ) -> torch.Tensor:
     """y [M, N] bf16 for x2 bf16 [M, K] contiguous and int4 tensors ``t``: ``codes`` as ``native.pack_int4_affine``,
-    ``scales`` float32 or float16, ``mins`` (same dtype; empty or absent: none) and ``q_offset`` (W = scale *
-    (q - q_offset) + min). With ``native.pack_int4_affine``'s tensors (mins = -8 scale written out) the offset is
-    left to the mins."""
+    ``scales`` float32 or float16 and ``mins`` of the same dtype (absent: none), W = scale * (q - q_offset) + min.
+    ``native.pack_int4_affine``'s tensors write Q4_0's offset out as mins: q_offset 0 there; GGUF Q4_0's tensors
+    (``gguf_kernel_tensors``) have no mins and q_offset 8. (The offset is an argument, not read from ``t``: a
+    tensor's int() costs a microsecond, and this runs for every linear of a step.)"""
     mins = t.get("mins")
-    offset = 0
-    if mins is None or mins.numel() == 0:
+    if mins is None:
         mins = _NO_MINS_HALF if t["scales"].dtype == torch.float16 else _NO_MINS
-        offset = int(t["q_offset"]) if "q_offset" in t else 0
-    return call_native(i8_module(), "int4_affine_linear_i8", x2, t["codes"], t["scales"], mins, group, offset)
+    return call_native(i8_module(), "int4_affine_linear_i8", x2, t["codes"], t["scales"], mins, group, q_offset)
 
 
 def int8_grouped_linear_i8(x2: torch.Tensor, t: dict[str, torch.Tensor], group: int) -> torch.Tensor:
@@ -69,24 +69,6 @@ def int8_grouped_linear_i8(x2: torch.Tensor, t: dict[str, torch.Tensor], group: 
     empty = _NO_MINS_HALF if t["scales"].dtype == torch.float16 else _NO_MINS
     return call_native(i8_module(), "int8_grouped_linear_i8", x2, t["codes"], t["scales"], t.get("mins", empty),
                        group)
-
-
-def gguf_kernel_tensors(raw: torch.Tensor, type_name: str) -> dict[str, torch.Tensor]:
-    """The int8-activation kernels' tensors from a GGUF block matrix ``raw`` uint8 [N, K / 32 * block bytes]: the
-    blocks' codes and their own fp16 scales (and Q4_1's fp16 minimums); Q4_0 as ``q_offset`` 8 with no mins, so a
-    call streams the file's 18 / 20 / 34 bytes per 32 weights."""
-    n, row_bytes = raw.shape
-    size = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}[type_name]
-    blocks = raw.reshape(n, row_bytes // size, size)
-    d = blocks[..., 0:2].contiguous().view(torch.float16).squeeze(-1)
-    if type_name == "Q8_0":
-        return {"codes": blocks[..., 2:].contiguous().view(torch.int8).reshape(n, -1), "scales": d.contiguous()}
-    if type_name == "Q4_0":
-        return {"codes": blocks[..., 2:].reshape(n, -1).contiguous(), "scales": d.contiguous(),
-                "q_offset": torch.tensor(8, dtype=torch.int32)}
-    m = blocks[..., 2:4].contiguous().view(torch.float16).squeeze(-1)
-    return {"codes": blocks[..., 4:].reshape(n, -1).contiguous(), "scales": d.contiguous(), "mins": m.contiguous(),
-            "q_offset": torch.tensor(0, dtype=torch.int32)}
 
 
 def quantize_activations_i8(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
