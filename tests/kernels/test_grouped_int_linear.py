@@ -29,14 +29,6 @@ def int16_activations():
     set_int8_activations(None)
 
 
-@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
-def threads(request):
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
-
-
 def int4_weight(n: int, k: int, group: int, gen: torch.Generator):
     codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
     scales = torch.rand(n, k // group, generator=gen) * 0.1 + 0.01

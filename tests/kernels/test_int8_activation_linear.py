@@ -22,14 +22,6 @@ def available() -> bool:
     return True
 
 
-@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
-def threads(request):
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
-
-
 def dequantized_x(x: torch.Tensor) -> torch.Tensor:
     """The activations as the kernel computes with them, float64."""
     q, s = i8.quantize_activations_i8(x)
