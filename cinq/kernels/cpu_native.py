@@ -104,7 +104,9 @@ def _build_or_load(name: str) -> Any:
         log.warning("building the native CPU kernel %s (once per machine and source version, ~1 min)", name)
     t0 = time.perf_counter()
     module = load(name=f"cinq_{name}_{key}", sources=[str(copy)], build_directory=str(build),
-                  extra_cflags=_CFLAGS, extra_ldflags=_LDFLAGS, verbose=False)
+                  # copies: torch's load() appends its own flags to the lists it is given, which changed the next
+                  # kernel's cache key in the same process (a rebuild whenever kernels loaded in another order)
+                  extra_cflags=list(_CFLAGS), extra_ldflags=list(_LDFLAGS), verbose=False)
     if fresh:
         log.warning("built the native CPU kernel %s in %.0f s", name, time.perf_counter() - t0)
     return module
