@@ -150,6 +150,14 @@ def test_knob_routes_the_native_linears(available, monkeypatch):
     assert torch.equal(on, i8.int4_affine_linear_i8(x, t, 32))
     assert torch.equal(off, native.grouped_module().int4_affine_linear(x, t["codes"], t["scales"], t["mins"], 32))
     assert not torch.equal(on, off)
+    codes, scales, mins = weights4(50, 128, 64, gen)  # group 64 stays on the int16 kernel (faster there)
+    t = native.pack_int4_affine(codes, scales, mins, 64)
+    i8.set_int8_activations(True)
+    try:
+        y64 = native.int4_affine_linear(x, t, 64)
+    finally:
+        i8.set_int8_activations(None)
+    assert torch.equal(y64, native.grouped_module().int4_affine_linear(x, t["codes"], t["scales"], t["mins"], 64))
 
 
 def test_bad_knob_value_names_the_variable(monkeypatch):
