@@ -47,7 +47,9 @@ RESULTS = ROOT / "benchmarks" / "results"
 HIDDEN, INTERMEDIATE, VOCAB, LAYERS = 576, 1536, 49152, 30  # SmolLM2-135M: 9 heads / 3 KV heads of dim 64
 SHAPES = {"qkv_proj": (960, HIDDEN), "o_proj": (HIDDEN, HIDDEN), "gate_up_proj": (2 * INTERMEDIATE, HIDDEN),
           "down_proj": (HIDDEN, INTERMEDIATE), "lm_head": (VOCAB, HIDDEN)}  # name -> (N out, K in)
-KERNELS = ("bf16", "int8 per-channel", "int8 g32", "int4 g32", "int4 g64", "int4 g128", "nf4 b64", "fp8 per-channel")
+KERNELS = ("bf16", "int8 per-channel", "int8 g32", "int4 g32", "int4 g64", "int4 g128", "nf4 b64", "fp8 per-channel",
+           # int8 activations (int8_activation_linear.cpp): GGUF's blocks with their fp16 scales, cinq's grouped ones
+           "q4_0 i8", "q4_1 i8", "q8_0 i8", "int4 g32 i8", "int4 g64 i8", "int4 g128 i8", "int8 per-channel i8")
 ROWS = (1, 2, 4, 8)
 THREADS = (1, 2)
 LLC_BYTES = 32 << 20
@@ -58,11 +60,13 @@ def _group(kernel: str, k: int) -> int | None:
     """The kernel's group size for K input channels (None: the group does not divide K)."""
     if kernel == "bf16":
         return 0
-    if kernel in ("int8 per-channel", "fp8 per-channel"):
+    if kernel.startswith(("int8 per-channel", "fp8 per-channel")):
         return k
+    if kernel.startswith("q"):  # GGUF blocks
+        return 32
     if kernel.startswith("nf4"):
         return int(kernel.split("b")[-1])
-    g = int(kernel.split("g")[-1])
+    g = int(kernel.split("g")[-1].split()[0])
     return g if k % g == 0 else None
 
 
@@ -79,6 +83,16 @@ def make_weight(kernel: str, n: int, k: int, group: int, gen: torch.Generator) -
         codes[(codes & 0x7F) == 0x7F] = 0  # no NaN codes
         return {"codes": codes, "scale": torch.rand(n, generator=gen) * 0.01}
     scales = torch.rand(n, k // group, generator=gen) * 0.01
+    if kernel.startswith("q"):  # a GGUF block matrix, as the file holds it
+        from cinq.layers.quantization.gguf_blocks import BLOCK_BYTES
+        from cinq.layers.quantization.gguf_linear import i8_kernel_tensors
+        type_name = kernel.split()[0].upper()
+        size = BLOCK_BYTES[type_name]
+        raw = torch.randint(0, 256, (n, k // 32, size), generator=gen, dtype=torch.uint8)
+        raw[..., 0:2] = torch.tensor([0x00, 0x20], dtype=torch.uint8)  # fp16 scale 0.0078125 (no inf / NaN)
+        if type_name == "Q4_1":
+            raw[..., 2:4] = torch.tensor([0x00, 0xA0], dtype=torch.uint8)
+        return i8_kernel_tensors(raw.reshape(n, -1), type_name)
     if kernel.startswith("int8"):
         codes = torch.randint(-128, 128, (n, k), generator=gen, dtype=torch.int8)
         return native.pack_int8_grouped(codes, scales, group)
@@ -96,6 +110,14 @@ def call_for(kernel: str, group: int, x: torch.Tensor) -> Callable[[dict[str, to
         if kernel.startswith("nf4"):
             return lambda t: fmod.nf4_linear(x, t["codes"], t["absmax"], t["levels"], group)
         return lambda t: fmod.fp8_linear(x, t["codes"], t["scale"], none)
+    if kernel.endswith(" i8"):
+        from cinq.layers.quantization.int8_activations import i8_module
+        imod, f32, f16 = i8_module(), torch.empty(0), torch.empty(0, dtype=torch.float16)
+        if kernel.startswith(("int8", "q8")):
+            return lambda t: imod.int8_grouped_linear_i8(x, t["codes"], t["scales"], f16 if kernel[0] == "q" else f32,
+                                                         group)
+        offset = 8 if kernel.startswith("q4_0") else 0
+        return lambda t: imod.int4_affine_linear_i8(x, t["codes"], t["scales"], t.get("mins", f16), group, offset)
     mod, none = native.grouped_module(), torch.empty(0)
     if kernel.startswith("int8"):
         return lambda t: mod.int8_grouped_linear(x, t["codes"], t["scales"], none, group)

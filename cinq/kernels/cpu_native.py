@@ -12,6 +12,8 @@ CPU's features.
   AVX2 + FMA (e.g. AMD Zen 3).
 * ``grouped_int_linear.cpp``: int4 affine (GGUF Q4_0 / Q4_1, GPTQ / AWQ) and int8 grouped (GGUF Q8_0, per channel)
   linears with bf16 activations, AVX2 (used by ``cinq.layers.quantization.native`` / ``kernels``).
+* ``int8_activation_linear.cpp``: the same int4 / int8 weights (fp16 or float32 scales) against activations
+  quantized to int8 per 32 channels (llama.cpp's Q8_0), ``vpmaddubsw`` (``cinq.layers.quantization.int8_activations``).
 * ``float_code_linear.cpp``: NF4 (bitsandbytes) and FP8 e4m3 weights decoded in registers, bf16 activations, AVX2 +
   F16C (``cinq.layers.quantization.native_float``).
 * ``small_m.h``: what the decode-sized linears share: one contiguous range of output rows per thread, prefetch.
@@ -102,7 +104,9 @@ def _build_or_load(name: str) -> Any:
         log.warning("building the native CPU kernel %s (once per machine and source version, ~1 min)", name)
     t0 = time.perf_counter()
     module = load(name=f"cinq_{name}_{key}", sources=[str(copy)], build_directory=str(build),
-                  extra_cflags=_CFLAGS, extra_ldflags=_LDFLAGS, verbose=False)
+                  # copies: torch's load() appends its own flags to the lists it is given, which changed the next
+                  # kernel's cache key in the same process (a rebuild whenever kernels loaded in another order)
+                  extra_cflags=list(_CFLAGS), extra_ldflags=list(_LDFLAGS), verbose=False)
     if fresh:
         log.warning("built the native CPU kernel %s in %.0f s", name, time.perf_counter() - t0)
     return module

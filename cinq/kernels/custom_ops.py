@@ -29,10 +29,12 @@ def _module(name: str) -> Any:
 # The decode step's kernels register their ops in C++, with schemas (the in-place ones declare what they mutate:
 # ``rotary_`` q and k, ``write_kv`` the cache, which keeps the KV write before the attention that reads it) and
 # Meta kernels, when their extension loads: rms_norm.cpp, rotary.cpp, kv_write.cpp, paged_decode.cpp, and the
-# linears (small_m_linear, int4_affine_linear, int8_grouped_linear) in small_m_gemm.cpp and grouped_int_linear.cpp.
+# linears (small_m_linear, int4_affine_linear, int8_grouped_linear, the int8-activation ones) in small_m_gemm.cpp,
+# grouped_int_linear.cpp and int8_activation_linear.cpp.
 # Compiled code then calls them through the dispatcher alone, ~7-10 us a call less than a Python custom op (a
 # 30-layer batch-1 step makes ~200 such calls). Loaded here so that importing this module registers every op.
-for _name in ("rms_norm", "rotary", "kv_write", "paged_decode", "small_m_gemm", "grouped_int_linear"):
+for _name in ("rms_norm", "rotary", "kv_write", "paged_decode", "small_m_gemm", "grouped_int_linear",
+              "int8_activation_linear"):
     native_module(_name)
 
 

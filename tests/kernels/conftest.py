@@ -1,4 +1,4 @@
-"""Shared fixtures for the attention-kernel tests: random paged steps with scattered blocks.
+"""Shared fixtures for the kernel tests: random paged steps with scattered blocks (attention), thread counts.
 
 Without CUDA, Triton kernels can only run under the interpreter, and ``@triton.jit`` reads TRITON_INTERPRET when
 a kernel module is imported, so it is set here, before any test module of this folder imports one.
@@ -20,6 +20,15 @@ if not torch.cuda.is_available():
 
 from cinq.kernels.metadata import AttentionMetadata  # noqa: E402
 from cinq.kernels.paged import write_kv_index_copy  # noqa: E402
+
+
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def threads(request):
+    """torch's thread count for the test (the native kernels split their work over it), restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
 
 
 @dataclass(slots=True)

@@ -43,6 +43,18 @@ def test_native_kernel_builds_on_this_platform():
     assert native_module("paged_decode") is not None
 
 
+def test_loading_kernels_leaves_the_build_flags_and_so_the_cache_keys_alone():
+    """torch's load() extends the flag lists it is given; the builds' cache key hashes the flags, so a mutated list
+    gave the next kernel in the process another key (and a rebuild) depending on the order kernels loaded in."""
+    from cinq.kernels import cpu_native
+    if native_module("kv_write") is None:
+        pytest.skip("native CPU kernels unavailable here")
+    before = (list(cpu_native._CFLAGS), list(cpu_native._LDFLAGS))
+    cpu_native._build_or_load("kv_write")
+    cpu_native._build_or_load("rms_norm")
+    assert (cpu_native._CFLAGS, cpu_native._LDFLAGS) == before
+
+
 @pytest.mark.parametrize("hq,hkv,d", [(4, 4, 64), (8, 2, 80), (16, 2, 128)])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
 def test_native_and_fallback_match_reference(hq, hkv, d, dtype, tol, monkeypatch):

@@ -36,12 +36,17 @@ def _cases() -> list[tuple[str, tuple]]:
                                 torch.rand(5, 2, generator=g), torch.randn(5, 2, generator=g), 32)),
         ("int8_grouped_linear", (r(3, 64), torch.randint(-128, 128, (7, 64), generator=g, dtype=torch.int8),
                                  torch.rand(7, 1, generator=g), torch.empty(0), 64)),
+        ("int4_affine_linear_i8", (r(2, 64), torch.randint(0, 256, (5, 32), generator=g, dtype=torch.uint8),
+                                   torch.rand(5, 2, generator=g).half(), torch.empty(0, dtype=torch.half), 32, 8)),
+        ("int8_grouped_linear_i8", (r(3, 64), torch.randint(-128, 128, (7, 64), generator=g, dtype=torch.int8),
+                                    torch.rand(7, 1, generator=g), torch.empty(0), 64)),
     ]
 
 
 CASES = len(_cases())
 MODULES = {"rotary_": "rotary", "write_kv": "kv_write", "small_m_linear": "small_m_gemm",
-           "int4_affine_linear": "grouped_int_linear", "int8_grouped_linear": "grouped_int_linear"}
+           "int4_affine_linear": "grouped_int_linear", "int8_grouped_linear": "grouped_int_linear",
+           "int4_affine_linear_i8": "int8_activation_linear", "int8_grouped_linear_i8": "int8_activation_linear"}
 
 
 @pytest.mark.parametrize("i", range(CASES))

@@ -20,12 +20,13 @@ def available() -> bool:
     return True
 
 
-@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
-def threads(request):
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
+@pytest.fixture(autouse=True)
+def int16_activations():
+    """These are the int16-activation kernels' tests (the int8 ones: test_int8_activation_linear.py)."""
+    from cinq.layers.quantization.int8_activations import set_int8_activations
+    set_int8_activations(False)
+    yield
+    set_int8_activations(None)
 
 
 def int4_weight(n: int, k: int, group: int, gen: torch.Generator):

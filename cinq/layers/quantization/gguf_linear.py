@@ -5,7 +5,8 @@ It loads the blocks as bytes (``weight``: uint8 [N, K / 32 * block bytes]; a mer
 rows, so they concatenate like dense ones), then ``process_weights_after_loading`` decodes them once and hands them
 to the kernel: for bf16 on the CPU, cinq's native grouped kernels (int8 with one scale per 32-value block for Q8_0;
 4-bit with a float32 scale and offset per block for Q4_0 / Q4_1: Q4_1's minimum is not an integer zero point, so
-the kernel takes the affine form W = scale * q + offset rather than GPTQ's scale * (q - zero)). Elsewhere (float32
+the kernel takes the affine form W = scale * q + offset rather than GPTQ's scale * (q - zero)); with int8
+activations (``int8_activations``, the default) the int8-activation kernels on the blocks' own fp16 scales. Elsewhere (float32
 parity runs, CUDA, no native build) the exact values are dequantized once to the compute dtype and run dense; the
 log says so once.
 """
@@ -17,6 +18,11 @@ import torch
 from cinq.errors import InvalidParameterError
 from cinq.layers.linear_split import LinearSplit
 from cinq.layers.quantization.gguf_blocks import BLOCK, BLOCK_BYTES, decode_blocks
+from cinq.layers.quantization.int8_activations import (
+    int4_affine_linear_i8,
+    int8_activations,
+    int8_grouped_linear_i8,
+)
 from cinq.layers.quantization.kernels import DEQUANTIZED_AT_LOAD, Prepared, say_once, weight_only_mm
 from cinq.layers.quantization.linear import QuantizedLinear
 from cinq.layers.weight_loader import OutputShards, ParamLayout
@@ -24,22 +30,40 @@ from cinq.layers.weight_loader import OutputShards, ParamLayout
 _ROWS = ParamLayout(output_dim=0)
 
 
+def _blocks(raw: torch.Tensor, type_name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(code bytes [N, K / 32 * code bytes], fp16 d [N, K / 32], Q4_1's fp16 m or None) of ``raw``."""
+    n, row_bytes = raw.shape
+    size = BLOCK_BYTES[type_name]
+    blocks = raw.reshape(n, row_bytes // size, size)
+    d = blocks[..., 0:2].contiguous().view(torch.float16).squeeze(-1)
+    m = blocks[..., 2:4].contiguous().view(torch.float16).squeeze(-1) if type_name == "Q4_1" else None
+    start = 4 if type_name == "Q4_1" else 2
+    return blocks[..., start:].reshape(n, -1).contiguous(), d, m
+
+
 def kernel_tensors(raw: torch.Tensor, type_name: str) -> dict[str, torch.Tensor]:
     """The native kernels' tensors straight from a GGUF block matrix ``raw`` uint8 [N, K / 32 * block bytes], equal
     to ``native.pack_int4_affine`` / ``pack_int8_grouped`` of the decoded blocks: GGUF's nibble order (byte j: value
     j low, j + 16 high) is the kernel's, so the codes are the blocks' bytes and only the fp16 scales widen (decoding
     to one code per byte and packing again took seconds per model)."""
-    n, row_bytes = raw.shape
-    size = BLOCK_BYTES[type_name]
-    blocks = raw.reshape(n, row_bytes // size, size)
-    d = blocks[..., 0:2].contiguous().view(torch.float16).squeeze(-1).float()
+    codes, d16, m16 = _blocks(raw, type_name)
+    d = d16.float()
     if type_name == "Q8_0":
-        return {"codes": blocks[..., 2:].contiguous().view(torch.int8).reshape(n, -1), "scales": d}
-    start = 4 if type_name == "Q4_1" else 2
-    mins = blocks[..., 2:4].contiguous().view(torch.float16).squeeze(-1).float() if type_name == "Q4_1" else d * -8.0
+        return {"codes": codes.view(torch.int8), "scales": d}
+    mins = m16.float() if m16 is not None else d * -8.0
     offset = 8 if type_name == "Q4_0" else 0  # Q4_0 dequantizes as d * (q - 8), as native.pack_int4_affine notes
-    return {"codes": blocks[..., start:].reshape(n, -1).contiguous(), "scales": d, "mins": mins,
-            "q_offset": torch.tensor(offset, dtype=torch.int32)}
+    return {"codes": codes, "scales": d, "mins": mins, "q_offset": torch.tensor(offset, dtype=torch.int32)}
+
+
+def i8_kernel_tensors(raw: torch.Tensor, type_name: str) -> dict[str, torch.Tensor]:
+    """The int8-activation kernels' tensors from ``raw``: the blocks' codes and their own fp16 scales (and Q4_1's
+    fp16 minimums); Q4_0 without mins (its calls pass q_offset 8), so a call streams the file's 18 / 20 / 34 bytes
+    per 32 weights."""
+    codes, d, m = _blocks(raw, type_name)
+    t = {"codes": codes.view(torch.int8) if type_name == "Q8_0" else codes, "scales": d.contiguous()}
+    if m is not None:
+        t["mins"] = m.contiguous()
+    return t
 
 
 def prepare_blocks(raw: torch.Tensor, type_name: str, dtype: torch.dtype) -> Prepared:
@@ -48,6 +72,8 @@ def prepare_blocks(raw: torch.Tensor, type_name: str, dtype: torch.dtype) -> Pre
     from cinq.layers.quantization import native
     device = raw.device
     if device.type == "cpu" and dtype == torch.bfloat16 and native.affine_kernels_available():
+        if int8_activations():  # GGUF's own fp16 scales: the file's bytes per weight, streamed as they are
+            return Prepared(f"gguf_{type_name.lower()}_i8", i8_kernel_tensors(raw, type_name), BLOCK)
         kind = "gguf_int8" if type_name == "Q8_0" else "gguf_int4"
         return Prepared(kind, kernel_tensors(raw, type_name), BLOCK)
     codes = decode_blocks(raw, type_name)
@@ -63,8 +89,15 @@ def gguf_mm(kind: str, t: dict[str, torch.Tensor], group: int, x: torch.Tensor) 
     from cinq.layers.quantization import native
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k)
-    fn = native.int8_grouped_linear if kind == "gguf_int8" else native.int4_affine_linear
-    y = fn(x2 if x2.dtype == torch.bfloat16 else x2.to(torch.bfloat16), t, group)
+    x2 = x2 if x2.dtype == torch.bfloat16 else x2.to(torch.bfloat16)
+    if kind.endswith("_i8"):
+        x2 = x2 if x2.is_contiguous() else x2.contiguous()
+        if kind == "gguf_q8_0_i8":
+            y = int8_grouped_linear_i8(x2, t, group)
+        else:
+            y = int4_affine_linear_i8(x2, t, group, 8 if kind == "gguf_q4_0_i8" else 0)
+    else:
+        y = (native.int8_grouped_linear if kind == "gguf_int8" else native.int4_affine_linear)(x2, t, group)
     return (y if y.dtype == x.dtype else y.to(x.dtype)).reshape(*lead, -1)
 
 

@@ -8,6 +8,10 @@ Two weight forms, each with float32 scales per (output row, group of ``group`` i
   GGUF Q4_0 is ``min = -8 * scale``, GPTQ / AWQ is ``min = -scale * zero``.
 * int8 grouped: ``W[n, k] = scale[n, g] * q[n, k]``, q in -128..127 (GGUF Q8_0: group 32; per channel: group K).
 
+With ``CINQ_INT8_ACTIVATIONS=1`` (the default; ``int8_activations``) the linears below quantize the activations to
+int8 and run cinq/kernels/cpu/int8_activation_linear.cpp on the same tensors for group 32; with 0, or another group,
+int16 activations here (the int8 kernel's per-row scale loop is vectorised for group 32 only: at group 64 it measured
+0.91x the int16 kernel, benchmarks/results/decode_kernels_int8_activations.md).
 The kernels keep the scales and mins in float32; ``dequantize_int4_affine`` / ``dequantize_int8_grouped`` give the
 W they compute with, from the packed tensors, in float32 (``scale * q + min``, one rounding each).
 """
@@ -20,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from cinq.kernels.cpu_native import call_native, native_module
+from cinq.layers.quantization.int8_activations import int4_affine_linear_i8, int8_activations, int8_grouped_linear_i8
 from cinq.layers.quantization.qweight import QuantizedWeight
 
 _MODULE = "grouped_int_linear"
@@ -121,6 +126,8 @@ def int4_affine_linear(x: torch.Tensor, t: dict[str, torch.Tensor], group: int) 
     mod = grouped_module()
     if mod is None:
         y = F.linear(x2.float(), dequantize_int4_affine(t, group)).to(torch.bfloat16)
+    elif group == 32 and int8_activations():  # see the module docstring for why 32 only
+        y = int4_affine_linear_i8(x2, t, group)
     else:
         y = call_native(mod, "int4_affine_linear", x2, t["codes"], t["scales"], t["mins"], group)
     return y if x.dim() == 2 else y.reshape(*x.shape[:-1], y.shape[-1])
@@ -133,6 +140,8 @@ def int8_grouped_linear(x: torch.Tensor, t: dict[str, torch.Tensor], group: int)
     mod = grouped_module()
     if mod is None:
         y = F.linear(x2.float(), dequantize_int8_grouped(t, group)).to(torch.bfloat16)
+    elif group == 32 and int8_activations():  # see the module docstring for why 32 only
+        y = int8_grouped_linear_i8(x2, t, group)
     else:
         y = call_native(mod, "int8_grouped_linear", x2, t["codes"], t["scales"], t.get("mins", _NO_MINS), group)
     return y if x.dim() == 2 else y.reshape(*x.shape[:-1], y.shape[-1])

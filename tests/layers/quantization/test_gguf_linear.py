@@ -81,3 +81,29 @@ def test_kernel_tensors_from_raw_blocks_equal_packing_the_decoded_blocks(kind: s
     back = back.numpy()
     assert np.array_equal(back, ref)  # the values the kernel computes with: bit for bit but the sign of zero
     assert np.array_equal(back.view(np.uint32)[back != 0], ref.view(np.uint32)[ref != 0])
+
+
+@pytest.mark.parametrize("kind", NATIVE_TYPES)
+def test_int8_activation_tensors_stream_the_file_bytes_and_compute_its_values(kind: str):
+    """``i8_kernel_tensors``: exactly the file's bytes (codes + fp16 scales, + Q4_1's fp16 minimums), and the
+    int8-activation kernel on them computes (int8 x) @ W^T with W the reference dequantization."""
+    from cinq.layers.quantization import int8_activations as i8
+    from cinq.layers.quantization.gguf_linear import gguf_mm, i8_kernel_tensors, prepare_blocks
+    if i8.i8_module() is None:
+        pytest.skip("native int8-activation kernels unavailable here")
+    w = np.random.default_rng(5).standard_normal((70, 128)).astype(np.float32)
+    raw = torch.from_numpy(_blocks(w, kind).copy())
+    t = i8_kernel_tensors(raw, kind)
+    assert sum(v.numel() * v.element_size() for v in t.values()) == raw.numel()
+    i8.set_int8_activations(True)
+    try:
+        p = prepare_blocks(raw, kind, torch.bfloat16)
+    finally:
+        i8.set_int8_activations(None)
+    assert p.kind == f"gguf_{kind.lower()}_i8"
+    x = torch.randn(3, 128, generator=torch.Generator().manual_seed(0)).bfloat16()
+    q, s = i8.quantize_activations_i8(x)
+    xd = (q.double().view(3, 4, 32) * s.double().unsqueeze(-1)).view(3, 128)
+    ref = xd @ torch.from_numpy(gguf_quants.dequantize(raw.numpy(), GGMLQuantizationType[kind])).double().t()
+    got = gguf_mm(p.kind, p.tensors, p.arg, x).double()
+    assert bool(((got - ref).abs() <= 2 ** -8 * ref.abs() + 1e-5 * float(ref.abs().max())).all())

@@ -1,0 +1,172 @@
+"""The int8-activation grouped linears (cinq/kernels/cpu/int8_activation_linear.cpp through
+cinq.layers.quantization.int8_activations): against a float64 reference of the same quantized math (the kernel's own
+int8 activations times the dequantized weights: equal within the bf16 rounding of the output), and against the exact
+float32 product within the bound the int8 rounding of the activations allows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cinq.layers.quantization import int8_activations as i8
+from cinq.layers.quantization import native
+
+SHAPES = [(37, 1), (5, 3), (1001, 4)]  # (N, K / group); the last streams > 512 KB: split over the threads
+ROWS = [1, 3, 9]
+
+
+@pytest.fixture(scope="module")
+def available() -> bool:
+    if i8.i8_module() is None:
+        pytest.skip("native int8-activation kernels unavailable here (no compiler or no AVX2 + FMA)")
+    return True
+
+
+def dequantized_x(x: torch.Tensor) -> torch.Tensor:
+    """The activations as the kernel computes with them, float64."""
+    q, s = i8.quantize_activations_i8(x)
+    m, k = q.shape
+    return (q.double().view(m, k // 32, 32) * s.double().unsqueeze(-1)).view(m, k)
+
+
+def assert_same_math(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
+    """Equal to (int8 x) @ W^T up to the float32 sums and the bf16 output rounding (2^-8 relative)."""
+    ref = dequantized_x(x) @ w.double().t()
+    assert got.dtype == torch.bfloat16 and got.shape == ref.shape
+    err = (got.double() - ref).abs()
+    bound = 2 ** -8 * ref.abs() + 1e-5 * float(ref.abs().max())
+    assert bool((err <= bound).all()), float((err - bound).max())
+
+
+def weights4(n: int, k: int, group: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+    scales = torch.rand(n, k // group, generator=gen) * 0.1 + 0.01
+    mins = -8 * scales + torch.randn(n, k // group, generator=gen) * 0.05
+    return codes, scales, mins
+
+
+def test_activation_quantization_is_q8_0(available):
+    """Codes round(x / s) in -127..127 with s = max |x| / 127 per block of 32: every value within s / 2."""
+    x = (torch.randn(3, 256) * torch.logspace(-3, 2, 256)).bfloat16()
+    q, s = i8.quantize_activations_i8(x)
+    amax = x.float().view(3, 8, 32).abs().amax(-1)
+    torch.testing.assert_close(s, amax / 127, rtol=1e-6, atol=0)
+    assert int(q.abs().max()) == 127
+    err = (dequantized_x(x) - x.double()).abs().view(3, 8, 32)
+    assert bool((err <= s.double().unsqueeze(-1) / 2 * (1 + 1e-4)).all())  # ties: exactly s / 2, s rounded
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("n,groups", SHAPES)
+@pytest.mark.parametrize("m", ROWS)
+def test_int4_matches_the_quantized_math(available, threads, group, n, groups, m):
+    gen = torch.Generator().manual_seed(group + n + 7 * m)
+    k = group * groups
+    codes, scales, mins = weights4(n, k, group, gen)
+    t = native.pack_int4_affine(codes, scales, mins, group)
+    x = torch.randn(m, k, generator=gen).bfloat16()
+    assert_same_math(i8.int4_affine_linear_i8(x, t, group), x, native.dequantize_int4_affine(t, group))
+
+
+@pytest.mark.parametrize("group", [32, 128])
+@pytest.mark.parametrize("m", [1, 4])
+def test_int4_half_scales_with_offset(available, threads, group, m):
+    """GGUF Q4_0's form: fp16 scales, no mins, W = d * (q - 8)."""
+    gen = torch.Generator().manual_seed(group + m)
+    n, k = 300, 4 * group
+    codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+    d = (torch.rand(n, k // group, generator=gen) * 0.1).half()
+    t = native.pack_int4_affine(codes, d.float(), -8 * d.float(), group)
+    t = {"codes": t["codes"], "scales": d}
+    w = (codes.double() - 8) * d.double().repeat_interleave(group, 1)
+    x = torch.randn(m, k, generator=gen).bfloat16()
+    assert_same_math(i8.int4_affine_linear_i8(x, t, group, 8), x, w)
+
+
+@pytest.mark.parametrize("half", [False, True], ids=["f32", "f16"])
+@pytest.mark.parametrize("group", [32, 64, "K"])
+@pytest.mark.parametrize("m", ROWS)
+def test_int8_matches_the_quantized_math(available, threads, half, group, m):
+    gen = torch.Generator().manual_seed(m + (3 if half else 0))
+    n, k = 263, 192
+    g = k if group == "K" else group
+    codes = torch.randint(-128, 128, (n, k), generator=gen, dtype=torch.int8)
+    codes[0, :32] = -128  # the one code whose magnitude needs the unsigned read
+    scales = torch.rand(n, k // g, generator=gen) * 0.01
+    t = native.pack_int8_grouped(codes, scales, g)
+    if half:
+        t["scales"] = t["scales"].half()
+    w = codes.double() * t["scales"].double().repeat_interleave(g, 1)
+    x = torch.randn(m, k, generator=gen).bfloat16()
+    x[0, :32] = -x[0, :32].abs()  # negative activations against -128
+    assert_same_math(i8.int8_grouped_linear_i8(x, t, g), x, w)
+
+
+def test_int8_activations_stay_within_their_rounding_of_the_exact_product(available):
+    """Against x @ W^T with x exact: the error is sum_k W[n, k] * e[k] with |e[k]| <= s_b / 2, so
+    |err| <= sum_b s_b / 2 * sum_{k in b} |W[n, k]| (+ bf16 output rounding). A kernel with int16-rounded or unrounded
+    activations would pass too; one that dropped a block's scale or an offset would not (see the next test)."""
+    gen = torch.Generator().manual_seed(5)
+    n, k, group = 200, 256, 32
+    codes, scales, mins = weights4(n, k, group, gen)
+    t = native.pack_int4_affine(codes, scales, mins, group)
+    w = native.dequantize_int4_affine(t, group).double()
+    x = torch.randn(4, k, generator=gen).bfloat16()
+    got = i8.int4_affine_linear_i8(x, t, group).double()
+    ref = x.double() @ w.t()
+    s = x.double().view(4, k // 32, 32).abs().amax(-1) / 127  # [M, B]
+    wabs = w.abs().view(n, k // 32, 32).sum(-1)  # [N, B]
+    bound = (s / 2) @ wabs.t() + 2 ** -8 * ref.abs() + 1e-6
+    assert bool(((got - ref).abs() <= bound).all())
+    assert float((got - ref).abs().max()) > 0  # and it is not the int16 path: the rounding shows
+
+
+def test_a_broken_offset_fails_the_reference(available):
+    """The same-math check catches a wrong offset term (the test above would not be vacuous)."""
+    gen = torch.Generator().manual_seed(6)
+    codes = torch.randint(0, 16, (64, 128), generator=gen, dtype=torch.uint8)
+    d = (torch.rand(64, 4, generator=gen) * 0.1).half()
+    x = torch.randn(2, 128, generator=gen).bfloat16()
+    t = {"codes": native.pack_int4_affine(codes, d.float(), -8 * d.float(), 32)["codes"], "scales": d}
+    w = (codes.double() - 8) * d.double().repeat_interleave(32, 1)
+    assert_same_math(i8.int4_affine_linear_i8(x, t, 32, 8), x, w)
+    with pytest.raises(AssertionError):
+        assert_same_math(i8.int4_affine_linear_i8(x, t, 32, 0), x, w)  # wrong: 0 instead of 8
+
+
+def test_knob_routes_the_native_linears(available, monkeypatch):
+    """native.int4_affine_linear runs the int8-activation kernel with the knob on, the int16 one with it off."""
+    gen = torch.Generator().manual_seed(8)
+    codes, scales, mins = weights4(50, 128, 32, gen)
+    t = native.pack_int4_affine(codes, scales, mins, 32)
+    x = torch.randn(2, 128, generator=gen).bfloat16()
+    try:
+        i8.set_int8_activations(True)
+        on = native.int4_affine_linear(x, t, 32)
+        i8.set_int8_activations(False)
+        off = native.int4_affine_linear(x, t, 32)
+    finally:
+        i8.set_int8_activations(None)
+    assert torch.equal(on, i8.int4_affine_linear_i8(x, t, 32))
+    assert torch.equal(off, native.grouped_module().int4_affine_linear(x, t["codes"], t["scales"], t["mins"], 32))
+    assert not torch.equal(on, off)
+    codes, scales, mins = weights4(50, 128, 64, gen)  # group 64 stays on the int16 kernel (faster there)
+    t = native.pack_int4_affine(codes, scales, mins, 64)
+    i8.set_int8_activations(True)
+    try:
+        y64 = native.int4_affine_linear(x, t, 64)
+    finally:
+        i8.set_int8_activations(None)
+    assert torch.equal(y64, native.grouped_module().int4_affine_linear(x, t["codes"], t["scales"], t["mins"], 64))
+
+
+def test_bad_knob_value_names_the_variable(monkeypatch):
+    from cinq.errors import InvalidParameterError
+    monkeypatch.setenv(i8.ENV, "yes")
+    i8.set_int8_activations(None)
+    try:
+        with pytest.raises(InvalidParameterError, match=i8.ENV):
+            i8.int8_activations()
+    finally:
+        monkeypatch.delenv(i8.ENV)
+        i8.set_int8_activations(None)
