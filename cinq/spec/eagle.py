@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -51,6 +52,7 @@ from cinq.layers.linear import make_linear
 from cinq.layers.norm import RMSNorm
 from cinq.model.checkpoint_names import checkpoint_state_dict
 from cinq.model.config import ModelConfig
+from cinq.model.folder_files import read_json
 from cinq.model.interface import CausalLM
 from cinq.model.llama import STACKED_PARAMS_MAPPING
 from cinq.model.registry import ModelRegistry
@@ -86,7 +88,8 @@ class EagleHead(nn.Module):
 
     def __init__(self, config: ModelConfig, method: str, feature_layers: tuple[int, ...],
                  embed_tokens: nn.Embedding, spec: HeadSpec, attention_backend: str = "sdpa",
-                 dtype: torch.dtype | None = None) -> None:
+                 dtype: torch.dtype | None = None,
+                 target_logits: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         super().__init__()
         if method not in EAGLE_METHODS:
             raise InvalidParameterError(f"EAGLE head method must be one of {list(EAGLE_METHODS)}, got {method!r}",
@@ -98,6 +101,7 @@ class EagleHead(nn.Module):
         self.spec = spec
         # A tuple, not an attribute nn.Module would register: the target's embedding stays the target's.
         self._target_embed = (embed_tokens,)
+        self._target_logits = (target_logits,)
         if method == "eagle3":
             self.fuse_fc = make_linear(len(self.feature_layers) * hidden, hidden, False, None, "fuse_fc", dtype)
             self.embedding_layernorm = RMSNorm(hidden, eps)
@@ -142,6 +146,12 @@ class EagleHead(nn.Module):
         normed, prenorm = self.norm(hidden, residual)
         return prenorm, normed
 
+    def compute_logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """[..., V] logits of the draft: through the target's LM head (this head has none of its own)."""
+        if self._target_logits[0] is None:
+            raise ValueError("EAGLE head built without the target's compute_logits")
+        return self._target_logits[0](normed)
+
     def attention_layers(self) -> list[Attention]:
         """The head's attention layers (one); the runner binds their ``kv_cache``."""
         return [layer.self_attn.attn for layer in self.layers]
@@ -178,7 +188,7 @@ def new_eagle_head(target: CausalLM, method: str, feature_layers: tuple[int, ...
     device = target.model.embed_tokens.weight.device
     with default_dtype(torch.float32), torch.device(device):
         head = EagleHead(head_layer_config(target.config), method, layers, target.model.embed_tokens, spec,
-                         attention_backend)
+                         attention_backend, target_logits=target.compute_logits)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in head.named_parameters():
@@ -193,6 +203,11 @@ def load_eagle_head(path: str | Path, target: CausalLM, dtype: torch.dtype | str
                     attention_backend: str) -> EagleHead:
     """Load a head folder onto ``target`` (sharing its embedding and LM head). Refuses, naming the field, a head
     trained for another target: InvalidParameterError(..., "model")."""
+    from cinq.spec.eagle3 import ARCHITECTURES, load_eagle3_head
+    cfg_file = Path(path) / "config.json"
+    cfg = read_json(cfg_file) if cfg_file.is_file() else {}
+    if any(a in ARCHITECTURES for a in cfg.get("architectures") or ()):  # vLLM's / SpecForge's EAGLE-3 layout
+        return load_eagle3_head(path, cfg, target, parse_dtype(dtype), device, attention_backend)
     cfg, spec = read_head_config(path, EAGLE_METHODS)
     source = str(Path(path) / "config.json")
     spec.target.check(target, source)
@@ -207,7 +222,7 @@ def load_eagle_head(path: str | Path, target: CausalLM, dtype: torch.dtype | str
     dtype = parse_dtype(dtype)
     with default_dtype(dtype), torch.device(device):
         head = EagleHead(config, spec.method, spec.feature_layers, target.model.embed_tokens, spec,
-                         attention_backend, dtype)
+                         attention_backend, dtype, target.compute_logits)
     load_into(head, path)
     return head.eval()
 
@@ -215,7 +230,8 @@ def load_eagle_head(path: str | Path, target: CausalLM, dtype: torch.dtype | str
 def save_eagle_head(head: EagleHead, path: str | Path, dtype: torch.dtype | None = None) -> Path:
     """Write the head folder (weights in ``dtype``, default: as they are)."""
     tensors = checkpoint_state_dict(head)
+    extra = head.extra_tensors() if hasattr(head, "extra_tensors") else {}
     if dtype is not None:
         tensors = {k: t.to(dtype) if t.is_floating_point() else t for k, t in tensors.items()}
     stored = dtype or next(head.parameters()).dtype
-    return write_head_folder(path, head.hf_config(stored), tensors)
+    return write_head_folder(path, head.hf_config(stored), {**tensors, **extra})
