@@ -27,8 +27,9 @@ Folder layout (config.json + model.safetensors, cinq/spec/head_folder.py):
   ``concat(embeds, feature)`` (embeddings first, as vLLM), ``layers.0.*`` under HF Llama names (separate
   q/k/v and gate/up) without ``input_layernorm`` (EAGLE skips it); no embedding or LM head (the target's).
   The output is ``hidden + residual``, with no final norm.
-* ``eagle3``: cinq's own layout (architectures ``CinqEagle3LlamaForCausalLM``; not vLLM's EAGLE-3 one, whose
-  layer attends over a 2H input): ``fuse_fc.weight`` [H, len(feature_layers) * H], ``embedding_layernorm`` and
+* ``eagle3`` (cinq's earlier layout, still read and written; new heads with a reduced draft vocabulary use
+  vLLM's / SpecForge's EAGLE-3 layout, cinq/spec/eagle3.py, which ``load_eagle_head`` also reads): architectures
+  ``CinqEagle3LlamaForCausalLM``, ``fuse_fc.weight`` [H, len(feature_layers) * H], ``embedding_layernorm`` and
   ``hidden_states_layernorm`` (vLLM's HASS names, applied before ``fc``), ``fc.weight`` [H, 2H],
   ``layers.0.*`` as above, ``norm.weight``.
 
@@ -37,7 +38,6 @@ Both carry ``cinq_spec`` (method, feature layers, target fingerprint, training r
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any
@@ -59,25 +59,14 @@ from cinq.model.registry import ModelRegistry
 from cinq.model.loader import default_dtype, parse_dtype
 from cinq.model.saver import hf_config_dict
 from cinq.errors import InvalidParameterError, ModelLoadError
+from cinq.spec.eagle3 import ARCHITECTURES, load_eagle3_head
+from cinq.spec.eagle_features import check_feature_layers, default_feature_layers, head_layer_config
 from cinq.spec.head_folder import HeadSpec, TargetFingerprint, load_into, read_head_config, write_head_folder
 
+__all__ = ["EAGLE_METHODS", "EagleHead", "default_feature_layers", "head_layer_config", "load_eagle_head",
+           "new_eagle_head", "save_eagle_head"]
 EAGLE_METHODS = ("eagle", "eagle3")
 _ARCHITECTURES = {"eagle": "EagleLlamaForCausalLM", "eagle3": "CinqEagle3LlamaForCausalLM"}
-
-
-def default_feature_layers(method: str, num_layers: int) -> tuple[int, ...]:
-    """The target states a head of ``method`` reads (see the module docstring)."""
-    if method == "eagle":
-        return (num_layers,)
-    for layers in ((2, num_layers // 2, num_layers - 3), (1, num_layers // 2, num_layers - 1)):
-        if layers[0] < layers[1] < layers[2]:
-            return layers
-    return (0, num_layers // 2, num_layers)
-
-
-def head_layer_config(target: ModelConfig) -> ModelConfig:
-    """The config of the head's one decoder layer: the target's shape, one layer, dense."""
-    return dataclasses.replace(target, num_hidden_layers=1, quantization_config=None)
 
 
 class EagleHead(nn.Module):
@@ -168,22 +157,13 @@ class EagleHead(nn.Module):
         return cfg
 
 
-def _check_feature_layers(method: str, layers: tuple[int, ...], num_layers: int, source: str) -> None:
-    if method == "eagle" and layers != (num_layers,):
-        raise ModelLoadError(f"{source}: an EAGLE head reads the final state, feature_layers ({num_layers},); got "
-                             f"{layers}", "model")
-    if not layers or any(not 0 <= i <= num_layers for i in layers):
-        raise ModelLoadError(f"{source}: feature_layers {layers} must index the target's {num_layers + 1} states",
-                             "model")
-
-
 def new_eagle_head(target: CausalLM, method: str, feature_layers: tuple[int, ...] | None = None,
                    seed: int = 0, attention_backend: str = "sdpa", target_name: str = "") -> EagleHead:
     """A freshly initialised head for ``target`` (float32, on the target's device): N(0, 0.02) matrices, unit
     norms."""
     num_layers = target.config.num_hidden_layers
     layers = tuple(feature_layers) if feature_layers is not None else default_feature_layers(method, num_layers)
-    _check_feature_layers(method, layers, num_layers, "new head")
+    check_feature_layers(method, layers, num_layers, "new head")
     spec = HeadSpec(method, TargetFingerprint.of(target, target_name), layers)
     device = target.model.embed_tokens.weight.device
     with default_dtype(torch.float32), torch.device(device):
@@ -203,7 +183,6 @@ def load_eagle_head(path: str | Path, target: CausalLM, dtype: torch.dtype | str
                     attention_backend: str) -> EagleHead:
     """Load a head folder onto ``target`` (sharing its embedding and LM head). Refuses, naming the field, a head
     trained for another target: InvalidParameterError(..., "model")."""
-    from cinq.spec.eagle3 import ARCHITECTURES, load_eagle3_head
     cfg_file = Path(path) / "config.json"
     cfg = read_json(cfg_file) if cfg_file.is_file() else {}
     if any(a in ARCHITECTURES for a in cfg.get("architectures") or ()):  # vLLM's / SpecForge's EAGLE-3 layout
@@ -218,7 +197,7 @@ def load_eagle_head(path: str | Path, target: CausalLM, dtype: torch.dtype | str
     if config.hidden_size != target.config.hidden_size:  # the probe agreed, so only a hand-edited config gets here
         raise InvalidParameterError(f"{source}: hidden_size {config.hidden_size} is not the target's "
                                     f"{target.config.hidden_size}", "model")
-    _check_feature_layers(spec.method, spec.feature_layers, target.config.num_hidden_layers, source)
+    check_feature_layers(spec.method, spec.feature_layers, target.config.num_hidden_layers, source)
     dtype = parse_dtype(dtype)
     with default_dtype(dtype), torch.device(device):
         head = EagleHead(config, spec.method, spec.feature_layers, target.model.embed_tokens, spec,

@@ -42,6 +42,7 @@ from cinq.model.config import ModelConfig
 from cinq.model.llama import STACKED_PARAMS_MAPPING, _merged_linear
 from cinq.model.registry import ModelRegistry
 from cinq.model.saver import hf_config_dict
+from cinq.spec.eagle_features import check_feature_layers, default_feature_layers, head_layer_config
 from cinq.spec.head_folder import HeadSpec
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -194,11 +195,10 @@ def new_eagle3_head(target: Any, draft_ids: torch.Tensor, feature_layers: tuple[
     N(0, 0.02) matrices, unit norms, and the LM head started from the target's rows of those tokens (the head's
     normed state is trained to stand where the target's is, so the target's rows are the head start)."""
     from cinq.model.loader import default_dtype
-    from cinq.spec.eagle import _check_feature_layers, default_feature_layers, head_layer_config
     from cinq.spec.head_folder import TargetFingerprint
     num_layers = target.config.num_hidden_layers
     layers = tuple(feature_layers) if feature_layers is not None else default_feature_layers("eagle3", num_layers)
-    _check_feature_layers("eagle3", layers, num_layers, "new head")
+    check_feature_layers("eagle3", layers, num_layers, "new head")
     ids = check_draft_ids(draft_ids, target.config.vocab_size, "new head")
     spec = HeadSpec("eagle3", TargetFingerprint.of(target, target_name), layers)
     device = target.model.embed_tokens.weight.device
@@ -236,7 +236,6 @@ def load_eagle3_head(path: Any, cfg: dict[str, Any], target: Any, dtype: torch.d
 
     from cinq.errors import InvalidParameterError, ModelLoadError
     from cinq.model.loader import default_dtype
-    from cinq.spec.eagle import _check_feature_layers, default_feature_layers
     from cinq.spec.head_folder import HeadSpec, TargetFingerprint, head_tensors, load_into
     source = str(Path(path) / "config.json")
     tc = target.config
@@ -258,7 +257,7 @@ def load_eagle3_head(path: Any, cfg: dict[str, Any], target: Any, dtype: torch.d
         layers = tuple(int(i) for i in layer_ids) if layer_ids else default_feature_layers("eagle3",
                                                                                             tc.num_hidden_layers)
         spec = HeadSpec("eagle3", TargetFingerprint.of(target, ""), layers)
-    _check_feature_layers("eagle3", layers, tc.num_hidden_layers, source)
+    check_feature_layers("eagle3", layers, tc.num_hidden_layers, source)
     d2t = stored_d2t(head_tensors(path))
     n = int(cfg.get("draft_vocab_size") or config.vocab_size)
     if d2t is None:
