@@ -45,9 +45,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from cinq.kernels.backends import get_backend
 from cinq.kernels.metadata import AttentionMetadata
-from cinq.layers.attention import Attention
 from cinq.layers.linear import make_linear
 from cinq.layers.norm import RMSNorm
 from cinq.model.checkpoint_names import checkpoint_state_dict
@@ -60,7 +58,7 @@ from cinq.model.loader import default_dtype, parse_dtype
 from cinq.model.saver import hf_config_dict
 from cinq.errors import InvalidParameterError, ModelLoadError
 from cinq.spec.eagle3 import ARCHITECTURES, load_eagle3_head
-from cinq.spec.eagle_features import check_feature_layers, default_feature_layers, head_layer_config
+from cinq.spec.eagle_features import HeadLayer, check_feature_layers, default_feature_layers, head_layer_config
 from cinq.spec.head_folder import HeadSpec, TargetFingerprint, load_into, read_head_config, write_head_folder
 
 __all__ = ["EAGLE_METHODS", "EagleHead", "default_feature_layers", "head_layer_config", "load_eagle_head",
@@ -69,7 +67,7 @@ EAGLE_METHODS = ("eagle", "eagle3")
 _ARCHITECTURES = {"eagle": "EagleLlamaForCausalLM", "eagle3": "CinqEagle3LlamaForCausalLM"}
 
 
-class EagleHead(nn.Module):
+class EagleHead(HeadLayer):
     """One EAGLE / EAGLE-3 draft head (see the module docstring). ``config`` is its decoder layer's config
     (``num_hidden_layers == 1``): the runner sizes the head's paged KV from it."""
 
@@ -140,14 +138,6 @@ class EagleHead(nn.Module):
         if self._target_logits[0] is None:
             raise ValueError("EAGLE head built without the target's compute_logits")
         return self._target_logits[0](normed)
-
-    def attention_layers(self) -> list[Attention]:
-        """The head's attention layers (one); the runner binds their ``kv_cache``."""
-        return [layer.self_attn.attn for layer in self.layers]
-
-    def set_attention_backend(self, name: str) -> None:
-        for attn in self.attention_layers():
-            attn.backend = get_backend(name)
 
     def hf_config(self, dtype: torch.dtype | None = None) -> dict[str, Any]:
         """config.json of this head's folder."""

@@ -32,9 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from cinq.kernels.backends import get_backend
 from cinq.kernels.metadata import AttentionMetadata
-from cinq.layers.attention import Attention
 from cinq.layers.linear import make_linear
 from cinq.layers.norm import RMSNorm
 from cinq.layers.weight_loader import CheckpointTensor
@@ -42,7 +40,7 @@ from cinq.model.config import ModelConfig
 from cinq.model.llama import STACKED_PARAMS_MAPPING, _merged_linear
 from cinq.model.registry import ModelRegistry
 from cinq.model.saver import hf_config_dict
-from cinq.spec.eagle_features import check_feature_layers, default_feature_layers, head_layer_config
+from cinq.spec.eagle_features import HeadLayer, check_feature_layers, default_feature_layers, head_layer_config
 from cinq.spec.head_folder import HeadSpec
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -50,7 +48,7 @@ ARCHITECTURE = "LlamaForCausalLMEagle3"
 ARCHITECTURES = (ARCHITECTURE, "Eagle3LlamaForCausalLM")
 
 
-class Eagle3Head(nn.Module):
+class Eagle3Head(HeadLayer):
     """An EAGLE-3 head in vLLM's layout (see the module docstring). ``config`` is its decoder layer's config."""
 
     stacked_params_mapping = STACKED_PARAMS_MAPPING
@@ -123,14 +121,6 @@ class Eagle3Head(nn.Module):
         out = small.new_full((*small.shape[:-1], self.vocab_size), float("-inf"))
         out[..., self.draft_ids] = small
         return out
-
-    def attention_layers(self) -> list[Attention]:
-        """The head's attention layers (one); the runner binds their ``kv_cache``."""
-        return [layer.self_attn.attn for layer in self.layers]
-
-    def set_attention_backend(self, name: str) -> None:
-        for attn in self.attention_layers():
-            attn.backend = get_backend(name)
 
     def hf_config(self, dtype: torch.dtype | None = None) -> dict[str, Any]:
         """config.json of this head's folder (vLLM's keys, plus ``cinq_spec``)."""

@@ -1,5 +1,6 @@
-"""Which target states an EAGLE head reads, and the shape of its one decoder layer (shared by cinq's EAGLE /
-EAGLE-3 layouts, cinq/spec/eagle.py, and vLLM's EAGLE-3 one, cinq/spec/eagle3.py).
+"""What every EAGLE head layout shares (cinq's EAGLE / EAGLE-3 ones, cinq/spec/eagle.py, and vLLM's EAGLE-3
+one, cinq/spec/eagle3.py): which target states it reads, the shape of its one decoder layer, and that layer's
+attention as the runner binds it.
 
 ``feature_layers`` index the ``states`` list of ``LlamaModel.forward(..., output_hidden_states=True)``:
 ``states[i]`` is the input of layer i (residual included), ``states[L]`` the final normed hidden state; vLLM's
@@ -10,8 +11,27 @@ from __future__ import annotations
 
 import dataclasses
 
+from torch import nn
+
 from cinq.errors import ModelLoadError
+from cinq.kernels.backends import get_backend
+from cinq.layers.attention import Attention
 from cinq.model.config import ModelConfig
+
+
+class HeadLayer(nn.Module):
+    """Base of the EAGLE heads: ``self.layers`` holds their decoder layer(s), whose attention the runner binds
+    to the head's paged KV cache."""
+
+    layers: nn.ModuleList
+
+    def attention_layers(self) -> list[Attention]:
+        """The head's attention layers (one); the runner binds their ``kv_cache``."""
+        return [layer.self_attn.attn for layer in self.layers]
+
+    def set_attention_backend(self, name: str) -> None:
+        for attn in self.attention_layers():
+            attn.backend = get_backend(name)
 
 
 def default_feature_layers(method: str, num_layers: int) -> tuple[int, ...]:
