@@ -59,6 +59,19 @@ def job(teacher, corpus, out, method="eagle", **kw) -> HeadJob:
     return HeadJob(**{**base, **kw})
 
 
+def train_and_check_the_loss_drops(trainer: HeadTrainer) -> tuple[dict, dict]:
+    """Run ``trainer`` to the end; its loss on the first batch must fall below 0.8x. Returns (summary, the
+    first batch's metrics before training)."""
+    batch = trainer.sampler.batch(0)
+    with torch.no_grad():
+        before, metrics = trainer.loss(batch, 0)
+    summary = trainer.run()
+    with torch.no_grad():
+        after, _ = trainer.loss(batch, 0)
+    assert summary["finished"] and float(after) < 0.8 * float(before), (float(before), float(after))
+    return summary, metrics
+
+
 def test_balanced_prompts_draw_the_same_number_per_language(tiny_corpus) -> None:
     pairs = balanced_prompts(tiny_corpus, 12, seed=0, max_prompt=8)
     counts = Counter(lang for lang, _ in pairs)
@@ -81,13 +94,7 @@ def test_the_natural_mix_follows_the_corpus_with_as_many_prompts(tiny_corpus) ->
 @pytest.mark.parametrize("method", ["eagle", "eagle3", "medusa"])
 def test_a_few_steps_lower_the_loss(teacher, tiny_corpus, tmp_path, method: str) -> None:
     trainer = HeadTrainer(job(teacher, tiny_corpus, tmp_path / "run", method, token_budget=30 * 4 * 28))
-    batch = trainer.sampler.batch(0)
-    with torch.no_grad():
-        before, metrics = trainer.loss(batch, 0)
-    summary = trainer.run()
-    with torch.no_grad():
-        after, _ = trainer.loss(batch, 0)
-    assert summary["finished"] and float(after) < 0.8 * float(before), (float(before), float(after))
+    summary, metrics = train_and_check_the_loss_drops(trainer)
     assert set(summary["acceptance"]["all"]) >= {"tau", "accept_rate", "steps"}
     assert summary["acceptance"]["all"]["tau"] >= 1.0 and (tmp_path / "run" / "head" / "config.json").is_file()
     assert any(k.startswith("kl") for k in metrics)
@@ -232,13 +239,7 @@ def test_an_eagle3_head_with_a_reduced_draft_vocabulary_trains_in_vllms_layout(t
                               for i in range(len(trainer.train_seqs))])
     top = np.bincount(written.astype(np.int64)).argmax()
     assert trainer.draft_ids.numel() == 64 and int(top) in trainer.draft_ids.tolist()
-    batch = trainer.sampler.batch(0)
-    with torch.no_grad():
-        before, _ = trainer.loss(batch, 0)
-    summary = trainer.run()
-    with torch.no_grad():
-        after, _ = trainer.loss(batch, 0)
-    assert summary["finished"] and float(after) < 0.8 * float(before), (float(before), float(after))
+    summary, _ = train_and_check_the_loss_drops(trainer)
     assert 0 < summary["draft_vocab"]["coverage_held_out"] <= 1
     head = load_eagle_head(tmp_path / "run" / "head", load_teacher(teacher), torch.float32, "cpu", "sdpa")
     assert isinstance(head, Eagle3Head) and torch.equal(head.draft_ids, trainer.draft_ids)
