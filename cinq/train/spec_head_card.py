@@ -89,6 +89,12 @@ def _prompt_source(job: dict[str, Any]) -> str:
     return "corpus train-split prompts"
 
 
+def _held_out_source(job: dict[str, Any]) -> str:
+    if job.get("data_dir") == "chat":
+        return "chat turns on the held-out topics"
+    return "prompts from the corpus test split"
+
+
 def render_head_card(dest: Path, summary: dict[str, Any], commands: list[str]) -> str:
     """The README.md of the head folder ``dest`` from its run's summary."""
     name = dest.name
@@ -142,11 +148,12 @@ def render_head_card(dest: Path, summary: dict[str, Any], commands: list[str]) -
         f"| training time | {minutes:.1f} min on {summary['cpu']} ({summary['torch_threads']} torch thread(s), "
         f"shared machine){_generation_note(train)} |",
         f"| optimiser | AdamW lr {job['lr']}, {job['warmup_steps']} warmup steps then cosine decay, no weight decay, "
-        f"bf16 autocast, float32 master weights, shipped as bf16 |",
+        f"bf16 autocast where the CPU has native bf16 GEMMs (else float32), float32 master weights, shipped as "
+        f"bf16 |",
         f"| final train loss | {summary['final_loss']:.3f} |", "",
         "## Held-out acceptance", "",
         f"Greedy drafts of k = {acc['k']} tokens against the target's greedy continuations of {held['sequences']} "
-        f"prompts from the corpus test split (documents neither the target nor the head trained on; at most "
+        f"{_held_out_source(job)} (neither the target nor the head trained on them; at most "
         f"{job['eval_max_tokens']} new tokens each), measured offline in float32 (cinq/eval/spec_acceptance.py). "
         "tau = tokens per target forward along the speculative walk (1 + accepted drafts per step); accept j = "
         "share of continuation positions whose first j drafts are all accepted.", "",
