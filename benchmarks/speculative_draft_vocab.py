@@ -71,7 +71,10 @@ def main() -> int:
     langs = sorted(set(test.langs.tolist()))
     held = {lang: np.concatenate([test.sequence(i)[int(test.prompt_lens[i]):] for i in range(len(test))
                                   if test.langs[i] == lang]) for lang in langs}
-    target_macs = sum(p.numel() for p in target.model.layers.parameters()) + vocab * hidden
+    c = target.config  # from the shapes: a GGUF target's weights are buffers, not parameters
+    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    target_macs = c.num_hidden_layers * (hidden * (2 * q + 2 * kv) + 3 * hidden * c.intermediate_size) \
+        + vocab * hidden
     with torch.inference_mode():
         full_head = {m: _time(lambda m=m: target.compute_logits(torch.randn(m, hidden)), args.reps) for m in (1, 8)}
     rows, data = [], []
