@@ -20,7 +20,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--teacher", default=None, help="teacher model folder or embedded model (e.g. cinq-tiny)")
     p.add_argument("--student", default="cinq-tiny-student",
                    help="student shape (preset or config.json) or a model folder to continue from")
-    p.add_argument("--data", required=True, help="corpus folder from `cinq data build`")
+    p.add_argument("--data", required=True, help="corpus folder from `cinq data build`; with --heads also 'chat': "
+                                                 "language-balanced chat turns in the target's chat template")
     p.add_argument("--out", required=True, help="run folder")
     p.add_argument("--loss", default="fkl", help="weighted terms, e.g. fkl | gjsd | fkl=0.9,ce=0.1 | "
                                                   "skl=1,hidden_mse=0.5")
@@ -85,6 +86,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         "(vLLM's original_lm_head: a far smaller folder)")
     h.add_argument("--feature-layers", default=None,
                    help="eagle3: comma-separated target states to fuse (default: low, middle, high)")
+    h.add_argument("--draft-vocab", type=int, default=0, metavar="N",
+                   help="eagle3: vLLM's EAGLE-3 layout with an LM head over the N tokens the target writes most "
+                        "(0: cinq's earlier layout, drafting through the target's LM head)")
     h.add_argument("--feature-noise", type=float, default=0.1, help="eagle: uniform noise on input features")
     h.add_argument("--draft-k", type=int, default=4, help="draft length of the acceptance measurement")
     p.set_defaults(run=run)
@@ -108,7 +112,7 @@ def run_heads(args: argparse.Namespace) -> int:
         train_prompts=args.train_prompts, prompt_mix=args.prompt_mix, eval_prompts=args.eval_prompts,
         max_prompt=args.max_prompt, max_tokens=args.max_tokens, eval_max_tokens=args.eval_max_tokens,
         sample_temperature=args.sample_temperature, generator=args.generator, generated_dir=args.generated,
-        unroll_steps=args.unroll, num_heads=args.num_heads, medusa_lm_head=args.medusa_lm_head, feature_layers=layers,
+        unroll_steps=args.unroll, draft_vocab_size=args.draft_vocab, num_heads=args.num_heads, medusa_lm_head=args.medusa_lm_head, feature_layers=layers,
         feature_noise=args.feature_noise, draft_k=args.draft_k, eval_every=args.eval_every,
         ckpt_every_s=args.ckpt_every, max_run_s=args.max_run_time, progress=not args.no_progress)
     summary = train_heads(job)

@@ -28,9 +28,9 @@ from cinq.layers.sampler import Sampler, SamplingMetadata
 from cinq.model.interface import check_supported
 from cinq.model.llama import LlamaForCausalLM
 from cinq.sampling_params import SamplingParams
+from cinq.engine.token_logprobs import token_logprobs
 from cinq.spec.proposer import DraftSampling, Proposals, Proposer, StepView
-from cinq.spec.rejection import DraftBatch, rejection_sample
-from cinq.spec.tree import verify_tree
+from cinq.spec.verifier import Verifier
 from cinq.structured.backend import GrammarMatcher
 from cinq.structured.masks import advance, mask_logits
 
@@ -53,18 +53,6 @@ def _plain_greedy(state: _RequestState, num_output: int) -> bool:
     min_tokens ban at this output count."""
     p = state.params
     return p.greedy and state.output_counts is None and p.logprobs is None and num_output >= p.min_tokens
-
-
-def token_logprobs(logprobs: torch.Tensor, tokens: list[int], k: int) -> list[TokenLogprobs]:
-    """Row j of ``logprobs`` [n, V] scored ``tokens[j]``: its logprob, its rank and the top ``k``."""
-    targets = torch.tensor(tokens, device=logprobs.device)
-    chosen = logprobs.gather(1, targets[:, None]).squeeze(1)
-    ranks = ((logprobs > chosen[:, None]).sum(-1) + 1).tolist()
-    top_vals, top_ids = logprobs.topk(k, dim=-1) if k else (None, None)
-    top_ids_l = top_ids.tolist() if k else [[]] * len(tokens)
-    top_vals_l = top_vals.tolist() if k else [[]] * len(tokens)
-    return [TokenLogprobs(t, c, r, i, v) for t, c, r, i, v in zip(tokens, chosen.tolist(), ranks, top_ids_l,
-                                                                   top_vals_l)]
 
 
 class ModelRunner:
@@ -122,6 +110,7 @@ class ModelRunner:
             attn.kv_cache = cache
         self.states: dict[str, _RequestState] = {}
         self.proposer = proposer
+        self.verifier = Verifier(device, self.vocab_size, self.generator, self._sampling_metadata)
         if proposer is not None:
             proposer.initialize_cache(num_blocks + len(self.pad_block_ids), block_size, self.pad_block_ids)
         # plain decode steps compiled (CPU) or captured (CUDA graphs; compilation_config): tables as wide as the
@@ -191,9 +180,11 @@ class ModelRunner:
             if plain:
                 self._sample(logits[:len(plain)], [seqs[i] for i in plain], out)
             if spec:
-                kept = self._verify(logits[len(plain):], [seqs[i] for i in spec], out, proposals)
+                spec_seqs = [seqs[i] for i in spec]
+                kept = self.verifier.verify(logits[len(plain):], spec_seqs,
+                                            [self.states[s.request_id] for s in spec_seqs], out, proposals)
                 if proposals is not None and proposals.parents:
-                    self._move_accepted_kv(batch, kept)
+                    self.verifier.move_accepted_kv(batch, kept, self.kv_caches)
         for i, seq in enumerate(seqs):
             if self.states[seq.request_id].params.prompt_logprobs is not None:
                 self._prompt_logprobs(hidden[starts[i]:starts[i + 1]], seq, out)
@@ -285,108 +276,6 @@ class ModelRunner:
             k = states[i].params.logprobs
             out.logprobs[seqs[i].request_id] = [TokenLogprobs(
                 tokens[i], lp[i], rank[i], top_ids[i][:k] if top_ids else [], top_vals[i][:k] if top_vals else [])]
-
-    def _verify(self, logits: torch.Tensor, seqs: list[ScheduledSeq], out: RunnerOutput,
-                proposals: Proposals | None = None) -> dict[str, list[int]]:
-        """Verify each sequence's drafts (its last ``num_logit_rows - 1`` tokens: a chain, or a flattened tree
-        when the proposer gave its parents) against the target's distributions at those rows; emits the accepted
-        drafts and one closing token per sequence. Returns, per request, the rows the target kept (the root and
-        the accepted path)."""
-        states = [self.states[s.request_id] for s in seqs]
-        ks = [s.num_logit_rows - 1 for s in seqs]
-        draft_lists = [s.token_ids[len(s.token_ids) - k:] for s, k in zip(seqs, ks)]
-        trees = proposals.parents if proposals is not None else {}
-        parents = [trees.get(s.request_id) or list(range(-1, k)) for s, k in zip(seqs, ks)]
-        # Row j scores the token after the path to node j (chain: the first j drafts): to min_tokens bans and
-        # penalties that path is output already, exactly as if it had been decoded one token at a time.
-        row_history: list[list[int]] = []
-        for d, par in zip(draft_lists, parents):
-            paths: list[list[int]] = [[]]
-            for j in range(1, len(par)):
-                paths.append(paths[par[j]] + [d[j - 1]])
-            row_history += paths
-        row_states = [st for st, k in zip(states, ks) for _ in range(k + 1)]
-        if any(st.matcher is not None for st in states):  # row j masked at the grammar's state after its path
-            logits = mask_logits(logits, [st.matcher for st in row_states], row_history)
-        raw_logits = logits  # logprobs: of the constrained distribution where a grammar masks
-        offsets = [0, *itertools.accumulate(k + 1 for k in ks)]
-        row_outputs = [s.num_output_tokens + len(row_history[r]) for i, s in enumerate(seqs)
-                       for r in range(offsets[i], offsets[i + 1])]
-        meta = self._sampling_metadata(row_states, row_outputs)
-        if meta.penalty_rows is not None:
-            for n, r in enumerate(meta.penalty_rows.tolist()):
-                if row_history[r]:
-                    prev = torch.tensor(row_history[r], device=self.device)
-                    meta.output_counts[n].index_add_(0, prev, torch.ones_like(prev, dtype=torch.int32))
-                    meta.seen_mask[n, prev] = True
-        logits = Sampler.apply_bans_and_penalties(logits.float(), meta)
-        # greedy rows only compare drafts with the argmax: temperature / top-k / top-p cannot move it
-        probs = logits if meta.all_greedy else Sampler.processed_probs(logits, meta)
-        emitted: dict[int, list[int]] = {}
-        kept: dict[int, list[int]] = {}
-        chain = [i for i, s in enumerate(seqs) if s.request_id not in trees]
-        tree = [i for i, s in enumerate(seqs) if s.request_id in trees]
-        if chain:
-            rows = torch.tensor([r for i in chain for r in range(offsets[i], offsets[i + 1])], device=self.device)
-            sub = probs if len(chain) == len(seqs) else probs[rows]
-            cks = [ks[i] for i in chain]
-            drafts = torch.tensor([t for i in chain for t in draft_lists[i]], dtype=torch.long, device=self.device)
-            greedy = torch.tensor([states[i].params.greedy for i in chain], device=self.device)
-            gens = {n: states[i].generator for n, i in enumerate(chain) if states[i].generator is not None}
-            q = (self._draft_probs([seqs[i] for i in chain], cks, drafts, proposals)
-                 if proposals is not None and proposals.probs else None)
-            result = rejection_sample(sub, DraftBatch(cks, drafts, q), greedy, gens, self.generator)
-            for i, tokens in zip(chain, result.token_ids):
-                emitted[i], kept[i] = tokens, list(range(len(tokens)))
-        if tree:
-            rows = torch.tensor([r for i in tree for r in range(offsets[i], offsets[i + 1])], device=self.device)
-            gens = {n: states[i].generator for n, i in enumerate(tree) if states[i].generator is not None}
-            result = verify_tree(probs[rows], [[-1] + draft_lists[i] for i in tree], [parents[i] for i in tree],
-                                 [states[i].params.greedy for i in tree], gens, self.generator)
-            for i, tokens, path in zip(tree, result.token_ids, result.accepted_rows):
-                emitted[i], kept[i] = tokens, [0] + path
-        for i, (seq, st) in enumerate(zip(seqs, states)):
-            tokens = emitted[i]
-            out.sampled[seq.request_id] = tokens
-            advance(st.matcher, tokens, seq.request_id)
-            if st.params.logprobs is not None:  # raw, as without drafts: emitted token j comes from kept row j
-                at = torch.tensor([offsets[i] + r for r in kept[i]], device=self.device)
-                raw = raw_logits[at].float().log_softmax(-1)
-                out.logprobs[seq.request_id] = token_logprobs(raw, tokens, st.params.logprobs)
-            if st.output_counts is not None:
-                new = torch.tensor(tokens, device=self.device)
-                st.output_counts.index_add_(0, new, torch.ones_like(new, dtype=torch.int32))
-                st.seen_mask[new] = True
-        return {seqs[i].request_id: rows_kept for i, rows_kept in kept.items()}
-
-    def _move_accepted_kv(self, batch: BatchInputs, kept: dict[str, list[int]]) -> None:
-        """A tree's accepted path lies at scattered rows; the committed tokens must sit in consecutive slots
-        (the scheduler advances by the accepted count): copy their K/V down, in every layer."""
-        src, dst = [], []
-        for s, start in zip(batch.seqs, batch.starts):
-            for j, r in enumerate(kept.get(s.request_id, [])):
-                if r != j:
-                    src.append(start + r)
-                    dst.append(start + j)
-        if not src:
-            return
-        slots = batch.meta.slot_mapping
-        src_t, dst_t = slots[torch.tensor(src, device=self.device)], slots[torch.tensor(dst, device=self.device)]
-        for cache in self.kv_caches:
-            flat = cache.view(2, -1, *cache.shape[3:])
-            flat[:, dst_t] = flat[:, src_t]
-
-    def _draft_probs(self, seqs: list[ScheduledSeq], ks: list[int], drafts: torch.Tensor,
-                     proposals: Proposals) -> torch.Tensor:
-        """The proposer's q at every draft row; one-hot where it drew greedily (or the drafts are not its own)."""
-        q = torch.nn.functional.one_hot(drafts.clamp(0, self.vocab_size - 1), self.vocab_size).float()
-        at = 0
-        for s, k in zip(seqs, ks):
-            p = proposals.probs.get(s.request_id)
-            if p is not None and p.shape[0] == k:
-                q[at:at + k] = p.to(q.dtype)
-            at += k
-        return q
 
     def _sampling_metadata(self, states: list[_RequestState], num_outputs: list[int]) -> SamplingMetadata:
         dev = self.device

@@ -47,7 +47,7 @@ def draft_matches(head: EagleHead | MedusaHeads, target: Any, tokens: torch.Tens
         n = s - 2 - j  # chains t = 0 .. n-1 have a token to compare at t + 2 + j; step j holds them at rows t + j
         if n <= 0:
             break
-        draft = target.compute_logits(normed[:, j:j + n]).argmax(-1)
+        draft = head.compute_logits(normed[:, j:j + n]).argmax(-1)
         out[:, j, :n] = draft == tokens[:, 2 + j:2 + j + n]
     return out
 

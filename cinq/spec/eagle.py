@@ -27,8 +27,9 @@ Folder layout (config.json + model.safetensors, cinq/spec/head_folder.py):
   ``concat(embeds, feature)`` (embeddings first, as vLLM), ``layers.0.*`` under HF Llama names (separate
   q/k/v and gate/up) without ``input_layernorm`` (EAGLE skips it); no embedding or LM head (the target's).
   The output is ``hidden + residual``, with no final norm.
-* ``eagle3``: cinq's own layout (architectures ``CinqEagle3LlamaForCausalLM``; not vLLM's EAGLE-3 one, whose
-  layer attends over a 2H input): ``fuse_fc.weight`` [H, len(feature_layers) * H], ``embedding_layernorm`` and
+* ``eagle3`` (cinq's earlier layout, still read and written; new heads with a reduced draft vocabulary use
+  vLLM's / SpecForge's EAGLE-3 layout, cinq/spec/eagle3.py, which ``load_eagle_head`` also reads): architectures
+  ``CinqEagle3LlamaForCausalLM``, ``fuse_fc.weight`` [H, len(feature_layers) * H], ``embedding_layernorm`` and
   ``hidden_states_layernorm`` (vLLM's HASS names, applied before ``fc``), ``fc.weight`` [H, 2H],
   ``layers.0.*`` as above, ``norm.weight``.
 
@@ -37,48 +38,36 @@ Both carry ``cinq_spec`` (method, feature layers, target fingerprint, training r
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from cinq.kernels.backends import get_backend
 from cinq.kernels.metadata import AttentionMetadata
-from cinq.layers.attention import Attention
 from cinq.layers.linear import make_linear
 from cinq.layers.norm import RMSNorm
 from cinq.model.checkpoint_names import checkpoint_state_dict
 from cinq.model.config import ModelConfig
+from cinq.model.folder_files import read_json
 from cinq.model.interface import CausalLM
 from cinq.model.llama import STACKED_PARAMS_MAPPING
 from cinq.model.registry import ModelRegistry
 from cinq.model.loader import default_dtype, parse_dtype
 from cinq.model.saver import hf_config_dict
 from cinq.errors import InvalidParameterError, ModelLoadError
+from cinq.spec.eagle3 import ARCHITECTURES, load_eagle3_head
+from cinq.spec.eagle_features import HeadLayer, check_feature_layers, default_feature_layers, head_layer_config
 from cinq.spec.head_folder import HeadSpec, TargetFingerprint, load_into, read_head_config, write_head_folder
 
+__all__ = ["EAGLE_METHODS", "EagleHead", "default_feature_layers", "head_layer_config", "load_eagle_head",
+           "new_eagle_head", "save_eagle_head"]
 EAGLE_METHODS = ("eagle", "eagle3")
 _ARCHITECTURES = {"eagle": "EagleLlamaForCausalLM", "eagle3": "CinqEagle3LlamaForCausalLM"}
 
 
-def default_feature_layers(method: str, num_layers: int) -> tuple[int, ...]:
-    """The target states a head of ``method`` reads (see the module docstring)."""
-    if method == "eagle":
-        return (num_layers,)
-    for layers in ((2, num_layers // 2, num_layers - 3), (1, num_layers // 2, num_layers - 1)):
-        if layers[0] < layers[1] < layers[2]:
-            return layers
-    return (0, num_layers // 2, num_layers)
-
-
-def head_layer_config(target: ModelConfig) -> ModelConfig:
-    """The config of the head's one decoder layer: the target's shape, one layer, dense."""
-    return dataclasses.replace(target, num_hidden_layers=1, quantization_config=None)
-
-
-class EagleHead(nn.Module):
+class EagleHead(HeadLayer):
     """One EAGLE / EAGLE-3 draft head (see the module docstring). ``config`` is its decoder layer's config
     (``num_hidden_layers == 1``): the runner sizes the head's paged KV from it."""
 
@@ -86,7 +75,8 @@ class EagleHead(nn.Module):
 
     def __init__(self, config: ModelConfig, method: str, feature_layers: tuple[int, ...],
                  embed_tokens: nn.Embedding, spec: HeadSpec, attention_backend: str = "sdpa",
-                 dtype: torch.dtype | None = None) -> None:
+                 dtype: torch.dtype | None = None,
+                 target_logits: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         super().__init__()
         if method not in EAGLE_METHODS:
             raise InvalidParameterError(f"EAGLE head method must be one of {list(EAGLE_METHODS)}, got {method!r}",
@@ -98,6 +88,7 @@ class EagleHead(nn.Module):
         self.spec = spec
         # A tuple, not an attribute nn.Module would register: the target's embedding stays the target's.
         self._target_embed = (embed_tokens,)
+        self._target_logits = (target_logits,)
         if method == "eagle3":
             self.fuse_fc = make_linear(len(self.feature_layers) * hidden, hidden, False, None, "fuse_fc", dtype)
             self.embedding_layernorm = RMSNorm(hidden, eps)
@@ -142,13 +133,11 @@ class EagleHead(nn.Module):
         normed, prenorm = self.norm(hidden, residual)
         return prenorm, normed
 
-    def attention_layers(self) -> list[Attention]:
-        """The head's attention layers (one); the runner binds their ``kv_cache``."""
-        return [layer.self_attn.attn for layer in self.layers]
-
-    def set_attention_backend(self, name: str) -> None:
-        for attn in self.attention_layers():
-            attn.backend = get_backend(name)
+    def compute_logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """[..., V] logits of the draft: through the target's LM head (this head has none of its own)."""
+        if self._target_logits[0] is None:
+            raise ValueError("EAGLE head built without the target's compute_logits")
+        return self._target_logits[0](normed)
 
     def hf_config(self, dtype: torch.dtype | None = None) -> dict[str, Any]:
         """config.json of this head's folder."""
@@ -158,27 +147,18 @@ class EagleHead(nn.Module):
         return cfg
 
 
-def _check_feature_layers(method: str, layers: tuple[int, ...], num_layers: int, source: str) -> None:
-    if method == "eagle" and layers != (num_layers,):
-        raise ModelLoadError(f"{source}: an EAGLE head reads the final state, feature_layers ({num_layers},); got "
-                             f"{layers}", "model")
-    if not layers or any(not 0 <= i <= num_layers for i in layers):
-        raise ModelLoadError(f"{source}: feature_layers {layers} must index the target's {num_layers + 1} states",
-                             "model")
-
-
 def new_eagle_head(target: CausalLM, method: str, feature_layers: tuple[int, ...] | None = None,
                    seed: int = 0, attention_backend: str = "sdpa", target_name: str = "") -> EagleHead:
     """A freshly initialised head for ``target`` (float32, on the target's device): N(0, 0.02) matrices, unit
     norms."""
     num_layers = target.config.num_hidden_layers
     layers = tuple(feature_layers) if feature_layers is not None else default_feature_layers(method, num_layers)
-    _check_feature_layers(method, layers, num_layers, "new head")
+    check_feature_layers(method, layers, num_layers, "new head")
     spec = HeadSpec(method, TargetFingerprint.of(target, target_name), layers)
     device = target.model.embed_tokens.weight.device
     with default_dtype(torch.float32), torch.device(device):
         head = EagleHead(head_layer_config(target.config), method, layers, target.model.embed_tokens, spec,
-                         attention_backend)
+                         attention_backend, target_logits=target.compute_logits)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in head.named_parameters():
@@ -193,6 +173,10 @@ def load_eagle_head(path: str | Path, target: CausalLM, dtype: torch.dtype | str
                     attention_backend: str) -> EagleHead:
     """Load a head folder onto ``target`` (sharing its embedding and LM head). Refuses, naming the field, a head
     trained for another target: InvalidParameterError(..., "model")."""
+    cfg_file = Path(path) / "config.json"
+    cfg = read_json(cfg_file) if cfg_file.is_file() else {}
+    if any(a in ARCHITECTURES for a in cfg.get("architectures") or ()):  # vLLM's / SpecForge's EAGLE-3 layout
+        return load_eagle3_head(path, cfg, target, parse_dtype(dtype), device, attention_backend)
     cfg, spec = read_head_config(path, EAGLE_METHODS)
     source = str(Path(path) / "config.json")
     spec.target.check(target, source)
@@ -203,11 +187,11 @@ def load_eagle_head(path: str | Path, target: CausalLM, dtype: torch.dtype | str
     if config.hidden_size != target.config.hidden_size:  # the probe agreed, so only a hand-edited config gets here
         raise InvalidParameterError(f"{source}: hidden_size {config.hidden_size} is not the target's "
                                     f"{target.config.hidden_size}", "model")
-    _check_feature_layers(spec.method, spec.feature_layers, target.config.num_hidden_layers, source)
+    check_feature_layers(spec.method, spec.feature_layers, target.config.num_hidden_layers, source)
     dtype = parse_dtype(dtype)
     with default_dtype(dtype), torch.device(device):
         head = EagleHead(config, spec.method, spec.feature_layers, target.model.embed_tokens, spec,
-                         attention_backend, dtype)
+                         attention_backend, dtype, target.compute_logits)
     load_into(head, path)
     return head.eval()
 
@@ -215,7 +199,8 @@ def load_eagle_head(path: str | Path, target: CausalLM, dtype: torch.dtype | str
 def save_eagle_head(head: EagleHead, path: str | Path, dtype: torch.dtype | None = None) -> Path:
     """Write the head folder (weights in ``dtype``, default: as they are)."""
     tensors = checkpoint_state_dict(head)
+    extra = head.extra_tensors() if hasattr(head, "extra_tensors") else {}
     if dtype is not None:
         tensors = {k: t.to(dtype) if t.is_floating_point() else t for k, t in tensors.items()}
     stored = dtype or next(head.parameters()).dtype
-    return write_head_folder(path, head.hf_config(stored), tensors)
+    return write_head_folder(path, head.hf_config(stored), {**tensors, **extra})

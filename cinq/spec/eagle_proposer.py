@@ -109,7 +109,7 @@ class EagleProposer:
                 self._draft_chains(ids, pos, block_ids, want, sampling, next_feat[rows], normed[rows], out)
                 continue
             roots = TreeRoots(ids, {s.request_id: s.token_ids[-1] for s, _ in part}, feature[rows],
-                              next_feat[rows], self.target.compute_logits(normed[rows]).log_softmax(-1))
+                              next_feat[rows], self.head.compute_logits(normed[rows]).log_softmax(-1))
 
             def level(tokens, parents, feats, ids=ids, pos=pos):  # noqa: ANN001, ANN202
                 return self._tree_level(ids, pos, block_ids, tokens, parents, feats)
@@ -136,9 +136,9 @@ class EagleProposer:
             f, n = self.head(batch.input_ids, _pad_rows(feat[0][sel], batch.input_ids.shape[0]), batch.positions,
                              batch.meta)
             feat[0] = f[:len(ids)]
-            return self.target.compute_logits(n[:len(ids)])
+            return self.head.compute_logits(n[:len(ids)])
 
-        draft_chains(ids, want, sampling, self.target.compute_logits(cur_norm), step, self.probabilistic,
+        draft_chains(ids, want, sampling, self.head.compute_logits(cur_norm), step, self.probabilistic,
                      self.generator, out)
 
     def _tree_level(self, ids: list[str], pos: dict[str, int], block_ids: dict[str, list[int]],
@@ -154,7 +154,7 @@ class EagleProposer:
         f, normed = self.head(batch.input_ids, _pad_rows(feat_in, batch.input_ids.shape[0]), batch.positions,
                               batch.meta)
         n = len(ids)
-        logprobs = self.target.compute_logits(normed[:n * q]).log_softmax(-1)
+        logprobs = self.head.compute_logits(normed[:n * q]).log_softmax(-1)
         return f[:n * q].view(n, q, -1), logprobs.view(n, q, -1)
 
     @staticmethod

@@ -177,15 +177,15 @@ def head_tensors(path: str | Path) -> Iterator[CheckpointTensor]:
     return iter_checkpoint(Path(path))
 
 
-def load_into(module: nn.Module, path: str | Path) -> None:
-    """Fill ``module``'s parameters from the folder's tensors, through the module's ``stacked_params_mapping``
+def load_into(module: nn.Module, path: str | Path, tensors: Iterator[CheckpointTensor] | None = None) -> None:
+    """Fill ``module``'s parameters from the folder's tensors (or ``tensors``, read from it and renamed), through the module's ``stacked_params_mapping``
     (HF's separate q/k/v and gate/up fill the merged projections), as the model loader does. Every tensor must
     have a place and a matching shape, and none may be missing; errors name the tensor."""
     modules = dict(module.named_modules())
     mapping = mapping_of(module)
     expected = expected_checkpoint_names(module)
     loaded: set[str] = set()
-    for tensor in head_tensors(path):
+    for tensor in head_tensors(path) if tensors is None else tensors:
         place = resolve(modules, mapping, tensor.name)
         if place is None or tensor.name not in expected:
             raise ModelLoadError(f"{path}: checkpoint tensor '{tensor.name}' has no place in a "

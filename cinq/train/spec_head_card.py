@@ -18,6 +18,12 @@ ABOUT = {
                "layers and the next token's embedding, drafting through the target's LM head after its own norm; "
                "trained with training-time test (unrolled over its own outputs) on KL to the target's "
                "distributions only. Folder layout: cinq's own (cinq/spec/eagle.py)."),
+    "eagle3-vllm": (
+        "An EAGLE-3 draft head (Li et al. 2025): one decoder layer attending over the normed next-token embedding "
+        "and a fusion of three of the target's layers, with its own LM head over a reduced draft vocabulary (the "
+        "tokens the target wrote most in training; `d2t` maps them to target ids); trained with training-time "
+        "test on KL to the target's distributions restricted to that vocabulary. Folder layout: vLLM's / "
+        "SpecForge's EAGLE-3 one (`LlamaForCausalLMEagle3`, cinq/spec/eagle3.py)."),
     "medusa": ("Medusa-1 heads (Cai et al. 2024): residual blocks on the target's final hidden state, each with "
                "its own LM head (initialised from the target's), head i guessing the token i + 2 ahead; trained "
                "on KL to the target's distributions there (weights 0.8^i). Folder layout: vLLM's Medusa one."),
@@ -71,6 +77,24 @@ def _generation_note(data: dict[str, Any]) -> str:
     return f"; the target wrote the data beforehand in {seconds:.0f} s with cinq's engine" if seconds else ""
 
 
+def _about_key(method: str, cfg: dict[str, Any]) -> str:
+    if cfg.get("original_lm_head"):
+        return "medusa-shared"
+    return "eagle3-vllm" if "draft_vocab_size" in cfg else method
+
+
+def _prompt_source(job: dict[str, Any]) -> str:
+    if job.get("data_dir") == "chat":
+        return "language-balanced chat turns in its own chat template (cinq/train/spec_head_prompts.py, train topics)"
+    return "corpus train-split prompts"
+
+
+def _held_out_source(job: dict[str, Any]) -> str:
+    if job.get("data_dir") == "chat":
+        return "chat turns on the held-out topics"
+    return "prompts from the corpus test split"
+
+
 def render_head_card(dest: Path, summary: dict[str, Any], commands: list[str]) -> str:
     """The README.md of the head folder ``dest`` from its run's summary."""
     name = dest.name
@@ -84,7 +108,7 @@ def render_head_card(dest: Path, summary: dict[str, Any], commands: list[str]) -
     minutes = summary["elapsed_s"] / 60
     lines = [
         f"# {name}", "",
-        ABOUT["medusa-shared" if cfg.get("original_lm_head") else method]
+        ABOUT[_about_key(method, cfg)]
         + f" Trained for `{target['name']}` on text that model wrote itself (DistillSpec's lesson: "
         "align the drafter to the target on the target's own outputs).", "",
         "## Use", "",
@@ -103,6 +127,11 @@ def render_head_card(dest: Path, summary: dict[str, Any], commands: list[str]) -
         f"| target | {target['name']} (hidden {target['hidden_size']}, vocab {target['vocab_size']}, "
         f"{target['num_hidden_layers']} layers) |",
     ]
+    if "draft_vocab" in summary:
+        dv = summary["draft_vocab"]
+        lines.append(f"| draft vocabulary | {dv['size']:,} of {target['vocab_size']:,} tokens (share of the "
+                     f"target's generated tokens inside: train {dv['coverage_train']:.3f}, held-out "
+                     f"{dv['coverage_held_out']:.3f}) |")
     if method != "medusa":
         lines.append(f"| feature layers | {spec['feature_layers']} (indices into the target's hidden states) |")
     else:
@@ -112,18 +141,19 @@ def render_head_card(dest: Path, summary: dict[str, Any], commands: list[str]) -
     lines += [
         "## Training", "",
         "| field | value |", "|---|---|",
-        f"| data | {train['sequences']} sequences the target wrote from corpus train-split prompts (at most "
+        f"| data | {train['sequences']} sequences the target wrote from {_prompt_source(job)} (at most "
         f"{job['max_prompt']} prompt tokens, {job['max_tokens']} new ones, temperature {job['sample_temperature']}; "
         f"{train['tokens']:,} tokens, {train['generated_tokens']:,} of them generated), {_mix_note(job)}: {per_lang} |",
         f"| steps | {summary['step']} x {job['batch_size']} whole sequences |",
         f"| training time | {minutes:.1f} min on {summary['cpu']} ({summary['torch_threads']} torch thread(s), "
         f"shared machine){_generation_note(train)} |",
         f"| optimiser | AdamW lr {job['lr']}, {job['warmup_steps']} warmup steps then cosine decay, no weight decay, "
-        f"bf16 autocast, float32 master weights, shipped as bf16 |",
+        f"bf16 autocast where the CPU has native bf16 GEMMs (else float32), float32 master weights, shipped as "
+        f"bf16 |",
         f"| final train loss | {summary['final_loss']:.3f} |", "",
         "## Held-out acceptance", "",
         f"Greedy drafts of k = {acc['k']} tokens against the target's greedy continuations of {held['sequences']} "
-        f"prompts from the corpus test split (documents neither the target nor the head trained on; at most "
+        f"{_held_out_source(job)} (neither the target nor the head trained on them; at most "
         f"{job['eval_max_tokens']} new tokens each), measured offline in float32 (cinq/eval/spec_acceptance.py). "
         "tau = tokens per target forward along the speculative walk (1 + accepted drafts per step); accept j = "
         "share of continuation positions whose first j drafts are all accepted.", "",

@@ -28,6 +28,7 @@ import torch
 from cinq.train.generated_cache import settings_key
 from cinq.train.generation import generate_naive, generate_with_engine
 from cinq.train.seqkd import mixed_prompts
+from cinq.train.spec_head_prompts import chat_identity, chat_prompts, is_chat_source
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +104,10 @@ class TargetSequences:
 
 
 def corpus_identity(data_dir: str | Path) -> dict[str, Any]:
-    """What names the corpus in a cache key: its splits' and tokenizer's hashes from the manifest."""
+    """What names the corpus in a cache key: its splits' and tokenizer's hashes from the manifest (for the chat
+    prompts, a hash of their text)."""
+    if is_chat_source(data_dir):
+        return chat_identity()
     manifest = json.loads((Path(data_dir) / "manifest.json").read_text())
     return {"sha256": manifest.get("sha256"), "tokenizer": manifest.get("tokenizer")}
 
@@ -122,13 +126,13 @@ def target_sequences(target_dir: str | Path, target: Any, data_dir: str | Path, 
         seqs = TargetSequences.load(path)
         seqs.info = json.loads(sidecar.read_text()) if sidecar.is_file() else {}
         return seqs
-    pairs = mixed_prompts(data_dir, settings.num_prompts, settings.seed, settings.max_prompt, settings.split,
-                          settings.prompt_mix)
+    pairs = prompt_pairs(target_dir, data_dir, settings)
     prompts = [p for _, p in pairs]
     t0 = time.perf_counter()
     if settings.generator == "engine":
+        # every prompt in one wave: a step costs far less than twice a half-full one
         outs = generate_with_engine(target_dir, prompts, settings.max_tokens, settings.temperature, settings.seed,
-                                    dtype=settings.dtype)
+                                    dtype=settings.dtype, max_num_seqs=min(len(prompts), 256))
     else:
         outs = generate_naive(target, prompts, settings.max_tokens, settings.temperature, settings.seed, eos_ids)
     elapsed = time.perf_counter() - t0
@@ -142,6 +146,18 @@ def target_sequences(target_dir: str | Path, target: Any, data_dir: str | Path, 
     seqs.save(path)
     sidecar.write_text(json.dumps(seqs.info, indent=1) + "\n")
     return seqs
+
+
+def prompt_pairs(target_dir: str | Path, data_dir: str | Path, settings: GenerationSettings
+                 ) -> list[tuple[str, list[int]]]:
+    """(language, prompt) pairs for ``settings``: corpus documents' openings, or (``data_dir`` "chat") chat turns
+    rendered with the target's template (cinq/train/spec_head_prompts.py; always language-balanced)."""
+    if is_chat_source(data_dir):
+        from cinq.model.tokenizer import Tokenizer
+        return chat_prompts(Tokenizer.from_pretrained(target_dir), settings.num_prompts, settings.seed,
+                            settings.max_prompt, settings.split)
+    return mixed_prompts(data_dir, settings.num_prompts, settings.seed, settings.max_prompt, settings.split,
+                         settings.prompt_mix)
 
 
 def sequences_identity(target_dir: str | Path, target: Any, fingerprint: str) -> str:

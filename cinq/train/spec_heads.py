@@ -35,8 +35,11 @@ import torch
 import torch.nn.functional as F
 
 from cinq.errors import InvalidParameterError
+from cinq.kernels.cpu_native import bf16_gemm_is_emulated
 from cinq.eval.spec_acceptance import Batch, measure, measure_ngram
+from cinq.spec.draft_vocab import coverage, frequent_tokens
 from cinq.spec.eagle import new_eagle_head, save_eagle_head
+from cinq.spec.eagle3 import new_eagle3_head
 from cinq.spec.eagle_unroll import unroll, valid_rows
 from cinq.spec.head_folder import TargetFingerprint
 from cinq.spec.medusa import new_medusa_heads, save_medusa_heads
@@ -55,9 +58,9 @@ DEPTH_DECAY = 0.8  # weight of unrolled step / Medusa head j: 0.8^j (EAGLE-3's a
 # Settings a resumed run must share with its checkpoint: they change the objective or the data.
 _JOB_IDENTITY = ("method", "target", "data_dir", "batch_size", "lr", "seed", "train_prompts", "max_prompt",
                  "max_tokens", "sample_temperature", "generator", "unroll_steps", "num_heads", "medusa_lm_head",
-                 "feature_layers", "reg_weight", "cls_weight", "feature_noise", "prompt_mix")
+                 "feature_layers", "reg_weight", "cls_weight", "feature_noise", "prompt_mix", "draft_vocab_size")
 # What a run folder written before a setting existed was made with.
-_EARLIER_DEFAULTS = {"prompt_mix": "balanced"}
+_EARLIER_DEFAULTS = {"prompt_mix": "balanced", "draft_vocab_size": 0}
 
 
 @dataclass(slots=True)
@@ -86,6 +89,10 @@ class HeadJob:
     num_heads: int = 4
     medusa_lm_head: str = "own"  # own: one trainable LM head per Medusa head; target: the target's, shared, frozen
     feature_layers: tuple[int, ...] | None = None
+    # eagle3: > 0 trains a head in vLLM's EAGLE-3 layout with its own LM head over the draft_vocab_size most
+    # frequent tokens of the target's training outputs (cinq/spec/eagle3.py); 0: cinq's earlier layout, which
+    # drafts through the target's LM head
+    draft_vocab_size: int = 0
     reg_weight: float = 1.0
     cls_weight: float = 0.1
     feature_noise: float = 0.1
@@ -110,6 +117,9 @@ class HeadJob:
                          ("eval_prompts", 1), ("max_prompt", 2), ("max_tokens", 1), ("eval_max_tokens", 1)):
             if getattr(self, name) < lo:
                 raise InvalidParameterError(f"{name} must be >= {lo}, got {getattr(self, name)}", name)
+        if self.draft_vocab_size < 0 or (self.draft_vocab_size and self.method != "eagle3"):
+            raise InvalidParameterError(f"draft_vocab_size must be 0, or > 0 with eagle3 heads; got "
+                                        f"{self.draft_vocab_size} for {self.method}", "draft_vocab_size")
         if self.feature_layers is not None:
             self.feature_layers = tuple(int(i) for i in self.feature_layers)
 
@@ -131,12 +141,6 @@ class HeadTrainer:
         self.target_dir = Path(job.target)
         self.target = load_teacher(self.target_dir)
         self.fingerprint = TargetFingerprint.of(self.target, self.target_dir.name)
-        if job.method == "medusa":
-            self.head: Any = new_medusa_heads(self.target, job.num_heads, target_name=self.target_dir.name,
-                                              original_lm_head=job.medusa_lm_head == "target")
-        else:
-            self.head = new_eagle_head(self.target, job.method, job.feature_layers, job.seed,
-                                       target_name=self.target_dir.name)
         self.eos = list(self.target.config.eos_token_ids)
         cache = Path(job.generated_dir) if job.generated_dir else self.out
         gen = GenerationSettings("train", job.train_prompts, job.max_prompt, job.max_tokens, job.sample_temperature,
@@ -145,6 +149,18 @@ class HeadTrainer:
         self.train_seqs = target_sequences(self.target_dir, self.target, job.data_dir, gen, cache, identity, self.eos)
         self.eval_seqs = target_sequences(self.target_dir, self.target, job.data_dir, held_out_settings(job), cache,
                                           identity, self.eos)
+        self.draft_ids: torch.Tensor | None = None
+        if job.method == "medusa":
+            self.head: Any = new_medusa_heads(self.target, job.num_heads, target_name=self.target_dir.name,
+                                              original_lm_head=job.medusa_lm_head == "target")
+        elif job.draft_vocab_size:
+            self.draft_ids = frequent_tokens(generated_tokens(self.train_seqs), job.draft_vocab_size,
+                                             self.target.config.vocab_size)
+            self.head = new_eagle3_head(self.target, self.draft_ids, job.feature_layers, job.seed,
+                                        target_name=self.target_dir.name)
+        else:
+            self.head = new_eagle_head(self.target, job.method, job.feature_layers, job.seed,
+                                       target_name=self.target_dir.name)
         self.sampler = SequenceSampler(self.train_seqs, job.batch_size, job.seed)
 
     def _check_same_job(self) -> None:
@@ -188,7 +204,7 @@ class HeadTrainer:
             feats = feats + (torch.rand(feats.shape, generator=gen) * 2 - 1).to(feats) * j.feature_noise
         positions = torch.arange(feats.shape[1]).expand(feats.shape[0], -1)
         out, normed = self.head(next_tokens, feats, positions, None)
-        logits = self.target.compute_logits(normed)
+        logits = self.head.compute_logits(normed)
         kl = forward_kl(logits, labels, mask=rows)
         per_row = F.smooth_l1_loss(out.float(), next_feats.float(), reduction="none").mean(-1)
         reg = (per_row * rows).sum() / rows.sum().clamp_min(1)
@@ -199,9 +215,11 @@ class HeadTrainer:
                      rows: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         total = torch.zeros(())
         metrics: dict[str, float] = {}
+        if self.draft_ids is not None:  # the target's distribution over the draft vocabulary, renormalised
+            labels = labels[..., self.draft_ids]
         for step, (_, normed) in enumerate(unroll(self.head, next_tokens, feats, self.job.unroll_steps)):
             mask = rows & valid_rows(rows.shape[1], step)[None, :]
-            logits = self.target.compute_logits(normed)
+            logits = self.head.draft_logits(normed) if self.draft_ids is not None else self.head.compute_logits(normed)
             kl = forward_kl(logits, labels, mask=mask)
             total = total + DEPTH_DECAY ** step * kl
             metrics[f"kl_{step}"] = float(kl.detach())
@@ -246,8 +264,10 @@ class HeadTrainer:
     def run(self) -> dict[str, Any]:
         j = self.job
         n_params = sum(p.numel() for p in self.head.parameters())
+        # bf16 autocast only where bf16 GEMMs are native: emulated (AVX2), a step of the target's training forward
+        # ran ~50x slower than in float32 (SmolLM2, batch 8 x 176)
         settings = train_settings(j, {"job": _jsonable(asdict(j)), "head_parameters": n_params},
-                                  weight_decay=0.0, log_every=5)
+                                  weight_decay=0.0, log_every=5, bf16=not bf16_gemm_is_emulated())
         trainer = Trainer(self.head, self.loss, self.sampler.batch, settings, eval_fn=self.eval_fn())
         log.info("training %s heads for %s (%.2fM parameters): %d steps on %d target sequences (%d tokens)",
                  j.method, j.target, n_params / 1e6, settings.total_steps, len(self.train_seqs),
@@ -256,6 +276,12 @@ class HeadTrainer:
         def export(summary: dict[str, Any]) -> None:
             self.head.eval()
             summary["acceptance"] = self.acceptance()
+            if self.draft_ids is not None:
+                vocab = self.target.config.vocab_size
+                summary["draft_vocab"] = {
+                    "size": int(self.draft_ids.numel()),
+                    "coverage_train": coverage(self.draft_ids, generated_tokens(self.train_seqs), vocab),
+                    "coverage_held_out": coverage(self.draft_ids, generated_tokens(self.eval_seqs), vocab)}
             summary["acceptance_ngram"] = measure_ngram(self.eval_batches(), self._k())
             self.head.spec.training = {k: summary[k] for k in (
                 "step", "tokens_seen", "elapsed_s", "final_loss", "train_data", "eval_data", "acceptance")}
@@ -287,6 +313,11 @@ def held_out_batches(seqs: TargetSequences, limit: int | None = None) -> list[Ba
         tokens, lengths = seqs.padded(rows)
         out.append((tokens, lengths, torch.from_numpy(seqs.prompt_lens[rows]), [str(seqs.langs[r]) for r in rows]))
     return out
+
+
+def generated_tokens(seqs: TargetSequences) -> np.ndarray:
+    """The tokens the target wrote (each sequence past its prompt): what a head drafts for."""
+    return np.concatenate([seqs.sequence(i)[int(seqs.prompt_lens[i]):] for i in range(len(seqs))] or [np.zeros(0)])
 
 
 def _top1(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> float:

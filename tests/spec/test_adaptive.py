@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from cinq import LLM, SamplingParams
 from cinq.spec.adaptive import AdaptiveK, batch_bucket
 
@@ -69,3 +71,16 @@ def test_adaptive_engine_keeps_greedy_output(tiny_llama) -> None:
         llm = LLM(str(tiny_llama), dtype="float32", speculative_config=spec)
         assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == plain
         assert llm.engine.kv.num_free_blocks == llm.engine.num_blocks
+
+
+def test_the_cost_model_prices_a_new_batch_size_without_trying_every_arm() -> None:
+    adaptive = AdaptiveK(k_max=4, explore_every=1000)  # no periodic re-try in this test
+    simulate(adaptive, 1, dispatch_bound, accept_rate=0.8, steps=40)  # every arm at batch 1
+    assert adaptive.cost_model() is None  # one batch size: dispatch and per-row costs are not told apart
+    simulate(adaptive, 64, dispatch_bound, accept_rate=0.8, steps=4)  # two arms at batch 64
+    a, b, c = adaptive.cost_model()
+    assert (a, b, c) == (pytest.approx(5e-3), pytest.approx(3e-4), pytest.approx(1e-4))
+    chosen = simulate(adaptive, 512, dispatch_bound, accept_rate=0.8, steps=30, seed=2)
+    # batch 512 is priced by the model: plain decoding from the first step, no arm tried for nothing
+    assert chosen == [0] * 30
+    assert {k for (bucket, k) in adaptive.step_seconds if bucket == batch_bucket(512)} == {0}

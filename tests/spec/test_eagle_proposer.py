@@ -144,15 +144,15 @@ def test_tree_verification_keeps_greedy_output_and_moves_side_branches(tiny_llam
     llm = LLM(str(tiny_llama), dtype="float32", **tight, speculative_config={
         "method": method, "model": str(heads[method]), "num_speculative_tokens": len(TREE),
         "speculative_token_tree": TREE})
-    runner = llm.engine.executor.runner
+    verifier = llm.engine.executor.runner.verifier
     moved = []
-    real = runner._move_accepted_kv
+    real = verifier.move_accepted_kv
 
-    def spy(batch, kept):
+    def spy(batch, kept, kv_caches):
         moved.extend(rows for rows in kept.values() if rows != list(range(len(rows))))
-        return real(batch, kept)
+        return real(batch, kept, kv_caches)
 
-    runner._move_accepted_kv = spy
+    verifier.move_accepted_kv = spy
     assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)] == plain
     assert moved, "no side branch was ever accepted: the K/V move went untested"
     st = llm.engine.get_stats()

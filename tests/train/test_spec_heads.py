@@ -12,6 +12,7 @@ import json
 from collections import Counter
 from dataclasses import asdict
 
+import numpy as np
 import pytest
 import torch
 
@@ -24,6 +25,7 @@ from cinq.quant.pipeline import quantize_model
 from cinq.spec.eagle import load_eagle_head
 from cinq.spec.medusa import load_medusa_heads
 from cinq.train import spec_head_data
+from cinq.train.distill import load_teacher
 from cinq.train.seqkd import balanced_prompts, corpus_prompts, mixed_prompts, natural_prompts
 from cinq.train.spec_head_data import GenerationSettings, target_sequences
 from cinq.train.spec_heads import HeadJob, HeadTrainer
@@ -57,6 +59,19 @@ def job(teacher, corpus, out, method="eagle", **kw) -> HeadJob:
     return HeadJob(**{**base, **kw})
 
 
+def train_and_check_the_loss_drops(trainer: HeadTrainer) -> tuple[dict, dict]:
+    """Run ``trainer`` to the end; its loss on the first batch must fall below 0.8x. Returns (summary, the
+    first batch's metrics before training)."""
+    batch = trainer.sampler.batch(0)
+    with torch.no_grad():
+        before, metrics = trainer.loss(batch, 0)
+    summary = trainer.run()
+    with torch.no_grad():
+        after, _ = trainer.loss(batch, 0)
+    assert summary["finished"] and float(after) < 0.8 * float(before), (float(before), float(after))
+    return summary, metrics
+
+
 def test_balanced_prompts_draw_the_same_number_per_language(tiny_corpus) -> None:
     pairs = balanced_prompts(tiny_corpus, 12, seed=0, max_prompt=8)
     counts = Counter(lang for lang, _ in pairs)
@@ -79,13 +94,7 @@ def test_the_natural_mix_follows_the_corpus_with_as_many_prompts(tiny_corpus) ->
 @pytest.mark.parametrize("method", ["eagle", "eagle3", "medusa"])
 def test_a_few_steps_lower_the_loss(teacher, tiny_corpus, tmp_path, method: str) -> None:
     trainer = HeadTrainer(job(teacher, tiny_corpus, tmp_path / "run", method, token_budget=30 * 4 * 28))
-    batch = trainer.sampler.batch(0)
-    with torch.no_grad():
-        before, metrics = trainer.loss(batch, 0)
-    summary = trainer.run()
-    with torch.no_grad():
-        after, _ = trainer.loss(batch, 0)
-    assert summary["finished"] and float(after) < 0.8 * float(before), (float(before), float(after))
+    summary, metrics = train_and_check_the_loss_drops(trainer)
     assert set(summary["acceptance"]["all"]) >= {"tau", "accept_rate", "steps"}
     assert summary["acceptance"]["all"]["tau"] >= 1.0 and (tmp_path / "run" / "head" / "config.json").is_file()
     assert any(k.startswith("kl") for k in metrics)
@@ -218,3 +227,25 @@ def test_cli_trains_a_head_for_a_quantized_target(int4_teacher, tiny_corpus, tmp
 def test_cli_heads_need_a_target(tiny_corpus, tmp_path) -> None:
     assert main(["distill", "--heads", "eagle", "--data", str(tiny_corpus), "--out", str(tmp_path)]) == 2
     assert main(["distill", "--data", str(tiny_corpus), "--out", str(tmp_path)]) == 2
+
+
+def test_an_eagle3_head_with_a_reduced_draft_vocabulary_trains_in_vllms_layout(teacher, tiny_corpus,
+                                                                               tmp_path) -> None:
+    from cinq.spec.eagle3 import Eagle3Head
+    trainer = HeadTrainer(job(teacher, tiny_corpus, tmp_path / "run", "eagle3", draft_vocab_size=64,
+                              token_budget=30 * 4 * 28))
+    # the 64 tokens the target wrote most in its training sequences
+    written = np.concatenate([trainer.train_seqs.sequence(i)[int(trainer.train_seqs.prompt_lens[i]):]
+                              for i in range(len(trainer.train_seqs))])
+    top = np.bincount(written.astype(np.int64)).argmax()
+    assert trainer.draft_ids.numel() == 64 and int(top) in trainer.draft_ids.tolist()
+    summary, _ = train_and_check_the_loss_drops(trainer)
+    assert 0 < summary["draft_vocab"]["coverage_held_out"] <= 1
+    head = load_eagle_head(tmp_path / "run" / "head", load_teacher(teacher), torch.float32, "cpu", "sdpa")
+    assert isinstance(head, Eagle3Head) and torch.equal(head.draft_ids, trainer.draft_ids)
+
+
+def test_a_draft_vocabulary_needs_an_eagle3_head(teacher, tiny_corpus, tmp_path) -> None:
+    with pytest.raises(InvalidParameterError) as e:
+        job(teacher, tiny_corpus, tmp_path, "eagle", draft_vocab_size=64)
+    assert e.value.param == "draft_vocab_size"
