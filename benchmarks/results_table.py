@@ -44,7 +44,7 @@ SCRIPTS = {
     "interactions_quant_spec": "benchmarks/quant_spec.py",
     "interactions_smoothquant_mix": "benchmarks/interactions.py --only smoothquant-mix",
     "interactions_spec_rate": "benchmarks/interactions.py --only spec-rate",
-    "latency": "benchmarks/latency.py", "latency_hf": "cinq bench latency", "latency_smollm2": "benchmarks/latency.py",
+    "latency": "benchmarks/latency.py", "latency_hf": "cinq bench latency", "latency_smollm2": "cinq bench latency",
     "latency_smollm2_bf16": "benchmarks/latency.py", "prefix": "cinq bench prefix", "quant": "benchmarks/quant.py",
     "quant_quality": "benchmarks/quant.py --quality", "quant_quality_arithmetic_easy": "benchmarks/quant.py --quality",
     "quant_study": "benchmarks/quant.py --quality", "quant_study_float_codes": "benchmarks/quant_study_real.py",
@@ -58,6 +58,11 @@ SCRIPTS = {
     "structured_outputs": "benchmarks/structured_outputs.py", "throughput": "benchmarks/throughput.py",
     "throughput_gemma3": "benchmarks/throughput.py", "train_sizing": "cinq train --measure",
     "tune": "cinq tune", "vattention": "benchmarks/vattention.py", "wide_linear": "benchmarks/wide_linear.py",
+    "int8_activations": "benchmarks/int8_activations.py", "offline_engine_core": "benchmarks/offline_engine_core.py",
+    "serving_smollm2": "scripts/bench_real_model.sh serve", "speculative_smollm2": "benchmarks/speculative_smollm2.py",
+    "speculative_draft_vocab": "benchmarks/speculative_draft_vocab.py",
+    "eagle3_smollm2_head": "cinq distill --heads eagle3 --target smollm2-135m-instruct",
+    "decode_kernels_int8_activations": "benchmarks/decode_kernels.py",
 }
 # results whose JSON was typed in from a run's log, not written by the script that measured them
 FROM_A_LOG = {"gpu": "typed from the H200 run's log (benchmarks/gpu.py has no section writing kernel_tests and "
@@ -214,10 +219,21 @@ def quant_study(d: dict[str, Any]) -> str:
 
 
 def server(d: dict[str, Any]) -> str:
-    run = d["runs"][0]
+    run = next(r for r in d["runs"] if r["request_rate"] in (None, "inf", float("inf")))
     return (f"{run['output_throughput']:.0f} vs {d['baseline']['output_throughput']:.0f} out tok/s "
             f"(**{d['ratio_server_over_offline']:.2f}x**), {run['completed']} streams, engine core in its own "
             f"process ({run['core_cores']:.2f} cores; front end {run['server_cores']:.2f})")
+
+
+def speculation_real(d: dict[str, Any]) -> str:
+    best: dict[str, dict[str, Any]] = {}
+    for r in d["rows"]:
+        if r["batch"] == 1 and (r["method"] not in best or r["speedup"] > best[r["method"]]["speedup"]):
+            best[r["method"]] = r
+    most = max(r["batch"] for r in d["rows"])
+    at_most = ", ".join(f"{r['method']} {r['speedup']:.2f}x" for r in d["rows"] if r["batch"] == most)
+    return ("batch 1: " + ", ".join(f"{m} **{r['speedup']:.2f}x** (tau {r['tau']:.2f})" for m, r in best.items())
+            + f"; batch {most}: {at_most}")
 
 
 def structured(d: dict[str, Any]) -> str:
@@ -246,7 +262,8 @@ def gpu(d: dict[str, Any]) -> str:
 FIGURES: dict[str, Callable[[dict[str, Any]], str]] = {
     "latency_smollm2": smollm2_decode, "latency_smollm2_bf16": smollm2_bf16, "gemma3": gemma3_decode,
     "throughput_gemma3": throughput, "throughput": throughput, "quant_study_float_codes": quant_quality,
-    "speculative": speculation, "serving_split": server, "structured_outputs": structured,
+    "speculative": speculation, "speculative_smollm2": speculation_real, "serving_split": server,
+    "serving_smollm2": server, "structured_outputs": structured,
     "reliability": reliability, "gpu": gpu,
 }
 
@@ -268,10 +285,11 @@ HEADLINES = [
              "llama.cpp bf16, same run"),
     Headline("Gemma 3 270M (Q4_K_M GGUF) batch-1 decode, 2 threads", "gemma3", "llama.cpp on the same file, HF"),
     Headline("offline throughput, Gemma 3 270M", "throughput_gemma3", "HF generate at its best batch, same run"),
-    Headline("offline throughput, random ~110M Llama", "throughput", "HF generate at its best batch, same run"),
+    Headline("speculative decoding on SmolLM2 (n-gram; an undertrained EAGLE-3 head)", "speculative_smollm2",
+             "plain decoding, same run"),
     Headline("quantization quality, SmolLM2 (NF4 / FP8 / int4 / int8 rows)", "quant_study_float_codes",
              "dense bf16 from the same file"),
-    Headline("speculative decoding, cinq-tiny and its heads", "speculative", "plain decoding, same run"),
+    Headline("OpenAI server, rate = inf, SmolLM2", "serving_smollm2", "the offline engine, same run"),
     Headline("OpenAI server, rate = inf, cinq-tiny", "serving_split", "the offline engine, same run"),
     Headline("prefix caching, 64 requests sharing a 1024-token prefix", "prefix", "caching off, same run"),
     Headline("structured outputs (xgrammar), 60 schemas", "structured_outputs", "unconstrained requests, same engine"),
