@@ -90,8 +90,6 @@ PACKAGE_ORDER = [
 KNOWN_BACK_EDGES = {
     # the grammar compiler's cache is per tokenizer (the structured room; a tokenizer protocol would end it)
     ("cinq.structured.manager", "cinq.model.tokenizer"), ("cinq.structured.manager", "cinq.model.config"),
-    # a TP worker builds the engine's executor (the engine room)
-    ("cinq.distributed.worker", "cinq.config"), ("cinq.distributed.worker", "cinq.engine.uniproc_executor"),
     # proposers read the engine's step data (the spec room, issue in flight: engine <-> spec)
     ("cinq.spec.draft_model", "cinq.engine.io"), ("cinq.spec.draft_model", "cinq.engine.batch_inputs"),
     ("cinq.spec.medusa_proposer", "cinq.engine.io"), ("cinq.spec.eagle_proposer", "cinq.engine.io"),
