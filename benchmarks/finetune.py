@@ -20,13 +20,13 @@ from cinq.train.export import export_model
 from cinq.train.pretrain import causal_lm_loss
 from cinq.train.tokenizer_train import load_tokenizer
 from cinq.train.trainer import Trainer
-from cinq.train.training_run import run_training, train_settings
+from cinq.train.training_run import RunControls, run_training, train_settings
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
-class FinetuneJob:
+class FinetuneJob(RunControls):
     """Fine-tune ``base`` (a model folder with its tokenizer) on ``n_problems`` training problems of ``task``."""
 
     base: str
@@ -39,9 +39,6 @@ class FinetuneJob:
     lr: float = 1e-3
     warmup_steps: int = 20
     weight_decay: float = 0.1
-    seed: int = 0
-    ckpt_every_s: float = 300.0
-    progress: bool = True
 
 
 def finetune_on_task(job: FinetuneJob) -> dict[str, Any]:

@@ -41,7 +41,7 @@ import torch  # noqa: E402
 
 from cinq.bench.hf_baseline import hf_generate_batched, hf_greedy_tokens, load_hf_model  # noqa: E402
 from cinq.markdown_table import markdown_table  # noqa: E402
-from cinq.bench.random_model import LLAMA_1B, LLAMA_110M, LlamaShape, build_random_llama  # noqa: E402
+from benchmarks.random_model import LLAMA_1B, LLAMA_110M, LlamaShape, build_random_llama  # noqa: E402
 from cinq.bench.workload import BenchRequest, random_requests  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"

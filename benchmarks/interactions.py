@@ -8,7 +8,7 @@
   batch-mates result folded in (benchmarks/smoothquant_mix.py)
 * spec-rate: plain decoding vs EAGLE k=3 (the shipped head) and prompt lookup, adaptive off and on, at Poisson
   rates from a batch near 1 to saturation: tokens/s, TPOT, mean running batch, tau and the crossover rate
-  (cinq/bench/spec_rate.py)
+  (benchmarks/spec_rate.py)
 * chunked-prefill: max_num_batched_tokens vs TTFT of long prompts and ITL of the requests decoding beside them
   (benchmarks/chunked_prefill.py)
 
@@ -156,7 +156,7 @@ def main() -> int:
     from cinq.bench.report import print_report, write_report
     from cinq.bench.served_quality import QualitySettings
     from benchmarks.smoothquant_mix import SmoothQuantMixOptions, run_smoothquant_mix
-    from cinq.bench.spec_rate import SpecRateOptions, run_spec_rate
+    from benchmarks.spec_rate import SpecRateOptions, run_spec_rate
     from cinq.config import EngineConfig
     sections = args.only or list(SECTIONS)
     variants = args.variants_dir or (tempfile.mkdtemp(prefix="cinq-interactions-") if args.quick else None)

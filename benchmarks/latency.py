@@ -43,7 +43,7 @@ set_omp_wait_policy()  # before torch loads OpenMP: see cinq/process_env.py
 
 from cinq.bench.latency import LatencyOptions, run_latency  # noqa: E402
 from cinq.bench.latency_report import latency_result  # noqa: E402
-from cinq.bench.random_model import LLAMA_110M, build_random_llama  # noqa: E402
+from benchmarks.random_model import LLAMA_110M, build_random_llama  # noqa: E402
 from cinq.bench.report import markdown  # noqa: E402
 from cinq.cache import cache_dir  # noqa: E402
 from cinq.config import EngineConfig  # noqa: E402

@@ -65,7 +65,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from cinq.bench.drive import run_until_done  # noqa: E402
-from cinq.bench.random_model import LLAMA_110M, build_random_llama  # noqa: E402
+from benchmarks.random_model import LLAMA_110M, build_random_llama  # noqa: E402
 from cinq.markdown_table import markdown_table  # noqa: E402
 from cinq.config import EngineConfig  # noqa: E402
 from cinq.engine.engine import LLMEngine  # noqa: E402

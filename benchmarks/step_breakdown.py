@@ -298,7 +298,7 @@ def _child(code_root: Path, model: str, threads: int, steps: int, repeats: int,
     result["cinq"] = str(Path(result["cinq"]).resolve().relative_to(Path(code_root).resolve()))  # no machine paths
     # The roofline this machine allows now: weight bytes over a streaming read measured right after the run, here
     # (the measured checkout may predate cinq.bench, whose probe this is).
-    from cinq.bench.throughput import read_bandwidth
+    from cinq.plan.probe import read_bandwidth
     bandwidth = read_bandwidth()
     result["read_bandwidth_gb_s"] = bandwidth / 1e9
     result["roofline_ms"] = 1e3 * result["weight_mb"] * 1e6 / bandwidth
@@ -339,7 +339,7 @@ def main() -> None:
     if args.smollm2:
         models["smollm2-135m-instruct"] = "smollm2-135m-instruct"
     if args.model_110m:
-        from cinq.bench.random_model import LLAMA_110M, build_random_llama
+        from benchmarks.random_model import LLAMA_110M, build_random_llama
         from cinq.cache import cache_dir
         models["llama-110m"] = str(build_random_llama(cache_dir() / "bench-llama-110m", LLAMA_110M))
         if args.int4:

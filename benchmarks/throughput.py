@@ -23,7 +23,7 @@ from cinq.process_env import set_omp_wait_policy  # noqa: E402
 
 set_omp_wait_policy()  # before torch loads OpenMP: see cinq/process_env.py
 
-from cinq.bench.random_model import LLAMA_110M, build_random_llama  # noqa: E402
+from benchmarks.random_model import LLAMA_110M, build_random_llama  # noqa: E402
 from cinq.bench.report import print_report, write_report  # noqa: E402
 from cinq.bench.throughput import ThroughputOptions, run_throughput  # noqa: E402
 from cinq.config import EngineConfig  # noqa: E402

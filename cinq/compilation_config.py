@@ -17,10 +17,11 @@ CPU decode step (cinq/engine/compiled_decode.py), validated on construction. Tor
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from cinq.errors import InvalidParameterError
+from cinq.option_fields import from_known_fields
 
 MODES = (0, 1, 2, 3)
 BACKENDS = ("inductor", "aot_eager", "eager")
@@ -83,12 +84,7 @@ class CompilationConfig:
                 raise InvalidParameterError(
                     f"compilation_config: 'level' ({level!r}) and 'mode' ({d['mode']!r}) disagree; give 'mode'", "mode")
             d["mode"] = level
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise InvalidParameterError(
-                f"compilation_config: unknown field(s) {unknown}; known: {sorted(known | {'level'})}", unknown[0])
-        return cls(**d)
+        return from_known_fields(cls, d, "compilation_config", frozenset({"level"}))
 
 
 def _sizes(sizes: Any, name: str) -> list[int]:

@@ -149,18 +149,8 @@ class EngineConfig:
                 f"kv_cache_memory_fraction must be in (0, 0.95], got {self.kv_cache_memory_fraction}",
                 "kv_cache_memory_fraction")
         _check_int(self, "tensor_parallel_size", 1, 4096)
-        if isinstance(self.speculative_config, dict):
-            self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
-        elif self.speculative_config is not None and not isinstance(self.speculative_config, SpeculativeConfig):
-            raise InvalidParameterError(
-                f"speculative_config must be a JSON object, got {type(self.speculative_config).__name__}",
-                "speculative_config")
-        if isinstance(self.compilation_config, dict):
-            self.compilation_config = CompilationConfig.from_dict(self.compilation_config)
-        elif self.compilation_config is not None and not isinstance(self.compilation_config, CompilationConfig):
-            raise InvalidParameterError(
-                f"compilation_config must be a JSON object, got {type(self.compilation_config).__name__}",
-                "compilation_config")
+        _from_json_object(self, "speculative_config", SpeculativeConfig)
+        _from_json_object(self, "compilation_config", CompilationConfig)
         self._check_kv_cache_layout()
         if self.speculative_config is not None and self.speculative_config.method not in BUILT_METHODS:
             raise InvalidParameterError(
@@ -225,3 +215,13 @@ def _check_int(cfg: object, name: str, lo: int, hi: int) -> None:
     value = getattr(cfg, name)
     if not isinstance(value, int) or isinstance(value, bool) or not (lo <= value <= hi):
         raise InvalidParameterError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}", name)
+
+
+def _from_json_object(cfg: object, name: str, cls: type) -> None:
+    """A nested config given as a JSON object becomes ``cls`` (through ``cls.from_dict``); anything else but
+    ``cls`` or None is an error naming the field."""
+    value = getattr(cfg, name)
+    if isinstance(value, dict):
+        setattr(cfg, name, cls.from_dict(value))
+    elif value is not None and not isinstance(value, cls):
+        raise InvalidParameterError(f"{name} must be a JSON object, got {type(value).__name__}", name)

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import operator
 from dataclasses import MISSING, field, fields
-from typing import Any
+from typing import Any, TypeVar
 
 from cinq.errors import InvalidParameterError
+
+T = TypeVar("T")
 
 _LIMITS = {"ge": (">=", operator.ge), "gt": (">", operator.gt), "le": ("<=", operator.le), "lt": ("<", operator.lt)}
 
@@ -40,3 +42,14 @@ def check_bounds(options: object) -> None:
             said = " and ".join(f"{_LIMITS[name][0]} {bound}" for name, bound in limits.items() if bound is not None)
             raise InvalidParameterError(
                 f"{f.name} must be {'an integer' if integer else 'a number'} {said}, got {value!r}", f.name)
+
+
+def from_known_fields(cls: type[T], d: dict[str, Any], where: str, also_known: frozenset[str] = frozenset()) -> T:
+    """``cls(**d)`` for a config given as a JSON object: a key that is not one of ``cls``'s fields is an
+    InvalidParameterError naming it and listing the known ones (with ``also_known``, names read before this)."""
+    known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise InvalidParameterError(f"{where}: unknown field(s) {unknown}; known: {sorted(known | also_known)}",
+                                    unknown[0])
+    return cls(**d)

@@ -6,7 +6,8 @@ import argparse
 
 import pytest
 
-from cinq.commands.engine_args import add_engine_args, engine_argv, engine_config_from_args
+from cinq.commands.engine_args import add_engine_args, engine_config_from_args
+from cinq.config_argv import engine_argv
 from cinq.compilation_config import CompilationConfig
 from cinq.config import EngineConfig
 from cinq.errors import InvalidParameterError

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from cinq.errors import InvalidParameterError
-from cinq.option_fields import bounded, check_bounds
+from cinq.option_fields import bounded, check_bounds, from_known_fields
 
 
 @dataclass(slots=True)
@@ -46,3 +46,10 @@ def test_a_required_field_keeps_its_limits() -> None:
         check_bounds(Required(steps=3.0))
     with pytest.raises(TypeError):
         Required()  # type: ignore[call-arg]
+
+
+def test_from_known_fields_builds_and_names_an_unknown_key():
+    assert from_known_fields(Options, {"rounds": 5}, "opts") == Options(rounds=5)
+    with pytest.raises(InvalidParameterError, match=r"opts: unknown field\(s\) \['speed'\]; known: .*'old'") as e:
+        from_known_fields(Options, {"speed": 1, "rounds": 2}, "opts", frozenset({"old"}))
+    assert e.value.param == "speed"

@@ -36,7 +36,7 @@ def embedded_model_names() -> list[str]:
 
 def model_names() -> list[str]:
     """Every model name ``resolve_model_path`` accepts: the embedded folders and the named real models."""
-    from cinq.assets.real_models import REAL_MODELS
+    from cinq.real_models import REAL_MODELS
     return embedded_model_names() + sorted(REAL_MODELS)
 
 
@@ -60,7 +60,7 @@ def resolve_model_path(name: str | Path | None, field: str = "model") -> Path:
     shipped = shipped_model_path(str(name)) if plain else None
     if shipped is not None:
         return shipped
-    from cinq.assets.real_models import REAL_MODELS
+    from cinq.real_models import REAL_MODELS
     real = REAL_MODELS.get(str(name).lower()) if plain else None
     if real is not None:
         file = real.path()

@@ -74,7 +74,7 @@ def model_label(model: str) -> str:
     """How a report names a model: an embedded model by its name (not this machine's path to it; "" is the
     default model), a folder under the home directory as ``~/...``, any other folder as given."""
     from cinq.assets import ASSETS_DIR, default_model_path
-    from cinq.assets.real_models import real_model_for_file
+    from cinq.real_models import real_model_for_file
     path = Path(model) if model else default_model_path()
     named = real_model_for_file(path) if path.is_file() else None
     if named is not None and named.path() == path:  # a named real model: its name, not the package's path

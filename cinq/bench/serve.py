@@ -176,7 +176,7 @@ def start_server(config: EngineConfig, server_flags: list[str]) -> tuple[subproc
     """``cinq serve`` with this engine config on a free loopback port, in a child process running this copy
     of cinq; returns it, its URL once it listens and its engine core's pid (None: the core is in the server's
     process)."""
-    from cinq.commands.engine_args import engine_argv
+    from cinq.config_argv import engine_argv
     cmd = [sys.executable, "-m", "cinq.cli", "serve", *engine_argv(config), "--port", "0", *server_flags]
     env = dict(os.environ)
     package_root = str(Path(__file__).resolve().parent.parent.parent)

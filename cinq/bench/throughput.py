@@ -113,13 +113,8 @@ def _run_cinq(engine: Any, reqs: list[BenchRequest], progress: bool) -> dict[str
             "kv_waste_naive_max_len": sum(waste_naive) / max(len(waste_naive), 1), "max_model_len": max_len}
 
 
-def read_bandwidth() -> float:
-    """Bytes/s of a streaming read over a buffer far larger than the caches (``cinq.plan.probe.read_bandwidth``)."""
-    from cinq.plan.probe import read_bandwidth as probe
-    return probe(256, 5)
-
-
 def _batch1_decode(engine: Any, new_tokens: int, seed: int) -> dict[str, Any]:
+    from cinq.plan.probe import read_bandwidth
     from cinq.sampling_params import SamplingParams
     rng = random.Random(seed + 1)
     new_tokens = min(new_tokens, engine.max_model_len - 32)

@@ -21,23 +21,21 @@ from pathlib import Path
 from typing import Any
 
 from cinq.config import EngineConfig, resolve_model
+from cinq.config_argv import POSITIONAL, flag_fields, flag_name
 from cinq.errors import InvalidParameterError
-
-_POSITIONAL = "model"
-
 
 def add_engine_args(p: argparse.ArgumentParser, model_optional: bool = True) -> None:
     """Add MODEL (positional; default: the embedded model) and the EngineConfig flags."""
-    model = next(f for f in dataclasses.fields(EngineConfig) if f.name == _POSITIONAL)
-    p.add_argument(_POSITIONAL, nargs="?" if model_optional else None, default=None,
+    model = next(f for f in dataclasses.fields(EngineConfig) if f.name == POSITIONAL)
+    p.add_argument(POSITIONAL, nargs="?" if model_optional else None, default=None,
                    help=model.metadata["help"] + "; default: the embedded cinq-tiny")
     g = p.add_argument_group("engine")
     g.add_argument("--config", dest="engine_config_file", default=None, metavar="FILE",
                    help="engine arguments from a JSON (or, with PyYAML, YAML) file whose keys are these flags' "
                         "names (max_num_seqs, speculative_config, ...); flags given here win")
     hints = typing.get_type_hints(EngineConfig)
-    for f in _flag_fields():
-        flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+    for f in flag_fields():
+        flag = flag_name(f)
         kind = f.metadata.get("parse") or _scalar_type(hints[f.name])
         if kind is bool:
             g.add_argument(flag, dest=f.name, action="store_false" if f.default else "store_true",
@@ -50,16 +48,16 @@ def add_engine_args(p: argparse.ArgumentParser, model_optional: bool = True) -> 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     """EngineConfig from parsed flags, MODEL resolved to its folder (none: the embedded default model; an
     embedded model's name: its folder; anything else: a one-line ModelLoadError naming "model")."""
-    flags = {f.name: getattr(args, f.name) for f in _flag_fields()}
+    flags = {f.name: getattr(args, f.name) for f in flag_fields()}
     model = args.model
     path = getattr(args, "engine_config_file", None)
     if path is not None:
         from_file = read_config_file(path)
         # A flag still at its default was not given (argparse cannot tell "given as the default" apart): the
         # file's value stands; any other value came from the command line and wins.
-        defaults = {f.name: f.default for f in _flag_fields()}
+        defaults = {f.name: f.default for f in flag_fields()}
         for name, value in from_file.items():
-            if name == _POSITIONAL:
+            if name == POSITIONAL:
                 model = model or value
             elif flags[name] == defaults[name]:
                 flags[name] = value
@@ -87,7 +85,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
             raise InvalidParameterError(f"--config {path}: unknown engine argument {key!r} (known: "
                                         f"{', '.join(sorted(names))})", str(key))
         _check_type(name, value, path)
-        if name == _POSITIONAL and isinstance(value, str) and value and not Path(value).is_absolute():
+        if name == POSITIONAL and isinstance(value, str) and value and not Path(value).is_absolute():
             local = path.parent / value
             value = str(local) if local.exists() else value  # else an embedded model's name
         out[name] = value
@@ -108,17 +106,6 @@ def _check_type(name: str, value: Any, path: Path) -> None:
         raise InvalidParameterError(f"--config {path}: {name} must be {kind.__name__}, got {value!r}", name)
 
 
-def config_file_dict(config: EngineConfig) -> dict[str, Any]:
-    """The engine arguments of ``config`` that differ from their defaults, as ``--config`` reads them back
-    (``model`` first)."""
-    out: dict[str, Any] = {_POSITIONAL: config.model} if config.model else {}
-    for f in _flag_fields():
-        value = getattr(config, f.name)
-        if value != f.default:
-            out[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
-    return out
-
-
 def _parse(text: str, path: Path) -> Any:
     if path.suffix.lower() in (".yaml", ".yml"):
         try:
@@ -136,31 +123,6 @@ def _parse(text: str, path: Path) -> Any:
     except json.JSONDecodeError as e:
         raise InvalidParameterError(f"--config {path}: not valid JSON: {e.msg} at line {e.lineno}",
                                     "config") from None
-
-
-def engine_argv(config: EngineConfig) -> list[str]:
-    """The command line that gives ``config`` back through these flags (the inverse of
-    ``engine_config_from_args``): MODEL, then every field that differs from its default. Benchmarks start
-    ``cinq serve`` with it."""
-    argv = [config.model] if config.model else []
-    for f in _flag_fields():
-        value = getattr(config, f.name)
-        if value == f.default:
-            continue
-        flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
-        if isinstance(value, bool):
-            argv.append(flag)  # a boolean's flag flips its default
-        elif dataclasses.is_dataclass(value):
-            argv += [flag, json.dumps(dataclasses.asdict(value))]
-        elif isinstance(value, dict):
-            argv += [flag, json.dumps(value)]
-        else:
-            argv += [flag, str(value)]
-    return argv
-
-
-def _flag_fields() -> list[dataclasses.Field]:
-    return [f for f in dataclasses.fields(EngineConfig) if f.name != _POSITIONAL]
 
 
 def _scalar_type(hint: object) -> type:

@@ -3,7 +3,7 @@ NCCL on CUDA).
 
 Rank 0 is this process: it loads its shard in a ``UniProcExecutor``, runs the scheduler (the engine's) and
 broadcasts each step's plain ``SchedulerOutput`` to the workers (ranks 1..N-1, spawned with
-``torch.multiprocessing``, main loop in cinq/distributed/worker.py) before running the step itself; the layers'
+``torch.multiprocessing``, main loop in cinq/engine/tp_worker.py) before running the step itself; the layers'
 collectives keep the ranks in lock step. The KV cache is sharded by heads, so every rank uses the same block
 tables and the scheduler needs nothing new. Every rank gathers the same logits and samples the same tokens;
 rank 0's ``RunnerOutput`` is the engine's.
@@ -30,7 +30,7 @@ import torch.multiprocessing as mp
 
 from cinq.config import EngineConfig
 from cinq.distributed.parallel_state import TPShard, broadcast_command, init_process_groups
-from cinq.distributed.worker import INIT_CACHE, STEP, STOP, WorkerArgs, worker_main
+from cinq.engine.tp_worker import INIT_CACHE, STEP, STOP, WorkerArgs, worker_main
 from cinq.engine.io import RunnerOutput, SchedulerOutput
 from cinq.engine.uniproc_executor import UniProcExecutor
 from cinq.errors import InvalidParameterError

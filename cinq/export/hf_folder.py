@@ -27,7 +27,7 @@ from cinq.model.loader import parse_dtype
 
 def gguf_to_folder(model: str | Path, out: str | Path, dtype: str = "bfloat16") -> Path:
     """Write the GGUF file ``model`` (or the folder holding one) as a dense folder ``out``; returns ``out``."""
-    from cinq.assets.real_models import real_model_for_file
+    from cinq.real_models import real_model_for_file
     file = find_gguf_file(Path(model))
     if file is None:
         raise InvalidParameterError(f"model: {model} is not a GGUF file (--format hf converts GGUF files)", "model")

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cinq.distributed.parallel_state import TPShard, all_gather_last_dim, all_reduce
+from cinq.distributed.parallel_state import TPShard, all_gather_last_dim, all_reduce, current_shard
 from cinq.layers.linear import DenseLinear
 from cinq.layers.weight_loader import CheckpointTensor, ShardId, check_and_copy
 
@@ -58,6 +58,15 @@ class VocabParallelEmbedding(nn.Module):
     def extra_repr(self) -> str:
         return (f"rows {self.vocab_start}..{self.vocab_start + self.weight.shape[0]} of {self.vocab_size}, "
                 f"rank {self.shard.rank}/{self.shard.size}")
+
+
+def token_embedding(vocab_size: int, hidden_size: int) -> nn.Module:
+    """The token embedding a model builds: ``nn.Embedding`` on one device, this rank's rows under tensor
+    parallelism (``current_shard()`` at construction)."""
+    shard = current_shard()
+    if shard.size == 1:
+        return nn.Embedding(vocab_size, hidden_size)
+    return VocabParallelEmbedding(vocab_size, hidden_size, shard)
 
 
 class ParallelLMHead(DenseLinear):

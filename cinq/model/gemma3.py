@@ -19,12 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cinq.distributed.parallel_state import current_shard
 from cinq.kernels.metadata import AttentionMetadata
 from cinq.layers.attention import Attention
 from cinq.layers.linear import LinearFactory
 from cinq.layers.rotary import RotaryEmbedding
-from cinq.layers.vocab_parallel import VocabParallelEmbedding
+from cinq.layers.vocab_parallel import token_embedding
 from cinq.model.config import ModelConfig
 from cinq.model.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
 
@@ -101,9 +100,7 @@ class Gemma3Model(nn.Module):
     def __init__(self, config: ModelConfig, quant: LinearFactory | None, backend: str,
                  dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        shard = current_shard()
-        self.embed_tokens = (nn.Embedding(config.vocab_size, config.hidden_size) if shard.size == 1 else
-                             VocabParallelEmbedding(config.vocab_size, config.hidden_size, shard))
+        self.embed_tokens = token_embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
             Gemma3DecoderLayer(config, quant, f"model.layers.{i}", backend, dtype, layer_index=i)
             for i in range(config.num_hidden_layers))

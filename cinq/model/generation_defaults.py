@@ -68,7 +68,7 @@ def _auto_source(model: Path) -> tuple[Path, Any]:
     file has no such file inside: one beside it is read, else cinq's defaults for a named real model's file."""
     if not model.is_file():
         return model / "generation_config.json", None
-    from cinq.assets.real_models import real_model_for_file
+    from cinq.real_models import real_model_for_file
     file = model.parent / "generation_config.json"
     return file, None if exists(file) else real_model_for_file(model)
 

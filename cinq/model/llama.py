@@ -24,7 +24,7 @@ from cinq.layers.activation import gated_act
 from cinq.layers.attention import Attention
 from cinq.layers.linear import DenseLinear, LinearFactory, can_merge, make_linear
 from cinq.layers.linear_split import LinearSplit
-from cinq.layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding
+from cinq.layers.vocab_parallel import ParallelLMHead, token_embedding
 from cinq.layers.weight_loader import OutputShards
 from cinq.layers.norm import RMSNorm
 from cinq.layers.rotary import RotaryEmbedding
@@ -161,9 +161,7 @@ class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig, quant: LinearFactory | None, backend: str,
                  dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        shard = current_shard()
-        self.embed_tokens = (nn.Embedding(config.vocab_size, config.hidden_size) if shard.size == 1 else
-                             VocabParallelEmbedding(config.vocab_size, config.hidden_size, shard))
+        self.embed_tokens = token_embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, quant, f"model.layers.{i}", backend, dtype)
                                     for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)

@@ -7,10 +7,11 @@ configs carry over. Errors name the field and the allowed values.
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from cinq.errors import InvalidParameterError
+from cinq.option_fields import from_known_fields
 
 METHODS = ("ngram", "draft_model", "medusa", "eagle", "eagle3")
 BUILT_METHODS = ("ngram", "draft_model", "medusa", "eagle", "eagle3")  # the methods the engine runs today
@@ -145,12 +146,7 @@ class SpeculativeConfig:
         if not isinstance(d, dict):
             raise InvalidParameterError(f"speculative_config must be a JSON object, got {type(d).__name__}",
                                         "speculative_config")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise InvalidParameterError(
-                f"speculative_config: unknown field(s) {unknown}; known: {sorted(known)}", unknown[0])
-        return cls(**d)
+        return from_known_fields(cls, d, "speculative_config")
 
     def k_for_batch_size(self, batch_size: int) -> int:
         """Draft tokens per request at this batch size (0: do not speculate)."""

@@ -37,14 +37,14 @@ from cinq.train.seqkd import teacher_token_stream
 from cinq.train.spec_head_data import corpus_identity
 from cinq.train.tokenizer_train import load_tokenizer, special_ids
 from cinq.train.trainer import Trainer
-from cinq.train.training_run import run_training, train_settings
+from cinq.train.training_run import RunControls, run_training, train_settings
 
 log = logging.getLogger(__name__)
 REGIMES = ("offpolicy", "seqkd", "onpolicy", "cot")
 
 
 @dataclass(slots=True)
-class DistillJob:
+class DistillJob(RunControls):
     """One distillation run (see the module docstring for the regimes)."""
 
     teacher: str
@@ -63,7 +63,6 @@ class DistillJob:
     lr: float = 3e-3
     warmup_steps: int = 50
     weight_decay: float = 0.1
-    seed: int = 0
     student_fraction: float = 0.5
     prompt_len: int = 64
     refresh_every: int = 20
@@ -75,9 +74,6 @@ class DistillJob:
     cot_rationales: str = "teacher"
     generator: str = "engine"
     eval_every: int = 100
-    ckpt_every_s: float = 300.0
-    max_run_s: float | None = None
-    progress: bool = True
 
     def __post_init__(self) -> None:
         if self.regime not in REGIMES:

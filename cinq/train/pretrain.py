@@ -16,7 +16,7 @@ from cinq.train.export import export_model
 from cinq.train.presets import model_config, new_model
 from cinq.train.tokenizer_train import load_tokenizer, special_ids
 from cinq.train.trainer import Trainer
-from cinq.train.training_run import run_training, train_settings
+from cinq.train.training_run import RunControls, run_training, train_settings
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def initial_model(job: PretrainJob, vocab_size: int, bos: int, eos: int) -> Any:
 
 
 @dataclass(slots=True)
-class PretrainJob:
+class PretrainJob(RunControls):
     """Everything `cinq train` needs; ``token_budget`` sets the number of steps."""
 
     data_dir: str
@@ -73,11 +73,7 @@ class PretrainJob:
     warmup_steps: int = 100
     decay_frac: float = 1.0
     weight_decay: float = 0.1
-    seed: int = 0
     eval_every: int = 200
-    ckpt_every_s: float = 300.0
-    max_run_s: float | None = None
-    progress: bool = True
     # Continued training (an anneal): start from this model folder's weights instead of random ones ...
     init_from: str | None = None
     # ... and/or draw this fraction of the rows from a generated task (other problems than the corpus holds).

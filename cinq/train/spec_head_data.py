@@ -167,7 +167,7 @@ def sequences_identity(target_dir: str | Path, target: Any, fingerprint: str) ->
     targets keep the probe alone, so caches made before quantized targets were told apart still match."""
     if not target.config.quantization_config:
         return fingerprint
-    from cinq.eval.quant_study import content_hash
+    from cinq.cache import content_hash
     return f"{fingerprint}+{content_hash(Path(target_dir))[:16]}"
 
 

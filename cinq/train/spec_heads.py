@@ -50,7 +50,7 @@ from cinq.train.seqkd import PROMPT_MIXES
 from cinq.train.spec_head_data import (GenerationSettings, SequenceSampler, TargetSequences, sequences_identity,
                                        target_sequences)
 from cinq.train.trainer import Trainer
-from cinq.train.training_run import run_training, train_settings
+from cinq.train.training_run import RunControls, run_training, train_settings
 
 log = logging.getLogger(__name__)
 HEAD_METHODS = ("eagle", "eagle3", "medusa")
@@ -64,7 +64,7 @@ _EARLIER_DEFAULTS = {"prompt_mix": "balanced", "draft_vocab_size": 0}
 
 
 @dataclass(slots=True)
-class HeadJob:
+class HeadJob(RunControls):
     """One head-training run (see the module docstring)."""
 
     method: str
@@ -75,7 +75,6 @@ class HeadJob:
     batch_size: int = 16
     lr: float = 3e-3
     warmup_steps: int = 20
-    seed: int = 0
     train_prompts: int = 1100
     prompt_mix: str = "balanced"  # balanced: as many training prompts per language; natural: the corpus's mix
     eval_prompts: int = 110
@@ -98,9 +97,6 @@ class HeadJob:
     feature_noise: float = 0.1
     draft_k: int = 4
     eval_every: int = 50
-    ckpt_every_s: float = 300.0
-    max_run_s: float | None = None
-    progress: bool = True
 
     def __post_init__(self) -> None:
         if self.method not in HEAD_METHODS:

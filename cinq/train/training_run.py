@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cinq.train.trainer import Trainer, TrainSettings
@@ -14,6 +15,17 @@ from cinq.train.trainer import Trainer, TrainSettings
 # Optional job fields and the value a job without one gets (the fine-tuning job has no decay or evaluation).
 _OPTIONAL = {"weight_decay": 0.1, "decay_frac": 1.0, "eval_every": 0, "ckpt_every_s": 300.0, "max_run_s": None,
              "progress": True}
+
+
+@dataclass(slots=True, kw_only=True)
+class RunControls:
+    """The run-keeping fields every training job has, with the same defaults (keyword-only, so a job's own
+    positional fields keep their places): the seed, checkpoint interval, time limit per invocation, progress."""
+
+    seed: int = 0
+    ckpt_every_s: float = 300.0
+    max_run_s: float | None = None  # stop (with a checkpoint) after this long in one invocation
+    progress: bool = True
 
 
 class TrainingJob(Protocol):

@@ -36,7 +36,7 @@ def precision_of(quant: str, dtype: str) -> Any:
     from cinq.plan.memory import Precision
     if quant == "none":
         return Precision.from_name(dtype)
-    from cinq.eval.variants import one_variant
+    from cinq.quant.variants import one_variant
     spec = one_variant(quant)
     name = {8: "int8", 4: "int4"}.get(spec.bits)
     if name is None:  # the plan models 8- and 4-bit weights; other widths are costed as the next one up

@@ -16,7 +16,7 @@ from cinq.bench.stack_report import pair
 def config_file_text(config: Any, where: Path) -> str:
     """The chosen EngineConfig as a ``--config`` JSON file to be written at ``where``: its model an embedded
     model's name, a path relative to the file's folder when it lies under it, else as it is."""
-    from cinq.commands.engine_args import config_file_dict
+    from cinq.config_argv import config_file_dict
     out = config_file_dict(config)
     label = model_label(config.model)
     if "/" not in label:

@@ -125,7 +125,7 @@ def run_tune(config: EngineConfig, options: TuneOptions, log: Any = None) -> dic
     for i, v in enumerate(kept[:options.max_trials]):
         c = v.candidate
         if c.quant not in folders:
-            from cinq.eval.variants import one_variant
+            from cinq.quant.variants import one_variant
             folders[c.quant] = str(variant_folder(config.model, one_variant(c.quant), root))
         cfg = candidate_config(config, c, folders[c.quant], options)
         say(f"  [{i + 1}/{min(len(kept), options.max_trials)}] {c.label}")

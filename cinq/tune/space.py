@@ -13,7 +13,7 @@ from cinq.errors import InvalidParameterError
 
 @dataclass(slots=True, frozen=True)
 class Candidate:
-    """One point of the space. ``quant``: a ``cinq.eval.variants`` entry ("gptq:4/128") or "none";
+    """One point of the space. ``quant``: a ``cinq.quant.variants`` entry ("gptq:4/128") or "none";
     ``spec_k``: drafts per step (0: no speculation); ``kv_tokens``: the KV cache in tokens (None: the engine's
     own sizing from its memory budget)."""
 
@@ -55,7 +55,7 @@ class SearchSpace:
                 raise InvalidParameterError(f"{name} must be >= 1, got {list(getattr(self, name))}", name)
         if any(k is not None and k < 1 for k in self.kv_tokens):
             raise InvalidParameterError(f"kv_tokens must be >= 1 or auto, got {list(self.kv_tokens)}", "kv_tokens")
-        from cinq.eval.variants import one_variant
+        from cinq.quant.variants import one_variant
         for q in self.quants:
             if q != "none":
                 one_variant(q)  # one line naming --quant for a bad entry

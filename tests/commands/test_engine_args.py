@@ -75,7 +75,7 @@ def test_tensor_parallel_size_flag_reaches_the_config(tiny_llama):
 
 
 def test_engine_argv_gives_the_config_back(tiny_llama):
-    from cinq.commands.engine_args import engine_argv
+    from cinq.config_argv import engine_argv
     cfg = EngineConfig(model=str(tiny_llama), dtype="float32", num_kv_blocks=40, kv_cache_memory=0.5,
                        enable_prefix_caching=False, speculative_config={"method": "ngram", "num_speculative_tokens": 3,
                                                                         "prompt_lookup_max": 3})
@@ -102,7 +102,7 @@ def test_config_file_round_trips_and_a_relative_model_is_read_from_its_folder(ti
     import json
     import shutil
 
-    from cinq.commands.engine_args import config_file_dict
+    from cinq.config_argv import config_file_dict
     shutil.copytree(tiny_llama, tmp_path / "m")
     cfg = EngineConfig(model=str(tmp_path / "m"), max_num_seqs=3, dtype="float32")
     written = config_file_dict(cfg)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from cinq.assets.real_models import REAL_MODELS
+from cinq.real_models import REAL_MODELS
 from tests.server.harness import MODEL_NAME, serve
 
 FILE = REAL_MODELS["smollm2-135m-instruct"].path()

@@ -35,6 +35,19 @@ def check_device(t: torch.Tensor, interpreted: bool) -> None:
             param="attention_backend")
 
 
+def check_attention_inputs(q: torch.Tensor, kv_dtype: torch.dtype, out: torch.Tensor, interpreted: bool) -> None:
+    """The attention kernels' shared checks: the device, float16 / bfloat16 / float32 query and cache, and an
+    output whose last dim is contiguous (each failure names its parameter)."""
+    check_device(q, interpreted)
+    for name, dt in (("query", q.dtype), ("kv_cache", kv_dtype)):
+        if dt not in (torch.float16, torch.bfloat16, torch.float32):
+            raise InvalidParameterError(
+                f"attention backend 'triton': {name} dtype must be float16, bfloat16 or float32, got {dt}",
+                param=name)
+    if out.stride(-1) != 1:
+        raise InvalidParameterError("attention backend 'triton': out needs a contiguous last dim", param="out")
+
+
 def next_pow2(n: int) -> int:
     """Smallest power of two >= n (tile sizes: ``tl.arange`` needs powers of two)."""
     return 1 << max(0, (n - 1).bit_length())

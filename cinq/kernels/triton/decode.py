@@ -22,7 +22,7 @@ import triton.language as tl
 
 from cinq.errors import InvalidParameterError
 from cinq.kernels.metadata import AttentionMetadata
-from cinq.kernels.triton import check_device, interpreter_enabled, next_pow2
+from cinq.kernels.triton import check_attention_inputs, check_device, interpreter_enabled, next_pow2
 from cinq.kernels.triton.online_softmax import online_softmax_update
 
 INTERPRETED = interpreter_enabled()
@@ -144,13 +144,7 @@ def paged_decode(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMet
     nd = meta.num_decodes if num_decodes is None else num_decodes
     if nd == 0:
         return out
-    for name, dt in (("query", query.dtype), ("kv_cache", kv_cache.dtype)):
-        if dt not in (torch.float16, torch.bfloat16, torch.float32):
-            raise InvalidParameterError(
-                f"attention backend 'triton': {name} dtype must be float16, bfloat16 or float32, got {dt}",
-                param=name)
-    if out.stride(-1) != 1:
-        raise InvalidParameterError("attention backend 'triton': out needs a contiguous last dim", param="out")
+    check_attention_inputs(query, kv_cache.dtype, out, INTERPRETED)
     query = query if query.stride(-1) == 1 else query.contiguous()
     _, _, page_size, hkv, head_dim = kv_cache.shape
     hq = query.shape[1]

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from cinq.errors import InvalidParameterError
 from cinq.kernels.metadata import AttentionMetadata
-from cinq.kernels.triton import check_device, interpreter_enabled, next_pow2
+from cinq.kernels.triton import check_attention_inputs, interpreter_enabled, next_pow2
 from cinq.kernels.triton.online_softmax import online_softmax_update
 
 INTERPRETED = interpreter_enabled()
@@ -137,17 +137,6 @@ _prefill_tuned = None if INTERPRETED else triton.autotune(
 INTERPRETER_TILES = (16, 16)
 
 
-def _check(q: torch.Tensor, kv_dtype: torch.dtype, out: torch.Tensor) -> None:
-    check_device(q, INTERPRETED)
-    for name, dt in (("query", q.dtype), ("kv_cache", kv_dtype)):
-        if dt not in (torch.float16, torch.bfloat16, torch.float32):
-            raise InvalidParameterError(
-                f"attention backend 'triton': {name} dtype must be float16, bfloat16 or float32, got {dt}",
-                param=name)
-    if out.stride(-1) != 1:
-        raise InvalidParameterError("attention backend 'triton': out needs a contiguous last dim", param="out")
-
-
 def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
             cu_q: torch.Tensor, kv_info: torch.Tensor, block_tables: torch.Tensor, seq_offset: int, num_seqs: int,
             max_q_len: int, scale: float, causal: bool, paged: bool, page_size: int,
@@ -178,7 +167,7 @@ def flash_prefill_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_s
     ``(out [Tq, Hq, D], lse [Hq, Tq] float32 or None)``.
     """
     out = torch.empty_like(q) if out is None else out
-    _check(q, k.dtype, out)
+    check_attention_inputs(q, k.dtype, out, INTERPRETED)
     q = q if q.stride(-1) == 1 else q.contiguous()
     if q.shape[1] % k.shape[1] or k.shape != v.shape or q.shape[-1] != k.shape[-1]:
         raise InvalidParameterError(
@@ -198,7 +187,7 @@ def flash_prefill_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_s
 def flash_prefill_paged(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
                         out: torch.Tensor, first_seq: int = 0) -> torch.Tensor:
     """Sequences ``first_seq..`` of the step: causal attention of their new tokens over the paged context."""
-    _check(query, kv_cache.dtype, out)
+    check_attention_inputs(query, kv_cache.dtype, out, INTERPRETED)
     query = query if query.stride(-1) == 1 else query.contiguous()
     num_seqs = meta.num_seqs - first_seq
     if num_seqs <= 0:

@@ -18,6 +18,7 @@ W they compute with, from the packed tensors, in float32 (``scale * q + min``, o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -122,28 +123,29 @@ def _flat_bf16(x: torch.Tensor) -> torch.Tensor:
 def int4_affine_linear(x: torch.Tensor, t: dict[str, torch.Tensor], group: int) -> torch.Tensor:
     """y [..., N] bf16 = x [..., K] @ W^T with ``pack_int4_affine``'s tensors (without the native module:
     dequantize, then a float32 matmul)."""
-    x2 = _flat_bf16(x)
-    mod = grouped_module()
-    if mod is None:
-        y = F.linear(x2.float(), dequantize_int4_affine(t, group)).to(torch.bfloat16)
-    elif group == 32 and int8_activations():  # see the module docstring for why 32 only
-        y = int4_affine_linear_i8(x2, t, group)
-    else:
-        y = call_native(mod, "int4_affine_linear", x2, t["codes"], t["scales"], t["mins"], group)
-    return y if x.dim() == 2 else y.reshape(*x.shape[:-1], y.shape[-1])
+    return _grouped_linear(x, t, group, "int4_affine_linear", t["mins"], dequantize_int4_affine,
+                           int4_affine_linear_i8)
 
 
 def int8_grouped_linear(x: torch.Tensor, t: dict[str, torch.Tensor], group: int) -> torch.Tensor:
     """y [..., N] bf16 = x [..., K] @ W^T with ``pack_int8_grouped``'s tensors (without the native module:
     dequantize, then a float32 matmul)."""
+    return _grouped_linear(x, t, group, "int8_grouped_linear", t.get("mins", _NO_MINS), dequantize_int8_grouped,
+                           int8_grouped_linear_i8)
+
+
+def _grouped_linear(x: torch.Tensor, t: dict[str, torch.Tensor], group: int, kernel: str, mins: torch.Tensor,
+                    dequantize: Callable[[dict[str, torch.Tensor], int], torch.Tensor],
+                    linear_i8: Callable[[torch.Tensor, dict[str, torch.Tensor], int], torch.Tensor]) -> torch.Tensor:
+    """One grouped-int linear: the native ``kernel``, its int8-activation variant, or dequantize + matmul."""
     x2 = _flat_bf16(x)
     mod = grouped_module()
     if mod is None:
-        y = F.linear(x2.float(), dequantize_int8_grouped(t, group)).to(torch.bfloat16)
+        y = F.linear(x2.float(), dequantize(t, group)).to(torch.bfloat16)
     elif group == 32 and int8_activations():  # see the module docstring for why 32 only
-        y = int8_grouped_linear_i8(x2, t, group)
+        y = linear_i8(x2, t, group)
     else:
-        y = call_native(mod, "int8_grouped_linear", x2, t["codes"], t["scales"], t.get("mins", _NO_MINS), group)
+        y = call_native(mod, kernel, x2, t["codes"], t["scales"], mins, group)
     return y if x.dim() == 2 else y.reshape(*x.shape[:-1], y.shape[-1])
 
 

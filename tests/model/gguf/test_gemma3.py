@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from cinq.assets.real_models import REAL_MODELS
+from cinq.real_models import REAL_MODELS
 
 GEMMA = REAL_MODELS["gemma3-270m"]
 FILE = GEMMA.path()

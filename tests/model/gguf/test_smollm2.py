@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from cinq.assets.real_models import REAL_MODELS
+from cinq.real_models import REAL_MODELS
 
 SMOL = REAL_MODELS["smollm2-135m-instruct"]
 FILE = SMOL.path()

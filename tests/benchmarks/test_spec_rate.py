@@ -9,7 +9,7 @@ import pytest
 
 from cinq.bench.mixed_workload import MixedOptions
 from cinq.bench.report import markdown
-from cinq.bench.spec_rate import NGRAM, PLAIN, SpecRateOptions, arm_configs, crossover, run_spec_rate
+from benchmarks.spec_rate import NGRAM, PLAIN, SpecRateOptions, arm_configs, crossover, run_spec_rate
 from cinq.config import EngineConfig
 from cinq.errors import InvalidParameterError
 
@@ -57,7 +57,7 @@ def test_run_serves_every_arm_at_every_rate(tiny_llama):
 
 
 def test_with_rounds_an_arm_pays_only_beyond_the_spread():
-    from cinq.bench.spec_rate import pays
+    from benchmarks.spec_rate import pays
     row = {"rate": 1.0, "arms": {PLAIN: {"tpot_p50_ms": 10, "tpot_p50_rounds": [9, 10, 12]},
                                  "a": {"tpot_p50_ms": 8, "tpot_p50_rounds": [7, 8, 8.5]},
                                  "b": {"tpot_p50_ms": 8, "tpot_p50_rounds": [7, 8, 9.5]}}}
