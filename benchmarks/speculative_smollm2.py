@@ -111,7 +111,8 @@ def main() -> int:
         (f"best: {best['method']} at batch {best['batch']}: {best['speedup']:.2f}x (tau {best['tau']})"
          if best else "no rows"),
         {"draft": draft, "machine": machine_info(), "commit": commit, "head": args.head, "rows": rows,
-         "languages": langs, "options": vars(args)})
+         "languages": langs,
+         "options": {**vars(args), "out": str(Path(args.out).relative_to(ROOT)) if Path(args.out).is_relative_to(ROOT) else args.out}})
     print_report(result)
     write_report(result, args.out)
     return 0

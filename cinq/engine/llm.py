@@ -25,8 +25,9 @@ class LLM:
     ``engine_core``: ``"process"`` runs the engine core in its own process behind ZMQ (``MPLLMEngine``), so
     detokenizing here overlaps the next step there; ``"inproc"`` runs it in this process (``LLMEngine``;
     ``llm.engine`` then exposes the model and the scheduler to tools). None (default): ``$CINQ_ENGINE_CORE``, else
-    ``"process"``, measured faster on offline batches: 1.28x tokens/s on cinq-tiny and 1.48x on SmolLM2-135M
-    (48 prompts, median of 3 rotated rounds; a draft on a shared machine, benchmarks/offline_engine_core.py)."""
+    ``"process"`` (vLLM v1's default); on offline batches the two measure within run-to-run spread (process /
+    in-process 0.97x-1.03x on SmolLM2-135M, 0.94x-1.08x on cinq-tiny; 48 prompts, median of 3 rotated rounds,
+    two quiet runs, benchmarks/offline_engine_core.py)."""
 
     def __init__(self, model: str | Path | None = None, engine_core: str | None = None,
                  **engine_args: Any) -> None:

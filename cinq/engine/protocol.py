@@ -132,8 +132,10 @@ ENGINE_CORE_ENV = "CINQ_ENGINE_CORE"
 
 
 def default_offline_engine_core() -> EngineCoreMode:
-    """Where the offline front ends put the core by default: ``$CINQ_ENGINE_CORE``, else ``"process"``, measured
-    faster for offline batches (1.28x cinq-tiny, 1.48x SmolLM2-135M, draft; benchmarks/offline_engine_core.py)."""
+    """Where the offline front ends put the core by default: ``$CINQ_ENGINE_CORE``, else ``"process"``, as in vLLM v1,
+    so offline use runs the server's core; on offline batches the two placements measured within run-to-run
+    spread (process / in-process 0.97x-1.03x on SmolLM2-135M, 0.94x-1.08x on cinq-tiny, quiet;
+    benchmarks/offline_engine_core.py)."""
     mode = os.environ.get(ENGINE_CORE_ENV) or "process"
     check_engine_core(mode, ENGINE_CORE_ENV)
     return mode  # type: ignore[return-value]
