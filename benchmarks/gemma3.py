@@ -37,10 +37,10 @@ from cinq.cache import cache_dir  # noqa: E402
 from cinq.config import EngineConfig  # noqa: E402
 from cinq.engine.kv_cache import KVCacheManager  # noqa: E402
 from cinq.engine.kv_cache_groups import HybridKVCacheManager  # noqa: E402
-from cinq.engine.request import Request  # noqa: E402
 from cinq.engine.sliding_window import SlidingWindowKVCacheManager, kv_memory_per_context  # noqa: E402
 from cinq.model.config import ModelConfig  # noqa: E402
 from cinq.sampling_params import SamplingParams  # noqa: E402
+from cinq.step.request import Request  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 BLOCK = 16

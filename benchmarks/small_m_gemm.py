@@ -190,8 +190,8 @@ class VectorOnly:
 def forward_section(before: Any | None, before_rows: int, repeats: int) -> list[str]:
     """cinq-tiny's target forward for one sequence of q rows under each GEMM configuration (markdown lines)."""
     from cinq import LLM
-    from cinq.engine.batch_inputs import build_batch
-    from cinq.engine.io import ScheduledSeq
+    from cinq.step.batch_inputs import build_batch
+    from cinq.step.scheduler_output import ScheduledSeq
 
     llm = LLM(None, engine_core="inproc", dtype="bfloat16", kv_cache_memory=0.5)  # reaches the runner
     runner = llm.engine.executor.runner

@@ -2,7 +2,7 @@
 this checkout and on a baseline commit in the same run (back to back, each in its own subprocess).
 
 Phases (CPU time of the process, instrumented run: a shared machine preempts us, and CPU time leaves the waits
-out): scheduler.schedule, input building (engine/batch_inputs.build_batch), the
+out): scheduler.schedule, input building (step/batch_inputs.build_batch), the
 model forward split into embedding, per-layer input norm / qkv projection / rope / attention (KV write + kernel) /
 o projection / post-attention norm / MLP, final norm, LM head (runner._compute_logits), sampler
 (runner._sample), scheduler.update and output processing (detokenization). Timers wrap the engine's own objects

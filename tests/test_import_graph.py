@@ -81,7 +81,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 # here; ``cinq`` is the package's own __init__ (LLM, SamplingParams: the offline API the tools above it use).
 PACKAGE_ORDER = [
     "errors", "markdown_table", "option_fields", "process_env", "cache", "real_models", "compilation_config", "structured",
-    "sampling_params", "outputs", "kernels", "distributed", "layers", "model", "assets", "export", "plan", "spec",
+    "sampling_params", "outputs", "kernels", "distributed", "layers", "model", "assets", "export", "plan", "step", "spec",
     "config", "config_argv", "engine", "cinq", "tasks", "quant", "eval", "train", "server", "dp", "bench", "tune", "commands", "cli",
 ]
 
@@ -90,13 +90,6 @@ PACKAGE_ORDER = [
 KNOWN_BACK_EDGES = {
     # the grammar compiler's cache is per tokenizer (the structured room; a tokenizer protocol would end it)
     ("cinq.structured.manager", "cinq.model.tokenizer"), ("cinq.structured.manager", "cinq.model.config"),
-    # proposers read the engine's step data (the spec room, issue in flight: engine <-> spec)
-    ("cinq.spec.draft_model", "cinq.engine.io"), ("cinq.spec.draft_model", "cinq.engine.batch_inputs"),
-    ("cinq.spec.medusa_proposer", "cinq.engine.io"), ("cinq.spec.eagle_proposer", "cinq.engine.io"),
-    ("cinq.spec.eagle_proposer", "cinq.engine.batch_inputs"), ("cinq.spec.proposer", "cinq.engine.io"),
-    ("cinq.spec.drafter", "cinq.engine.request"), ("cinq.spec.proposer", "cinq.engine.batch_inputs"),
-    ("cinq.spec.verifier", "cinq.engine.batch_inputs"), ("cinq.spec.verifier", "cinq.engine.io"),
-    ("cinq.spec.verifier", "cinq.engine.token_logprobs"),
 }
 
 
@@ -179,7 +172,7 @@ LAYERING = [
     ("cinq.model", ("cinq.quant", "cinq.engine", "cinq.train", "cinq.eval", "cinq.server")),
     ("cinq.engine", ("cinq.quant", "cinq.train", "cinq.eval", "cinq.server")),
     ("cinq.engine.scheduler", ("cinq.engine.runner", "cinq.engine.executor", "cinq.model")),
-    ("cinq.engine.output_processor", ("cinq.engine.runner", "cinq.engine.scheduler", "cinq.engine.request")),
+    ("cinq.engine.output_processor", ("cinq.engine.runner", "cinq.engine.scheduler", "cinq.step.request")),
 ]
 
 
@@ -191,7 +184,8 @@ def test_imports_point_down_the_layers(importer: str, forbidden: tuple[str, ...]
 
 
 def test_step_data_and_config_load_without_torch() -> None:
-    code = ("import sys, cinq.engine.io, cinq.config, cinq.engine.scheduler, cinq.engine.output_processor; "
+    code = ("import sys, cinq.engine.io, cinq.step.scheduler_output, cinq.step.runner_output, cinq.step.request, "
+            "cinq.config, cinq.engine.scheduler, cinq.engine.output_processor; "
             "print('torch' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert r.stdout.strip() == "False"

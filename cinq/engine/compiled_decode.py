@@ -27,11 +27,11 @@ import torch
 from cinq.cache import cache_dir
 from cinq.compilation_config import CompilationConfig
 from cinq.engine.cuda_graph import CudaGraphStep
-from cinq.engine.io import ScheduledSeq
 from cinq.engine.step_buffers import StepBuffers
 from cinq.kernels import custom_ops  # noqa: F401  (registers torch.ops.cinq.*, which the traced kernels call)
 from cinq.kernels.cpu_native import warm_native_kernels
 from cinq.model.llama import LlamaForCausalLM
+from cinq.step.scheduler_output import ScheduledSeq
 
 log = logging.getLogger(__name__)
 _RECOMPILE_LIMIT = 64  # dynamo keeps one graph per (model, size) on the step's code object; 8 by default

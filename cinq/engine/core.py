@@ -23,14 +23,12 @@ import torch
 
 from cinq.config import EngineConfig, resolve_model
 from cinq.engine.executor import Executor, make_executor
-from cinq.engine.io import EngineCoreInfo, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, RunnerOutput
-from cinq.engine.io import SchedulerOutput
+from cinq.engine.io import EngineCoreInfo, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from cinq.engine.kv_cache import KVCacheManager
 from cinq.engine.kv_cache_groups import (HybridKVCacheManager, make_hybrid_kv_cache_manager, split_kv_blocks,
                                          uses_kv_cache_groups)
 from cinq.engine.kv_cache_virtual import VirtualKVCacheManager, build_virtual_kv
 from cinq.engine.sliding_window import make_kv_cache_manager
-from cinq.engine.request import Request, RequestStatus
 from cinq.engine.scheduler import Scheduler, SchedulerConfig
 from cinq.engine.spec_metrics import count_language
 from cinq.errors import InvalidParameterError
@@ -39,6 +37,9 @@ from cinq.model.generation_defaults import read_sampling_defaults, sampling_defa
 from cinq.model.loader import quantization_summary
 from cinq.outputs import EngineStats
 from cinq.spec.drafter import make_drafter
+from cinq.step.request import Request, RequestStatus
+from cinq.step.runner_output import RunnerOutput
+from cinq.step.scheduler_output import SchedulerOutput
 
 log = logging.getLogger(__name__)
 

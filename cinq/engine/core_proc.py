@@ -33,9 +33,9 @@ import zmq
 from cinq.config import EngineConfig
 from cinq.engine.core import EngineCore
 from cinq.engine.io import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
-from cinq.engine.request import RequestStatus
 from cinq.engine.serial import (ABORT, ADD, OUTPUTS, READY, SHUTDOWN, STARTUP_ERROR, CoreAbort, decode, encode,
                                 error_to_wire)
+from cinq.step.request import RequestStatus
 
 log = logging.getLogger(__name__)
 

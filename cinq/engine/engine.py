@@ -18,13 +18,13 @@ from cinq.engine.executor import Executor
 from cinq.engine.input_processor import InputProcessor
 from cinq.engine.kv_cache import KVCacheManager
 from cinq.engine.output_processor import OutputProcessor
-from cinq.engine.request import RequestStatus
 from cinq.engine.scheduler import Scheduler
 from cinq.errors import InvalidParameterError
 from cinq.model.config import ModelConfig
 from cinq.model.tokenizer import Tokenizer
 from cinq.outputs import EngineStats, RequestOutput
 from cinq.sampling_params import SamplingParams
+from cinq.step.request import RequestStatus
 
 log = logging.getLogger(__name__)
 

@@ -16,10 +16,11 @@ from __future__ import annotations
 from typing import Protocol
 
 from cinq.config import EngineConfig
-from cinq.engine.io import RunnerOutput, SchedulerOutput
 from cinq.engine.multiproc_executor import MultiprocExecutor
 from cinq.engine.uniproc_executor import UniProcExecutor
 from cinq.model.config import ModelConfig
+from cinq.step.runner_output import RunnerOutput
+from cinq.step.scheduler_output import SchedulerOutput
 
 __all__ = ["Executor", "MultiprocExecutor", "UniProcExecutor", "make_executor"]
 

@@ -1,7 +1,9 @@
-"""The plain data that crosses between the engine's rooms each step, in one module without torch.
+"""The plain data that crosses between the engine's rooms, in one module without torch.
 
-    Scheduler.schedule()        -> SchedulerOutput   (ScheduledSeq per request, NewRequestData the first time)
-    Executor.execute_model(...) -> RunnerOutput      (sampled token ids, logprobs, prompt logprobs)
+Each step (the step's own data lives below spec/, in cinq/step/, because the proposers read it too):
+
+    Scheduler.schedule()        -> SchedulerOutput   (step/scheduler_output.py: ScheduledSeq, NewRequestData)
+    Executor.execute_model(...) -> RunnerOutput      (step/runner_output.py: sampled token ids, logprobs)
     Scheduler.update(...)       -> [EngineCoreOutput] (what is new for each request this step, finish reasons)
     OutputProcessor.process(...) turns EngineCoreOutputs into RequestOutputs (text, stop strings, n-way parents)
 
@@ -15,87 +17,13 @@ and what crosses between the front end and the engine core (engine/core.py), in 
 Every shape allows several tokens per request per step (a speculative verify step scores k draft tokens and may
 accept several), so nothing here assumes "one new token".
 """
-
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from cinq.outputs import EngineStats
 from cinq.sampling_params import SamplingParams
-
-
-@dataclass(slots=True)
-class NewRequestData:
-    """What the runner needs to know about a request the first time it is scheduled."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    sampling_params: SamplingParams
-
-
-@dataclass(slots=True)
-class ScheduledSeq:
-    """One request's share of a step: compute ``token_ids`` at positions ``start_pos ...``.
-
-    The last ``num_logit_rows`` rows of the chunk produce logits: 0 for a prefill chunk that stops short of the
-    last known token, 1 to sample the next token (a k-token draft verified in one step would ask for k + 1).
-    """
-
-    request_id: str
-    token_ids: list[int]
-    start_pos: int
-    block_ids: list[int]
-    num_logit_rows: int
-    num_output_tokens: int = 0  # the request's output length before this step (min_tokens bans read it)
-    # Draft positions after ``token_ids`` that the runner's proposer fills before the forward (a draft model or
-    # head); their slots and budget are reserved and ``num_logit_rows`` counts them. 0 for n-gram drafts, which
-    # the scheduler puts in ``token_ids`` itself.
-    num_draft_slots: int = 0
-    # KV cache groups (engine/kv_cache_groups.py): the request's block table in each group (``block_ids`` is
-    # group 0's); None with one group
-    group_block_ids: list[list[int]] | None = None
-
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    """Everything one step computes, and what the runner must learn or forget first."""
-
-    seqs: list[ScheduledSeq] = field(default_factory=list)
-    new_requests: list[NewRequestData] = field(default_factory=list)
-    finished_request_ids: list[str] = field(default_factory=list)  # runner state to drop
-    num_batched_tokens: int = 0
-    num_prompt_tokens: int = 0  # of the batched tokens, those at prompt positions (first computation or not)
-    preempted_request_ids: list[str] = field(default_factory=list)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.seqs
-
-
-@dataclass(slots=True)
-class TokenLogprobs:
-    """Raw logprobs at one position: the chosen token's, its rank, and the top-k (ids, values)."""
-
-    token_id: int
-    logprob: float
-    rank: int
-    top_ids: list[int]
-    top_logprobs: list[float]
-
-
-@dataclass(slots=True)
-class RunnerOutput:
-    """What one forward step produced, by request id."""
-
-    sampled: dict[str, list[int]] = field(default_factory=dict)
-    logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # one entry per sampled token
-    # prompt logprobs computed this step: request -> [(prompt position, TokenLogprobs)], position >= 1
-    prompt_logprobs: dict[str, list[tuple[int, TokenLogprobs]]] = field(default_factory=dict)
-    elapsed_s: float = 0.0  # wall time of the step's execution (adaptive speculation learns its costs from it)
-
-    @property
-    def num_sampled_tokens(self) -> int:
-        return sum(len(t) for t in self.sampled.values())
+from cinq.step.runner_output import TokenLogprobs
 
 
 @dataclass(slots=True)

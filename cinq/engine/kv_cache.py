@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from cinq.engine.request import Request
+from cinq.step.request import Request
 
 
 @dataclass(slots=True, eq=False)

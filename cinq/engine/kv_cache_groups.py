@@ -25,13 +25,13 @@ import logging
 
 import torch
 
-from cinq.engine.batch_inputs import PAD_ID, BatchInputs, prepare_inputs
-from cinq.engine.io import ScheduledSeq
 
 from cinq.engine.kv_cache import KVCacheBlock, KVCacheManager, PrefixCacheStats
-from cinq.engine.request import Request
 from cinq.engine.sliding_window import SlidingWindowKVCacheManager
 from cinq.model.config import ModelConfig
+from cinq.step.batch_inputs import PAD_ID, BatchInputs, prepare_inputs
+from cinq.step.request import Request
+from cinq.step.scheduler_output import ScheduledSeq
 
 log = logging.getLogger(__name__)
 

@@ -30,10 +30,10 @@ from typing import Any, Sequence
 
 import torch
 
-from cinq.engine.io import ScheduledSeq
 from cinq.engine.kv_cache import PrefixCacheStats
-from cinq.engine.request import Request
 from cinq.errors import InvalidParameterError
+from cinq.step.request import Request
+from cinq.step.scheduler_output import ScheduledSeq
 
 SMALL_PAGE = mmap.PAGESIZE  # 4 KiB on x86-64
 HUGE_PAGE = 2 << 20  # a transparent huge page (x86-64 PMD size)
@@ -312,7 +312,7 @@ def build_virtual_kv(executor: Any, num_blocks: int, block_size: int, max_num_se
                      page_size: int = SMALL_PAGE) -> VirtualKVCacheManager:
     """The engine core's virtual layout: the paged pool's memory (``num_blocks`` blocks of ``block_size``) as a page
     budget, ``max_num_seqs`` slots of at least max_model_len tokens reserved by the executor's runner."""
-    from cinq.engine.shape_buckets import MAX_PAD_ROWS
+    from cinq.step.shape_buckets import MAX_PAD_ROWS
 
     num_layers = executor.model_config.num_hidden_layers
     row_bytes = executor.kv_bytes_per_block(1) // (2 * num_layers)

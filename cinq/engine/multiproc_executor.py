@@ -31,11 +31,12 @@ import torch.multiprocessing as mp
 from cinq.config import EngineConfig
 from cinq.distributed.parallel_state import TPShard, broadcast_command, init_process_groups
 from cinq.engine.tp_worker import INIT_CACHE, STEP, STOP, WorkerArgs, worker_main
-from cinq.engine.io import RunnerOutput, SchedulerOutput
 from cinq.engine.uniproc_executor import UniProcExecutor
 from cinq.errors import InvalidParameterError
 from cinq.model.config import ModelConfig
 from cinq.model.tp_layout import check_divisible
+from cinq.step.runner_output import RunnerOutput
+from cinq.step.scheduler_output import SchedulerOutput
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")

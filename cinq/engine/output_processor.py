@@ -8,10 +8,11 @@ import time
 from dataclasses import dataclass, field
 
 from cinq.engine.detokenizer import IncrementalDetokenizer
-from cinq.engine.io import EngineCoreOutput, TokenLogprobs
+from cinq.engine.io import EngineCoreOutput
 from cinq.model.tokenizer import Tokenizer
 from cinq.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestMetrics, RequestOutput
 from cinq.sampling_params import OutputKind, SamplingParams
+from cinq.step.runner_output import TokenLogprobs
 
 
 @dataclass(slots=True)

@@ -1,5 +1,5 @@
 """ModelRunner: owns the model and the KV tensors; turns a SchedulerOutput into one flat varlen forward pass
-and sampled tokens (inputs built by cinq/engine/batch_inputs.py).
+and sampled tokens (inputs built by cinq/step/batch_inputs.py).
 
 With a runner-side proposer (cinq/spec/proposer.py: a draft model, EAGLE or Medusa heads) a step first lets it
 fill each speculating sequence's reserved draft slots, verifies the drafts in the target's forward, then
@@ -17,20 +17,21 @@ from dataclasses import dataclass
 import torch
 
 from cinq.compilation_config import CompilationConfig
-from cinq.engine.batch_inputs import BatchInputs, TreeGroup, build_batch
 from cinq.engine.compiled_decode import CompiledDecode
-from cinq.engine.io import NewRequestData, RunnerOutput, ScheduledSeq, SchedulerOutput, TokenLogprobs
 from cinq.engine.kv_cache_groups import FULL, add_group_tables, allocate_group_caches
 from cinq.engine.kv_cache_virtual import VirtualKVRegion, VirtualKVSpec
-from cinq.engine.shape_buckets import MAX_PAD_ROWS, bucket_rows
 from cinq.errors import InvalidParameterError
 from cinq.layers.sampler import Sampler, SamplingMetadata
 from cinq.model.interface import check_supported
 from cinq.model.llama import LlamaForCausalLM
 from cinq.sampling_params import SamplingParams
-from cinq.engine.token_logprobs import token_logprobs
 from cinq.spec.proposer import DraftSampling, Proposals, Proposer, StepView
 from cinq.spec.verifier import Verifier
+from cinq.step.batch_inputs import BatchInputs, TreeGroup, build_batch
+from cinq.step.runner_output import RunnerOutput, TokenLogprobs
+from cinq.step.scheduler_output import NewRequestData, ScheduledSeq, SchedulerOutput
+from cinq.step.shape_buckets import MAX_PAD_ROWS, bucket_rows
+from cinq.step.token_logprobs import token_logprobs
 from cinq.structured.backend import GrammarMatcher
 from cinq.structured.masks import advance, mask_logits
 

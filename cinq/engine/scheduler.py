@@ -12,10 +12,12 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from cinq.engine.io import EngineCoreOutput, NewRequestData, RunnerOutput, ScheduledSeq, SchedulerOutput
+from cinq.engine.io import EngineCoreOutput
 from cinq.engine.kv_cache import KVCacheManager
-from cinq.engine.request import Request, RequestStatus
 from cinq.spec.drafter import Drafter
+from cinq.step.request import Request, RequestStatus
+from cinq.step.runner_output import RunnerOutput
+from cinq.step.scheduler_output import NewRequestData, ScheduledSeq, SchedulerOutput
 
 
 @dataclass(slots=True)

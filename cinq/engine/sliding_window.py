@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cinq.engine.kv_cache import KVCacheBlock, KVCacheManager
-from cinq.engine.request import Request
 from cinq.model.config import ModelConfig
+from cinq.step.request import Request
 
 
 class SlidingWindowKVCacheManager(KVCacheManager):

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from cinq.engine.io import ScheduledSeq
 from cinq.kernels.metadata import AttentionMetadata
+from cinq.step.scheduler_output import ScheduledSeq
 
 
 @dataclass(slots=True)

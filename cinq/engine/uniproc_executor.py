@@ -15,7 +15,6 @@ from cinq.compilation_config import CompilationConfig
 from cinq.config import EngineConfig
 from cinq.distributed.parallel_state import TPShard
 from cinq.engine.host_memory import keep_freed_memory
-from cinq.engine.io import RunnerOutput, SchedulerOutput
 from cinq.engine.kv_cache_virtual import VirtualKVSpec
 from cinq.engine.runner import ModelRunner
 from cinq.kernels.backends import default_backend_name
@@ -25,6 +24,8 @@ from cinq.model.llama import LlamaForCausalLM
 from cinq.model.loader import load_model, parse_dtype
 from cinq.spec.proposer import Proposer
 from cinq.spec.proposer_loader import load_proposer
+from cinq.step.runner_output import RunnerOutput
+from cinq.step.scheduler_output import SchedulerOutput
 
 log = logging.getLogger(__name__)
 

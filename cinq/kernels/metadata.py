@@ -179,6 +179,15 @@ def tree_mask_from_parents(parents: list[int], device: torch.device | str = "cpu
     return mask.to(device)
 
 
+def depths(parents: list[int]) -> list[int]:
+    """Each row's depth in a flattened tree (``parents`` as in ``tree_mask_from_parents``; the root is 0): the
+    tree rows' rope positions are the sequence's next position plus their depth."""
+    out: list[int] = []
+    for p in parents:
+        out.append(0 if p < 0 else out[p] + 1)
+    return out
+
+
 def tree_masks_from_parents(parents_per_seq: list[list[int]], device: torch.device | str = "cpu") -> torch.Tensor:
     """The per-sequence [n, q, q] ``tree_mask`` of n flattened trees, one parent array each (see
     ``tree_mask_from_parents``); all must have the same length q, the step's ``decode_query_len`` (EAGLE-2

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import torch
 
-from cinq.engine.batch_inputs import build_batch
-from cinq.engine.io import ScheduledSeq
 from cinq.errors import InvalidParameterError
 from cinq.model.config import ModelConfig
 from cinq.model.llama import LlamaForCausalLM
 from cinq.spec.proposer import DraftSampling, Proposals, StepView, bind_paged_kv, draft_chains, paged_kv_bytes
+from cinq.step.batch_inputs import build_batch
+from cinq.step.scheduler_output import ScheduledSeq
 
 log = logging.getLogger(__name__)
 

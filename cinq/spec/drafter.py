@@ -16,7 +16,7 @@ from cinq.spec.config import SpeculativeConfig
 from cinq.spec.ngram import NgramProposer
 
 if TYPE_CHECKING:
-    from cinq.engine.request import Request
+    from cinq.step.request import Request
 
 
 class Drafter(Protocol):

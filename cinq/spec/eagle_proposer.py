@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import torch
 
-from cinq.engine.batch_inputs import TreeGroup, build_batch
-from cinq.engine.io import ScheduledSeq
 from cinq.model.llama import LlamaForCausalLM
 from cinq.spec.eagle import EagleHead
 from cinq.spec.proposer import DraftSampling, Proposals, StepView, bind_paged_kv, draft_chains, paged_kv_bytes
 from cinq.spec.eagle_tree import TreeRoots, dynamic_tree, static_tree
 from cinq.spec.tree import TreeShape
+from cinq.step.batch_inputs import TreeGroup, build_batch
+from cinq.step.scheduler_output import ScheduledSeq
 
 
 MAX_PENDING = 4096  # committed positions whose features wait for the head, per request

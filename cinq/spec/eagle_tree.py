@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from cinq.spec.tree import TreeShape, depths
+from cinq.kernels.metadata import depths
+from cinq.spec.tree import TreeShape
 
 
 @dataclass(slots=True)

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from cinq.engine.io import ScheduledSeq
 from cinq.spec.medusa import MedusaHeads
 from cinq.spec.proposer import DraftSampling, Proposals, StepView, draw_drafts
 from cinq.spec.tree import TreeShape
+from cinq.step.scheduler_output import ScheduledSeq
 
 
 class MedusaProposer:

@@ -16,9 +16,9 @@ from typing import Protocol
 
 import torch
 
-from cinq.engine.batch_inputs import BatchInputs
-from cinq.engine.io import ScheduledSeq
 from cinq.sampling_params import SamplingParams
+from cinq.step.batch_inputs import BatchInputs
+from cinq.step.scheduler_output import ScheduledSeq
 
 
 @dataclass(slots=True)

@@ -22,7 +22,7 @@ import torch
 from cinq.errors import InvalidParameterError
 from cinq.kernels.metadata import tree_mask_from_parents
 
-__all__ = ["TreeResult", "TreeShape", "depths", "tree_mask_from_parents", "verify_tree"]
+__all__ = ["TreeResult", "TreeShape", "tree_mask_from_parents", "verify_tree"]
 
 
 @dataclass(slots=True)
@@ -61,13 +61,6 @@ class TreeShape:
             row[p] = i
             out.append(row[p[:-1]])
         return out
-
-
-def depths(parents: list[int]) -> list[int]:
-    out = []
-    for i, p in enumerate(parents):
-        out.append(0 if p < 0 else out[p] + 1)
-    return out
 
 
 @dataclass(slots=True)

@@ -18,14 +18,15 @@ from typing import Any, Protocol
 
 import torch
 
-from cinq.engine.batch_inputs import BatchInputs
-from cinq.engine.io import RunnerOutput, ScheduledSeq
-from cinq.engine.token_logprobs import token_logprobs
 from cinq.layers.sampler import Sampler, SamplingMetadata
 from cinq.sampling_params import SamplingParams
 from cinq.spec.proposer import Proposals
 from cinq.spec.rejection import DraftBatch, rejection_sample
 from cinq.spec.tree import verify_tree
+from cinq.step.batch_inputs import BatchInputs
+from cinq.step.runner_output import RunnerOutput
+from cinq.step.scheduler_output import ScheduledSeq
+from cinq.step.token_logprobs import token_logprobs
 from cinq.structured.masks import advance, mask_logits
 
 

@@ -10,10 +10,10 @@ import pytest
 from cinq.config import EngineConfig
 from cinq.engine.core import EngineCore
 from cinq.engine.io import EngineCoreOutputs, EngineCoreRequest
-from cinq.engine.request import RequestStatus
 from cinq.engine.serial import ADD, OUTPUTS, CoreError, decode, encode, error_from_wire, error_to_wire
 from cinq.errors import ModelLoadError
 from cinq.sampling_params import SamplingParams
+from cinq.step.request import RequestStatus
 
 GREEDY = SamplingParams(temperature=0, ignore_eos=True)
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from cinq.engine.kv_cache import KVCacheManager
-from cinq.engine.request import Request
 from cinq.sampling_params import SamplingParams
+from cinq.step.request import Request
 
 
 def req(rid: str, tokens: list[int]) -> Request:

@@ -13,10 +13,10 @@ import torch
 from cinq import LLM, SamplingParams
 from cinq.engine.kv_cache import KVCacheManager
 from cinq.engine.kv_cache_groups import HybridKVCacheManager, split_kv_blocks, uses_kv_cache_groups
-from cinq.engine.request import Request
 from cinq.model.byte_tokenizer import save_byte_tokenizer
 from cinq.model.config import ModelConfig
 from cinq.model.saver import init_random_model, save_model
+from cinq.step.request import Request
 from tests.model.test_gemma3 import CFG
 
 WINDOW, BS = 8, 4

@@ -10,11 +10,11 @@ import torch
 
 from cinq import LLM, SamplingParams
 from cinq.config import EngineConfig
-from cinq.engine.io import ScheduledSeq
 from cinq.engine.kv_cache_virtual import (SMALL_PAGE, VirtualKVCacheManager, VirtualKVRegion, VirtualKVSpec,
                                           pages_for, slot_tokens_for)
-from cinq.engine.request import Request
 from cinq.errors import InvalidParameterError
+from cinq.step.request import Request
+from cinq.step.scheduler_output import ScheduledSeq
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from cinq.engine.io import EngineCoreOutput, TokenLogprobs
+from cinq.engine.io import EngineCoreOutput
 from cinq.engine.output_processor import OutputProcessor
 from cinq.model.byte_tokenizer import save_byte_tokenizer
 from cinq.model.tokenizer import Tokenizer
 from cinq.sampling_params import OutputKind, SamplingParams
+from cinq.step.runner_output import TokenLogprobs
 
 
 @pytest.fixture(scope="module")

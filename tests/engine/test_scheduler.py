@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from cinq.engine.io import RunnerOutput
 from cinq.engine.kv_cache import KVCacheManager
-from cinq.engine.request import Request, RequestStatus
 from cinq.engine.scheduler import Scheduler, SchedulerConfig
 from cinq.sampling_params import SamplingParams
+from cinq.step.request import Request, RequestStatus
+from cinq.step.runner_output import RunnerOutput
 
 
 def make(budget=32, seqs=8, blocks=64, block_size=4, max_len=256) -> Scheduler:
@@ -91,7 +91,7 @@ def test_abort_frees_blocks():
 
 
 def test_update_reports_plain_news_and_drops_tokens_past_a_stop():
-    from cinq.engine.io import TokenLogprobs
+    from cinq.step.runner_output import TokenLogprobs
     s = make()
     p = SamplingParams(stop_token_ids=[9], logprobs=0)
     s.add_request(Request("a", [1, 2, 3], p, 10, 0.0))

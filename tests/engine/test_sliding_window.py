@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from cinq.engine.request import Request
 from cinq.engine.sliding_window import SlidingWindowKVCacheManager, kv_memory_per_context
 from cinq.sampling_params import SamplingParams
+from cinq.step.request import Request
 
 
 def _request(n: int, rid: str = "r") -> Request:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cinq.engine.io import ScheduledSeq
 from cinq.engine.step_buffers import StepBuffers
+from cinq.step.scheduler_output import ScheduledSeq
 
 BS, WIDTH, PAD = 4, 3, 9
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from cinq import LLM, SamplingParams
-from cinq.engine.request import Request
 from cinq.errors import InvalidParameterError, ModelLoadError
 from cinq.spec.config import SpeculativeConfig
 from cinq.spec.drafter import NgramDrafter
+from cinq.step.request import Request
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 # the tiny random model loops quickly under greedy decoding: n-gram lookups hit and most drafts are accepted

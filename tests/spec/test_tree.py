@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from cinq.errors import InvalidParameterError
-from cinq.spec.tree import TreeResult, TreeShape, depths, tree_mask_from_parents, verify_tree
+from cinq.kernels.metadata import depths
+from cinq.spec.tree import TreeResult, TreeShape, tree_mask_from_parents, verify_tree
 
 V, N = 5, 30000
 PARENTS = [-1, 0, 0, 1]  # row 1: token 0, row 2: token 1 (both children of the root), row 3: token 2 under row 1

@@ -7,9 +7,9 @@ import random
 
 import torch
 
-from cinq.engine.batch_inputs import PAD_ID, TreeGroup, build_batch, decode_query_len, prepare_inputs
-from cinq.engine.io import ScheduledSeq
 from cinq.kernels.metadata import AttentionMetadata
+from cinq.step.batch_inputs import PAD_ID, TreeGroup, build_batch, decode_query_len, prepare_inputs
+from cinq.step.scheduler_output import ScheduledSeq
 
 BS = 4
 PAD_BLOCKS = [90, 91]

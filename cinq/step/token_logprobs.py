@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from cinq.engine.io import TokenLogprobs
+from cinq.step.runner_output import TokenLogprobs
 
 
 def token_logprobs(logprobs: torch.Tensor, tokens: list[int], k: int) -> list[TokenLogprobs]:

@@ -8,7 +8,7 @@ import random
 import torch
 
 from cinq import LLM, SamplingParams
-from cinq.engine.shape_buckets import MAX_PAD_ROWS, bucket_rows
+from cinq.step.shape_buckets import MAX_PAD_ROWS, bucket_rows
 
 
 def test_buckets_are_few_and_pad_little():

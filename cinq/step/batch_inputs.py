@@ -14,10 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from cinq.engine.io import ScheduledSeq
-from cinq.engine.shape_buckets import bucket_rows
-from cinq.kernels.metadata import AttentionMetadata, tree_mask_from_parents, tree_masks_from_parents
-from cinq.spec.tree import depths
+from cinq.kernels.metadata import AttentionMetadata, depths, tree_mask_from_parents, tree_masks_from_parents
+from cinq.step.scheduler_output import ScheduledSeq
+from cinq.step.shape_buckets import bucket_rows
 
 PAD_ID = "\x00pad"  # the padding sequence's id: no request has it, no state, never sampled
 
