@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # benchmarks.* beside cinq when run as a script
 
 from cinq.assets import resolve_model_path  # noqa: E402
+from cinq.engine.structured_outputs import grammar_tokenizer  # noqa: E402
 from cinq.structured.bitmask import allocate_bitmask, apply_token_bitmask  # noqa: E402
 from cinq.structured.manager import BACKENDS, make_backend  # noqa: E402
 from cinq.structured.params import StructuredOutputsParams  # noqa: E402
@@ -58,7 +59,7 @@ def main() -> None:
     rows = {}
     for name in BACKENDS:
         t0 = time.perf_counter()
-        backend = make_backend(name, path, vocab)
+        backend = make_backend(name, grammar_tokenizer(path), vocab)
         setup = time.perf_counter() - t0
         compile_s, compiled = [], []
         for spec in specs:

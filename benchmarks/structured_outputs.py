@@ -128,11 +128,13 @@ def step_cost(model: str, batch: int, tokens: int, reps: int) -> dict[str, Any]:
 
 def compile_times(model: str, schemas: list[dict]) -> dict[str, float]:
     """Cold compile of every schema (a fresh manager, no cache)."""
+    from cinq.assets import resolve_model_path
+    from cinq.engine.structured_outputs import grammar_tokenizer
     from cinq.model.config import ModelConfig
     from cinq.structured.manager import make_backend
-    from cinq.assets import resolve_model_path
     path = resolve_model_path(model)
-    mgr = StructuredOutputManager(make_backend("xgrammar", path, ModelConfig.from_pretrained(path).vocab_size))
+    mgr = StructuredOutputManager(make_backend("xgrammar", grammar_tokenizer(path),
+                                               ModelConfig.from_pretrained(path).vocab_size))
     secs = []
     for s in schemas:
         t0 = time.perf_counter()

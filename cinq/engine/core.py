@@ -174,8 +174,8 @@ class EngineCore:
         """Queue one sequence (validated by the front end). A constraint is compiled here first (cached: in the
         front end's process it is already), so one that fails fails this request alone, before it is queued."""
         if req.sampling_params.structured_outputs is not None:
-            from cinq.structured.manager import StructuredOutputManager
-            StructuredOutputManager.for_model(self.config.model, self.model_config.vocab_size).compile(
+            from cinq.engine.structured_outputs import structured_output_manager
+            structured_output_manager(self.config.model, self.model_config.vocab_size).compile(
                 req.sampling_params.structured_outputs)
         self.scheduler.add_request(Request(req.request_id, req.prompt_token_ids, req.sampling_params,
                                            req.max_tokens, req.arrival_time))

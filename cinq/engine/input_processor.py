@@ -70,9 +70,9 @@ class InputProcessor:
     def compile_structured(self, params: SamplingParams) -> None:
         """Compile the request's constraint (cached; the core finds it compiled when it shares this process): a bad
         schema, regex or grammar, or one that compiles too slowly, is an InvalidParameterError naming the field."""
-        from cinq.structured.manager import StructuredOutputManager
+        from cinq.engine.structured_outputs import structured_output_manager
         assert params.structured_outputs is not None
-        StructuredOutputManager.for_model(self.info.model, self.info.vocab_size).compile(params.structured_outputs)
+        structured_output_manager(self.info.model, self.info.vocab_size).compile(params.structured_outputs)
 
     def validate_prompt(self, prompt_ids: list[int]) -> None:
         if not prompt_ids:

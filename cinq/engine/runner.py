@@ -241,10 +241,10 @@ class ModelRunner:
         return state
 
     def _structured(self):  # noqa: ANN202 - the manager, built on the first constrained request
-        from cinq.structured.manager import StructuredOutputManager
+        from cinq.engine.structured_outputs import structured_output_manager
         if self.tokenizer_path is None:
             raise RuntimeError("structured outputs need the runner's tokenizer_path")
-        return StructuredOutputManager.for_model(self.tokenizer_path, self.vocab_size)
+        return structured_output_manager(self.tokenizer_path, self.vocab_size)
 
     def _sample(self, logits: torch.Tensor, seqs: list[ScheduledSeq], out: RunnerOutput) -> None:
         states = [self.states[s.request_id] for s in seqs]

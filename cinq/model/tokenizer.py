@@ -154,6 +154,11 @@ class Tokenizer:
                         "; ".join(clashes))
 
     @property
+    def backend_tokenizer(self) -> HFTokenizer:
+        """The ``tokenizers`` library's tokenizer (transformers' name for it; the grammar compilers read it)."""
+        return self._tok
+
+    @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 

@@ -22,6 +22,18 @@ class GrammarMatcher(Protocol):
     def is_terminated(self) -> bool: ...
 
 
+class GrammarTokenizer(Protocol):
+    """What the grammar compilers read of a tokenizer (cinq's ``model.tokenizer.Tokenizer`` is one): the
+    ``tokenizers`` library's tokenizer behind it, whose vocabulary they index, and the end-of-sequence ids that
+    end a grammar (the caller merges in the model's own; the first is llguidance's one eos)."""
+
+    @property
+    def backend_tokenizer(self) -> Any: ...
+
+    @property
+    def eos_token_ids(self) -> list[int]: ...
+
+
 class GrammarBackend(Protocol):
     """One tokenizer's compiler. ``compile`` raises ``ValueError`` with the reason for a bad spec."""
 

@@ -1,10 +1,11 @@
 """StructuredOutputManager: one tokenizer's grammar backend and its compiled-grammar cache.
 
-One manager per (tokenizer folder, vocabulary size, backend) in a process, shared by the front end (which compiles
+One manager per (tokenizer key, vocabulary size, backend) in a process, shared by the front end (which compiles
 to validate: a bad spec is an ``InvalidParameterError`` naming the field and the reason, before the engine sees
 it) and the runner (which then finds it compiled). Compiles run on a small thread pool and are bounded by
 ``compile_timeout_s``: a schema that compiles too slowly fails its request, never the engine. Results and errors
-are cached by the spec's canonical text (LRU)."""
+are cached by the spec's canonical text (LRU). structured/ knows no model: its caller hands it the tokenizer
+(``GrammarTokenizer``), with the model's end-of-sequence ids among its eos ids."""
 
 from __future__ import annotations
 
@@ -12,13 +13,13 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from pathlib import Path
 from typing import Any
 
 from cinq.errors import InvalidParameterError
-from cinq.structured.backend import GrammarBackend, GrammarMatcher
+from cinq.structured.backend import GrammarBackend, GrammarMatcher, GrammarTokenizer
 from cinq.structured.params import StructuredOutputsParams
 
 log = logging.getLogger(__name__)
@@ -32,20 +33,12 @@ _managers: dict[tuple[str, int, str], StructuredOutputManager] = {}
 _managers_lock = threading.Lock()
 
 
-def make_backend(name: str, tokenizer_path: str | Path, vocab_size: int) -> GrammarBackend:
-    """The named backend over the tokenizer of a model folder or GGUF file (its eos ids are the stop tokens)."""
+def make_backend(name: str, tokenizer: GrammarTokenizer, vocab_size: int) -> GrammarBackend:
+    """The named backend over ``tokenizer`` (its eos ids are the stop tokens)."""
     from transformers import PreTrainedTokenizerFast
 
-    from cinq.model.config import ModelConfig
-    from cinq.model.tokenizer import Tokenizer
-
-    tok = Tokenizer.from_pretrained(tokenizer_path)
-    try:
-        model_eos = list(ModelConfig.from_pretrained(tokenizer_path).eos_token_ids)
-    except Exception:  # a tokenizer-only folder: its own eos
-        model_eos = []
-    stop = list(dict.fromkeys(tok.eos_token_ids + model_eos)) or [0]
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok._tok)
+    stop = list(dict.fromkeys(tokenizer.eos_token_ids)) or [0]
+    hf = PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend_tokenizer)
     if name == "xgrammar":
         from cinq.structured.xgrammar_backend import XGrammarBackend
         return XGrammarBackend(hf, vocab_size, stop)
@@ -70,14 +63,15 @@ class StructuredOutputManager:
         self.compile_seconds: dict[tuple[str, str], float] = {}
 
     @classmethod
-    def for_model(cls, tokenizer_path: str | Path, vocab_size: int,
+    def for_model(cls, tokenizer_key: str, vocab_size: int, load_tokenizer: Callable[[], GrammarTokenizer],
                   backend: str = DEFAULT_BACKEND) -> StructuredOutputManager:
-        """The process's manager for this tokenizer (built on first use)."""
-        key = (str(tokenizer_path), vocab_size, backend)
+        """The process's manager for the tokenizer named ``tokenizer_key`` (its model folder), built on first use:
+        only then is ``load_tokenizer`` called, so a caller may pass a loader that reads files."""
+        key = (tokenizer_key, vocab_size, backend)
         with _managers_lock:
             mgr = _managers.get(key)
             if mgr is None:
-                mgr = _managers[key] = cls(make_backend(backend, tokenizer_path, vocab_size))
+                mgr = _managers[key] = cls(make_backend(backend, load_tokenizer(), vocab_size))
             return mgr
 
     def compile(self, spec: StructuredOutputsParams, field: str | None = None) -> Any:

@@ -5,11 +5,14 @@ reference."""
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import torch
 
 from cinq.assets import resolve_model_path
+from cinq.engine.structured_outputs import grammar_tokenizer, structured_output_manager
 from cinq.errors import InvalidParameterError
 from cinq.structured import bitmask as bm
 from cinq.structured.manager import StructuredOutputManager, make_backend
@@ -31,10 +34,9 @@ def allowed(m, vocab: int) -> set[int]:
 
 @pytest.mark.parametrize("name", ["xgrammar", "llguidance"])
 def test_backend_masks_accept_and_rollback(tiny_path, name: str) -> None:
-    from cinq.model.tokenizer import Tokenizer
-    tok = Tokenizer.from_pretrained(tiny_path)
+    tok = grammar_tokenizer(tiny_path)
     vocab = tok.vocab_size
-    backend = make_backend(name, tiny_path, vocab)
+    backend = make_backend(name, tok, vocab)
     m = backend.matcher(backend.compile(StructuredOutputsParams(regex="(yes|no)!")))
     start = allowed(m, vocab)
     bang = tok.encode("!", add_special_tokens=False)
@@ -47,9 +49,7 @@ def test_backend_masks_accept_and_rollback(tiny_path, name: str) -> None:
     for t in ids + bang:
         assert m.accept_token(t)
     eos = sorted(allowed(m, vocab))
-    from cinq.model.config import ModelConfig
-    stops = set(tok.eos_token_ids) | set(ModelConfig.from_pretrained(tiny_path).eos_token_ids)
-    assert eos and set(eos) <= stops  # a complete grammar allows only end-of-sequence tokens
+    assert eos and set(eos) <= set(tok.eos_token_ids)  # a complete grammar allows only end-of-sequence tokens
     assert m.accept_token(eos[0]) and m.is_terminated()
     with pytest.raises(ValueError):
         backend.compile(StructuredOutputsParams(regex="(unclosed"))
@@ -57,7 +57,7 @@ def test_backend_masks_accept_and_rollback(tiny_path, name: str) -> None:
 
 def test_manager_caches_names_the_field_and_times_out(tiny_path, monkeypatch) -> None:
     from cinq.model.config import ModelConfig
-    mgr = StructuredOutputManager.for_model(tiny_path, ModelConfig.from_pretrained(tiny_path).vocab_size)
+    mgr = structured_output_manager(tiny_path, ModelConfig.from_pretrained(tiny_path).vocab_size)
     spec = StructuredOutputsParams(json={"type": "object", "properties": {"a": {"type": "integer"}}})
     assert mgr.compile(spec) is mgr.compile(spec)
     with pytest.raises(InvalidParameterError) as e:
@@ -72,6 +72,34 @@ def test_manager_caches_names_the_field_and_times_out(tiny_path, monkeypatch) ->
     with pytest.raises(InvalidParameterError, match="did not compile within 0.05 s"):
         slow.compile(StructuredOutputsParams(regex="a+"))
     release.set()
+
+
+@dataclass
+class PlainTokenizer:
+    """Not cinq's Tokenizer: only the fields GrammarTokenizer names."""
+
+    backend_tokenizer: Any
+    eos_token_ids: list[int]
+
+
+def test_a_backend_needs_only_the_grammar_tokenizer_protocol(tiny_path) -> None:
+    tok = grammar_tokenizer(tiny_path)
+    stop = tok.eos_token_ids[-1]
+    backend = make_backend("xgrammar", PlainTokenizer(tok.backend_tokenizer, [stop]), tok.vocab_size)
+    m = backend.matcher(backend.compile(StructuredOutputsParams(regex="yes")))
+    assert all(m.accept_token(t) for t in tok.encode("yes", add_special_tokens=False))
+    assert allowed(m, tok.vocab_size) == {stop}  # the given eos ends the grammar, and only it
+
+
+def test_the_manager_loads_its_tokenizer_once(tiny_path) -> None:
+    loads: list[int] = []
+
+    def load() -> Any:
+        loads.append(1)
+        return grammar_tokenizer(tiny_path)
+
+    first = StructuredOutputManager.for_model("loads-once", VOCAB, load)
+    assert StructuredOutputManager.for_model("loads-once", VOCAB, load) is first and loads == [1]
 
 
 def test_additive_apply_matches_the_bit_reference() -> None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from cinq.assets import resolve_model_path
-from cinq.model.tokenizer import Tokenizer
+from cinq.engine.structured_outputs import grammar_tokenizer
 from cinq.structured.manager import make_backend
 from cinq.structured.masks import advance, mask_logits
 from cinq.structured.params import StructuredOutputsParams
@@ -17,8 +17,8 @@ from cinq.structured.params import StructuredOutputsParams
 @pytest.fixture(scope="module", params=["xgrammar", "llguidance"])
 def setup(request):
     path = resolve_model_path("cinq-tiny")
-    tok = Tokenizer.from_pretrained(path)
-    backend = make_backend(request.param, path, tok.vocab_size)
+    tok = grammar_tokenizer(path)
+    backend = make_backend(request.param, tok, tok.vocab_size)
     return tok, backend, backend.compile(StructuredOutputsParams(regex="(ab|cd)+!"))
 
 
