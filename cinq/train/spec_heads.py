@@ -50,7 +50,7 @@ from cinq.train.seqkd import PROMPT_MIXES
 from cinq.train.spec_head_data import (GenerationSettings, SequenceSampler, TargetSequences, sequences_identity,
                                        target_sequences)
 from cinq.train.trainer import Trainer
-from cinq.train.training_run import RunControls, run_training, train_settings
+from cinq.train.training_run import GeneratingRunControls, run_training, train_settings
 
 log = logging.getLogger(__name__)
 HEAD_METHODS = ("eagle", "eagle3", "medusa")
@@ -64,7 +64,7 @@ _EARLIER_DEFAULTS = {"prompt_mix": "balanced", "draft_vocab_size": 0}
 
 
 @dataclass(slots=True)
-class HeadJob(RunControls):
+class HeadJob(GeneratingRunControls):
     """One head-training run (see the module docstring)."""
 
     method: str
@@ -81,8 +81,6 @@ class HeadJob(RunControls):
     max_prompt: int = 24
     max_tokens: int = 128
     eval_max_tokens: int = 96
-    sample_temperature: float = 1.0
-    generator: str = "engine"
     generated_dir: str | None = None  # where target sequences are cached (default: out_dir)
     unroll_steps: int = 3
     num_heads: int = 4
@@ -99,10 +97,9 @@ class HeadJob(RunControls):
     eval_every: int = 50
 
     def __post_init__(self) -> None:
+        self.check_generator()
         if self.method not in HEAD_METHODS:
             raise InvalidParameterError(f"heads must be one of {list(HEAD_METHODS)}, got {self.method!r}", "heads")
-        if self.generator not in ("engine", "naive"):
-            raise InvalidParameterError(f"generator must be engine or naive, got {self.generator!r}", "generator")
         if self.prompt_mix not in PROMPT_MIXES:
             raise InvalidParameterError(f"prompt_mix must be one of {list(PROMPT_MIXES)}, got {self.prompt_mix!r}",
                                         "prompt_mix")
