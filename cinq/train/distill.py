@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from cinq.errors import InvalidParameterError
+from cinq.option_fields import bounded, check_bounds
 from cinq.model.loader import load_model
 from cinq.train.cot import build_cot_examples, cot_batch
 from cinq.train.data import BatchSampler, TokenSplit
@@ -63,7 +64,7 @@ class DistillJob(GeneratingRunControls):
     lr: float = 3e-3
     warmup_steps: int = 50
     weight_decay: float = 0.1
-    student_fraction: float = 0.5
+    student_fraction: float = bounded(0.5, ge=0, le=1)
     prompt_len: int = 64
     refresh_every: int = 20
     seqkd_sequences: int = 2000
@@ -77,9 +78,7 @@ class DistillJob(GeneratingRunControls):
         self.check_generator()
         if self.regime not in REGIMES:
             raise InvalidParameterError(f"regime must be one of {REGIMES}, got {self.regime!r}", "regime")
-        if not 0.0 <= self.student_fraction <= 1.0:
-            raise InvalidParameterError(f"student_fraction must be in [0, 1], got {self.student_fraction}",
-                                        "student_fraction")
+        check_bounds(self)
         if self.regime == "onpolicy" and not (0 < self.prompt_len < self.seq_len):
             raise InvalidParameterError(f"prompt_len must be in (0, seq_len={self.seq_len}), got {self.prompt_len}",
                                         "prompt_len")
