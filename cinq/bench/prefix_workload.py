@@ -12,26 +12,25 @@ from dataclasses import dataclass, field
 
 from cinq.bench.workload import BenchRequest, TokenWindows
 from cinq.errors import InvalidParameterError
+from cinq.option_fields import bounded, check_bounds
 
 
 @dataclass(slots=True)
 class PrefixWorkloadOptions:
     """Sizes of the two workloads (tokens of the model's tokenizer)."""
 
-    prefix_len: int = 1024
-    num_requests: int = 64
-    suffix_len: int = 32
-    num_conversations: int = 8
-    num_turns: int = 4
-    turn_len: int = 64
-    reply_len: int = 32
-    output_len: int = 32
+    prefix_len: int = bounded(1024, ge=1)
+    num_requests: int = bounded(64, ge=1)
+    suffix_len: int = bounded(32, ge=1)
+    num_conversations: int = bounded(8, ge=1)
+    num_turns: int = bounded(4, ge=1)
+    turn_len: int = bounded(64, ge=1)
+    reply_len: int = bounded(32, ge=1)
+    output_len: int = bounded(32, ge=1)
 
     def validate(self, max_model_len: int) -> None:
-        for name in ("prefix_len", "num_requests", "suffix_len", "num_conversations", "num_turns", "turn_len",
-                     "reply_len", "output_len"):
-            if getattr(self, name) < 1:
-                raise InvalidParameterError(f"{name} must be >= 1, got {getattr(self, name)}", name)
+        """Every size >= 1, and both workloads' longest prompt plus its output within ``max_model_len``."""
+        check_bounds(self)
         shared = self.prefix_len + self.suffix_len + self.output_len
         if shared > max_model_len:
             raise InvalidParameterError(f"prefix_len + suffix_len + output_len = {shared} exceeds max_model_len "

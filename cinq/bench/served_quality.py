@@ -9,23 +9,20 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from cinq.config import EngineConfig
-from cinq.errors import InvalidParameterError
+from cinq.option_fields import bounded, check_bounds
 
 
 @dataclass(slots=True)
 class QualitySettings:
     """How much is scored: perplexity tokens of the held-out text, arithmetic problems (test split)."""
 
-    ppl_tokens: int = 2048
-    context_len: int = 256
-    n_problems: int = 24
+    ppl_tokens: int = bounded(2048, ge=2)
+    context_len: int = bounded(256, ge=1)
+    n_problems: int = bounded(24, ge=0)
     seed: int = 0
 
     def validate(self) -> None:
-        if self.ppl_tokens < 2:
-            raise InvalidParameterError(f"ppl_tokens must be >= 2, got {self.ppl_tokens}", "ppl_tokens")
-        if self.n_problems < 0:
-            raise InvalidParameterError(f"n_problems must be >= 0, got {self.n_problems}", "n_problems")
+        check_bounds(self)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

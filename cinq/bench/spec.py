@@ -15,6 +15,7 @@ from cinq.bench.report import BenchResult, Table, machine_info, model_label
 from cinq.bench.workload import TokenWindows, text_tokens
 from cinq.config import EngineConfig
 from cinq.errors import InvalidParameterError
+from cinq.option_fields import bounded, check_bounds
 
 
 @dataclass(slots=True)
@@ -22,18 +23,16 @@ class SpecOptions:
     """Batch sizes, prompts (pieces of a shipped text) and tokens generated per request."""
 
     batch_sizes: tuple[int, ...] = (1, 4, 16)
-    num_prompts: int = 16
-    prompt_len: int = 64
-    max_tokens: int = 64
+    num_prompts: int = bounded(16, ge=1)
+    prompt_len: int = bounded(64, ge=1)
+    max_tokens: int = bounded(64, ge=1)
     text: str = "held-out"
     seed: int = 0
 
     def validate(self) -> None:
         if not self.batch_sizes or min(self.batch_sizes) < 1:
             raise InvalidParameterError(f"batch sizes must be >= 1, got {list(self.batch_sizes)}", "batch_sizes")
-        for name in ("num_prompts", "prompt_len", "max_tokens"):
-            if getattr(self, name) < 1:
-                raise InvalidParameterError(f"{name} must be >= 1, got {getattr(self, name)}", name)
+        check_bounds(self)
 
 
 class DraftTimer:

@@ -102,24 +102,25 @@ def _add_serve(q: argparse.ArgumentParser) -> None:
                         "in-process; two more engine starts)")
 
 
+# `cinq bench prefix`'s sizes: flag -> (PrefixWorkloadOptions field, help); each default is the field's.
+_PREFIX_SIZES = {
+    "--prefix-len": ("prefix_len", "shared prefix tokens"),
+    "--num-prompts": ("num_requests", "requests sharing the prefix"),
+    "--suffix-len": ("suffix_len", "each request's own tokens after the prefix"),
+    "--num-conversations": ("num_conversations", "chat replay: conversations"),
+    "--num-turns": ("num_turns", "chat replay: turns each"),
+    "--turn-len": ("turn_len", "chat replay: user message tokens per turn"),
+    "--reply-len": ("reply_len", "chat replay: recorded reply tokens per turn"),
+    "--output-len": ("output_len", "tokens every request generates"),
+}
+
+
 def _add_prefix(q: argparse.ArgumentParser) -> None:
     from cinq.bench.prefix_workload import PrefixWorkloadOptions
     d = PrefixWorkloadOptions()
     b = q.add_argument_group("prefix")
-    b.add_argument("--prefix-len", type=int, default=d.prefix_len, help="shared prefix tokens (default %(default)s)")
-    b.add_argument("--num-prompts", type=int, default=d.num_requests,
-                   help="requests sharing the prefix (default %(default)s)")
-    b.add_argument("--suffix-len", type=int, default=d.suffix_len,
-                   help="each request's own tokens after the prefix (default %(default)s)")
-    b.add_argument("--num-conversations", type=int, default=d.num_conversations,
-                   help="chat replay: conversations (default %(default)s)")
-    b.add_argument("--num-turns", type=int, default=d.num_turns, help="chat replay: turns each (default %(default)s)")
-    b.add_argument("--turn-len", type=int, default=d.turn_len,
-                   help="chat replay: user message tokens per turn (default %(default)s)")
-    b.add_argument("--reply-len", type=int, default=d.reply_len,
-                   help="chat replay: recorded reply tokens per turn (default %(default)s)")
-    b.add_argument("--output-len", type=int, default=d.output_len,
-                   help="tokens every request generates (default %(default)s)")
+    for flag, (name, help_text) in _PREFIX_SIZES.items():
+        b.add_argument(flag, type=int, default=getattr(d, name), help=f"{help_text} (default %(default)s)")
     b.add_argument("--kv-fractions", default="1,0.5,0.25,0.125",
                    help="eviction sweep: num_kv_blocks as fractions of each workload's footprint (default "
                         "%(default)s)")
@@ -224,10 +225,8 @@ def _run_serve(config: EngineConfig, args: argparse.Namespace, progress: bool) -
 def _run_prefix(config: EngineConfig, args: argparse.Namespace, progress: bool) -> BenchResult:
     from cinq.bench.prefix import PrefixOptions, run_prefix
     from cinq.bench.prefix_workload import PrefixWorkloadOptions
-    work = PrefixWorkloadOptions(prefix_len=args.prefix_len, num_requests=args.num_prompts,
-                                 suffix_len=args.suffix_len, num_conversations=args.num_conversations,
-                                 num_turns=args.num_turns, turn_len=args.turn_len, reply_len=args.reply_len,
-                                 output_len=args.output_len)
+    work = PrefixWorkloadOptions(**{name: getattr(args, flag[2:].replace("-", "_"))
+                                    for flag, (name, _) in _PREFIX_SIZES.items()})
     opts = PrefixOptions(work, text=args.text, kv_fractions=tuple(_floats(args.kv_fractions, "kv_fractions")),
                          seed=_seed(args))
     return run_prefix(config, opts, progress)

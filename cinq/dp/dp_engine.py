@@ -87,6 +87,7 @@ class DPAsyncLLM(AsyncFrontend):
             self._disconnect()
             raise unwrap(e) from None  # e.g. the model's own load error, not Ray's wrapper around it
         self.info: ReplicaInfo = infos[0]  # every replica runs the same config: the first speaks for all
+        self.tokenizer: Tokenizer = self.info.tokenizer  # what the server reads (EngineClient)
         self.replicas = [ReplicaSlot(i, h) for i, h in enumerate(handles)]
 
     # ---- life cycle ---------------------------------------------------------------------------------------------
@@ -134,10 +135,6 @@ class DPAsyncLLM(AsyncFrontend):
 
     # ---- what the server reads (EngineClient) --------------------------------------------------------------------
     # dead_error stays None: a dead replica is replaced; the front end itself never reports one
-
-    @property
-    def tokenizer(self) -> Tokenizer:
-        return self.info.tokenizer
 
     @property
     def stopping(self) -> bool:

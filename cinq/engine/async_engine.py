@@ -95,6 +95,9 @@ class AsyncLLM(AsyncFrontend):
         super().__init__()
         check_max_waiting(max_waiting_requests)
         self.engine = engine
+        # What the server reads (EngineClient): the engine's own, fixed once it has loaded.
+        self.config: EngineConfig = engine.config
+        self.tokenizer: Tokenizer = engine.tokenizer
         self.info = engine.info
         self.max_waiting_requests = max_waiting_requests
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -114,15 +117,6 @@ class AsyncLLM(AsyncFrontend):
     @classmethod
     def from_config(cls, config: EngineConfig, max_waiting_requests: int | None = None) -> AsyncLLM:
         return cls(LLMEngine(config), max_waiting_requests)
-
-    # ---- what the server reads (EngineClient) --------------------------------------------------------------------
-    @property
-    def config(self) -> EngineConfig:
-        return self.engine.config
-
-    @property
-    def tokenizer(self) -> Tokenizer:
-        return self.engine.tokenizer
 
     # ---- life cycle ---------------------------------------------------------------------------------------------
     def start(self) -> None:

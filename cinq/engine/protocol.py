@@ -36,13 +36,10 @@ class RequestStreamLike(Protocol):
     def abort(self) -> None: ...
 
 
-class EngineClient(Protocol):
-    """What a front end offers its callers (see the module docstring)."""
+class ServedModel(Protocol):
+    """What both front-end interfaces say of the model they serve: its configuration, tokenizer and limits."""
 
     config: EngineConfig
-    finished_callbacks: list[Callable[[RequestOutput], None]]
-    num_step_failures: int
-    dead_error: str | None  # why the engine is gone (None while it runs, or when it was merely shut down)
 
     @property
     def tokenizer(self) -> Tokenizer: ...
@@ -55,6 +52,14 @@ class EngineClient(Protocol):
 
     @property
     def num_blocks(self) -> int: ...
+
+
+class EngineClient(ServedModel, Protocol):
+    """What a front end offers its callers (see the module docstring)."""
+
+    finished_callbacks: list[Callable[[RequestOutput], None]]
+    num_step_failures: int
+    dead_error: str | None  # why the engine is gone (None while it runs, or when it was merely shut down)
 
     @property
     def architecture(self) -> str: ...
@@ -90,26 +95,13 @@ class EngineClient(Protocol):
     def get_stats(self) -> EngineStats: ...
 
 
-class OfflineEngine(Protocol):
+class OfflineEngine(ServedModel, Protocol):
     """The synchronous front end: ``LLMEngine`` (the core in this process) or ``MPLLMEngine`` (the core in its own
     process). Not thread-safe; one caller drives it with ``step()``."""
 
-    config: EngineConfig
     info: EngineCoreInfo  # the core's limits and sizes, as it reported them at start-up
     failed_requests: dict[str, str]  # of the last step: request id -> error, for requests that failed alone
     default_sampling_params: dict[str, Any]
-
-    @property
-    def tokenizer(self) -> Tokenizer: ...
-
-    @property
-    def max_model_len(self) -> int: ...
-
-    @property
-    def num_blocks(self) -> int: ...
-
-    @property
-    def vocab_size(self) -> int: ...
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
                     arrival_time: float | None = None, prompt_text: str | None = None,

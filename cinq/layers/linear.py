@@ -19,6 +19,7 @@ from torch import nn
 
 from cinq.distributed.parallel_state import all_reduce_output_hook
 from cinq.kernels.cpu_native import chunked_small_m_linear, small_m_linear_native
+from cinq.layers.linear_base import LinearBase
 from cinq.layers.linear_split import ROW, LinearSplit
 from cinq.layers.weight_loader import CheckpointTensor, OutputShards, ParamLayout, ShardId, load_sharded
 
@@ -40,7 +41,7 @@ class LinearFactory(Protocol):
         ...
 
 
-class DenseLinear(nn.Module):
+class DenseLinear(LinearBase):
     """y = x W^T + b with W [out_features, in_features] in the model dtype. Decode-sized bf16 inputs on the CPU
     (at most ``small_m_rows()`` rows: 8 with AMX, no autograd) go through the native skinny kernel when it is
     available: a few sequences' decode, or one sequence's speculative verify of up to 7 drafts. On CPUs without
@@ -53,14 +54,7 @@ class DenseLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = False,
                  output_shards: OutputShards | None = None, prefix: str = "",
                  split: LinearSplit | None = None) -> None:
-        super().__init__()
-        if output_shards is not None and output_shards.total != out_features:
-            raise ValueError(f"{prefix}: shards {output_shards.sizes} do not add up to out_features {out_features}")
-        self.in_features = in_features
-        self.out_features = out_features
-        self.output_shards = output_shards
-        self.prefix = prefix
-        self.split = split
+        super().__init__(in_features, out_features, prefix, output_shards, split)
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
 
@@ -72,10 +66,8 @@ class DenseLinear(nn.Module):
         """Fill ``weight`` or ``bias`` from a checkpoint tensor (one shard's rows when merged)."""
         layout = self.param_layout(name)
         dst = getattr(self, name)
-        if self.split is not None:
-            loaded = self.split.narrow(loaded, layout, shard_id, self.output_shards, self.out_features, self.prefix)
-        load_sharded(dst, loaded, layout, self.output_shards, shard_id, self.prefix)
-        if self.split is not None and name == "bias" and not self.split.keeps_bias():
+        load_sharded(dst, self.rank_part(loaded, layout, shard_id), layout, self.output_shards, shard_id, self.prefix)
+        if self.drops_bias(name):
             with torch.no_grad():
                 dst.zero_()
 

@@ -59,6 +59,19 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_key_value_heads * self.head_dim
 
+    def tensor_parallel_problems(self, size: int) -> list[str]:
+        """What ``size`` tensor-parallel ranks cannot split evenly (empty: it divides the model): the attention
+        heads, the KV heads (unless ``size`` is a multiple of them: they are then replicated) and the MLP."""
+        kv = self.num_key_value_heads
+        problems = []
+        if self.num_attention_heads % size:
+            problems.append(f"num_attention_heads {self.num_attention_heads}")
+        if kv % size and size % kv:
+            problems.append(f"num_key_value_heads {kv} (nor does it divide {size})")
+        if self.intermediate_size % size:
+            problems.append(f"intermediate_size {self.intermediate_size}")
+        return problems
+
     def layer_window(self, layer: int) -> int | None:
         """The sliding window of layer ``layer`` (None: it sees its whole context)."""
         if self.layer_types is None or self.layer_types[layer] != "sliding_attention":

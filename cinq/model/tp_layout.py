@@ -20,14 +20,7 @@ from cinq.model.config import ModelConfig
 
 def check_divisible(config: ModelConfig, size: int) -> None:
     """Refuse a ``tensor_parallel_size`` the model cannot be divided by (InvalidParameterError naming it)."""
-    kv = config.num_key_value_heads
-    problems = []
-    if config.num_attention_heads % size:
-        problems.append(f"num_attention_heads {config.num_attention_heads}")
-    if kv % size and size % kv:
-        problems.append(f"num_key_value_heads {kv} (nor does it divide {size})")
-    if config.intermediate_size % size:
-        problems.append(f"intermediate_size {config.intermediate_size}")
+    problems = config.tensor_parallel_problems(size)
     if problems:
         raise InvalidParameterError(f"tensor_parallel_size {size} does not divide the model's "
                                     f"{', '.join(problems)}", "tensor_parallel_size")

@@ -199,10 +199,10 @@ def plan_memory(cfg: ModelConfig, p: Precision, memory_gib: float, reserved_gib:
 
 
 def valid_tp_sizes(cfg: ModelConfig, limit: int = 64) -> list[int]:
-    """Tensor-parallel degrees the model splits evenly over: powers of two dividing the attention heads (vLLM
-    requires heads % tp == 0)."""
+    """Tensor-parallel degrees the model splits evenly over: the powers of two that cinq's loader accepts (heads,
+    KV heads and MLP divided, ``ModelConfig.tensor_parallel_problems``)."""
     return [tp for tp in (1 << k for k in range(limit.bit_length())) if tp <= limit
-            and cfg.num_attention_heads % tp == 0]
+            and not cfg.tensor_parallel_problems(tp)]
 
 
 def min_tensor_parallel_size(cfg: ModelConfig, p: Precision, memory_gib: float, reserved_gib: float,

@@ -50,8 +50,8 @@ def build_app(llm: EngineClient, model_names: list[str], model_path: str, api_ke
     metrics = ServerMetrics(model_names[0], llm.get_stats)
     llm.finished_callbacks.append(metrics.observe_finished)
     ctx = ServerContext(llm, list(model_names), model_path, metrics, api_key or None)
-    schema = build_openapi(ctx.vocab_size, ctx.max_model_len, ctx.api_key is not None, metrics_require_api_key,
-                           empty_text_ok=bool(ctx.tokenizer.encode("")), version=__version__)
+    schema = build_openapi(ctx.llm.vocab_size, ctx.llm.max_model_len, ctx.api_key is not None, metrics_require_api_key,
+                           empty_text_ok=bool(ctx.llm.tokenizer.encode("")), version=__version__)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -89,7 +89,7 @@ def build_app(llm: EngineClient, model_names: list[str], model_path: str, api_ke
     async def models() -> dict:
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": ctx.created, "owned_by": "cinq", "root": ctx.model_path,
-             "parent": None, "max_model_len": ctx.max_model_len, "permission": []} for name in ctx.model_names]}
+             "parent": None, "max_model_len": ctx.llm.max_model_len, "permission": []} for name in ctx.model_names]}
 
     @app.post("/tokenize")
     async def tokenize(raw: Request) -> Response:
@@ -102,7 +102,7 @@ def build_app(llm: EngineClient, model_names: list[str], model_path: str, api_ke
                 ids = (await render_chat_prompt(ctx, msgs, req.add_generation_prompt, None)).token_ids
             else:
                 ids = await ctx.encode(req.prompt, req.add_special_tokens)  # type: ignore[arg-type]
-            return {"count": len(ids), "max_model_len": ctx.max_model_len, "tokens": ids}
+            return {"count": len(ids), "max_model_len": ctx.llm.max_model_len, "tokens": ids}
         return await _serve(raw, TokenizeRequest, run)
 
     @app.post("/detokenize")
@@ -110,7 +110,7 @@ def build_app(llm: EngineClient, model_names: list[str], model_path: str, api_ke
         async def run(req: DetokenizeRequest) -> dict:
             ctx.check_model(req.model)
             ctx.check_token_ids(req.tokens, "tokens")
-            return {"prompt": ctx.tokenizer.decode(req.tokens)}
+            return {"prompt": ctx.llm.tokenizer.decode(req.tokens)}
         return await _serve(raw, DetokenizeRequest, run)
 
     @app.get("/health")
@@ -130,7 +130,7 @@ def build_app(llm: EngineClient, model_names: list[str], model_path: str, api_ke
         s = llm.get_stats()
         return {"model": ctx.model_name, "time": llm.stats_time, "num_requests_running": s.num_running,
                 "num_requests_waiting": s.num_waiting, "kv_cache_usage": s.kv_cache_usage,
-                "num_kv_blocks": s.num_kv_blocks, "max_model_len": ctx.max_model_len,
+                "num_kv_blocks": s.num_kv_blocks, "max_model_len": ctx.llm.max_model_len,
                 "prompt_tokens": s.prompt_tokens, "generation_tokens": s.generation_tokens,
                 "num_steps": s.num_steps, "num_preemptions": s.num_preemptions,
                 "prefix_cache_hit_rate": s.prefix_cache_hit_rate, "finished_by_reason": s.finished_by_reason,

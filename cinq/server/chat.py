@@ -23,16 +23,16 @@ from cinq.server.tools import ToolCallStreamer, prepare_messages
 async def render_chat_prompt(ctx: ServerContext, req_messages: list[dict], add_generation_prompt: bool,
                              template_kwargs: dict | None) -> Prompt:
     """Apply the chat template and tokenize (the template writes the special tokens itself)."""
-    text = ctx.tokenizer.apply_chat_template(req_messages, add_generation_prompt, **(template_kwargs or {}))
+    text = ctx.llm.tokenizer.apply_chat_template(req_messages, add_generation_prompt, **(template_kwargs or {}))
     return Prompt(await ctx.encode(text, add_special_tokens=False), text)
 
 
 async def create_chat_completion(ctx: ServerContext, req: ChatCompletionRequest, raw: Request):
     ctx.check_model(req.model)
-    params = req.to_sampling_params(ctx.default_sampling_params)
+    params = req.to_sampling_params(ctx.llm.default_sampling_params)
     # tools: given to a template that renders them, else described in a system message (server/tools.py)
     messages, tool_kwargs = prepare_messages(req.template_messages(), req._tool_plan,
-                                             "tools" in (ctx.tokenizer.chat_template or ""))
+                                             "tools" in (ctx.llm.tokenizer.chat_template or ""))
     prompt = await render_chat_prompt(ctx, messages, req.add_generation_prompt,
                                       {**tool_kwargs, **(req.chat_template_kwargs or {})})
     request_id = new_id("chatcmpl")
@@ -55,7 +55,7 @@ class _Chat:
     def _logprobs(self, comp: CompletionOutput) -> dict | None:
         if not self.req.logprobs or comp.logprobs is None:
             return None
-        return chat_logprobs(self.ctx.tokenizer, comp.token_ids, comp.logprobs, self.req.top_logprobs or 0)
+        return chat_logprobs(self.ctx.llm.tokenizer, comp.token_ids, comp.logprobs, self.req.top_logprobs or 0)
 
     def _usage(self, completion_tokens: int) -> dict:
         n = len(self.prompt.token_ids)

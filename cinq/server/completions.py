@@ -25,7 +25,7 @@ from cinq.server.streams import DONE, SSEResponse, final_outputs, merge_streams,
 
 async def create_completion(ctx: ServerContext, req: CompletionRequest, raw: Request):
     ctx.check_model(req.model)
-    params = req.to_sampling_params(ctx.default_sampling_params)
+    params = req.to_sampling_params(ctx.llm.default_sampling_params)
     prompts = []
     for p in req.prompts():
         if isinstance(p, str):
@@ -54,7 +54,7 @@ class _Completion:
         self.n = req.n
 
     def _echo_text(self, prompt: Prompt) -> str:
-        return prompt.text if prompt.text is not None else self.ctx.tokenizer.decode(prompt.token_ids)
+        return prompt.text if prompt.text is not None else self.ctx.llm.tokenizer.decode(prompt.token_ids)
 
     def _choice(self, index: int, text: str, logprobs: dict | None, comp: CompletionOutput | None) -> dict:
         return {"index": index, "text": text, "logprobs": logprobs,
@@ -83,7 +83,7 @@ class _Completion:
         for i, (prompt, out) in enumerate(zip(self.prompts, outputs)):
             for comp in out.outputs:
                 text = self._echo_text(prompt) + comp.text if self.req.echo else comp.text
-                lp = self._logprobs(CompletionLogprobs(self.ctx.tokenizer), out, comp, self.req.echo)
+                lp = self._logprobs(CompletionLogprobs(self.ctx.llm.tokenizer), out, comp, self.req.echo)
                 choices.append(self._choice(i * self.n + comp.index, text, lp, comp))
                 generated += len(comp.token_ids)
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.ctx.model_name,
@@ -109,7 +109,7 @@ class _Completion:
                     first = index not in started
                     started.add(index)
                     if index not in builders:  # one builder per choice for the whole stream
-                        builders[index] = CompletionLogprobs(self.ctx.tokenizer)
+                        builders[index] = CompletionLogprobs(self.ctx.llm.tokenizer)
                     builder = builders[index]
                     text = comp.text
                     if first and self.req.echo:

@@ -7,11 +7,9 @@ import asyncio
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
 
 from cinq.engine.async_engine import RequestStream
 from cinq.engine.protocol import EngineClient
-from cinq.model.tokenizer import Tokenizer
 from cinq.sampling_params import SamplingParams
 from cinq.server.errors import APIError
 from cinq.server.metrics import ServerMetrics
@@ -29,6 +27,8 @@ class Prompt:
 
 @dataclass(slots=True)
 class ServerContext:
+    """What the routes share; the model's tokenizer, limits and sampling defaults are read from ``llm`` itself."""
+
     llm: EngineClient
     model_names: list[str]  # the first is the name the server reports
     model_path: str
@@ -40,23 +40,6 @@ class ServerContext:
     def model_name(self) -> str:
         return self.model_names[0]
 
-    @property
-    def tokenizer(self) -> Tokenizer:
-        return self.llm.tokenizer
-
-    @property
-    def default_sampling_params(self) -> dict[str, Any]:
-        """What requests that omit sampling fields get (the model's generation config; {} with none)."""
-        return self.llm.default_sampling_params
-
-    @property
-    def max_model_len(self) -> int:
-        return self.llm.max_model_len
-
-    @property
-    def vocab_size(self) -> int:
-        return self.llm.vocab_size
-
     def check_model(self, name: str | None) -> None:
         """A request may omit ``model``; naming another model is a 404, as with OpenAI."""
         if name is not None and name not in self.model_names:
@@ -65,11 +48,11 @@ class ServerContext:
 
     async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if len(text) <= _INLINE_TOKENIZE_CHARS:
-            return self.tokenizer.encode(text, add_special_tokens)
-        return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens)
+            return self.llm.tokenizer.encode(text, add_special_tokens)
+        return await asyncio.to_thread(self.llm.tokenizer.encode, text, add_special_tokens)
 
     def check_token_ids(self, ids: list[int], param: str) -> None:
-        vocab = self.vocab_size
+        vocab = self.llm.vocab_size
         bad = next((t for t in ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise APIError(400, f"{param}: token id {bad} is out of range [0, {vocab})", param, "invalid_value")

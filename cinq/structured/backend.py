@@ -7,9 +7,13 @@ row of an int32 bitmask; ``accept_token`` advances over a token (False: the gram
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import json
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 from cinq.structured.params import StructuredOutputsParams
+
+T = TypeVar("T")
 
 
 class GrammarMatcher(Protocol):
@@ -44,7 +48,35 @@ class GrammarBackend(Protocol):
     def matcher(self, compiled: Any) -> GrammarMatcher: ...
 
 
+class WrappedMatcher:
+    """A ``GrammarMatcher`` over a library's own matcher ``_m``, whose ``rollback(n)`` takes the same count."""
+
+    __slots__ = ("_m",)
+
+    def __init__(self, matcher: Any) -> None:
+        self._m = matcher
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens:
+            self._m.rollback(num_tokens)
+
+
 def choice_alternatives(choices: list[str]) -> str:
     """``"a" | "b"``: the choices as EBNF / Lark string literals (JSON escapes, which both grammars read)."""
-    import json
     return " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+
+
+def compile_spec(spec: StructuredOutputsParams, json_schema: Callable[[str], T], regex: Callable[[str], T],
+                 grammar: Callable[[str], T], start_rule: str) -> T:
+    """Compile ``spec`` with a backend's three compilers: a JSON schema (``json_object``: any object), a regex, or
+    a grammar text in the backend's format (``choice``: one rule ``start_rule`` over the choices' literals)."""
+    kind, text = spec.key()
+    if kind == "json":
+        return json_schema(text)
+    if kind == "json_object":
+        return json_schema(json.dumps({"type": "object"}))
+    if kind == "regex":
+        return regex(text)
+    if kind == "choice":
+        return grammar(f"{start_rule} {choice_alternatives(spec.choice or [])}")
+    return grammar(text)

@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import llguidance
 import llguidance.hf
 import llguidance.torch
 
-from cinq.structured.backend import choice_alternatives
+from cinq.structured.backend import WrappedMatcher, compile_spec
 from cinq.structured.params import StructuredOutputsParams
 
 
-class LLGuidanceMatcher:
-    __slots__ = ("_m", "_eos")
+class LLGuidanceMatcher(WrappedMatcher):
+    __slots__ = ("_eos",)
 
     def __init__(self, tokenizer: Any, grammar: str) -> None:
-        self._m = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+        super().__init__(llguidance.LLMatcher(tokenizer, grammar, log_level=0))
         self._eos = tokenizer.eos_token
 
     def accept_token(self, token_id: int) -> bool:
@@ -28,10 +27,6 @@ class LLGuidanceMatcher:
 
     def fill_bitmask(self, bitmask: Any, row: int) -> None:
         llguidance.torch.fill_next_token_bitmask(self._m, bitmask, row)
-
-    def rollback(self, num_tokens: int) -> None:
-        if num_tokens:
-            self._m.rollback(num_tokens)
 
     def is_terminated(self) -> bool:
         return self._m.is_stopped()
@@ -46,18 +41,10 @@ class LLGuidanceBackend:
         self._tok = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab_size, eos_token=stop_token_ids[0])
 
     def compile(self, spec: StructuredOutputsParams) -> str:
-        kind, text = spec.key()
         options = {"whitespace_flexible": False}
-        if kind == "json":
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(text, overrides=options)
-        elif kind == "json_object":
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps({"type": "object"}), overrides=options)
-        elif kind == "regex":
-            grammar = llguidance.LLMatcher.grammar_from_regex(text)
-        elif kind == "choice":
-            grammar = llguidance.LLMatcher.grammar_from_lark(f"start: {choice_alternatives(spec.choice or [])}")
-        else:
-            grammar = llguidance.LLMatcher.grammar_from_lark(text)
+        grammar = compile_spec(
+            spec, lambda schema: llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=options),
+            llguidance.LLMatcher.grammar_from_regex, llguidance.LLMatcher.grammar_from_lark, start_rule="start:")
         bad, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._tok)
         if bad:
             raise ValueError(messages[0] if messages else "invalid grammar")

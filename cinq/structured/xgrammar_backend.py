@@ -8,7 +8,7 @@ from typing import Any
 
 import xgrammar as xgr
 
-from cinq.structured.backend import choice_alternatives
+from cinq.structured.backend import WrappedMatcher, compile_spec
 from cinq.structured.params import StructuredOutputsParams
 
 
@@ -40,21 +40,17 @@ def _reason(error: BaseException) -> str:
     return _LOG_PREFIX.sub("", lines[0]) if lines else type(error).__name__
 
 
-class XGrammarMatcher:
-    __slots__ = ("_m",)
+class XGrammarMatcher(WrappedMatcher):
+    __slots__ = ()
 
     def __init__(self, compiled: Any) -> None:
-        self._m = xgr.GrammarMatcher(compiled)
+        super().__init__(xgr.GrammarMatcher(compiled))
 
     def accept_token(self, token_id: int) -> bool:
         return self._m.accept_token(token_id)
 
     def fill_bitmask(self, bitmask: Any, row: int) -> None:
         self._m.fill_next_token_bitmask(bitmask, row)
-
-    def rollback(self, num_tokens: int) -> None:
-        if num_tokens:
-            self._m.rollback(num_tokens)
 
     def is_terminated(self) -> bool:
         return self._m.is_terminated()
@@ -70,18 +66,12 @@ class XGrammarBackend:
         self._compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False)
 
     def compile(self, spec: StructuredOutputsParams) -> Any:
-        kind, text = spec.key()
+        c = self._compiler
         try:
-            if kind == "json":
-                schema = json.dumps(strict_strings(json.loads(text)))
-                return self._compiler.compile_json_schema(schema, any_whitespace=False)
-            if kind == "json_object":
-                return self._compiler.compile_json_schema(json.dumps({"type": "object"}), any_whitespace=False)
-            if kind == "regex":
-                return self._compiler.compile_regex(text)
-            if kind == "choice":
-                return self._compiler.compile_grammar(f"root ::= {choice_alternatives(spec.choice or [])}")
-            return self._compiler.compile_grammar(text)
+            return compile_spec(
+                spec, lambda schema: c.compile_json_schema(json.dumps(strict_strings(json.loads(schema))),
+                                                           any_whitespace=False),
+                c.compile_regex, c.compile_grammar, start_rule="root ::=")
         except (RuntimeError, ValueError, TypeError) as e:  # xgrammar's parse errors
             raise ValueError(_reason(e)) from None
 

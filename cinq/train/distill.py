@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from cinq.errors import InvalidParameterError
+from cinq.option_fields import bounded, check_bounds
 from cinq.model.loader import load_model
 from cinq.train.cot import build_cot_examples, cot_batch
 from cinq.train.data import BatchSampler, TokenSplit
@@ -37,14 +38,14 @@ from cinq.train.seqkd import teacher_token_stream
 from cinq.train.spec_head_data import corpus_identity
 from cinq.train.tokenizer_train import load_tokenizer, special_ids
 from cinq.train.trainer import Trainer
-from cinq.train.training_run import RunControls, run_training, train_settings
+from cinq.train.training_run import GeneratingRunControls, run_training, train_settings
 
 log = logging.getLogger(__name__)
 REGIMES = ("offpolicy", "seqkd", "onpolicy", "cot")
 
 
 @dataclass(slots=True)
-class DistillJob(RunControls):
+class DistillJob(GeneratingRunControls):
     """One distillation run (see the module docstring for the regimes)."""
 
     teacher: str
@@ -63,32 +64,27 @@ class DistillJob(RunControls):
     lr: float = 3e-3
     warmup_steps: int = 50
     weight_decay: float = 0.1
-    student_fraction: float = 0.5
+    student_fraction: float = bounded(0.5, ge=0, le=1)
     prompt_len: int = 64
     refresh_every: int = 20
-    sample_temperature: float = 1.0
     seqkd_sequences: int = 2000
     seqkd_max_tokens: int = 192
     cot_problems: int = 4000
     cot_answer_weight: float = 0.5
     cot_rationales: str = "teacher"
-    generator: str = "engine"
     eval_every: int = 100
 
     def __post_init__(self) -> None:
+        self.check_generator()
         if self.regime not in REGIMES:
             raise InvalidParameterError(f"regime must be one of {REGIMES}, got {self.regime!r}", "regime")
-        if not 0.0 <= self.student_fraction <= 1.0:
-            raise InvalidParameterError(f"student_fraction must be in [0, 1], got {self.student_fraction}",
-                                        "student_fraction")
+        check_bounds(self)
         if self.regime == "onpolicy" and not (0 < self.prompt_len < self.seq_len):
             raise InvalidParameterError(f"prompt_len must be in (0, seq_len={self.seq_len}), got {self.prompt_len}",
                                         "prompt_len")
         if self.cot_rationales not in ("teacher", "gold"):
             raise InvalidParameterError(f"cot_rationales must be teacher or gold, got {self.cot_rationales!r}",
                                         "cot_rationales")
-        if self.generator not in ("engine", "naive"):
-            raise InvalidParameterError(f"generator must be engine or naive, got {self.generator!r}", "generator")
 
 
 def load_student(spec: str, tokenizer_dir: Path, seed: int) -> Any:

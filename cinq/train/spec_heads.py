@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from cinq.errors import InvalidParameterError
+from cinq.option_fields import bounded, check_bounds
 from cinq.kernels.cpu_native import bf16_gemm_is_emulated
 from cinq.eval.spec_acceptance import Batch, measure, measure_ngram
 from cinq.spec.draft_vocab import coverage, frequent_tokens
@@ -50,7 +51,7 @@ from cinq.train.seqkd import PROMPT_MIXES
 from cinq.train.spec_head_data import (GenerationSettings, SequenceSampler, TargetSequences, sequences_identity,
                                        target_sequences)
 from cinq.train.trainer import Trainer
-from cinq.train.training_run import RunControls, run_training, train_settings
+from cinq.train.training_run import GeneratingRunControls, run_training, train_settings
 
 log = logging.getLogger(__name__)
 HEAD_METHODS = ("eagle", "eagle3", "medusa")
@@ -64,7 +65,7 @@ _EARLIER_DEFAULTS = {"prompt_mix": "balanced", "draft_vocab_size": 0}
 
 
 @dataclass(slots=True)
-class HeadJob(RunControls):
+class HeadJob(GeneratingRunControls):
     """One head-training run (see the module docstring)."""
 
     method: str
@@ -75,17 +76,15 @@ class HeadJob(RunControls):
     batch_size: int = 16
     lr: float = 3e-3
     warmup_steps: int = 20
-    train_prompts: int = 1100
+    train_prompts: int = bounded(1100, ge=1)
     prompt_mix: str = "balanced"  # balanced: as many training prompts per language; natural: the corpus's mix
-    eval_prompts: int = 110
-    max_prompt: int = 24
-    max_tokens: int = 128
-    eval_max_tokens: int = 96
-    sample_temperature: float = 1.0
-    generator: str = "engine"
+    eval_prompts: int = bounded(110, ge=1)
+    max_prompt: int = bounded(24, ge=2)
+    max_tokens: int = bounded(128, ge=1)
+    eval_max_tokens: int = bounded(96, ge=1)
     generated_dir: str | None = None  # where target sequences are cached (default: out_dir)
-    unroll_steps: int = 3
-    num_heads: int = 4
+    unroll_steps: int = bounded(3, ge=1)
+    num_heads: int = bounded(4, ge=1)
     medusa_lm_head: str = "own"  # own: one trainable LM head per Medusa head; target: the target's, shared, frozen
     feature_layers: tuple[int, ...] | None = None
     # eagle3: > 0 trains a head in vLLM's EAGLE-3 layout with its own LM head over the draft_vocab_size most
@@ -95,24 +94,20 @@ class HeadJob(RunControls):
     reg_weight: float = 1.0
     cls_weight: float = 0.1
     feature_noise: float = 0.1
-    draft_k: int = 4
+    draft_k: int = bounded(4, ge=1)
     eval_every: int = 50
 
     def __post_init__(self) -> None:
+        self.check_generator()
         if self.method not in HEAD_METHODS:
             raise InvalidParameterError(f"heads must be one of {list(HEAD_METHODS)}, got {self.method!r}", "heads")
-        if self.generator not in ("engine", "naive"):
-            raise InvalidParameterError(f"generator must be engine or naive, got {self.generator!r}", "generator")
         if self.prompt_mix not in PROMPT_MIXES:
             raise InvalidParameterError(f"prompt_mix must be one of {list(PROMPT_MIXES)}, got {self.prompt_mix!r}",
                                         "prompt_mix")
         if self.medusa_lm_head not in ("own", "target"):
             raise InvalidParameterError(f"medusa_lm_head must be own or target, got {self.medusa_lm_head!r}",
                                         "medusa_lm_head")
-        for name, lo in (("unroll_steps", 1), ("num_heads", 1), ("draft_k", 1), ("train_prompts", 1),
-                         ("eval_prompts", 1), ("max_prompt", 2), ("max_tokens", 1), ("eval_max_tokens", 1)):
-            if getattr(self, name) < lo:
-                raise InvalidParameterError(f"{name} must be >= {lo}, got {getattr(self, name)}", name)
+        check_bounds(self)
         if self.draft_vocab_size < 0 or (self.draft_vocab_size and self.method != "eagle3"):
             raise InvalidParameterError(f"draft_vocab_size must be 0, or > 0 with eagle3 heads; got "
                                         f"{self.draft_vocab_size} for {self.method}", "draft_vocab_size")

@@ -10,6 +10,7 @@ from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from cinq.errors import InvalidParameterError
 from cinq.train.trainer import Trainer, TrainSettings
 
 # Optional job fields and the value a job without one gets (the fine-tuning job has no decay or evaluation).
@@ -26,6 +27,23 @@ class RunControls:
     ckpt_every_s: float = 300.0
     max_run_s: float | None = None  # stop (with a checkpoint) after this long in one invocation
     progress: bool = True
+
+
+GENERATORS = ("engine", "naive")
+
+
+@dataclass(slots=True, kw_only=True)
+class GeneratingRunControls(RunControls):
+    """The run-keeping fields of a job that samples its training sequences from a model (distillation's teacher
+    or student, the heads' target): at ``sample_temperature``, through cinq's serving engine (``"engine"``) or
+    in-memory sampling (``"naive"``: tests)."""
+
+    sample_temperature: float = 1.0
+    generator: str = "engine"
+
+    def check_generator(self) -> None:
+        if self.generator not in GENERATORS:
+            raise InvalidParameterError(f"generator must be one of {GENERATORS}, got {self.generator!r}", "generator")
 
 
 class TrainingJob(Protocol):

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from cinq.errors import InvalidParameterError
 from cinq.model.config import ModelConfig
+from cinq.model.tp_layout import check_divisible
 from cinq.plan.devices import get_device
 from cinq.plan.memory import (GIB, Precision, activation_bytes, kv_bytes_per_token, linear_bytes,
                               min_tensor_parallel_size, param_count, plan_memory, valid_tp_sizes, weight_bytes)
@@ -137,3 +140,11 @@ def test_activation_estimate_by_hand():
 def test_valid_tp_sizes_divide_the_heads():
     assert valid_tp_sizes(resolve_shape("Qwen2.5-7B").config) == [1, 2, 4]  # 28 heads
     assert valid_tp_sizes(resolve_shape("Llama-3-70B").config, limit=8) == [1, 2, 4, 8]
+
+
+def test_valid_tp_sizes_are_the_ones_the_loader_accepts():
+    cfg = dataclasses.replace(resolve_shape("Llama-3-8B").config, intermediate_size=4 * 3000 + 4)  # MLP: 4 ranks
+    assert valid_tp_sizes(cfg) == [1, 2, 4]
+    for tp in (8, 16):
+        with pytest.raises(InvalidParameterError, match="intermediate_size"):
+            check_divisible(cfg, tp)

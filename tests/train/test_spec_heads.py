@@ -249,3 +249,10 @@ def test_a_draft_vocabulary_needs_an_eagle3_head(teacher, tiny_corpus, tmp_path)
     with pytest.raises(InvalidParameterError) as e:
         job(teacher, tiny_corpus, tmp_path, "eagle", draft_vocab_size=64)
     assert e.value.param == "draft_vocab_size"
+
+
+@pytest.mark.parametrize("change", [{"max_prompt": 1}, {"draft_k": 0}, {"eval_prompts": 0}, {"num_heads": 2.5}])
+def test_sizes_out_of_their_bounds_are_refused_by_name(tmp_path, change: dict) -> None:
+    with pytest.raises(InvalidParameterError) as e:
+        job(tmp_path, tmp_path, tmp_path, **change)
+    assert e.value.param == next(iter(change))

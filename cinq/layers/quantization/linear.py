@@ -28,6 +28,7 @@ from torch import nn
 from cinq.errors import InvalidParameterError, ModelLoadError
 from cinq.layers.quantization.kernels import Prepared, prepare_weight_only, w8a8_mm, weight_only_mm
 from cinq.layers.quantization.packing import awq_shapes, awq_unpack, gptq_shapes, gptq_unpack, pack_unit
+from cinq.layers.linear_base import LinearBase
 from cinq.layers.linear_split import ROW, LinearSplit
 from cinq.layers.quantization.qweight import QuantizedWeight
 from cinq.layers.quantization.shard_kernels import SHARD_KERNELS, ShardKernels, g_idx_runs
@@ -40,7 +41,7 @@ _PER_INPUT = ParamLayout(output_dim=None, input_dim=0)  # GPTQ's g_idx: one entr
 _SHAPE_HINT = " (check quantization_config's bits and group_size against the tensors)"
 
 
-class QuantizedLinear(nn.Module):
+class QuantizedLinear(LinearBase):
     """Shared plumbing: checkpoint tensors as buffers, replaced after loading by the kernel's own tensors.
 
     ``compute_dtype`` is the dtype the kernels compute (and return) in: the model's dtype. ``split``: this
@@ -48,15 +49,8 @@ class QuantizedLinear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool, prefix: str, compute_dtype: torch.dtype,
                  output_shards: OutputShards | None = None, split: LinearSplit | None = None) -> None:
-        super().__init__()
-        if output_shards is not None and output_shards.total != out_features:
-            raise ModelLoadError(f"{prefix}: shards {output_shards.sizes} do not add up to {out_features}")
-        self.in_features = in_features
-        self.out_features = out_features
-        self.prefix = prefix
+        super().__init__(in_features, out_features, prefix, output_shards, split)
         self.compute_dtype = compute_dtype
-        self.output_shards = output_shards
-        self.split = split
         self.kind = "unloaded"
         self.group = 0
         self._layouts: dict[str, ParamLayout] = {"bias": _PER_ROW}
@@ -77,13 +71,12 @@ class QuantizedLinear(nn.Module):
     def weight_loader(self, name: str, loaded: CheckpointTensor, shard_id: ShardId | None = None) -> None:
         """Fill checkpoint buffer ``name`` (one shard's part of it when merged)."""
         layout = self._layouts[name]
-        if self.split is not None:
-            loaded = self.split.narrow(loaded, layout, shard_id, self.output_shards, self.out_features, self.prefix)
+        loaded = self.rank_part(loaded, layout, shard_id)
         if layout.output_dim is None and shard_id is not None:
             self._load_shared(name, loaded, shard_id)
             return
         load_sharded(getattr(self, name), loaded, layout, self.output_shards, shard_id, self.prefix, _SHAPE_HINT)
-        if name == "bias" and self.split is not None and not self.split.keeps_bias():
+        if self.drops_bias(name):
             self.bias.zero_()
 
     def _load_shared(self, name: str, loaded: CheckpointTensor, shard_id: ShardId) -> None:
