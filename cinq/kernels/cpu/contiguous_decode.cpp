@@ -23,7 +23,8 @@ template <typename T, typename Q>
 void run(const torch::Tensor& query, torch::Tensor& out, const torch::Tensor& kv_cache, const int32_t* slots,
          const int32_t* seq_lens, int64_t nd, const cinq_decode::Shape& sh) {
   const T* cache = reinterpret_cast<const T*>(kv_cache.data_ptr());
-  const int64_t row = sh.hkv * sh.d, slot_stride = kv_cache.size(2) * row, value_offset = kv_cache[0].numel();
+  const int64_t row = sh.hkv * sh.d, slot_stride = kv_cache.size(2) * row;
+  const int64_t value_offset = kv_cache.numel() / 2;  // kv_cache[1], without a select op per call
   const Q* q = reinterpret_cast<const Q*>(query.data_ptr());
   Q* o = reinterpret_cast<Q*>(out.data_ptr());
   int64_t tokens = 0;

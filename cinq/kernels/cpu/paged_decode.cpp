@@ -34,7 +34,8 @@ void run(const torch::Tensor& query, torch::Tensor& out, const torch::Tensor& kv
          int64_t max_blocks, const int32_t* seq_lens, const bool* tree, int64_t tree_stride, int64_t nd,
          const cinq_decode::Shape& sh) {
   const T* cache = reinterpret_cast<const T*>(kv_cache.data_ptr());
-  const int64_t block_size = kv_cache.size(2), row = sh.hkv * sh.d, value_offset = kv_cache[0].numel();
+  const int64_t block_size = kv_cache.size(2), row = sh.hkv * sh.d;
+  const int64_t value_offset = kv_cache.numel() / 2;  // kv_cache[1], without a select op per call
   const Q* q = reinterpret_cast<const Q*>(query.data_ptr());
   Q* o = reinterpret_cast<Q*>(out.data_ptr());
   int64_t tokens = 0;
