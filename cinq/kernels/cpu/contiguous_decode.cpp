@@ -19,39 +19,6 @@ struct SlotRows {
   const T* value(int64_t t) const { return keys + value_offset + t * row; }
 };
 
-template <typename T, typename Q>
-void run(const torch::Tensor& query, torch::Tensor& out, const torch::Tensor& kv_cache, const int32_t* slots,
-         const int32_t* seq_lens, int64_t nd, const cinq_decode::Shape& sh) {
-  const T* cache = reinterpret_cast<const T*>(kv_cache.data_ptr());
-  const int64_t row = sh.hkv * sh.d, slot_stride = kv_cache.size(2) * row;
-  const int64_t value_offset = kv_cache.numel() / 2;  // kv_cache[1], without a select op per call
-  const Q* q = reinterpret_cast<const Q*>(query.data_ptr());
-  Q* o = reinterpret_cast<Q*>(out.data_ptr());
-  int64_t tokens = 0;
-  for (int64_t s = 0; s < nd; ++s) tokens += seq_lens[s];
-  cinq_decode::for_each_item(nd, sh.hkv, tokens * row * 2 * int64_t(sizeof(T)),
-                             [&](int64_t s, int64_t h0, int64_t h1, cinq_decode::Scratch& buf) {
-    const SlotRows<T> rows{cache + slots[s] * slot_stride, row, value_offset};
-    cinq_decode::attend<T>(q + s * sh.ql * sh.q_token_stride, o + s * sh.ql * sh.hq * sh.d, rows, seq_lens[s], h0,
-                           h1, nullptr, sh, buf);
-  });
-}
-
-template <typename Q>
-void run_query(const torch::Tensor& query, torch::Tensor& out, const torch::Tensor& kv_cache, const int32_t* slots,
-               const int32_t* seq_lens, int64_t nd, const cinq_decode::Shape& sh) {
-  switch (kv_cache.scalar_type()) {
-    case torch::kFloat32:
-      return run<float, Q>(query, out, kv_cache, slots, seq_lens, nd, sh);
-    case torch::kBFloat16:
-      return run<c10::BFloat16, Q>(query, out, kv_cache, slots, seq_lens, nd, sh);
-    case torch::kHalf:
-      return run<c10::Half, Q>(query, out, kv_cache, slots, seq_lens, nd, sh);
-    default:
-      TORCH_CHECK(false, "contiguous_decode: kv_cache dtype must be float32, bf16 or fp16");
-  }
-}
-
 }  // namespace
 
 // query [nd * ql, hq, d] float32 or bf16; kv_cache [2, num_slots, slot_tokens, hkv, d] contiguous (float32 / bf16 /
@@ -81,11 +48,17 @@ torch::Tensor contiguous_decode(torch::Tensor query_in, torch::Tensor kv_cache, 
   }
   auto out = torch::empty_like(query);
   const cinq_decode::Shape sh{ql, hq, hkv, d, hq * d, static_cast<float>(scale), 0};
-  if (query.scalar_type() == torch::kFloat32) {
-    run_query<float>(query, out, kv_cache, sp, lp, nd, sh);
-  } else {
-    run_query<c10::BFloat16>(query, out, kv_cache, sp, lp, nd, sh);
-  }
+  const int64_t row = hkv * d, slot_stride = slot_tokens * row;
+  const int64_t value_offset = kv_cache.numel() / 2;  // kv_cache[1], without a select op per call
+  cinq_decode::dispatch_types(kv_cache.scalar_type(), query.scalar_type(), "contiguous_decode", [&](auto c, auto qz) {
+    using T = decltype(c);
+    using Q = decltype(qz);
+    const T* cache = reinterpret_cast<const T*>(kv_cache.data_ptr());
+    cinq_decode::attend_all<T>(reinterpret_cast<const Q*>(query.data_ptr()), reinterpret_cast<Q*>(out.data_ptr()), lp,
+                               nd, nullptr, 0, sh, [&](int64_t s) {
+      return SlotRows<T>{cache + sp[s] * slot_stride, row, value_offset};
+    });
+  });
   return out;
 }
 

@@ -15,7 +15,9 @@
 #pragma once
 
 #include <ATen/Parallel.h>
+#include <c10/core/ScalarType.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Exception.h>
 #include <c10/util/Half.h>
 
 #include <algorithm>
@@ -78,7 +80,9 @@ inline void axpy(float* acc, float w, const float* v, int64_t n) {
   int64_t i = 0;
 #if defined(CINQ_SMALL_M_AVX2)
   const __m256 wv = _mm256_set1_ps(w);
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(wv, _mm256_loadu_ps(v + i), _mm256_loadu_ps(acc + i)));
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(wv, _mm256_loadu_ps(v + i), _mm256_loadu_ps(acc + i)));
+  }
 #endif
   for (; i < n; ++i) acc[i] += w * v[i];
 }
@@ -187,7 +191,9 @@ void attend(const Q* q, O* out, const Rows& rows, int64_t len, int64_t h0, int64
   for (int64_t t = t0; t < len; ++t) {
     widen(rows.key(t) + h0 * d, buf.row.data(), nh * d);
     float* st = buf.scores.data() + (t - t0);
-    for (int64_t jq = 0; jq < nq; ++jq) st[jq * span] = dot(buf.q.data() + jq * d, buf.row.data() + kv_of[jq], d) * sh.scale;
+    for (int64_t jq = 0; jq < nq; ++jq) {
+      st[jq * span] = dot(buf.q.data() + jq * d, buf.row.data() + kv_of[jq], d) * sh.scale;
+    }
   }
   mask_scores(buf.scores.data(), span, t0, len, nqh, tree, sh);
   for (int64_t jq = 0; jq < nq; ++jq) buf.inv[jq] = softmax_numerators(buf.scores.data() + jq * span, span);
@@ -222,6 +228,42 @@ void for_each_item(int64_t nd, int64_t hkv, int64_t kv_bytes, const F& item) {
     body(0, nd * chunks);
   } else {
     at::parallel_for(0, nd * chunks, 1, body);
+  }
+}
+
+// Every sequence of a call: rows_of(s) locates sequence s's K/V rows; tree (nullptr: none) steps tree_stride per
+// sequence. q / out: [nd * ql, hq, d], sequence s's rows from s * ql.
+template <typename T, typename Q, typename RowsOf>
+void attend_all(const Q* q, Q* out, const int32_t* seq_lens, int64_t nd, const bool* tree, int64_t tree_stride,
+                const Shape& sh, const RowsOf& rows_of) {
+  int64_t tokens = 0;
+  for (int64_t s = 0; s < nd; ++s) tokens += seq_lens[s];
+  for_each_item(nd, sh.hkv, tokens * sh.hkv * sh.d * 2 * int64_t(sizeof(T)),
+                [&](int64_t s, int64_t h0, int64_t h1, Scratch& buf) {
+    attend<T>(q + s * sh.ql * sh.q_token_stride, out + s * sh.ql * sh.hq * sh.d, rows_of(s), seq_lens[s], h0, h1,
+              tree == nullptr ? nullptr : tree + s * tree_stride, sh, buf);
+  });
+}
+
+// f(T{}, Q{}) for the cache's element type T (float32 / bf16 / fp16) and the query's Q (float32 / bf16).
+template <typename F>
+void dispatch_types(c10::ScalarType cache, c10::ScalarType query, const char* op, const F& f) {
+  auto with_query = [&](auto cache_type) {
+    if (query == c10::ScalarType::Float) {
+      f(cache_type, float{});
+    } else {
+      f(cache_type, c10::BFloat16{});
+    }
+  };
+  switch (cache) {
+    case c10::ScalarType::Float:
+      return with_query(float{});
+    case c10::ScalarType::BFloat16:
+      return with_query(c10::BFloat16{});
+    case c10::ScalarType::Half:
+      return with_query(c10::Half{});
+    default:
+      TORCH_CHECK(false, op, ": kv_cache dtype must be float32, bf16 or fp16");
   }
 }
 

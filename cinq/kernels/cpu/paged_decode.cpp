@@ -29,41 +29,6 @@ struct PagedRows {
   const T* value(int64_t t) const { return key(t) + value_offset; }
 };
 
-template <typename T, typename Q>
-void run(const torch::Tensor& query, torch::Tensor& out, const torch::Tensor& kv_cache, const int32_t* tables,
-         int64_t max_blocks, const int32_t* seq_lens, const bool* tree, int64_t tree_stride, int64_t nd,
-         const cinq_decode::Shape& sh) {
-  const T* cache = reinterpret_cast<const T*>(kv_cache.data_ptr());
-  const int64_t block_size = kv_cache.size(2), row = sh.hkv * sh.d;
-  const int64_t value_offset = kv_cache.numel() / 2;  // kv_cache[1], without a select op per call
-  const Q* q = reinterpret_cast<const Q*>(query.data_ptr());
-  Q* o = reinterpret_cast<Q*>(out.data_ptr());
-  int64_t tokens = 0;
-  for (int64_t s = 0; s < nd; ++s) tokens += seq_lens[s];
-  cinq_decode::for_each_item(nd, sh.hkv, tokens * row * 2 * int64_t(sizeof(T)),
-                             [&](int64_t s, int64_t h0, int64_t h1, cinq_decode::Scratch& buf) {
-    const PagedRows<T> rows{cache, tables + s * max_blocks, block_size, block_size * row, row, value_offset};
-    cinq_decode::attend<T>(q + s * sh.ql * sh.q_token_stride, o + s * sh.ql * sh.hq * sh.d, rows, seq_lens[s], h0,
-                           h1, tree == nullptr ? nullptr : tree + s * tree_stride, sh, buf);
-  });
-}
-
-template <typename Q>
-void run_query(const torch::Tensor& query, torch::Tensor& out, const torch::Tensor& kv_cache, const int32_t* tables,
-               int64_t max_blocks, const int32_t* seq_lens, const bool* tree, int64_t tree_stride, int64_t nd,
-               const cinq_decode::Shape& sh) {
-  switch (kv_cache.scalar_type()) {
-    case torch::kFloat32:
-      return run<float, Q>(query, out, kv_cache, tables, max_blocks, seq_lens, tree, tree_stride, nd, sh);
-    case torch::kBFloat16:
-      return run<c10::BFloat16, Q>(query, out, kv_cache, tables, max_blocks, seq_lens, tree, tree_stride, nd, sh);
-    case torch::kHalf:
-      return run<c10::Half, Q>(query, out, kv_cache, tables, max_blocks, seq_lens, tree, tree_stride, nd, sh);
-    default:
-      TORCH_CHECK(false, "paged_decode: unsupported kv_cache dtype");
-  }
-}
-
 }  // namespace
 
 // query [nd * ql, hq, d] float32 or bf16 (sequence s owns rows s * ql ...); kv_cache [2, num_blocks, block_size, hkv, d]
@@ -102,12 +67,17 @@ torch::Tensor paged_decode_window(torch::Tensor query_in, torch::Tensor kv_cache
   auto out = torch::empty({query.size(0), hq, d}, query.options());
   const cinq_decode::Shape sh{ql, hq, hkv, d, query.stride(0), static_cast<float>(scale), window};
   const int32_t* tables = block_tables.data_ptr<int32_t>();
-  const int32_t* lens = seq_lens.data_ptr<int32_t>();
-  if (query.scalar_type() == torch::kFloat32) {
-    run_query<float>(query, out, kv_cache, tables, block_tables.size(1), lens, tree, tree_stride, nd, sh);
-  } else {
-    run_query<c10::BFloat16>(query, out, kv_cache, tables, block_tables.size(1), lens, tree, tree_stride, nd, sh);
-  }
+  const int64_t max_blocks = block_tables.size(1), block_size = kv_cache.size(2), row = hkv * d;
+  const int64_t value_offset = kv_cache.numel() / 2;  // kv_cache[1], without a select op per call
+  cinq_decode::dispatch_types(kv_cache.scalar_type(), query.scalar_type(), "paged_decode", [&](auto c, auto qz) {
+    using T = decltype(c);
+    using Q = decltype(qz);
+    const T* cache = reinterpret_cast<const T*>(kv_cache.data_ptr());
+    cinq_decode::attend_all<T>(reinterpret_cast<const Q*>(query.data_ptr()), reinterpret_cast<Q*>(out.data_ptr()),
+                               seq_lens.data_ptr<int32_t>(), nd, tree, tree_stride, sh, [&](int64_t s) {
+      return PagedRows<T>{cache, tables + s * max_blocks, block_size, block_size * row, row, value_offset};
+    });
+  });
   return out;
 }
 
