@@ -35,7 +35,7 @@ def child(engine: str, variant: str, threads: int, model: str, prompt_len: int, 
     """One engine in this process (its policy: this process's OMP_WAIT_POLICY): its latency row."""
     import torch
 
-    from cinq.bench.latency import LatencyOptions, _prompts, measure
+    from cinq.bench.latency import LatencyOptions, latency_prompts, measure
     from cinq.bench.latency_engines import (GGUF_TYPE, CinqRunner, LlamaCppRunner, TimedEngine, dense_folder,
                                             gguf_file, source_gguf, variant_config)
     from cinq.cache import cache_dir
@@ -55,7 +55,7 @@ def child(engine: str, variant: str, threads: int, model: str, prompt_len: int, 
                                                                           GGUF_TYPE[variant], work)
         runner = LlamaCppRunner(path, threads, prompt_len + new_tokens + 16)
         name, vocab = f"llama.cpp {GGUF_TYPE.get(variant, 'file')}", runner.greedy.llm.n_vocab()
-    rows = measure([TimedEngine(name, threads, runner)], _prompts(options, vocab), options, progress=False)
+    rows = measure([TimedEngine(name, threads, runner)], latency_prompts(options, vocab), options, progress=False)
     return {**rows[0], "policy": os.environ.get("OMP_WAIT_POLICY"), "loadavg": os.getloadavg()}
 
 
