@@ -84,7 +84,7 @@ def run_latency(config: EngineConfig, options: LatencyOptions, progress: bool = 
             "options": {"input_lens": list(options.input_lens), "output_len": options.output_len,
                         "num_iters": options.num_iters, "seed": options.seed, "baselines": list(options.baselines),
                         "variants": list(options.variants), "threads_list": list(options.threads_list)},
-            "rows": measure(engines, _prompts(options, first.vocab_size), options, progress),
+            "rows": measure(engines, latency_prompts(options, first.vocab_size), options, progress),
             "missing": missing, "new_tokens": options.output_len, "rounds": options.rounds,
             "llama_cpp_absent": next((m.split(": ", 1)[1] for m in missing if m.startswith("llama.cpp")), None),
             "machine": {**machine_info(), "llama_cpp": llama_cpp_version(),
@@ -94,7 +94,7 @@ def run_latency(config: EngineConfig, options: LatencyOptions, progress: bool = 
     return latency_result(data)
 
 
-def _prompts(options: LatencyOptions, vocab: int) -> dict[int, list[list[int]]]:
+def latency_prompts(options: LatencyOptions, vocab: int) -> dict[int, list[list[int]]]:
     """``num_iters`` random prompts per length, the same for every engine and round. Ids from 300 up where the
     vocabulary allows: the byte tokenizers' specials (bos, eos ...) sit below."""
     rng = random.Random(options.seed)

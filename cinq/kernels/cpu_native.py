@@ -87,7 +87,7 @@ def _build_or_load(name: str) -> Any:
 
     from cinq.cache import cache_dir
     source = (_SOURCES / f"{name}.cpp").read_bytes()
-    headers = {h.name: h.read_bytes() for h in sorted(_SOURCES.glob("*.h"))}  # included as "name.h"
+    headers = _included_headers(source)
     # The build command holds this interpreter's include paths: two environments sharing one build folder would
     # each see the other's command and recompile every time, so the environment is part of the key.
     key = hashlib.sha256(source + b"".join(headers.values()) + sys.prefix.encode()
@@ -110,6 +110,21 @@ def _build_or_load(name: str) -> Any:
     if fresh:
         log.warning("built the native CPU kernel %s in %.0f s", name, time.perf_counter() - t0)
     return module
+
+
+def _included_headers(source: bytes) -> dict[str, bytes]:
+    """The ``cpu/*.h`` files ``source`` includes (as ``"name.h"``), directly or through another: only they are part
+    of its build key, so editing one header rebuilds the kernels that use it, not all of them."""
+    available = {h.name: h.read_bytes() for h in sorted(_SOURCES.glob("*.h"))}
+    found: dict[str, bytes] = {}
+    pending = [source]
+    while pending:
+        text = pending.pop()
+        for name, data in available.items():
+            if name not in found and f'#include "{name}"'.encode() in text:
+                found[name] = data
+                pending.append(data)
+    return dict(sorted(found.items()))
 
 
 def _cpu_key() -> str:

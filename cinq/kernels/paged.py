@@ -101,14 +101,11 @@ def _check_inputs(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMe
         raise InvalidParameterError(
             f"attention: query has {query.shape[0]} tokens but the metadata describes {meta.num_tokens}",
             param="query")
-    if query.dtype not in SUPPORTED_DTYPES:
-        raise InvalidParameterError(
-            f"attention: query dtype must be one of {[str(d) for d in SUPPORTED_DTYPES]}, got {query.dtype}",
-            param="query")
-    if kv_cache.dtype not in SUPPORTED_DTYPES:
-        raise InvalidParameterError(
-            f"attention: kv_cache dtype must be one of {[str(d) for d in SUPPORTED_DTYPES]}, got {kv_cache.dtype}",
-            param="kv_cache")
+    for name, t in (("query", query), ("kv_cache", kv_cache)):
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise InvalidParameterError(
+                f"attention: {name} dtype must be one of {[str(d) for d in SUPPORTED_DTYPES]}, got {t.dtype}",
+                param=name)
     if kv_cache.shape[2] != meta.block_size:
         raise InvalidParameterError(
             f"attention: kv_cache block_size ({kv_cache.shape[2]}) differs from the metadata's ({meta.block_size})",

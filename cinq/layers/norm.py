@@ -15,9 +15,11 @@ from cinq.kernels.cpu_native import rms_norm_native
 class RMSNorm(nn.Module):
     """y = w * x / rms(x), the mean square taken in float32 as in HF Llama."""
 
+    init_weight = 1.0  # the identity scale (saver.init_random_model); a family's norm may differ (Gemma: 0)
+
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.weight = nn.Parameter(torch.full((hidden_size,), self.init_weight))
         self.eps = eps
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None

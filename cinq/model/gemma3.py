@@ -22,22 +22,18 @@ from torch import nn
 from cinq.kernels.metadata import AttentionMetadata
 from cinq.layers.attention import Attention
 from cinq.layers.linear import LinearFactory
+from cinq.layers.norm import RMSNorm
 from cinq.layers.rotary import RotaryEmbedding
 from cinq.layers.vocab_parallel import token_embedding
 from cinq.model.config import ModelConfig
 from cinq.model.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
 
 
-class GemmaRMSNorm(nn.Module):
+class GemmaRMSNorm(RMSNorm):
     """y = x / rms(x) * (1 + w), all in float32 then cast back (HF's Gemma3RMSNorm). With ``residual``:
     (norm(x + residual), x + residual), the same contract as ``layers/norm.RMSNorm``."""
 
     init_weight = 0.0  # w = 0 is the identity scale (saver.init_random_model)
-
-    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(hidden_size))
-        self.eps = eps
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:

@@ -69,6 +69,28 @@ def test_native_and_fallback_match_reference(hq, hkv, d, dtype, tol, monkeypatch
     assert rel(sdpa.sdpa_decode(q, cache_finite, meta, d ** -0.5)) <= tol
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_decode_reads_a_query_split_from_the_merged_qkv_output_as_its_copy(dtype):
+    """The layer hands the kernel q as a view of the qkv projection's output (a token's heads contiguous, tokens
+    further apart): the kernel reads it in place, with the result of the contiguous copy, in the query's dtype."""
+    q, cache, meta = decode_step(4, 8, 2, 64, dtype, seed=3)
+    qkv = torch.cat([q.flatten(1), torch.randn(4, 2 * 2 * 64).to(dtype)], dim=1)  # [T, q + k + v]
+    view = qkv[:, :8 * 64].view(4, 8, 64)
+    assert not view.is_contiguous()
+    out = paged_decode_native(view, cache, meta.block_tables, meta.seq_lens, 0.125)
+    assert out is not None and out.dtype == dtype
+    assert torch.equal(out, paged_decode_native(view.contiguous(), cache, meta.block_tables, meta.seq_lens, 0.125))
+
+
+def test_a_kernel_build_is_keyed_by_the_headers_it_includes_only():
+    """Editing one header rebuilds the kernels that include it (directly or through another header), not all."""
+    from cinq.kernels import cpu_native
+    sources = cpu_native._SOURCES
+    decode = cpu_native._included_headers((sources / "paged_decode.cpp").read_bytes())
+    assert set(decode) == {"decode_attention.h", "bf16.h", "small_m.h"}  # small_m.h through decode_attention.h
+    assert "decode_attention.h" not in cpu_native._included_headers((sources / "kv_write.cpp").read_bytes())
+
+
 @pytest.mark.parametrize("rows", [1, 2, 3, 4])
 @pytest.mark.parametrize("n,k,bias", [(64, 96, False), (200, 40, True), (2048, 768, False)])
 def test_small_m_linear_matches_float_linear(rows, n, k, bias):
