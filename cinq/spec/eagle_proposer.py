@@ -92,7 +92,8 @@ class EagleProposer:
             return self._fallback(seqs, want, history, out)
         batch = build_batch(rows_in, self.block_size, self.pad_block_ids, self.device)
         by_id = dict(zip(ids, feats))
-        feature = _pad_rows(torch.cat([by_id[s.request_id] for s in batch.seqs]), batch.input_ids.shape[0])
+        feature = _pad_rows(self._fused(torch.cat([by_id[s.request_id] for s in batch.seqs])),
+                            batch.input_ids.shape[0])
         next_feat, normed = self.head(batch.input_ids, feature, batch.positions, batch.meta)
         live = [(s, row) for s, row in zip(batch.seqs, batch.last_rows()) if s.request_id in want]
         block_ids = {s.request_id: s.block_ids for s in seqs}
@@ -170,12 +171,13 @@ class EagleProposer:
         return out
 
     def commit(self, view: StepView) -> None:
-        """Keep the fused features of the positions the target kept, for the head's next catch-up: they pile up
+        """Keep the target features of the positions the target kept, for the head's next catch-up: they pile up
         while a request does not speculate (up to ``MAX_PENDING`` positions; older ones then only cost
-        acceptance)."""
+        acceptance). EAGLE-3's three layers are kept side by side and fused at the catch-up, so that a step
+        with speculation off runs no head layer at all (off costs nothing)."""
         if self.needs_layer_states:
             assert view.layer_states is not None
-            fused = self.head.fuse([view.layer_states[i] for i in self.head.feature_layers])
+            fused = torch.cat([view.layer_states[i] for i in self.head.feature_layers], dim=-1)
         else:
             fused = view.hidden
         for i, s in enumerate(view.batch.seqs):
@@ -195,6 +197,13 @@ class EagleProposer:
                 first += kept.shape[0] - MAX_PENDING
                 kept = kept[-MAX_PENDING:]
             self.pending[s.request_id] = (first, kept)
+
+
+    def _fused(self, kept: torch.Tensor) -> torch.Tensor:
+        """The head's input features [n, H] from what ``commit`` kept (EAGLE-3: its layers side by side)."""
+        if not self.needs_layer_states:
+            return kept
+        return self.head.fuse(list(kept.chunk(len(self.head.feature_layers), dim=-1)))
 
 
 def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
