@@ -19,7 +19,7 @@ from cinq.engine.batch_inputs import TreeGroup, build_batch
 from cinq.engine.io import ScheduledSeq
 from cinq.model.llama import LlamaForCausalLM
 from cinq.spec.eagle import EagleHead
-from cinq.spec.proposer import DraftSampling, Proposals, StepView, bind_paged_kv, draft_chains, paged_kv_bytes
+from cinq.spec.proposer import DraftSampling, PagedKVProposer, Proposals, StepView, draft_chains
 from cinq.spec.eagle_tree import TreeRoots, dynamic_tree, static_tree
 from cinq.spec.tree import TreeShape
 
@@ -27,39 +27,26 @@ from cinq.spec.tree import TreeShape
 MAX_PENDING = 4096  # committed positions whose features wait for the head, per request
 
 
-class EagleProposer:
+class EagleProposer(PagedKVProposer):
     """Drafts with ``head`` on ``target``'s features (``method: eagle`` or ``eagle3``)."""
 
     def __init__(self, head: EagleHead, target: LlamaForCausalLM, device: torch.device, kv_dtype: torch.dtype,
                  probabilistic: bool, generator: torch.Generator, tree: TreeShape | None = None,
                  tree_topk: int = 0, tree_depth: int = 0, tree_nodes: int = 0) -> None:
+        super().__init__(device, kv_dtype, probabilistic, generator)
         self.head = head
         # a static tree, or EAGLE-2's dynamic one (tree_topk > 0: tree_nodes drafts, tree_depth levels)
         self.tree = tree
         self.tree_topk, self.tree_depth = tree_topk, tree_depth
         self.tree_nodes = len(tree.paths) if tree is not None else tree_nodes if tree_topk else 0
         self.target = target
-        self.device = device
-        self.kv_dtype = kv_dtype
-        self.probabilistic = probabilistic
-        self.generator = generator
         self.needs_layer_states = head.method == "eagle3"
-        self.block_size = 0
-        self.pad_block_ids: list[int] = []
-        self.kv_caches: list[torch.Tensor] = []
-        # request -> (first position, fused target features [m, H]) committed last step, not yet fed to the head
+        # request -> (first position, target features [m, F]) committed, not yet fed to the head
         self.pending: dict[str, tuple[int, torch.Tensor]] = {}
 
-    def kv_bytes_per_block(self, block_size: int) -> int:
+    def kv_layers(self) -> tuple[list[torch.nn.Module], int, int]:
         cfg = self.head.config
-        return paged_kv_bytes(len(self.head.attention_layers()), cfg.num_key_value_heads, cfg.head_dim, block_size,
-                              self.kv_dtype)
-
-    def initialize_cache(self, num_blocks: int, block_size: int, pad_block_ids: list[int]) -> None:
-        cfg = self.head.config
-        self.block_size, self.pad_block_ids = block_size, pad_block_ids
-        self.kv_caches = bind_paged_kv(self.head.attention_layers(), cfg.num_key_value_heads, cfg.head_dim,
-                                       num_blocks, block_size, self.kv_dtype, self.device)
+        return self.head.attention_layers(), cfg.num_key_value_heads, cfg.head_dim
 
     def forget(self, request_id: str) -> None:
         self.pending.pop(request_id, None)
