@@ -22,9 +22,11 @@ expected tokens over the dearest shorter arm's cost do not beat the best through
 step as dear as it is today, low acceptance stops exploration at k = 1). Nothing about the kernels is assumed:
 when verify steps get cheaper, the measured costs say so.
 
-Arms are re-tried now and then (one every ``explore_every`` choices, the one most overdue) so that a change in
-acceptance or load is noticed; an arm that lost its re-try waits twice as long for the next one (up to
-``2 ** max_backoff`` times), so a method that does not pay costs little more than plain decoding.
+Arms are re-tried now and then (one every ``explore_every`` choices, the one most overdue: the best arm's
+neighbours, and arms that could still win) so that a change in acceptance or load is noticed; an arm that lost
+its re-try waits twice as long for the next one (up to ``2 ** max_backoff`` times), so a method that does not
+pay costs little more than plain decoding. A step time above twice the arm's estimate (the OS took the core)
+counts as twice the estimate: one preempted step must not turn an arm off.
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ class AdaptiveK:
             if self._probe is not None:  # the last re-try is measured now: did it win?
                 self.losses[self._probe] = 0 if best == self._probe else self.losses[self._probe] + 1
                 self._probe = None
-            k = self._overdue(best, top) if self.num_choices % self.explore_every == 0 else None
+            k = self._overdue(batch_size, best, top) if self.num_choices % self.explore_every == 0 else None
             if k is None:
                 k = best
             else:
@@ -105,27 +107,35 @@ class AdaptiveK:
         if self.cost_model() is not None:
             return None
         bucket = batch_bucket(batch_size)
-        best_rate, dearest = 0.0, 0.0
-        for k in range(top + 1):
-            seconds = self.step_seconds.get((bucket, k))
-            if seconds is None:
-                # optimistic acceptance: a warm-up step's few offers must not rule an arm out
-                if dearest == 0.0 or self.expected_tokens(k, PRUNE_PRIOR) / dearest > best_rate:
-                    return k
-                continue  # hopeless: costs at least ``dearest`` for too few tokens
-            dearest = max(dearest, seconds)
-            best_rate = max(best_rate, self.expected_tokens(k) / seconds)
-        return None
+        best_rate = max((self.expected_tokens(k) / s for (b, k), s in self.step_seconds.items()
+                         if b == bucket and k <= top), default=0.0)
+        return next((k for k in range(top + 1) if (bucket, k) not in self.step_seconds
+                     and self._could_win(batch_size, k, best_rate)), None)
+
+    def _could_win(self, batch_size: int, k: int, best_rate: float) -> bool:
+        """Whether arm k might beat ``best_rate`` tokens/s: optimistic acceptance (a few offers must not rule an
+        arm out) over its cost, or, unmeasured and unmodelled, over the dearest shorter arm's (a step verifying
+        more drafts costs at least that)."""
+        bucket = batch_bucket(batch_size)
+        if (bucket, k) in self.step_seconds or self.cost_model() is not None:
+            floor = self.cost(batch_size, k)
+        else:
+            floor = max((s for (b, j), s in self.step_seconds.items() if b == bucket and j < k), default=0.0)
+        return floor == 0.0 or self.expected_tokens(k, PRUNE_PRIOR) / floor > best_rate
 
     def _best(self, batch_size: int, top: int) -> int:
         bucket, priced = batch_bucket(batch_size), self.cost_model() is not None
         arms = [k for k in range(top + 1) if priced or (bucket, k) in self.step_seconds]
         return max(arms, key=lambda k: self.expected_tokens(k) / self.cost(batch_size, k))
 
-    def _overdue(self, best: int, top: int) -> int | None:
-        """The arm whose re-try is most overdue (a loser waits ``explore_every * 2 ** losses``), or None."""
+    def _overdue(self, batch_size: int, best: int, top: int) -> int | None:
+        """The arm whose re-try is most overdue (a loser waits ``explore_every * 2 ** losses``), or None. Only
+        the best arm's neighbours (they notice a change in acceptance) and arms that could still win are
+        re-tried: a hopeless arm is never paid for."""
+        best_rate = self.expected_tokens(best) / self.cost(batch_size, best)
         due = {k: self.last_chosen[k] + (self.explore_every << min(self.losses[k], self.max_backoff))
-               for k in range(top + 1) if k != best}
+               for k in range(top + 1)
+               if k != best and (abs(k - best) == 1 or self._could_win(batch_size, k, best_rate))}
         if not due:
             return None
         k = min(due, key=due.__getitem__)
@@ -172,4 +182,6 @@ class AdaptiveK:
             self.warmed.add(key)
             return
         old = self.step_seconds.get(key)
+        if old is not None:  # a step the OS took the core from counts as twice the estimate at most
+            seconds = min(seconds, 2 * old)
         self.step_seconds[key] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds

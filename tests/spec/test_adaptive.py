@@ -61,11 +61,12 @@ def test_arms_are_measured_in_increasing_k_and_re_explored() -> None:
 def test_a_hopeless_arm_is_never_tried() -> None:
     """With the verify step as dear as on the CPU today (a 2-row step costs 1.7 decode steps) and drafts rarely
     accepted, k = 2.. cannot pay whatever it costs beyond k = 1: exploration stops at k = 1 (a broken pruning
-    would try k = 2, 3, 4 and fail the set check)."""
-    adaptive = AdaptiveK(k_max=4, explore_every=1000)
-    chosen = simulate(adaptive, 8, lambda b, k: 1.0 if k == 0 else 1.5 + 0.2 * k, accept_rate=0.1, steps=100)
+    would try k = 2, 3, 4 and fail the set check), and re-tries never pay for them either."""
+    adaptive = AdaptiveK(k_max=4, explore_every=8)
+    chosen = simulate(adaptive, 8, lambda b, k: 1.0 if k == 0 else 1.5 + 0.2 * k, accept_rate=0.1, steps=500)
     assert chosen[:3] == [0, 0, 1]
-    assert set(chosen) == {0, 1} and chosen[4:].count(0) == 96
+    # nor re-tried: only k = 1, the best arm's neighbour, now and then
+    assert set(chosen) == {0, 1} and chosen[4:].count(1) <= 12
 
 
 def test_re_tries_of_a_losing_arm_back_off() -> None:
