@@ -168,7 +168,7 @@ def main() -> int:
     worst = {b: min(r["speedup"] for r in greedy if r["batch"] == b and "adaptive" in r["method"]) for b in batches
              if any("adaptive" in r["method"] for r in greedy if r["batch"] == b)}
     best = max(greedy, key=lambda r: r["speedup"])
-    headline = (f"best: {best['method']} at batch {best['batch']}: {best['speedup']:.2f}x (tau {best['tau']:.2f}); "
+    headline = (f"best: {best['method']} at batch {best['batch']}: {best['speedup']:.2f}x (tau {best['tau'] or 1:.2f}); "
                 f"slowest adaptive per batch: " + ", ".join(f"{v:.2f}x (b{b})" for b, v in worst.items()))
     result = BenchResult(
         out.name, f"Speculative decoding on SmolLM2-135M-Instruct ({args.workload} workload)",
