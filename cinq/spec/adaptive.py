@@ -51,6 +51,7 @@ class AdaptiveK:
     explore_every: int = 32
     max_backoff: int = 5  # a losing arm is re-tried at least every explore_every * 2 ** max_backoff choices
     ema: float = 0.2  # weight of the newest step time
+    margin: float = 0.03  # speculation is chosen only when expected to beat plain decoding by this much
     step_seconds: dict[tuple[int, int], float] = field(default_factory=dict)  # (bucket, k) -> EMA seconds
     warmed: set[tuple[int, int]] = field(default_factory=set)  # arms whose warm-up step was seen
     offered_per_pos: list[int] = field(default_factory=list)  # requests in steps whose k reached the position
@@ -124,9 +125,13 @@ class AdaptiveK:
         return floor == 0.0 or self.expected_tokens(k, PRUNE_PRIOR) / floor > best_rate
 
     def _best(self, batch_size: int, top: int) -> int:
+        """The arm of the highest expected rate; plain decoding unless speculation beats it by ``margin`` (the
+        winner's curse: among noisy estimates, the one that looks best is too often one that got lucky)."""
         bucket, priced = batch_bucket(batch_size), self.cost_model() is not None
-        arms = [k for k in range(top + 1) if priced or (bucket, k) in self.step_seconds]
-        return max(arms, key=lambda k: self.expected_tokens(k) / self.cost(batch_size, k))
+        rates = {k: self.expected_tokens(k) / self.cost(batch_size, k) for k in range(top + 1)
+                 if priced or (bucket, k) in self.step_seconds}
+        best = max(rates, key=rates.__getitem__)
+        return 0 if 0 in rates and rates[best] < rates[0] * (1 + self.margin) else best
 
     def _overdue(self, batch_size: int, best: int, top: int) -> int | None:
         """The arm whose re-try is most overdue (a loser waits ``explore_every * 2 ** losses``), or None. Only

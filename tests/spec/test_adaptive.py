@@ -122,3 +122,14 @@ def test_the_cost_model_prices_a_new_batch_size_without_trying_every_arm() -> No
     # batch 512 is priced by the model: plain decoding from the first step, no arm tried for nothing
     assert chosen == [0] * 30
     assert {k for (bucket, k) in adaptive.step_seconds if bucket == batch_bucket(512)} == {0}
+
+
+def test_a_marginal_gain_stays_off() -> None:
+    """Speculation expected 1 % faster (within the 3 % margin) stays off; 10 % faster turns on."""
+    for gain, expect in ((1.01, 0), (1.10, 1)):
+        adaptive = AdaptiveK(k_max=1, explore_every=1000)
+        adaptive.observe(1, 0, 1.0, [0], [0])
+        adaptive.observe(1, 0, 1.0, [0], [0])
+        adaptive.observe(1, 1, 1.0, [1], [1])  # warm-up; acceptance 1.0 at position 0: 2 tokens per step
+        adaptive.observe(1, 1, 2.0 / gain, [1], [1])
+        assert adaptive.choose(1) == expect
