@@ -93,6 +93,7 @@ def sweep(plain: Any, configs: dict[str, Any], prompts: list[list[int]], batches
             rows.append(row)
             table.rows.append([name, b, mode, row["plain_tok_s"], row["spec_tok_s"], row["speedup"], row["tau"],
                                ", ".join(f"{a:.2f}" for a in row["accept_per_pos"]), 100 * row["draft_share"],
+                               ", ".join(f"{100 * a:.0f}" for a in row["k_share"]) or None,
                                row["verify_cost_ratio"], row["mismatch_rate"] if sampling[0] == 0 else None, drift])
             print(f"{name} batch {b} {mode}: {row['speedup']:.2f}x tau {row['tau']}", flush=True)
     return rows
@@ -155,7 +156,8 @@ def main() -> int:
                for name, sc in specs.items()}
     table = Table("Plain decoding vs speculation", [
         "method", "batch", "sampling", "plain tok/s", "spec tok/s", "speedup", "tau", "acceptance per position",
-        "draft share (%)", "verify/decode step cost", "greedy mismatch rate", "baseline drift"])
+        "draft share (%)", "adaptive: steps at k = 0, 1, .. (%)", "verify/decode step cost",
+        "greedy mismatch rate", "baseline drift"])
     rows = sweep(plain, configs, prompts, batches, args.max_tokens, (0.0, 1.0), table)
     sampled = [c for c in configs if c in ("ngram k=4", "eagle3 adaptive k<=4")] if args.workload == "chat" else []
     if args.sample_batches and sampled:

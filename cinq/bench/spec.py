@@ -85,6 +85,8 @@ def measure(config: EngineConfig | Any, prompts: list[list[int]], batch: int, ma
                              seed=i if temperature > 0 else None) for i in range(len(todo))]
     llm.generate(todo[:1], SamplingParams(temperature=0, max_tokens=4))  # warm-up: kernels, allocator
     timer = DraftTimer(llm)
+    adaptive = getattr(llm.engine.scheduler.drafter, "adaptive", None)
+    chosen_before = list(adaptive.times_chosen) if adaptive else []
     before = llm.engine.get_stats()
     outs, t0 = [], time.perf_counter()
     try:
@@ -100,8 +102,9 @@ def measure(config: EngineConfig | Any, prompts: list[list[int]], batch: int, ma
                     if i < len(before.spec_decode_num_accepted_tokens_per_pos) else 0)
                for i, a in enumerate(st.spec_decode_num_accepted_tokens_per_pos)]
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    adaptive = getattr(llm.engine.scheduler.drafter, "adaptive", None)
-    return {"step_seconds": {f"{b},{k}": s for (b, k), s in sorted(adaptive.step_seconds.items())} if adaptive else {},
+    chosen = [a - b for a, b in zip(adaptive.times_chosen, chosen_before)] if adaptive else []
+    return {"k_share": [round(c / max(sum(chosen), 1), 3) for c in chosen],
+            "step_seconds": {f"{b},{k}": s for (b, k), s in sorted(adaptive.step_seconds.items())} if adaptive else {},
             "tok_s": tokens / elapsed, "seconds": elapsed, "tokens": tokens,
             "tau": 1 + accepted / drafts if drafts else None,
             "accept_per_pos": [round(a / drafts, 3) for a in per_pos] if drafts else [],
@@ -116,6 +119,7 @@ def compare(label: dict[str, Any], base: dict[str, Any], spec: dict[str, Any]) -
     return {**label, "plain_tok_s": base["tok_s"], "spec_tok_s": spec["tok_s"],
             "speedup": spec["tok_s"] / base["tok_s"], "tau": spec["tau"], "accept_per_pos": spec["accept_per_pos"],
             "draft_share": spec["draft_share"], "greedy_identical": differ == 0, "step_seconds": spec["step_seconds"],
+            "k_share": spec["k_share"],
             "mismatch_rate": differ / max(len(base["outputs"]), 1)}
 
 

@@ -61,6 +61,7 @@ class AdaptiveK:
     batch_count: dict[tuple[int, int], int] = field(default_factory=dict)
     last_chosen: list[int] = field(default_factory=list)  # per arm: the choice number it last ran at
     losses: list[int] = field(default_factory=list)  # per arm: re-tries in a row after which it was not the best
+    times_chosen: list[int] = field(default_factory=list)  # per arm: steps it ran (what a report shows)
     _probe: int | None = None  # the arm the last re-try ran, judged at the next choice
     _model: tuple[float, float, float] | None = None
     _model_at: int = -1  # len(step_seconds) when _model was fitted
@@ -70,6 +71,7 @@ class AdaptiveK:
         self.accepted_per_pos = [0] * self.k_max
         self.last_chosen = [0] * (self.k_max + 1)
         self.losses = [0] * (self.k_max + 1)
+        self.times_chosen = [0] * (self.k_max + 1)
 
     def acceptance(self, pos: int, prior: int = 0) -> float:
         """Measured rate at which a request offered draft position ``pos`` (0-based) gets an accepted draft
@@ -101,6 +103,7 @@ class AdaptiveK:
             else:
                 self._probe = k
         self.last_chosen[k] = self.num_choices
+        self.times_chosen[k] += 1
         return k
 
     def _untried(self, batch_size: int, top: int) -> int | None:
