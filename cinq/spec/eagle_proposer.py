@@ -13,6 +13,8 @@ the head up over them, that costs acceptance, never exactness.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from cinq.engine.batch_inputs import TreeGroup, build_batch
@@ -25,6 +27,36 @@ from cinq.spec.tree import TreeShape
 
 
 MAX_PENDING = 4096  # committed positions whose features wait for the head, per request
+
+
+@dataclass(slots=True)
+class PendingFeatures:
+    """One request's committed target features [m, F] from position ``first`` on, not yet fed to the head: a
+    list of per-step chunks, joined only at the catch-up (joining every step would copy all of them each step
+    a request spends with speculation off)."""
+
+    first: int
+    chunks: list[torch.Tensor]
+    length: int
+
+    @property
+    def end(self) -> int:
+        return self.first + self.length
+
+    def rows(self) -> torch.Tensor:
+        return self.chunks[0] if len(self.chunks) == 1 else torch.cat(self.chunks)
+
+    def append_at(self, pos: int, kept: torch.Tensor) -> None:
+        """Add ``kept`` at position ``pos`` (first <= pos <= end): only what is before ``pos`` stays trusted (a
+        preempted request may restart inside its old features). Past ``MAX_PENDING`` positions whole chunks go
+        from the front: older features then only cost acceptance."""
+        if pos < self.end:
+            self.chunks, self.length = [self.rows()[:pos - self.first]], pos - self.first
+        self.chunks.append(kept)
+        self.length += kept.shape[0]
+        while len(self.chunks) > 1 and self.length - self.chunks[0].shape[0] >= MAX_PENDING:
+            n = self.chunks.pop(0).shape[0]
+            self.first, self.length = self.first + n, self.length - n
 
 
 class EagleProposer(PagedKVProposer):
@@ -41,8 +73,8 @@ class EagleProposer(PagedKVProposer):
         self.tree_nodes = len(tree.paths) if tree is not None else tree_nodes if tree_topk else 0
         self.target = target
         self.needs_layer_states = head.method == "eagle3"
-        # request -> (first position, target features [m, F]) committed, not yet fed to the head
-        self.pending: dict[str, tuple[int, torch.Tensor]] = {}
+        # request -> target features committed, not yet fed to the head
+        self.pending: dict[str, PendingFeatures] = {}
 
     def kv_layers(self) -> tuple[list[torch.nn.Module], int, int]:
         cfg = self.head.config
@@ -65,7 +97,7 @@ class EagleProposer(PagedKVProposer):
             entry = self.pending.pop(s.request_id, None)
             if entry is None:
                 continue
-            first, feat = entry
+            first, feat = entry.first, entry.rows()
             # only what the target still trusts (a preempted request restarts before its old features)
             m = min(feat.shape[0], s.start_pos - first)
             if m <= 0:
@@ -172,18 +204,14 @@ class EagleProposer(PagedKVProposer):
             if not rows:
                 continue
             contiguous = rows[-1] - rows[0] + 1 == len(rows)
-            kept = fused[rows[0]:rows[-1] + 1] if contiguous else fused[torch.tensor(rows, device=fused.device)]
+            # a copy: a view would keep the whole step's tensor alive while the request is off
+            kept = fused[rows[0]:rows[-1] + 1].clone() if contiguous else \
+                fused[torch.tensor(rows, device=fused.device)]
             old = self.pending.get(s.request_id)
-            if old is not None and old[0] <= s.start_pos <= old[0] + old[1].shape[0]:
-                # what is still trusted of the old features (a preempted request may restart inside them)
-                kept = torch.cat([old[1][:s.start_pos - old[0]], kept])
-                first = old[0]
+            if old is not None and old.first <= s.start_pos <= old.end:
+                old.append_at(s.start_pos, kept)
             else:
-                first = s.start_pos
-            if kept.shape[0] > MAX_PENDING:
-                first += kept.shape[0] - MAX_PENDING
-                kept = kept[-MAX_PENDING:]
-            self.pending[s.request_id] = (first, kept)
+                self.pending[s.request_id] = PendingFeatures(s.start_pos, [kept], kept.shape[0])
 
 
     def _fused(self, kept: torch.Tensor) -> torch.Tensor:
