@@ -20,10 +20,10 @@ import numpy as np
 
 from cinq.errors import InvalidParameterError
 
+KINDS = ("rename", "extract")
 # pure-Python standard-library modules, relative to the stdlib folder; a missing one is skipped
 SOURCES = ("textwrap.py", "json/encoder.py", "json/decoder.py", "csv.py", "difflib.py", "shlex.py", "fnmatch.py",
            "glob.py", "string.py", "calendar.py", "configparser.py", "argparse.py")
-KINDS = ("rename", "extract")
 
 
 @dataclass(slots=True)
