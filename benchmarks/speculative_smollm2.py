@@ -135,6 +135,9 @@ def main() -> int:
     out = Path(args.out or ROOT / "benchmarks" / "results" /
                ("speculative_smollm2_copy" if args.workload == "copy" else "speculative_smollm2"))
     draft, note = run_conditions(os.getloadavg()[0])
+    # the code that runs: read at the start (a commit during a long run must not be credited with it)
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
     tokenizer = Tokenizer.from_pretrained(resolve_model(MODEL))
     if args.workload == "copy":
         pairs = copy_prompts(tokenizer, args.num_copy_prompts)
@@ -167,8 +170,6 @@ def main() -> int:
     if args.workload == "chat" and not args.no_languages:
         lt, langs = language_table(plain, configs, pairs, args.max_tokens)
         tables.append(lt)
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
     greedy = [r for r in rows if r["sampling"] == "greedy"]
     worst = {b: min(r["speedup"] for r in greedy if r["batch"] == b and "adaptive" in r["method"]) for b in batches
              if any("adaptive" in r["method"] for r in greedy if r["batch"] == b)}
