@@ -1,16 +1,24 @@
 """Speculative decoding on the real SmolLM2-135M-Instruct: plain decoding vs n-gram and an EAGLE-3 head (chain,
-fixed k and adaptive), same target, same prompts, one run; tau per language at batch 1.
+fixed k and adaptive), same target, same prompts, one run; greedy and sampled (temperature 0.7, top-p 0.9, the
+same per-request seeds for plain and speculative runs); tau per language at batch 1.
 
-Prompts: the held-out chat turns of cinq/train/spec_head_prompts.py (test topics, which no head trained on), the
-same number per language, rendered with the model's chat template; greedy decoding (so outputs can be compared
-with plain decoding), ``--max-tokens`` new tokens each, in waves of ``batch`` requests
-(cinq/bench/spec.py ``measure`` / ``compare``). Plain decoding is measured before and after each method's runs
-at each batch size (once for all methods); the baseline is their mean.
+Two workloads (``--workload``):
+- ``chat``: the held-out chat turns of cinq/train/spec_head_prompts.py (test topics, which no head trained on),
+  the same number per language; the batch sweep (``--batch-sizes``) and the sampled rows (``--sample-batches``).
+- ``copy``: code edits and extractions over standard-library functions (cinq/bench/copy_prompts.py), where the
+  answer copies the prompt: n-gram at several k and adaptive, with the verify/decode step-cost ratio the
+  adaptive run measured (what caps the speedup).
 
-    python benchmarks/speculative_smollm2.py --head runs/eagle3-smollm2/head        # ~7 min on a quiet machine
-    python benchmarks/speculative_smollm2.py --head H --batch-sizes 1 --max-tokens 16 --no-languages   # smoke
+Outputs are compared with plain decoding's: the mismatch rate is the fraction of greedy outputs that differ (in
+bf16 a near-tie can flip under the verify step's other row count; in float32 none may). Plain decoding is
+measured before and after each method's runs at each batch size (once for all methods); the baseline is their
+mean.
 
-Writes benchmarks/results/speculative_smollm2.{json,md}.
+    python benchmarks/speculative_smollm2.py --head runs/eagle3-smollm2/head --no-languages       # sweep, ~8 min
+    python benchmarks/speculative_smollm2.py --workload copy --batch-sizes 1,4                  # copy, ~5 min
+    python benchmarks/speculative_smollm2.py --batch-sizes 1 --max-tokens 16 --no-languages   # smoke
+
+Writes benchmarks/results/speculative_smollm2.{json,md} (``copy``: speculative_smollm2_copy.{json,md}).
 """
 
 from __future__ import annotations
@@ -30,19 +38,26 @@ from cinq.process_env import set_omp_wait_policy  # noqa: E402
 
 set_omp_wait_policy()
 
+from cinq.bench.copy_prompts import copy_prompts  # noqa: E402
 from cinq.bench.report import BenchResult, Table, machine_info, print_report, run_conditions, write_report  # noqa: E402
-from cinq.bench.spec import compare, measure  # noqa: E402
+from cinq.bench.spec import compare, engine, measure  # noqa: E402
 from cinq.config import EngineConfig, resolve_model  # noqa: E402
 from cinq.model.tokenizer import Tokenizer  # noqa: E402
 from cinq.train.spec_head_prompts import CHAT_LANGUAGES, chat_prompts  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
+SAMPLED = (0.7, 0.9)  # temperature, top_p of the sampled rows
 
 
-def methods(head: str | None) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {
-        "ngram k=4": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
-                      "prompt_lookup_min": 2}}
+def ngram(k: int, adaptive: bool = False) -> dict[str, Any]:
+    return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 2,
+            "adaptive": adaptive}
+
+
+def methods(workload: str, head: str | None) -> dict[str, dict[str, Any]]:
+    if workload == "copy":
+        return {**{f"ngram k={k}": ngram(k) for k in (2, 4, 6, 8)}, "ngram adaptive k<=8": ngram(8, True)}
+    out = {"ngram k=4": ngram(4), "ngram adaptive k<=4": ngram(4, True)}
     if head:
         out["eagle3 k=3"] = {"method": "eagle3", "model": head, "num_speculative_tokens": 3}
         out["eagle3 adaptive k<=4"] = {"method": "eagle3", "model": head, "num_speculative_tokens": 4,
@@ -50,71 +65,129 @@ def methods(head: str | None) -> dict[str, dict[str, Any]]:
     return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--head", default=None, help="EAGLE-3 head folder for SmolLM2 (omit: n-gram only)")
-    ap.add_argument("--batch-sizes", default="1,4,8")
-    ap.add_argument("--per-language", type=int, default=2, help="held-out prompts per language")
-    ap.add_argument("--max-tokens", type=int, default=48)
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--no-languages", action="store_true", help="skip the per-language tau table")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "speculative_smollm2"))
-    args = ap.parse_args()
-    draft, note = run_conditions(os.getloadavg()[0])
-    folder = resolve_model(MODEL)
-    pairs = chat_prompts(Tokenizer.from_pretrained(folder), args.per_language * len(CHAT_LANGUAGES), 0, 256, "test")
-    prompts = [p for _, p in pairs]
-    plain = EngineConfig(model=MODEL, dtype=args.dtype)
-    batches = [int(b) for b in args.batch_sizes.split(",")]
-    rows: list[dict[str, Any]] = []
-    table = Table("Plain decoding vs speculation (greedy)", ["method", "batch", "plain tok/s", "spec tok/s",
-                                                             "speedup", "tau", "acceptance per position",
-                                                             "draft share (%)", "greedy identical"])
-    configs = {name: dataclasses.replace(plain, speculative_config=dict(sc)) for name, sc in methods(args.head).items()}
-    for b in batches:  # one baseline per batch size, shared by the methods: plain before and after them all
-        first = measure(plain, prompts, b, args.max_tokens)
-        specs = {name: measure(cfg, prompts, b, args.max_tokens) for name, cfg in configs.items()}
-        last = measure(plain, prompts, b, args.max_tokens)
+def verify_ratios(row: dict[str, Any]) -> str | None:
+    """What a step verifying k drafts cost over a plain decode step, per k, as the adaptive run measured them in
+    the row's batch bucket (its moving averages: a rough figure, and none for a fixed-k method)."""
+    bucket = 1 << max(row["batch"] - 1, 0).bit_length()
+    arms = {int(key.split(",")[1]): s for key, s in row["step_seconds"].items() if int(key.split(",")[0]) == bucket}
+    if not arms.get(0):
+        return None
+    return ", ".join(f"k={k}: {s / arms[0]:.2f}" for k, s in sorted(arms.items()) if k)
+
+
+def sweep(plain: Any, configs: dict[str, Any], prompts: list[list[int]], batches: list[int],
+          max_tokens: int, sampling: tuple[float, float], table: Table) -> list[dict[str, Any]]:
+    """Plain before and after every method at each batch size (one shared baseline), one row per method;
+    ``plain`` and ``configs`` are engines (cinq/bench/spec.py ``engine``)."""
+    rows = []
+    mode = "greedy" if sampling[0] == 0 else f"T={sampling[0]}, top-p {sampling[1]}"
+    for b in batches:
+        first = measure(plain, prompts, b, max_tokens, *sampling)
+        specs = {name: measure(cfg, prompts, b, max_tokens, *sampling) for name, cfg in configs.items()}
+        last = measure(plain, prompts, b, max_tokens, *sampling)
         drift = round(last["tok_s"] / first["tok_s"], 3)
         first["tok_s"] = (first["tok_s"] + last["tok_s"]) / 2
         for name, spec in specs.items():
-            row = compare({"method": name, "batch": b, "baseline_drift": drift}, first, spec)
+            row = compare({"method": name, "batch": b, "sampling": mode, "baseline_drift": drift}, first, spec)
+            row["verify_cost_ratio"] = verify_ratios(row)
             rows.append(row)
-            table.rows.append([name, b, row["plain_tok_s"], row["spec_tok_s"], row["speedup"], row["tau"],
+            table.rows.append([name, b, mode, row["plain_tok_s"], row["spec_tok_s"], row["speedup"], row["tau"],
                                ", ".join(f"{a:.2f}" for a in row["accept_per_pos"]), 100 * row["draft_share"],
-                               row["greedy_identical"]])
-            print(f"{name} batch {b}: {row['speedup']:.2f}x tau {row['tau']}", flush=True)
-    tables = [table]
+                               ", ".join(f"{100 * a:.0f}" for a in row["k_share"]) or None,
+                               row["verify_cost_ratio"], row["mismatch_rate"] if sampling[0] == 0 else None, drift])
+            print(f"{name} batch {b} {mode}: {row['speedup']:.2f}x tau {row['tau']}", flush=True)
+    return rows
+
+
+def language_table(plain: Any, configs: dict[str, Any], pairs: list[tuple[str, list[int]]],
+                   max_tokens: int) -> tuple[Table, dict[str, dict[str, Any]]]:
+    lt = Table("Per language at batch 1: tau (speedup against plain on the same prompts)",
+               ["method", *CHAT_LANGUAGES, "worst/best tau"])
     langs: dict[str, dict[str, Any]] = {}
-    if not args.no_languages:
-        lt = Table("Per language at batch 1: tau (speedup against plain on the same prompts)",
-                   ["method", *CHAT_LANGUAGES, "worst/best tau"])
-        for lang in CHAT_LANGUAGES:
-            lp = [p for lg, p in pairs if lg == lang]
-            base = measure(plain, lp, 1, args.max_tokens)
-            for name, cfg in configs.items():
-                spec = measure(cfg, lp, 1, args.max_tokens)
-                langs.setdefault(name, {})[lang] = {"tau": spec["tau"], "speedup": spec["tok_s"] / base["tok_s"]}
-        for name, per in langs.items():
-            taus = [v["tau"] or 1.0 for v in per.values()]
-            lt.rows.append([name, *(f"{per[lg]['tau'] or 1:.2f} ({per[lg]['speedup']:.2f}x)" for lg in CHAT_LANGUAGES),
-                            f"{min(taus) / max(taus):.2f}"])
-        tables.append(lt)
+    for lang in CHAT_LANGUAGES:
+        lp = [p for lg, p in pairs if lg == lang]
+        base = measure(plain, lp, 1, max_tokens)
+        for name, cfg in configs.items():
+            spec = measure(cfg, lp, 1, max_tokens)
+            langs.setdefault(name, {})[lang] = {"tau": spec["tau"], "speedup": spec["tok_s"] / base["tok_s"]}
+    for name, per in langs.items():
+        taus = [v["tau"] or 1.0 for v in per.values()]
+        lt.rows.append([name, *(f"{per[lg]['tau'] or 1:.2f} ({per[lg]['speedup']:.2f}x)" for lg in CHAT_LANGUAGES),
+                        f"{min(taus) / max(taus):.2f}"])
+    return lt, langs
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workload", choices=("chat", "copy"), default="chat")
+    ap.add_argument("--head", default=None, help="EAGLE-3 head folder for SmolLM2 (omit: n-gram only)")
+    ap.add_argument("--batch-sizes", default="1,4,8,16,32")
+    ap.add_argument("--sample-batches", default="1,8", help="batch sizes of the sampled rows ('' for none)")
+    ap.add_argument("--per-language", type=int, default=2, help="held-out chat prompts per language")
+    ap.add_argument("--num-copy-prompts", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=None, help="new tokens per request (default: 48 chat, "
+                    "128 copy: a renamed function is answered whole)")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--no-languages", action="store_true", help="skip the per-language tau table")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    args.max_tokens = args.max_tokens or (128 if args.workload == "copy" else 48)
+    out = Path(args.out or ROOT / "benchmarks" / "results" /
+               ("speculative_smollm2_copy" if args.workload == "copy" else "speculative_smollm2"))
+    draft, note = run_conditions(os.getloadavg()[0])
+    # the code that runs: read at the start (a commit during a long run must not be credited with it)
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
-    best = max(rows, key=lambda r: r["speedup"]) if rows else None
+    tokenizer = Tokenizer.from_pretrained(resolve_model(MODEL))
+    if args.workload == "copy":
+        pairs = copy_prompts(tokenizer, args.num_copy_prompts)
+        what = f"{len(pairs)} copy prompts (code edit / extraction over standard-library functions)"
+    else:
+        pairs = chat_prompts(tokenizer, args.per_language * len(CHAT_LANGUAGES), 0, 256, "test")
+        what = f"{len(pairs)} held-out chat prompts ({args.per_language} per language: {', '.join(CHAT_LANGUAGES)})"
+    prompts = [p for _, p in pairs]
+    batches = [int(b) for b in args.batch_sizes.split(",")]
+    specs = methods(args.workload, args.head)
+    # a KV pool for the largest wave (not the default share of memory: five engines stay loaded)
+    k_max = max(sc["num_speculative_tokens"] for sc in specs.values())
+    longest = max(len(p) for p in prompts) + args.max_tokens + k_max + 1
+    blocks = max(batches + [int(b) for b in args.sample_batches.split(",") if b]) * -(-longest // 16) + 16
+    plain_config = EngineConfig(model=MODEL, dtype=args.dtype, num_kv_blocks=blocks)
+    # each engine loads once: an adaptive one keeps what it learned at other batch sizes, as a server would
+    plain = engine(plain_config)
+    configs = {name: engine(dataclasses.replace(plain_config, speculative_config=dict(sc)))
+               for name, sc in specs.items()}
+    table = Table("Plain decoding vs speculation", [
+        "method", "batch", "sampling", "plain tok/s", "spec tok/s", "speedup", "tau", "acceptance per position",
+        "draft share (%)", "adaptive: steps at k = 0, 1, .. (%)", "verify/decode step cost",
+        "greedy mismatch rate", "baseline drift"])
+    rows = sweep(plain, configs, prompts, batches, args.max_tokens, (0.0, 1.0), table)
+    sampled = [c for c in configs if c in ("ngram k=4", "eagle3 adaptive k<=4")] if args.workload == "chat" else []
+    if args.sample_batches and sampled:
+        rows += sweep(plain, {c: configs[c] for c in sampled}, prompts,
+                      [int(b) for b in args.sample_batches.split(",")], args.max_tokens, SAMPLED, table)
+    tables, langs = [table], {}
+    if args.workload == "chat" and not args.no_languages:
+        lt, langs = language_table(plain, configs, pairs, args.max_tokens)
+        tables.append(lt)
+    greedy = [r for r in rows if r["sampling"] == "greedy"]
+    worst = {b: min(r["speedup"] for r in greedy if r["batch"] == b and "adaptive" in r["method"]) for b in batches
+             if any("adaptive" in r["method"] for r in greedy if r["batch"] == b)}
+    best = max(greedy, key=lambda r: r["speedup"])
+    headline = (f"best: {best['method']} at batch {best['batch']}: {best['speedup']:.2f}x "
+                f"(tau {best['tau'] or 1:.2f}); "
+                f"slowest adaptive per batch: " + ", ".join(f"{v:.2f}x (b{b})" for b, v in worst.items()))
     result = BenchResult(
-        "speculative_smollm2", "Speculative decoding on SmolLM2-135M-Instruct (n-gram, EAGLE-3 head)",
-        f"{note} Target {MODEL} ({args.dtype}), {len(prompts)} held-out chat prompts ({args.per_language} per "
-        f"language: {', '.join(CHAT_LANGUAGES)}), {args.max_tokens} new tokens each, greedy, ignore_eos. Head: "
-        f"{args.head or 'none'}. Commit {commit}.", tables,
-        (f"best: {best['method']} at batch {best['batch']}: {best['speedup']:.2f}x (tau {best['tau']})"
-         if best else "no rows"),
+        out.name, f"Speculative decoding on SmolLM2-135M-Instruct ({args.workload} workload)",
+        f"{note} Target {MODEL} ({args.dtype}), {what}, {args.max_tokens} new tokens each, ignore_eos; greedy "
+        f"rows, and sampled rows (T={SAMPLED[0]}, top-p {SAMPLED[1]}, request i seeded with i in both runs). "
+        f"Verify/decode step cost: the adaptive run's measured step time per k over plain's (same batch bucket; "
+        f"arms it never measured there are absent). Head: {args.head or 'none'}. Commit {commit}.", tables, headline,
         {"draft": draft, "machine": machine_info(), "commit": commit, "head": args.head, "rows": rows,
          "languages": langs,
-         "options": {**vars(args), "out": str(Path(args.out).relative_to(ROOT)) if Path(args.out).is_relative_to(ROOT) else args.out}})
+         "options": {**vars(args), "out": str(out.relative_to(ROOT)) if out.is_relative_to(ROOT) else str(out)}})
     print_report(result)
-    write_report(result, args.out)
+    write_report(result, str(out))
     return 0
 
 

@@ -53,24 +53,46 @@ class DraftTimer:
                 self.seconds += time.perf_counter() - t0
 
         obj.propose = timed
+        self._restore = (obj, real)
+
+    def close(self) -> None:
+        """Put the proposer's own ``propose`` back (an engine measured again gets a fresh timer)."""
+        if hasattr(self, "_restore"):
+            obj, real = self._restore
+            obj.propose = real
 
 
-def measure(config: EngineConfig, prompts: list[list[int]], batch: int, max_tokens: int) -> dict[str, Any]:
-    """Greedy generation of ``max_tokens`` for every prompt (at least ``batch`` requests, prompts reused), in
-    waves of ``batch`` requests decoding together, in a fresh engine after a short warm-up: tokens/s, tau,
-    acceptance per position, the share of time spent drafting, and the outputs (to compare)."""
+def engine(config: EngineConfig) -> Any:
+    """An in-process LLM for ``config`` (DraftTimer reaches the proposer: the core must be here)."""
     from cinq.engine.llm import LLM
+    return LLM(config.model, engine_core="inproc",
+               **{f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name != "model"})
+
+
+def measure(config: EngineConfig | Any, prompts: list[list[int]], batch: int, max_tokens: int,
+            temperature: float = 0.0, top_p: float = 1.0) -> dict[str, Any]:
+    """Generation of ``max_tokens`` for every prompt (at least ``batch`` requests, prompts reused), in waves of
+    ``batch`` requests decoding together, in a fresh engine after a short warm-up: tokens/s, tau, acceptance per
+    position, the share of time spent drafting, and the outputs (to compare). Greedy by default; with a
+    ``temperature``, request i is seeded with i, so plain and speculative runs draw with the same seeds.
+    ``config``: an EngineConfig (a fresh engine), or an ``engine(config)`` to measure again (loading once; an
+    adaptive engine keeps what it learned at other batch sizes, as a serving engine would)."""
     from cinq.sampling_params import SamplingParams
-    llm = LLM(config.model, engine_core="inproc",  # DraftTimer reaches the proposer: the core must be here
-              **{f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name != "model"})
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    llm = engine(config) if isinstance(config, EngineConfig) else config
     todo = [prompts[i % len(prompts)] for i in range(max(batch, len(prompts)))]
+    params = [SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens, ignore_eos=True,
+                             seed=i if temperature > 0 else None) for i in range(len(todo))]
     llm.generate(todo[:1], SamplingParams(temperature=0, max_tokens=4))  # warm-up: kernels, allocator
     timer = DraftTimer(llm)
+    adaptive = getattr(llm.engine.scheduler.drafter, "adaptive", None)
+    chosen_before = list(adaptive.times_chosen) if adaptive else []
     before = llm.engine.get_stats()
     outs, t0 = [], time.perf_counter()
-    for at in range(0, len(todo), batch):
-        outs += llm.generate(todo[at:at + batch], params)
+    try:
+        for at in range(0, len(todo), batch):
+            outs += llm.generate(todo[at:at + batch], params[at:at + batch])
+    finally:
+        timer.close()
     elapsed = time.perf_counter() - t0
     st = llm.engine.get_stats()
     drafts = st.spec_decode_num_drafts - before.spec_decode_num_drafts
@@ -79,17 +101,25 @@ def measure(config: EngineConfig, prompts: list[list[int]], batch: int, max_toke
                     if i < len(before.spec_decode_num_accepted_tokens_per_pos) else 0)
                for i, a in enumerate(st.spec_decode_num_accepted_tokens_per_pos)]
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    return {"tok_s": tokens / elapsed, "seconds": elapsed, "tokens": tokens,
+    chosen = [a - b for a, b in zip(adaptive.times_chosen, chosen_before)] if adaptive else []
+    return {"k_share": [round(c / max(sum(chosen), 1), 3) for c in chosen],
+            "step_seconds": {f"{b},{k}": s for (b, k), s in sorted(adaptive.step_seconds.items())} if adaptive else {},
+            "tok_s": tokens / elapsed, "seconds": elapsed, "tokens": tokens,
             "tau": 1 + accepted / drafts if drafts else None,
             "accept_per_pos": [round(a / drafts, 3) for a in per_pos] if drafts else [],
             "draft_share": timer.seconds / elapsed, "outputs": [o.outputs[0].token_ids for o in outs]}
 
 
 def compare(label: dict[str, Any], base: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
-    """One row: the label, plain and speculative tokens/s, the speedup, tau, acceptance, greedy identity."""
+    """One row: the label, plain and speculative tokens/s, the speedup, tau, acceptance, greedy identity and the
+    mismatch rate (the fraction of outputs that differ from plain decoding's: bf16 near-ties flip under the
+    verify step's other row count, then the continuations part)."""
+    differ = sum(a != b for a, b in zip(spec["outputs"], base["outputs"]))
     return {**label, "plain_tok_s": base["tok_s"], "spec_tok_s": spec["tok_s"],
             "speedup": spec["tok_s"] / base["tok_s"], "tau": spec["tau"], "accept_per_pos": spec["accept_per_pos"],
-            "draft_share": spec["draft_share"], "greedy_identical": spec["outputs"] == base["outputs"]}
+            "draft_share": spec["draft_share"], "greedy_identical": differ == 0, "step_seconds": spec["step_seconds"],
+            "k_share": spec["k_share"],
+            "mismatch_rate": differ / max(len(base["outputs"]), 1)}
 
 
 def run_spec(config: EngineConfig, options: SpecOptions, progress: bool = True) -> BenchResult:

@@ -2,19 +2,31 @@
 that maximises expected output tokens per second at this batch size, from what the engine measured.
 
 Expected tokens a request emits in a step with k drafts: 1 + sum_{i<k} a_i, where a_i is the measured rate at
-which a draft at position i is accepted (counted only when the step drafted that far: vLLM's per-position
-counters). A step's cost is measured, as wall time of the runner's execute, per (batch-size bucket, k), as an
-exponential moving average over decode-only steps (a prefill chunk in the step would blur it); an arm's first
-step in a bucket is not counted (new shapes build kernels and caches then). Throughput is batch * tokens /
-cost; plain decoding (k = 0) is one of the arms, so the choice is never knowingly slower than it, and k = 0
-proposes nothing (off costs nothing).
+which a request offered a draft position i (a step with k > i) got a draft there that the target accepted. Per
+position and per offer, not per draft: an n-gram drafter finds no match for many requests, and a step that offers
+4 positions to requests that draft none emits one token each, which a per-draft rate would overstate.
+
+A step's cost is measured, as wall time of the runner's execute, per (batch-size bucket, k), as an exponential
+moving average over decode-only steps (a prefill chunk in the step would blur it); an arm's first step in a
+bucket is not counted (new shapes build kernels and caches then). Throughput is batch * tokens / cost; plain
+decoding (k = 0) is one of the arms, so the choice is never knowingly slower than it, and k = 0 proposes nothing
+(off costs nothing).
 
 Costs are modelled, not only explored: ``step cost = a + b * k + c * B * (k + 1)`` (a fixed dispatch cost, a
 draft cost per position, the target's cost per verified row), fitted by least squares to every measured arm of
 every bucket (its EMA, at the mean batch size it saw). Once the measurements pin the three terms down (arms at
-two k and rows at two batch sizes), a bucket's unmeasured arms are priced by the model instead of being tried;
-until then arms not yet measured in a bucket are tried (twice: the first is the warm-up) before any is chosen.
-Every ``explore_every`` steps the next arm in turn is re-tried so that a change in acceptance or load is noticed.
+two k and rows at two batch sizes), a bucket's unmeasured arms are priced by the model instead of being tried.
+Until then a bucket's arms are tried in increasing k (twice: the first is the warm-up), skipping an arm that
+cannot win: a step verifying more drafts costs at least what a shorter one measured, so k is hopeless when its
+expected tokens over the dearest shorter arm's cost do not beat the best throughput measured (with the verify
+step as dear as it is today, low acceptance stops exploration at k = 1). Nothing about the kernels is assumed:
+when verify steps get cheaper, the measured costs say so.
+
+Arms are re-tried now and then (one every ``explore_every`` choices, the one most overdue: the best arm's
+neighbours, and arms that could still win) so that a change in acceptance or load is noticed; an arm that lost
+its re-try waits twice as long for the next one (up to ``2 ** max_backoff`` times), so a method that does not
+pay costs little more than plain decoding. A step time above twice the arm's estimate (the OS took the core)
+counts as twice the estimate: one preempted step must not turn an arm off.
 """
 
 from __future__ import annotations
@@ -22,6 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
+PRUNE_PRIOR = 2  # offers counted as accepted when judging whether an untried arm could win
 
 
 def batch_bucket(batch_size: int) -> int:
@@ -35,43 +49,105 @@ class AdaptiveK:
 
     k_max: int
     explore_every: int = 32
+    max_backoff: int = 5  # a losing arm is re-tried at least every explore_every * 2 ** max_backoff choices
     ema: float = 0.2  # weight of the newest step time
+    margin: float = 0.03  # speculation is chosen only when expected to beat plain decoding by this much
     step_seconds: dict[tuple[int, int], float] = field(default_factory=dict)  # (bucket, k) -> EMA seconds
     warmed: set[tuple[int, int]] = field(default_factory=set)  # arms whose warm-up step was seen
-    drafted_per_pos: list[int] = field(default_factory=list)
+    offered_per_pos: list[int] = field(default_factory=list)  # requests in steps whose k reached the position
     accepted_per_pos: list[int] = field(default_factory=list)
     num_choices: int = 0
     batch_sum: dict[tuple[int, int], float] = field(default_factory=dict)  # (bucket, k) -> sum of batch sizes seen
     batch_count: dict[tuple[int, int], int] = field(default_factory=dict)
+    last_chosen: list[int] = field(default_factory=list)  # per arm: the choice number it last ran at
+    losses: list[int] = field(default_factory=list)  # per arm: re-tries in a row after which it was not the best
+    times_chosen: list[int] = field(default_factory=list)  # per arm: steps it ran (what a report shows)
+    _probe: int | None = None  # the arm the last re-try ran, judged at the next choice
     _model: tuple[float, float, float] | None = None
     _model_at: int = -1  # len(step_seconds) when _model was fitted
 
     def __post_init__(self) -> None:
-        self.drafted_per_pos = [0] * self.k_max
+        self.offered_per_pos = [0] * self.k_max
         self.accepted_per_pos = [0] * self.k_max
+        self.last_chosen = [0] * (self.k_max + 1)
+        self.losses = [0] * (self.k_max + 1)
+        self.times_chosen = [0] * (self.k_max + 1)
 
-    def acceptance(self, pos: int) -> float:
-        """Measured acceptance rate of a draft at ``pos`` (0-based); optimistic 1.0 before any evidence, so that
-        speculation gets measured at all."""
-        d = self.drafted_per_pos[pos]
-        return self.accepted_per_pos[pos] / d if d else 1.0
+    def acceptance(self, pos: int, prior: int = 0) -> float:
+        """Measured rate at which a request offered draft position ``pos`` (0-based) gets an accepted draft
+        there. A position never offered yet takes the rate of the last one measured (a draft is accepted only
+        after its predecessors were), or an optimistic 1.0 before any evidence, so that speculation gets
+        measured at all. ``prior``: that many offers counted as accepted (an optimistic estimate)."""
+        for p in range(pos, -1, -1):
+            if self.offered_per_pos[p]:
+                return (self.accepted_per_pos[p] + prior) / (self.offered_per_pos[p] + prior)
+        return 1.0
 
-    def expected_tokens(self, k: int) -> float:
-        return 1.0 + sum(self.acceptance(i) for i in range(k))
+    def expected_tokens(self, k: int, prior: int = 0) -> float:
+        return 1.0 + sum(self.acceptance(i, prior) for i in range(k))
 
     def choose(self, batch_size: int, k_cap: int | None = None) -> int:
         """k for a step decoding ``batch_size`` requests (``k_cap``: an upper bound, e.g. from
         ``num_speculative_tokens_per_batch_size``)."""
         top = self.k_max if k_cap is None else min(self.k_max, k_cap)
-        bucket = batch_bucket(batch_size)
         self.num_choices += 1
-        model = self.cost_model()
-        untried = [k for k in range(top, -1, -1) if (bucket, k) not in self.step_seconds]
-        if untried and model is None:
-            return untried[0]
-        if self.num_choices % self.explore_every == 0:  # re-measure every arm in turn, now and then
-            return (self.num_choices // self.explore_every) % (top + 1)
-        return max(range(top + 1), key=lambda k: self.expected_tokens(k) / self.cost(batch_size, k))
+        k = self._untried(batch_size, top)
+        if k is None:
+            best = self._best(batch_size, top)
+            if self._probe is not None:  # the last re-try is measured now: did it win?
+                self.losses[self._probe] = 0 if best == self._probe else self.losses[self._probe] + 1
+                self._probe = None
+            k = self._overdue(batch_size, best, top) if self.num_choices % self.explore_every == 0 else None
+            if k is None:
+                k = best
+            else:
+                self._probe = k
+        self.last_chosen[k] = self.num_choices
+        self.times_chosen[k] += 1
+        return k
+
+    def _untried(self, batch_size: int, top: int) -> int | None:
+        """The next arm to measure in this bucket before choosing by throughput, or None."""
+        if self.cost_model() is not None:
+            return None
+        bucket = batch_bucket(batch_size)
+        best_rate = max((self.expected_tokens(k) / s for (b, k), s in self.step_seconds.items()
+                         if b == bucket and k <= top), default=0.0)
+        return next((k for k in range(top + 1) if (bucket, k) not in self.step_seconds
+                     and self._could_win(batch_size, k, best_rate)), None)
+
+    def _could_win(self, batch_size: int, k: int, best_rate: float) -> bool:
+        """Whether arm k might beat ``best_rate`` tokens/s: optimistic acceptance (a few offers must not rule an
+        arm out) over its cost, or, unmeasured and unmodelled, over the dearest shorter arm's (a step verifying
+        more drafts costs at least that)."""
+        bucket = batch_bucket(batch_size)
+        if (bucket, k) in self.step_seconds or self.cost_model() is not None:
+            floor = self.cost(batch_size, k)
+        else:
+            floor = max((s for (b, j), s in self.step_seconds.items() if b == bucket and j < k), default=0.0)
+        return floor == 0.0 or self.expected_tokens(k, PRUNE_PRIOR) / floor > best_rate
+
+    def _best(self, batch_size: int, top: int) -> int:
+        """The arm of the highest expected rate; plain decoding unless speculation beats it by ``margin`` (the
+        winner's curse: among noisy estimates, the one that looks best is too often one that got lucky)."""
+        bucket, priced = batch_bucket(batch_size), self.cost_model() is not None
+        rates = {k: self.expected_tokens(k) / self.cost(batch_size, k) for k in range(top + 1)
+                 if priced or (bucket, k) in self.step_seconds}
+        best = max(rates, key=rates.__getitem__)
+        return 0 if 0 in rates and rates[best] < rates[0] * (1 + self.margin) else best
+
+    def _overdue(self, batch_size: int, best: int, top: int) -> int | None:
+        """The arm whose re-try is most overdue (a loser waits ``explore_every * 2 ** losses``), or None. Only
+        the best arm's neighbours (they notice a change in acceptance) and arms that could still win are
+        re-tried: a hopeless arm is never paid for."""
+        best_rate = self.expected_tokens(best) / self.cost(batch_size, best)
+        due = {k: self.last_chosen[k] + (self.explore_every << min(self.losses[k], self.max_backoff))
+               for k in range(top + 1)
+               if k != best and (abs(k - best) == 1 or self._could_win(batch_size, k, best_rate))}
+        if not due:
+            return None
+        k = min(due, key=due.__getitem__)
+        return k if due[k] <= self.num_choices else None
 
     def cost(self, batch_size: int, k: int) -> float:
         """Step seconds with ``k`` drafts at ``batch_size``: measured in its bucket, else the model's price."""
@@ -102,9 +178,9 @@ class AdaptiveK:
     def observe(self, batch_size: int, k: int, seconds: float, drafted: list[int], accepted: list[int]) -> None:
         """A decode-only step with ``k`` drafts per request took ``seconds``; ``drafted`` / ``accepted``: per
         request, drafts verified and accepted (each request's accepted drafts are its first ones)."""
-        for d, a in zip(drafted, accepted):
-            for pos in range(min(d, self.k_max)):
-                self.drafted_per_pos[pos] += 1
+        for a in accepted:
+            for pos in range(min(k, self.k_max)):
+                self.offered_per_pos[pos] += 1
                 if pos < a:
                     self.accepted_per_pos[pos] += 1
         key = (batch_bucket(batch_size), k)
@@ -114,4 +190,6 @@ class AdaptiveK:
             self.warmed.add(key)
             return
         old = self.step_seconds.get(key)
+        if old is not None:  # a step the OS took the core from counts as twice the estimate at most
+            seconds = min(seconds, 2 * old)
         self.step_seconds[key] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds

@@ -22,7 +22,7 @@ import torch
 from cinq.errors import InvalidParameterError
 from cinq.model.config import ModelConfig
 from cinq.model.llama import LlamaForCausalLM
-from cinq.spec.proposer import DraftSampling, Proposals, StepView, bind_paged_kv, draft_chains, paged_kv_bytes
+from cinq.spec.proposer import DraftSampling, PagedKVProposer, Proposals, StepView, draft_chains
 from cinq.step.batch_inputs import build_batch
 from cinq.step.scheduler_output import ScheduledSeq
 
@@ -56,34 +56,21 @@ def _tokenizer_vocab(folder: Path) -> dict | None:
     return vocab if isinstance(vocab, dict) else None
 
 
-class DraftModelProposer:
+class DraftModelProposer(PagedKVProposer):
     """Proposes with ``model``; ``probabilistic``: sample drafts from the draft's distribution (else argmax)."""
 
     needs_layer_states = False
 
     def __init__(self, model: LlamaForCausalLM, device: torch.device, kv_dtype: torch.dtype,
                  probabilistic: bool, generator: torch.Generator) -> None:
+        super().__init__(device, kv_dtype, probabilistic, generator)
         self.model = model
-        self.device = device
-        self.kv_dtype = kv_dtype
-        self.probabilistic = probabilistic
-        self.generator = generator
-        self.block_size = 0
-        self.pad_block_ids: list[int] = []
-        self.kv_caches: list[torch.Tensor] = []
         self.valid: dict[str, int] = {}  # request -> leading positions whose draft K/V is valid
         self._drafted: dict[str, int] = {}  # request -> drafts fed to the draft this step (k - 1)
 
-    def kv_bytes_per_block(self, block_size: int) -> int:
+    def kv_layers(self) -> tuple[list[torch.nn.Module], int, int]:
         cfg = self.model.config
-        return paged_kv_bytes(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, block_size, self.kv_dtype)
-
-    def initialize_cache(self, num_blocks: int, block_size: int, pad_block_ids: list[int]) -> None:
-        """KV tensors for ``num_blocks`` blocks (the target's pool plus its scratch blocks)."""
-        cfg = self.model.config
-        self.block_size, self.pad_block_ids = block_size, pad_block_ids
-        self.kv_caches = bind_paged_kv(self.model.attention_layers(), cfg.num_key_value_heads, cfg.head_dim,
-                                       num_blocks, block_size, self.kv_dtype, self.device)
+        return self.model.attention_layers(), cfg.num_key_value_heads, cfg.head_dim
 
     def forget(self, request_id: str) -> None:
         self.valid.pop(request_id, None)

@@ -13,11 +13,13 @@ the head up over them, that costs acceptance, never exactness.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from cinq.model.llama import LlamaForCausalLM
 from cinq.spec.eagle import EagleHead
-from cinq.spec.proposer import DraftSampling, Proposals, StepView, bind_paged_kv, draft_chains, paged_kv_bytes
+from cinq.spec.proposer import DraftSampling, PagedKVProposer, Proposals, StepView, draft_chains
 from cinq.spec.eagle_tree import TreeRoots, dynamic_tree, static_tree
 from cinq.spec.tree import TreeShape
 from cinq.step.batch_inputs import TreeGroup, build_batch
@@ -27,39 +29,56 @@ from cinq.step.scheduler_output import ScheduledSeq
 MAX_PENDING = 4096  # committed positions whose features wait for the head, per request
 
 
-class EagleProposer:
+@dataclass(slots=True)
+class PendingFeatures:
+    """One request's committed target features [m, F] from position ``first`` on, not yet fed to the head: a
+    list of per-step chunks, joined only at the catch-up (joining every step would copy all of them each step
+    a request spends with speculation off)."""
+
+    first: int
+    chunks: list[torch.Tensor]
+    length: int
+
+    @property
+    def end(self) -> int:
+        return self.first + self.length
+
+    def rows(self) -> torch.Tensor:
+        return self.chunks[0] if len(self.chunks) == 1 else torch.cat(self.chunks)
+
+    def append_at(self, pos: int, kept: torch.Tensor) -> None:
+        """Add ``kept`` at position ``pos`` (first <= pos <= end): only what is before ``pos`` stays trusted (a
+        preempted request may restart inside its old features). Past ``MAX_PENDING`` positions whole chunks go
+        from the front: older features then only cost acceptance."""
+        if pos < self.end:
+            self.chunks, self.length = [self.rows()[:pos - self.first]], pos - self.first
+        self.chunks.append(kept)
+        self.length += kept.shape[0]
+        while len(self.chunks) > 1 and self.length - self.chunks[0].shape[0] >= MAX_PENDING:
+            n = self.chunks.pop(0).shape[0]
+            self.first, self.length = self.first + n, self.length - n
+
+
+class EagleProposer(PagedKVProposer):
     """Drafts with ``head`` on ``target``'s features (``method: eagle`` or ``eagle3``)."""
 
     def __init__(self, head: EagleHead, target: LlamaForCausalLM, device: torch.device, kv_dtype: torch.dtype,
                  probabilistic: bool, generator: torch.Generator, tree: TreeShape | None = None,
                  tree_topk: int = 0, tree_depth: int = 0, tree_nodes: int = 0) -> None:
+        super().__init__(device, kv_dtype, probabilistic, generator)
         self.head = head
         # a static tree, or EAGLE-2's dynamic one (tree_topk > 0: tree_nodes drafts, tree_depth levels)
         self.tree = tree
         self.tree_topk, self.tree_depth = tree_topk, tree_depth
         self.tree_nodes = len(tree.paths) if tree is not None else tree_nodes if tree_topk else 0
         self.target = target
-        self.device = device
-        self.kv_dtype = kv_dtype
-        self.probabilistic = probabilistic
-        self.generator = generator
         self.needs_layer_states = head.method == "eagle3"
-        self.block_size = 0
-        self.pad_block_ids: list[int] = []
-        self.kv_caches: list[torch.Tensor] = []
-        # request -> (first position, fused target features [m, H]) committed last step, not yet fed to the head
-        self.pending: dict[str, tuple[int, torch.Tensor]] = {}
+        # request -> target features committed, not yet fed to the head
+        self.pending: dict[str, PendingFeatures] = {}
 
-    def kv_bytes_per_block(self, block_size: int) -> int:
+    def kv_layers(self) -> tuple[list[torch.nn.Module], int, int]:
         cfg = self.head.config
-        return paged_kv_bytes(len(self.head.attention_layers()), cfg.num_key_value_heads, cfg.head_dim, block_size,
-                              self.kv_dtype)
-
-    def initialize_cache(self, num_blocks: int, block_size: int, pad_block_ids: list[int]) -> None:
-        cfg = self.head.config
-        self.block_size, self.pad_block_ids = block_size, pad_block_ids
-        self.kv_caches = bind_paged_kv(self.head.attention_layers(), cfg.num_key_value_heads, cfg.head_dim,
-                                       num_blocks, block_size, self.kv_dtype, self.device)
+        return self.head.attention_layers(), cfg.num_key_value_heads, cfg.head_dim
 
     def forget(self, request_id: str) -> None:
         self.pending.pop(request_id, None)
@@ -78,7 +97,7 @@ class EagleProposer:
             entry = self.pending.pop(s.request_id, None)
             if entry is None:
                 continue
-            first, feat = entry
+            first, feat = entry.first, entry.rows()
             # only what the target still trusts (a preempted request restarts before its old features)
             m = min(feat.shape[0], s.start_pos - first)
             if m <= 0:
@@ -92,7 +111,8 @@ class EagleProposer:
             return self._fallback(seqs, want, history, out)
         batch = build_batch(rows_in, self.block_size, self.pad_block_ids, self.device)
         by_id = dict(zip(ids, feats))
-        feature = _pad_rows(torch.cat([by_id[s.request_id] for s in batch.seqs]), batch.input_ids.shape[0])
+        feature = _pad_rows(self._fused(torch.cat([by_id[s.request_id] for s in batch.seqs])),
+                            batch.input_ids.shape[0])
         next_feat, normed = self.head(batch.input_ids, feature, batch.positions, batch.meta)
         live = [(s, row) for s, row in zip(batch.seqs, batch.last_rows()) if s.request_id in want]
         block_ids = {s.request_id: s.block_ids for s in seqs}
@@ -170,12 +190,13 @@ class EagleProposer:
         return out
 
     def commit(self, view: StepView) -> None:
-        """Keep the fused features of the positions the target kept, for the head's next catch-up: they pile up
+        """Keep the target features of the positions the target kept, for the head's next catch-up: they pile up
         while a request does not speculate (up to ``MAX_PENDING`` positions; older ones then only cost
-        acceptance)."""
+        acceptance). EAGLE-3's three layers are kept side by side and fused at the catch-up, so that a step
+        with speculation off runs no head layer at all (off costs nothing)."""
         if self.needs_layer_states:
             assert view.layer_states is not None
-            fused = self.head.fuse([view.layer_states[i] for i in self.head.feature_layers])
+            fused = torch.cat([view.layer_states[i] for i in self.head.feature_layers], dim=-1)
         else:
             fused = view.hidden
         for i, s in enumerate(view.batch.seqs):
@@ -183,18 +204,21 @@ class EagleProposer:
             if not rows:
                 continue
             contiguous = rows[-1] - rows[0] + 1 == len(rows)
-            kept = fused[rows[0]:rows[-1] + 1] if contiguous else fused[torch.tensor(rows, device=fused.device)]
+            # a copy: a view would keep the whole step's tensor alive while the request is off
+            kept = fused[rows[0]:rows[-1] + 1].clone() if contiguous else \
+                fused[torch.tensor(rows, device=fused.device)]
             old = self.pending.get(s.request_id)
-            if old is not None and old[0] <= s.start_pos <= old[0] + old[1].shape[0]:
-                # what is still trusted of the old features (a preempted request may restart inside them)
-                kept = torch.cat([old[1][:s.start_pos - old[0]], kept])
-                first = old[0]
+            if old is not None and old.first <= s.start_pos <= old.end:
+                old.append_at(s.start_pos, kept)
             else:
-                first = s.start_pos
-            if kept.shape[0] > MAX_PENDING:
-                first += kept.shape[0] - MAX_PENDING
-                kept = kept[-MAX_PENDING:]
-            self.pending[s.request_id] = (first, kept)
+                self.pending[s.request_id] = PendingFeatures(s.start_pos, [kept], kept.shape[0])
+
+
+    def _fused(self, kept: torch.Tensor) -> torch.Tensor:
+        """The head's input features [n, H] from what ``commit`` kept (EAGLE-3: its layers side by side)."""
+        if not self.needs_layer_states:
+            return kept
+        return self.head.fuse(list(kept.chunk(len(self.head.feature_layers), dim=-1)))
 
 
 def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:

@@ -54,10 +54,7 @@ class MedusaHeads(nn.Module):
     def __init__(self, hidden_size: int, vocab_size: int, num_heads: int, spec: HeadSpec, num_layers: int = 1,
                  dtype: torch.dtype | None = None, target_lm_head: nn.Module | None = None) -> None:
         super().__init__()
-        if not 1 <= num_heads <= MAX_HEADS:
-            raise InvalidParameterError(f"medusa: num_heads must be in [1, {MAX_HEADS}], got {num_heads}",
-                                        "num_heads")
-        self.num_heads = num_heads
+        self.num_heads = num_heads  # checked where it comes in: new_medusa_heads, load_medusa_heads
         self.hidden_size = hidden_size
         self.vocab_size = vocab_size
         self.spec = spec
@@ -101,6 +98,8 @@ def new_medusa_heads(target: LlamaForCausalLM, num_heads: int, num_layers: int =
                      original_lm_head: bool = False) -> MedusaHeads:
     """Heads for ``target`` (float32, on its device): residual blocks at zero, LM heads copied from the target's
     (a dense one), or the target's own shared with ``original_lm_head``."""
+    if not 1 <= num_heads <= MAX_HEADS:
+        raise InvalidParameterError(f"medusa: num_heads must be in [1, {MAX_HEADS}], got {num_heads}", "num_heads")
     c = target.config
     spec = HeadSpec("medusa", TargetFingerprint.of(target, target_name))
     device = target.model.embed_tokens.weight.device

@@ -136,3 +136,33 @@ def bind_paged_kv(layers: list[torch.nn.Module], num_kv_heads: int, head_dim: in
     for attn, cache in zip(layers, caches):
         attn.kv_cache = cache
     return caches
+
+
+class PagedKVProposer:
+    """The base of proposers with their own paged KV over the target's block ids (a draft model, an EAGLE head):
+    how they draw drafts, and their KV, sized and bound from the attention layers ``kv_layers`` names."""
+
+    def __init__(self, device: torch.device, kv_dtype: torch.dtype, probabilistic: bool,
+                 generator: torch.Generator) -> None:
+        self.device = device
+        self.kv_dtype = kv_dtype
+        self.probabilistic = probabilistic
+        self.generator = generator
+        self.block_size = 0
+        self.pad_block_ids: list[int] = []
+        self.kv_caches: list[torch.Tensor] = []
+
+    def kv_layers(self) -> tuple[list[torch.nn.Module], int, int]:
+        """The proposer's attention layers, their KV heads and head size."""
+        raise NotImplementedError
+
+    def kv_bytes_per_block(self, block_size: int) -> int:
+        layers, num_kv_heads, head_dim = self.kv_layers()
+        return paged_kv_bytes(len(layers), num_kv_heads, head_dim, block_size, self.kv_dtype)
+
+    def initialize_cache(self, num_blocks: int, block_size: int, pad_block_ids: list[int]) -> None:
+        """KV tensors for ``num_blocks`` blocks (the target's pool plus its scratch blocks)."""
+        layers, num_kv_heads, head_dim = self.kv_layers()
+        self.block_size, self.pad_block_ids = block_size, pad_block_ids
+        self.kv_caches = bind_paged_kv(layers, num_kv_heads, head_dim, num_blocks, block_size, self.kv_dtype,
+                                       self.device)

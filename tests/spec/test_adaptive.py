@@ -50,12 +50,50 @@ def test_low_acceptance_turns_speculation_off_even_at_batch_one() -> None:
     assert max(set(chosen[-100:]), key=chosen[-100:].count) == 0
 
 
-def test_every_arm_is_measured_before_choosing_and_re_explored() -> None:
+def test_arms_are_measured_in_increasing_k_and_re_explored() -> None:
     adaptive = AdaptiveK(k_max=3, explore_every=10)
     chosen = simulate(adaptive, 2, dispatch_bound, accept_rate=0.9, steps=100)
-    assert chosen[:8] == [3, 3, 2, 2, 1, 1, 0, 0]  # each arm twice (warm-up, then measured), largest first
-    assert set(chosen[i] for i in range(9, 100, 10)) == {0, 1, 2, 3}  # the periodic re-try of every arm
+    assert chosen[:8] == [0, 0, 1, 1, 2, 2, 3, 3]  # each arm twice (warm-up, then measured), plain first
     assert {(batch_bucket(2), k) for k in range(4)} <= set(adaptive.step_seconds)
+    assert set(chosen[9:100:10]) - {3}  # the periodic re-try of a losing arm
+
+
+def test_a_hopeless_arm_is_never_tried() -> None:
+    """With the verify step as dear as on the CPU today (a 2-row step costs 1.7 decode steps) and drafts rarely
+    accepted, k = 2.. cannot pay whatever it costs beyond k = 1: exploration stops at k = 1 (a broken pruning
+    would try k = 2, 3, 4 and fail the set check), and re-tries never pay for them either."""
+    adaptive = AdaptiveK(k_max=4, explore_every=8)
+    chosen = simulate(adaptive, 8, lambda b, k: 1.0 if k == 0 else 1.5 + 0.2 * k, accept_rate=0.1, steps=500)
+    assert chosen[:3] == [0, 0, 1]
+    # nor re-tried: only k = 1, the best arm's neighbour, now and then
+    assert set(chosen) == {0, 1} and chosen[4:].count(1) <= 12
+
+
+def test_re_tries_of_a_losing_arm_back_off() -> None:
+    """Off where speculation does not pay costs little: a losing arm's re-tries double their gap each time,
+    so 2000 steps re-try far fewer times than a fixed period would (2000 / 32 = 62)."""
+    adaptive = AdaptiveK(k_max=1, explore_every=32, max_backoff=5)
+    chosen = simulate(adaptive, 1, lambda b, k: 1.0 + k, accept_rate=0.2, steps=2000)
+    assert chosen[-1000:].count(1) <= 1000 // (32 << 5) + 1
+    assert 2 <= chosen.count(1) <= 12
+
+
+def test_speculation_turns_back_on_when_acceptance_rises() -> None:
+    adaptive = AdaptiveK(k_max=4, explore_every=8, max_backoff=2)
+    cost = lambda b, k: 1.0 + 0.3 * k  # noqa: E731
+    off = simulate(adaptive, 1, cost, accept_rate=0.05, steps=200)
+    assert off[-50:].count(0) >= 40
+    on = simulate(adaptive, 1, cost, accept_rate=0.95, steps=600, seed=3)
+    assert max(set(on[-100:]), key=on[-100:].count) == 4
+
+
+def test_acceptance_counts_offered_positions_not_drafts() -> None:
+    """An n-gram step offers k positions; a request that found no match drafts none and emits one token, so a
+    position's rate is over the requests offered it: half the requests drafting (all accepted) is 0.5."""
+    adaptive = AdaptiveK(k_max=2)
+    adaptive.observe(4, 2, 1.0, [2, 2, 0, 0], [2, 2, 0, 0])
+    assert adaptive.acceptance(0) == adaptive.acceptance(1) == 0.5
+    assert adaptive.expected_tokens(2) == 2.0
 
 
 def test_batch_buckets_are_powers_of_two() -> None:
@@ -84,3 +122,14 @@ def test_the_cost_model_prices_a_new_batch_size_without_trying_every_arm() -> No
     # batch 512 is priced by the model: plain decoding from the first step, no arm tried for nothing
     assert chosen == [0] * 30
     assert {k for (bucket, k) in adaptive.step_seconds if bucket == batch_bucket(512)} == {0}
+
+
+def test_a_marginal_gain_stays_off() -> None:
+    """Speculation expected 1 % faster (within the 3 % margin) stays off; 10 % faster turns on."""
+    for gain, expect in ((1.01, 0), (1.10, 1)):
+        adaptive = AdaptiveK(k_max=1, explore_every=1000)
+        adaptive.observe(1, 0, 1.0, [0], [0])
+        adaptive.observe(1, 0, 1.0, [0], [0])
+        adaptive.observe(1, 1, 1.0, [1], [1])  # warm-up; acceptance 1.0 at position 0: 2 tokens per step
+        adaptive.observe(1, 1, 2.0 / gain, [1], [1])
+        assert adaptive.choose(1) == expect

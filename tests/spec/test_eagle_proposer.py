@@ -245,3 +245,39 @@ def test_logprobs_n_and_stop_strings_match_plain_decoding(tiny_llama: Path, head
                 assert la.keys() == lb.keys()
                 assert all(abs(la[t].logprob - lb[t].logprob) < 1e-4 for t in la)
     assert llm.engine.get_stats().spec_decode_num_drafts > 0
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "medusa", "draft_model"])
+def test_speculation_off_runs_no_proposer_layer(tiny_llama: Path, heads, method: str) -> None:
+    """k = 0 (what adaptive k picks where drafts do not pay) is plain decoding: the same output and not one call
+    of a head's or draft's layer (EAGLE-3 fuses its features at the catch-up, never while off). A proposer that
+    kept its state up to date while off would fail the count."""
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    plain = [o.outputs[0].token_ids for o in LLM(str(tiny_llama), dtype="float32").generate(PROMPTS, params)]
+    model = str(tiny_llama) if method == "draft_model" else str(heads[method])
+    llm = LLM(str(tiny_llama), dtype="float32",
+              speculative_config={"method": method, "model": model, "num_speculative_tokens": 3,
+                                  "num_speculative_tokens_per_batch_size": [[1, 1024, 0]]})
+    proposer = llm.engine.executor.proposer
+    module = {"medusa": "heads", "draft_model": "model"}.get(method, "head")
+    calls = []
+    for sub in getattr(proposer, module).modules():
+        sub.register_forward_pre_hook(lambda mod, args: calls.append(type(mod).__name__))
+    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)] == plain
+    assert calls == [] and llm.engine.get_stats().spec_decode_num_drafts == 0
+
+
+def test_pending_features_append_restart_and_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks join only when read; a restart inside them keeps what came before it; past the cap whole chunks
+    leave from the front (positions stay aligned with rows)."""
+    from cinq.spec import eagle_proposer
+    monkeypatch.setattr(eagle_proposer, "MAX_PENDING", 4)
+    rows = lambda a, b: torch.arange(a, b, dtype=torch.float32)[:, None]  # noqa: E731 - row i holds position i
+    p = eagle_proposer.PendingFeatures(10, [rows(10, 12)], 2)
+    p.append_at(12, rows(12, 13))
+    assert (p.first, p.end, p.rows().flatten().tolist()) == (10, 13, [10, 11, 12])
+    p.append_at(11, rows(11, 12))  # preempted, recomputed from position 11
+    assert (p.first, p.end, p.rows().flatten().tolist()) == (10, 12, [10, 11])
+    for pos in range(12, 16):
+        p.append_at(pos, rows(pos, pos + 1))
+    assert p.rows().flatten().tolist() == list(range(p.first, p.end)) and p.end == 16 and p.length <= 5
