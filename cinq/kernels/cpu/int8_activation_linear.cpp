@@ -175,11 +175,7 @@ void row_kernel(const Call<S>& c, int64_t m0, int64_t n, float* cb) {
   // A accumulators per row, block b into acc[b % A]: with one or two rows in flight a single FMA chain (4 cycles
   // a step) would bound the call, not the unpacking nor the stream
   constexpr int A = MB <= 2 ? 2 : 1;
-  __m256 acc[A][MB];
-#pragma GCC unroll 4
-  for (int a = 0; a < A; ++a)
-#pragma GCC unroll 8
-    for (int m = 0; m < MB; ++m) acc[a][m] = _mm256_setzero_ps();
+  __m256 acc[A][MB] = {};
   for (int64_t b8 = 0; b8 < B; b8 += 8) {
     __m256 sv, zv;
     block_factors(c, n, b8, sv, zv);
@@ -319,26 +315,14 @@ std::vector<torch::Tensor> quantize_activations_i8(torch::Tensor x) {
 }
 
 #if defined(CINQ_REGISTER_OPS)
-// torch.ops.cinq.*_i8 in C++, as grouped_int_linear.cpp's: what compiled code calls; Meta kernels for fake tensors
-namespace {
-at::Tensor meta_int4(at::Tensor x, at::Tensor codes, at::Tensor, at::Tensor, int64_t, int64_t) {
-  return at::empty({x.size(0), codes.size(0)}, x.options().dtype(at::kBFloat16));
-}
-at::Tensor meta_int8(at::Tensor x, at::Tensor codes, at::Tensor, at::Tensor, int64_t) {
-  return at::empty({x.size(0), codes.size(0)}, x.options().dtype(at::kBFloat16));
-}
-}  // namespace
+// torch.ops.cinq.*_i8 in C++, as grouped_int_linear.cpp's
 TORCH_LIBRARY_FRAGMENT(cinq, m) {
-  m.def("int4_affine_linear_i8(Tensor x, Tensor codes, Tensor scales, Tensor mins, int group, int q_offset) -> Tensor");
-  m.def("int8_grouped_linear_i8(Tensor x, Tensor codes, Tensor scales, Tensor mins, int group) -> Tensor");
-}
-TORCH_LIBRARY_IMPL(cinq, CPU, m) {
-  m.impl("int4_affine_linear_i8", &int4_affine_linear_i8);
-  m.impl("int8_grouped_linear_i8", &int8_grouped_linear_i8);
-}
-TORCH_LIBRARY_IMPL(cinq, Meta, m) {
-  m.impl("int4_affine_linear_i8", &meta_int4);
-  m.impl("int8_grouped_linear_i8", &meta_int8);
+  cinq_small_m::def_linear_op(
+      m, "int4_affine_linear_i8(Tensor x, Tensor codes, Tensor scales, Tensor mins, int group, int q_offset) -> Tensor",
+      &int4_affine_linear_i8);
+  cinq_small_m::def_linear_op(
+      m, "int8_grouped_linear_i8(Tensor x, Tensor codes, Tensor scales, Tensor mins, int group) -> Tensor",
+      &int8_grouped_linear_i8);
 }
 #endif
 
@@ -346,9 +330,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_affine_linear_i8", &int4_affine_linear_i8, "x @ (scale * (q - offset) + min)^T, int8 activations");
   m.def("int8_grouped_linear_i8", &int8_grouped_linear_i8, "x @ (scale * q + min)^T, int8 activations");
   m.def("quantize_activations_i8", &quantize_activations_i8, "x to int8 per 32-block, as the kernels do");
-#if defined(CINQ_SMALL_M_AVX2)
-  m.def("has_fast_path", [] { return true; });
-#else
-  m.def("has_fast_path", [] { return false; });
-#endif
+  m.def("has_fast_path", [] { return cinq_small_m::kFastPath; });
 }
