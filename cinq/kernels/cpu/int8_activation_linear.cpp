@@ -97,6 +97,7 @@ struct Call {
   uint16_t* y;           // [M, N] bf16 bits
   int64_t M, N, K, group, offset;
   int64_t Bp;            // K / 32 rounded up to whole vectors of 8: the row length of xs and xsum
+  const int32_t* lanes;  // group > 32: [Bp / 8 chunks][9], a chunk's first group, then lane j's group after it
 };
 
 #if defined(CINQ_SMALL_M_AVX2)
@@ -145,13 +146,14 @@ inline __m256 load8_within(const S* p, int64_t avail) {
 template <typename S>
 inline void block_factors(const Call<S>& c, int64_t n, int64_t b8, __m256& sv, __m256& zv) {
   const int64_t B = c.K / kBlock, G = c.K / c.group, per = c.group / kBlock;
-  const int64_t g0 = b8 / per, at = n * G + g0, avail = c.N * G - at;
+  // block b8 + j has group (b8 + j) / per: lane j of the groups loaded from g0 (from the call's table: a division
+  // per block here cost more than the blocks' dot products)
+  const int32_t* lanes = per > 1 ? c.lanes + b8 / 8 * 9 : nullptr;
+  const int64_t g0 = per > 1 ? lanes[0] : b8, at = n * G + g0, avail = c.N * G - at;
   sv = load8_within(c.scales + at, avail);
   __m256 mv = c.mins ? load8_within(c.mins + at, avail) : _mm256_setzero_ps();
-  if (per > 1) {  // block b8 + j has group (b8 + j) / per: lane j of the groups loaded from g0
-    alignas(32) int32_t idx[8];
-    for (int j = 0; j < 8; ++j) idx[j] = static_cast<int32_t>(std::min<int64_t>((b8 + j) / per - g0, 7));
-    const __m256i iv = _mm256_load_si256(reinterpret_cast<const __m256i*>(idx));
+  if (per > 1) {
+    const __m256i iv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lanes + 1));
     sv = _mm256_permutevar8x32_ps(sv, iv);
     mv = _mm256_permutevar8x32_ps(mv, iv);
   }
@@ -248,10 +250,18 @@ torch::Tensor linear_typed(const torch::Tensor& x, const torch::Tensor& codes, c
   std::vector<float> xs(static_cast<size_t>(M * Bp)), xsum(static_cast<size_t>(M * Bp));
   quantize_rows_int8(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), M, K, Bp, xq.data(), xs.data(),
                      xsum.data());
+  std::vector<int32_t> lanes;
+  if (group > kBlock)
+    for (int64_t b8 = 0; b8 < Bp; b8 += 8) {
+      const int64_t g0 = b8 / (group / kBlock);
+      lanes.push_back(static_cast<int32_t>(g0));
+      for (int64_t j = 0; j < 8; ++j)
+        lanes.push_back(static_cast<int32_t>(std::min<int64_t>((b8 + j) / (group / kBlock) - g0, 7)));
+    }
   auto y = torch::empty({M, N}, x.options());
   const Call<S> c{xq.data(), xs.data(), xsum.data(), static_cast<const uint8_t*>(codes.data_ptr()),
                   scales.data_ptr<S>(), mins.numel() ? mins.data_ptr<S>() : nullptr,
-                  reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), M, N, K, group, offset, Bp};
+                  reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), M, N, K, group, offset, Bp, lanes.data()};
   const int64_t bytes = N * (K / kBlock * Codes::kBytes + G * static_cast<int64_t>(sizeof(S)) * (mins.numel() ? 2 : 1));
 #if defined(CINQ_SMALL_M_AVX2)
   split_outputs(N, 4, bytes, [&](int64_t n0, int64_t n1) { run<Codes, S>(c, n0, n1); });
