@@ -17,6 +17,9 @@ and the per-call overhead of the kernel's three ways in: pybind, the C++-registe
     python benchmarks/decode_kernels.py --render   # the .md again from the saved .json
     python benchmarks/decode_kernels.py --kernels "bf16,int8 per-channel,int4 g64,nf4 b64,fp8 per-channel" \
         --out benchmarks/results/decode_kernels_float_codes   # the float-code formats against bf16 / int
+    python benchmarks/decode_kernels.py --kernels "bf16,int8 g32,q8_0 i8,int4 g32,q4_0 i8,q4_1 i8,int4 g64,int4 g64 i8" \
+        --repeats 2 --out benchmarks/results/decode_kernels_int8_activations \
+        --before benchmarks/results/decode_kernels_int8_activations.json   # int8 activations, against the last run
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ set_omp_wait_policy()  # before torch, as the engine does: the wake-up cost meas
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from cinq.bench.report import run_conditions  # noqa: E402
 from cinq.kernels import cpu_native, custom_ops  # noqa: E402,F401  (custom_ops: torch.ops.cinq.*)
 from cinq.layers.quantization import native  # noqa: E402
 from cinq.plan.probe import read_bandwidth  # noqa: E402
@@ -50,7 +54,7 @@ SHAPES = {"qkv_proj": (960, HIDDEN), "o_proj": (HIDDEN, HIDDEN), "gate_up_proj":
 KERNELS = ("bf16", "int8 per-channel", "int8 g32", "int4 g32", "int4 g64", "int4 g128", "nf4 b64", "fp8 per-channel",
            # int8 activations (int8_activation_linear.cpp): GGUF's blocks with their fp16 scales, cinq's grouped ones
            "q4_0 i8", "q4_1 i8", "q8_0 i8", "int4 g32 i8", "int4 g64 i8", "int4 g128 i8", "int8 per-channel i8")
-ROWS = (1, 2, 4, 8)
+ROWS = (1, 2, 5, 8)  # 5: a speculative verify of 4 drafts (k + 1 rows per sequence)
 THREADS = (1, 2)
 LLC_BYTES = 32 << 20
 TARGET = 0.8
@@ -304,20 +308,45 @@ def conclusions(data: dict[str, Any]) -> list[str]:
     return out
 
 
+def before_after(data: dict[str, Any]) -> list[str]:
+    """Markdown lines: this run's cells against the same cells of ``data["before"]`` (an earlier results file, e.g.
+    the one committed before a kernel change): GB/s ratio, and each kernel's cost of M rows over its cost of 1 row
+    (what a speculative verify step pays) before and after. Empty without a before file."""
+    before = data.get("before")
+    if not before:
+        return []
+    old = {(c["kernel"], c["shape"], c["threads"], c["m"]): c for c in before["cells"] if "gb_s" in c}
+    lines = [f"## Against {before['file']} ({before['date']}, load average {before['load_start']:.2f} at its start)",
+             "", "GB/s after / before (above 1: faster now), and the cost of an M-row call over a 1-row call "
+             "(us per call ratio), before -> after.", "",
+             "| kernel | threads | shape | M=1 speed | M=2 speed | M=8 speed | M=2 / M=1 cost | M=8 / M=1 cost |",
+             "|---|---|---|---:|---:|---:|---:|---:|"]
+    new = {(c["kernel"], c["shape"], c["threads"], c["m"]): c for c in data["cells"] if "gb_s" in c}
+    for (kernel, shape, th, m), c in new.items():
+        if m != 1 or any((kernel, shape, th, r) not in old or (kernel, shape, th, r) not in new for r in (1, 2, 8)):
+            continue
+        speed = [new[(kernel, shape, th, r)]["gb_s"] / old[(kernel, shape, th, r)]["gb_s"] for r in (1, 2, 8)]
+        cost = [f"{old[(kernel, shape, th, r)]['us_per_call'] / old[(kernel, shape, th, 1)]['us_per_call']:.2f} -> "
+                f"{new[(kernel, shape, th, r)]['us_per_call'] / c['us_per_call']:.2f}" for r in (2, 8)]
+        lines.append(f"| {kernel} | {th} | {shape} | " + " | ".join(f"{v:.2f}x" for v in speed) + " | "
+                     + " | ".join(cost) + " |")
+    return lines + [""]
+
+
 def render(data: dict[str, Any]) -> str:
     cells = [c for c in data["cells"] if "gb_s" in c]
     probes = data["probe_gb_s"]
     lines = ["# Decode kernels at the memory roofline", "",
              f"Produced by `python benchmarks/decode_kernels.py` ({data['date']}, {data['cpu']}, "
-             f"{data['repeats']} passes per cell, best taken). **Draft numbers**: the machine was shared with other "
-             f"jobs; load average {data['load_start']:.2f} at the start and {data['load_end']:.2f} at the end on "
-             f"{os.cpu_count()} cores. Read probe (`cinq.plan.probe.read_bandwidth`, best of the start and end "
+             f"{data['repeats']} passes per cell, best taken). {run_conditions(data['load_start'])[1]} Load average "
+             f"{data['load_end']:.2f} at the end on {os.cpu_count()} cores. Read probe (`cinq.plan.probe.read_bandwidth`, best of the start and end "
              "readings): " + ", ".join(f"{v:.1f} GB/s at {t} thread(s)" for t, v in probes.items()) + ".", "",
              "Cost of one empty parallel region at 2 threads (waking torch's OpenMP workers): " +
              ", ".join(f"{k} {v:.1f} us" for k, v in data["region_us"].items()) + ".", "",
              "Per-call overhead of the bf16 kernel on a 64 x 64 weight (us, 1 thread): " +
              ", ".join(f"{k} {v:.1f}" for k, v in data["dispatch_us"].items()) + ".", "",
-             "## Conclusions (computed from this run)", ""] + conclusions(data) + [""] + step_times(data)
+             "## Conclusions (computed from this run)", ""] + conclusions(data) + [""] + step_times(data) \
+        + before_after(data)
     for th in THREADS:
         lines += [f"## {th} thread(s): GB/s of weight bytes streamed (ratio to the {float(probes[str(th)]):.1f} "
                   "GB/s probe)", "",
@@ -352,6 +381,8 @@ def main() -> None:
     ap.add_argument("--render", action="store_true")
     ap.add_argument("--out", default=str(RESULTS / "decode_kernels"))
     ap.add_argument("--kernels", default=",".join(KERNELS), help="comma-separated subset of " + ", ".join(KERNELS))
+    ap.add_argument("--before", default="", help="an earlier results .json to compare with (read before --out "
+                                                  "is overwritten: it may be the same file)")
     args = ap.parse_args()
     out = Path(args.out)
     if args.render:
@@ -359,6 +390,12 @@ def main() -> None:
         return
     if cpu_native.native_module("small_m_gemm") is None or not native.affine_kernels_available():
         raise SystemExit("the native kernels are unavailable here (no compiler, or no AVX2 + FMA)")
+    before = None
+    if args.before:
+        path = Path(args.before)
+        before = json.loads(path.read_text())
+        before = {"file": str(path.resolve().relative_to(ROOT)) if path.resolve().is_relative_to(ROOT) else path.name,
+                  "date": before["date"], "load_start": before["load_start"], "cells": before["cells"]}
     load_start = os.getloadavg()[0]
     data: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": _cpu_name(),
                             "repeats": 2 if args.quick else args.repeats, "load_start": load_start,
@@ -369,6 +406,8 @@ def main() -> None:
         raise SystemExit(f"--kernels: unknown {unknown}; choose from {list(KERNELS)}")
     data.update(measure(data["repeats"], kernels))
     data["load_end"] = os.getloadavg()[0]
+    if before:
+        data["before"] = before
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(data, indent=1))
     out.with_suffix(".md").write_text(render(data))

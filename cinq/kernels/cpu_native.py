@@ -278,11 +278,7 @@ def rotary_native(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos
     if (not _bf16_inference(q, k, cos_sin) or q.dim() != 3 or k.dim() != 3 or positions.dtype != torch.long
             or positions.dim() != 1 or q.stride(2) != 1 or k.stride(2) != 1):
         return False
-    mod = native_module("rotary")
-    if mod is None:
-        return False
-    call_native(mod, "rotary_", q, k, positions, cos_sin)
-    return True
+    return _call_in_place("rotary", "rotary_", q, k, positions, cos_sin)
 
 
 def write_kv_native(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
@@ -294,8 +290,13 @@ def write_kv_native(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tens
             or key.stride(2) != 1 or value.stride(2) != 1 or key.stride(1) != key.shape[2]
             or value.stride(1) != value.shape[2] or slot_mapping.dtype != torch.long or not kv_cache.is_contiguous()):
         return False
-    mod = native_module("kv_write")
+    return _call_in_place("kv_write", "write_kv", key, value, kv_cache, slot_mapping)
+
+
+def _call_in_place(module: str, name: str, *args: Any) -> bool:
+    """Run ``cpu/<module>.cpp``'s in-place kernel ``name`` on ``args``; False (nothing done) without the kernel."""
+    mod = native_module(module)
     if mod is None:
         return False
-    call_native(mod, "write_kv", key, value, kv_cache, slot_mapping)
+    call_native(mod, name, *args)
     return True

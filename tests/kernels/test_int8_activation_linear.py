@@ -102,6 +102,53 @@ def test_int8_matches_the_quantized_math(available, threads, half, group, m):
     assert_same_math(i8.int8_grouped_linear_i8(x, t, g), x, w)
 
 
+GGUF_FORMS = ["q4_0", "q4_1", "q8_0", "int4 g64"]
+
+
+def gguf_form(form: str, n: int, k: int, gen: torch.Generator) -> tuple[dict[str, torch.Tensor], int, int,
+                                                                        torch.Tensor]:
+    """(kernel tensors, group, q_offset, dequantized weight float64) of one weight in the form the engine serves:
+    GGUF's fp16 scales (Q4_0: W = d * (q - 8); Q4_1: d * q + m; Q8_0: d * q) or cinq's int4 g64 with float32 mins.
+    Scales span 6 decades over the rows, so a row's result polluted by its neighbour's factors shows."""
+    row_scale = torch.logspace(-4, 2, n).unsqueeze(1)
+    group = 64 if form == "int4 g64" else 32
+    d = torch.rand(n, k // group, generator=gen) * row_scale + 1e-6 * row_scale
+    if form == "q8_0":
+        codes = torch.randint(-128, 128, (n, k), generator=gen, dtype=torch.int8)
+        t = native.pack_int8_grouped(codes, d, group)
+        t["scales"] = t["scales"].half()
+        return t, group, 0, codes.double() * t["scales"].double().repeat_interleave(group, 1)
+    codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
+    if form == "q4_0":
+        t = {"codes": native.pack_int4_affine(codes, d, -8 * d, group)["codes"], "scales": d.half()}
+        return t, group, 8, (codes.double() - 8) * d.half().double().repeat_interleave(group, 1)
+    mins = torch.randn(n, k // group, generator=gen) * row_scale
+    t = native.pack_int4_affine(codes, d, mins, group)
+    if form == "q4_1":
+        t["scales"], t["mins"] = t["scales"].half(), t["mins"].half()
+        return t, group, 0, (codes.double() * t["scales"].double().repeat_interleave(group, 1)
+                             + t["mins"].double().repeat_interleave(group, 1))
+    return t, group, 0, native.dequantize_int4_affine(t, group).double()
+
+
+@pytest.mark.parametrize("form", GGUF_FORMS)
+@pytest.mark.parametrize("k", [64, 352, 576])  # 2, 11 and 18 blocks of 32: never whole vectors of 8 blocks
+def test_every_row_count_and_odd_shapes(available, threads, form, k):
+    """1-9 activation rows (the decode and verify sizes, and one past the kernel's 8-row block) on N = 3001 outputs
+    (odd; at K = 352 the call streams > 512 KB and splits over 2 threads), against the same quantized math."""
+    if form == "int4 g64" and k % 64:
+        pytest.skip("group 64 does not divide K")
+    gen = torch.Generator().manual_seed(k + len(form))
+    t, group, offset, w = gguf_form(form, 3001, k, gen)
+    for m in range(1, 10):
+        x = torch.randn(m, k, generator=gen).bfloat16()
+        if form == "q8_0":
+            got = i8.int8_grouped_linear_i8(x, t, group)
+        else:
+            got = i8.int4_affine_linear_i8(x, t, group, offset)
+        assert_same_math(got, x, w)
+
+
 def test_int8_activations_stay_within_their_rounding_of_the_exact_product(available):
     """Against x @ W^T with x exact: the error is sum_k W[n, k] * e[k] with |e[k]| <= s_b / 2, so
     |err| <= sum_b s_b / 2 * sum_{k in b} |W[n, k]| (+ bf16 output rounding). A kernel with int16-rounded or unrounded

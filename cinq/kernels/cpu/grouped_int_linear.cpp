@@ -127,13 +127,7 @@ void rows_kernel(const Call& c, int64_t m0, int64_t n, float* cb) {
   }
   // A = 2: even and odd x blocks add into their own accumulators (two FMA chains), where few outputs are in flight
   constexpr int A = R * MB <= 2 ? 2 : 1;
-  __m256 tot[A][R][MB];
-#pragma GCC unroll 2
-  for (int a = 0; a < A; ++a)
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-      for (int m = 0; m < MB; ++m) tot[a][r][m] = _mm256_setzero_ps();
+  __m256 tot[A][R][MB] = {};
   // Blocks in pairs into tot[0] / tot[1], named literally: indexing tot by a runtime b & 1 kept it in memory, a
   // store-to-load round trip per block (int8 ran ~3x slower).
   int64_t b = 0;
@@ -273,25 +267,14 @@ double parallel_region_us(int64_t iters) {
 }
 
 #if defined(CINQ_REGISTER_OPS)
-// torch.ops.cinq.int4_affine_linear / int8_grouped_linear, registered in C++ (see small_m_gemm.cpp for why): what
-// torch.compile'd code calls, without Python; Meta kernels for its fake tensors.
-namespace {
-// by value, as the CPU kernels take them: a dispatcher op's kernels must share one C++ signature
-at::Tensor meta_linear(at::Tensor x, at::Tensor codes, at::Tensor, at::Tensor, int64_t) {
-  return at::empty({x.size(0), codes.size(0)}, x.options().dtype(at::kBFloat16));
-}
-}  // namespace
+// torch.ops.cinq.int4_affine_linear / int8_grouped_linear, registered in C++ (see small_m_gemm.cpp for why)
 TORCH_LIBRARY_FRAGMENT(cinq, m) {
-  m.def("int4_affine_linear(Tensor x, Tensor codes, Tensor scales, Tensor mins, int group) -> Tensor");
-  m.def("int8_grouped_linear(Tensor x, Tensor codes, Tensor scales, Tensor mins, int group) -> Tensor");
-}
-TORCH_LIBRARY_IMPL(cinq, CPU, m) {
-  m.impl("int4_affine_linear", &int4_affine_linear);
-  m.impl("int8_grouped_linear", &int8_grouped_linear);
-}
-TORCH_LIBRARY_IMPL(cinq, Meta, m) {
-  m.impl("int4_affine_linear", &meta_linear);
-  m.impl("int8_grouped_linear", &meta_linear);
+  cinq_small_m::def_linear_op(
+      m, "int4_affine_linear(Tensor x, Tensor codes, Tensor scales, Tensor mins, int group) -> Tensor",
+      &int4_affine_linear);
+  cinq_small_m::def_linear_op(
+      m, "int8_grouped_linear(Tensor x, Tensor codes, Tensor scales, Tensor mins, int group) -> Tensor",
+      &int8_grouped_linear);
 }
 #endif
 
@@ -299,9 +282,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_affine_linear", &int4_affine_linear, "x @ (scale * q + min)^T, 4-bit codes (CPU)");
   m.def("int8_grouped_linear", &int8_grouped_linear, "x @ (scale * q [+ min])^T, int8 codes (CPU)");
   m.def("parallel_region_us", &parallel_region_us, "mean us of one empty parallel region", py::arg("iters"));
-#if defined(CINQ_SMALL_M_AVX2)
-  m.def("has_fast_path", [] { return true; });
-#else
-  m.def("has_fast_path", [] { return false; });  // the portable loop is slower than dequantize-then-matmul
-#endif
+  m.def("has_fast_path", [] { return cinq_small_m::kFastPath; });
 }

@@ -71,9 +71,15 @@ inline void quantize_block(const uint16_t* xb, int8_t* qb, float* s, float* sum)
   *sum = *s * static_cast<float>(total);
 }
 
-// Activation rows to int8 blocks: q [M, K], s [M, K / 32] (the scale), sum [M, K / 32] = s * (sum of the block's q).
-void quantize_rows_int8(const uint16_t* x, int64_t M, int64_t K, int8_t* q, float* s, float* sum) {
-  for (int64_t i = 0; i < M * (K / kBlock); ++i) quantize_block(x + i * kBlock, q + i * kBlock, s + i, sum + i);
+// Activation rows to int8 blocks: q [M, K], s [M, ld] (the scale of block b at [m, b]), sum [M, ld] = s * (sum of
+// the block's q); ld >= K / 32, the entries past K / 32 set to 0.
+void quantize_rows_int8(const uint16_t* x, int64_t M, int64_t K, int64_t ld, int8_t* q, float* s, float* sum) {
+  const int64_t B = K / kBlock;
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t b = 0; b < B; ++b)
+      quantize_block(x + (m * B + b) * kBlock, q + (m * B + b) * kBlock, s + m * ld + b, sum + m * ld + b);
+    for (int64_t b = B; b < ld; ++b) s[m * ld + b] = sum[m * ld + b] = 0.f;
+  }
 }
 
 inline float to_float(float v) { return v; }
@@ -90,6 +96,8 @@ struct Call {
   const S* mins;         // [N, G] or null
   uint16_t* y;           // [M, N] bf16 bits
   int64_t M, N, K, group, offset;
+  int64_t Bp;            // K / 32 rounded up to whole vectors of 8: the row length of xs and xsum
+  const int32_t* lanes;  // group > 32: [Bp / 8 chunks][9], a chunk's first group, then lane j's group after it
 };
 
 #if defined(CINQ_SMALL_M_AVX2)
@@ -123,44 +131,64 @@ inline __m256 load8(const at::Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-// Output row n for rows m0 .. m0 + MB - 1; cb [MB, B]: scratch for the block factors scale * xs.
+// 8 factors from p, of which `avail` (>= 1) may be read: fewer only at the tensor's end, where a copy pads them
+template <typename S>
+inline __m256 load8_within(const S* p, int64_t avail) {
+  if (avail >= 8) return load8(p);
+  S tmp[8] = {};
+  for (int64_t i = 0; i < avail; ++i) tmp[i] = p[i];
+  return load8(tmp);
+}
+
+// The factors of blocks b8 .. b8 + 7 of output row n as float lanes: `sv` the scales, `zv` = min - offset * scale
+// (what multiplies a block's activation sum); lanes past the row's last block are 0 (the loads may reach into the
+// next row's factors, which must add nothing).
+template <typename S>
+inline void block_factors(const Call<S>& c, int64_t n, int64_t b8, __m256& sv, __m256& zv) {
+  const int64_t B = c.K / kBlock, G = c.K / c.group, per = c.group / kBlock;
+  // block b8 + j has group (b8 + j) / per: lane j of the groups loaded from g0 (from the call's table: a division
+  // per block here cost more than the blocks' dot products)
+  const int32_t* lanes = per > 1 ? c.lanes + b8 / 8 * 9 : nullptr;
+  const int64_t g0 = per > 1 ? lanes[0] : b8, at = n * G + g0, avail = c.N * G - at;
+  sv = load8_within(c.scales + at, avail);
+  __m256 mv = c.mins ? load8_within(c.mins + at, avail) : _mm256_setzero_ps();
+  if (per > 1) {
+    const __m256i iv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lanes + 1));
+    sv = _mm256_permutevar8x32_ps(sv, iv);
+    mv = _mm256_permutevar8x32_ps(mv, iv);
+  }
+  if (b8 + 8 > B) {
+    const __m256 keep = _mm256_castsi256_ps(
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(B - b8)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+    sv = _mm256_and_ps(sv, keep);
+    mv = _mm256_and_ps(mv, keep);
+  }
+  zv = _mm256_fmadd_ps(_mm256_set1_ps(-static_cast<float>(c.offset)), sv, mv);
+}
+
+// Output row n for activation rows m0 .. m0 + MB - 1: first its blocks' factors for every row, in whole vectors
+// (cb [MB, Bp] = scale * xs, the factor of each block's integer dot product; with K = 576, 18 blocks, a scalar tail
+// per activation row cost as much as the dot products of a 1-row call), then each block's codes unpacked once and
+// applied to all MB rows. (Computing the factors 8 blocks at a time inside the block loop measured 15% slower at
+// M = 1: each block then waits on the store of its factor just before.)
 template <typename Codes, typename S, int MB>
 void row_kernel(const Call<S>& c, int64_t m0, int64_t n, float* cb) {
-  const int64_t K = c.K, B = K / kBlock, G = K / c.group, per = c.group / kBlock;
-  const S* srow = c.scales + n * G;
-  const S* mrow = c.mins ? c.mins + n * G : nullptr;
-  float extra[MB];
-  // cb[m, b] = scale[g(b)] * xs[m, b]; extra[m] = sum_b (min[g(b)] - offset * scale[g(b)]) * xsum[m, b]
-  for (int m = 0; m < MB; ++m) {
-    const float* xs = c.xs + (m0 + m) * B;
-    const float* xsum = c.xsum + (m0 + m) * B;
-    float* cm = cb + m * B;
-    const __m256 off = _mm256_set1_ps(-static_cast<float>(c.offset));
-    __m256 ev = _mm256_setzero_ps();
-    int64_t b = 0;
-    if (per == 1)
-      for (; b + 8 <= B; b += 8) {
-        const __m256 sv = load8(srow + b);
-        _mm256_storeu_ps(cm + b, _mm256_mul_ps(sv, _mm256_loadu_ps(xs + b)));
-        const __m256 mv = mrow ? _mm256_fmadd_ps(off, sv, load8(mrow + b)) : _mm256_mul_ps(off, sv);
-        ev = _mm256_fmadd_ps(mv, _mm256_loadu_ps(xsum + b), ev);
-      }
-    float e = cinq_small_m::hsum(ev);
-    for (; b < B; ++b) {
-      const float sc = to_float(srow[b / per]);
-      cm[b] = sc * xs[b];
-      e += ((mrow ? to_float(mrow[b / per]) : 0.f) - static_cast<float>(c.offset) * sc) * xsum[b];
-    }
-    extra[m] = e;
-  }
-  // A = 2: even and odd blocks into their own accumulators (two FMA chains) where few rows are in flight
+  const int64_t K = c.K, B = K / kBlock, Bp = c.Bp;
+  // A accumulators per row, block b into acc[b % A]: with one or two rows in flight a single FMA chain (4 cycles
+  // a step) would bound the call, not the unpacking nor the stream
   constexpr int A = MB <= 2 ? 2 : 1;
-  __m256 acc[A][MB];
-#pragma GCC unroll 2
-  for (int a = 0; a < A; ++a)
+  __m256 acc[A][MB] = {};
+  for (int64_t b8 = 0; b8 < B; b8 += 8) {
+    __m256 sv, zv;
+    block_factors(c, n, b8, sv, zv);
 #pragma GCC unroll 8
-    for (int m = 0; m < MB; ++m) acc[a][m] = _mm256_setzero_ps();
-  const uint8_t* row = c.codes + n * (K / kBlock * Codes::kBytes);
+    for (int m = 0; m < MB; ++m) {
+      const int64_t xb = (m0 + m) * Bp + b8;
+      _mm256_storeu_ps(cb + m * Bp + b8, _mm256_mul_ps(sv, _mm256_loadu_ps(c.xs + xb)));
+      acc[0][m] = _mm256_fmadd_ps(zv, _mm256_loadu_ps(c.xsum + xb), acc[0][m]);  // the offset and min terms
+    }
+  }
+  const uint8_t* row = c.codes + n * (B * Codes::kBytes);
   const __m256i ones = _mm256_set1_epi16(1);
   auto block = [&](int64_t b, __m256 (&t)[MB]) __attribute__((always_inline)) {
     const int64_t at = b * Codes::kBytes;
@@ -171,20 +199,20 @@ void row_kernel(const Call<S>& c, int64_t m0, int64_t n, float* cb) {
     for (int m = 0; m < MB; ++m) {
       const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c.xq + (m0 + m) * K + b * kBlock));
       const __m256i d = _mm256_madd_epi16(Codes::dot16(u, s, xv), ones);
-      t[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_broadcast_ss(cb + m * B + b), t[m]);
+      t[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_broadcast_ss(cb + m * Bp + b), t[m]);
     }
   };
   int64_t b = 0;
-  if (A == 2)
-    for (; b + 2 <= B; b += 2) {
-      block(b, acc[0]);
-      block(b + 1, acc[A - 1]);
-    }
+  for (; b + A <= B; b += A)
+#pragma GCC unroll 4
+    for (int a = 0; a < A; ++a) block(b + a, acc[a]);
   for (; b < B; ++b) block(b, acc[0]);
 #pragma GCC unroll 8
   for (int m = 0; m < MB; ++m) {
-    const __m256 t = A == 2 ? _mm256_add_ps(acc[0][m], acc[A - 1][m]) : acc[0][m];
-    c.y[(m0 + m) * c.N + n] = float_to_bf16(cinq_small_m::hsum(t) + extra[m]);
+    __m256 t = acc[0][m];
+#pragma GCC unroll 4
+    for (int a = 1; a < A; ++a) t = _mm256_add_ps(t, acc[a][m]);
+    c.y[(m0 + m) * c.N + n] = float_to_bf16(cinq_small_m::hsum(t));
   }
 }
 
@@ -192,7 +220,7 @@ template <typename Codes, typename S>
 void run(const Call<S>& c, int64_t n0, int64_t n1) {
   // past kMaxRows rows (a prefill), 64 outputs at a time stay in cache across the row blocks
   const int64_t chunk = c.M <= kMaxRows ? n1 - n0 : 64;
-  std::vector<float> cb(static_cast<size_t>(kMaxRows * (c.K / kBlock)));
+  std::vector<float> cb(static_cast<size_t>(kMaxRows * c.Bp));
   for (int64_t a = n0; a < n1; a += chunk) {
     const int64_t e = std::min(n1, a + chunk);
     for (int64_t m0 = 0; m0 < c.M; m0 += kMaxRows) {
@@ -217,15 +245,23 @@ void run(const Call<S>& c, int64_t n0, int64_t n1) {
 template <typename Codes, typename S>
 torch::Tensor linear_typed(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scales,
                            const torch::Tensor& mins, int64_t group, int64_t offset) {
-  const int64_t M = x.size(0), K = x.size(1), N = codes.size(0), B = K / kBlock, G = K / group;
+  const int64_t M = x.size(0), K = x.size(1), N = codes.size(0), G = K / group, Bp = (K / kBlock + 7) / 8 * 8;
   std::vector<int8_t> xq(static_cast<size_t>(M * K));
-  std::vector<float> xs(static_cast<size_t>(M * B)), xsum(static_cast<size_t>(M * B));
-  quantize_rows_int8(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), M, K, xq.data(), xs.data(),
+  std::vector<float> xs(static_cast<size_t>(M * Bp)), xsum(static_cast<size_t>(M * Bp));
+  quantize_rows_int8(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), M, K, Bp, xq.data(), xs.data(),
                      xsum.data());
+  std::vector<int32_t> lanes;
+  if (group > kBlock)
+    for (int64_t b8 = 0; b8 < Bp; b8 += 8) {
+      const int64_t g0 = b8 / (group / kBlock);
+      lanes.push_back(static_cast<int32_t>(g0));
+      for (int64_t j = 0; j < 8; ++j)
+        lanes.push_back(static_cast<int32_t>(std::min<int64_t>((b8 + j) / (group / kBlock) - g0, 7)));
+    }
   auto y = torch::empty({M, N}, x.options());
   const Call<S> c{xq.data(), xs.data(), xsum.data(), static_cast<const uint8_t*>(codes.data_ptr()),
                   scales.data_ptr<S>(), mins.numel() ? mins.data_ptr<S>() : nullptr,
-                  reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), M, N, K, group, offset};
+                  reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), M, N, K, group, offset, Bp, lanes.data()};
   const int64_t bytes = N * (K / kBlock * Codes::kBytes + G * static_cast<int64_t>(sizeof(S)) * (mins.numel() ? 2 : 1));
 #if defined(CINQ_SMALL_M_AVX2)
   split_outputs(N, 4, bytes, [&](int64_t n0, int64_t n1) { run<Codes, S>(c, n0, n1); });
@@ -283,32 +319,20 @@ std::vector<torch::Tensor> quantize_activations_i8(torch::Tensor x) {
   auto q = torch::empty({M, K}, x.options().dtype(torch::kInt8));
   auto s = torch::empty({M, K / kBlock}, x.options().dtype(torch::kFloat32));
   std::vector<float> sum(static_cast<size_t>(M * (K / kBlock)));
-  quantize_rows_int8(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), M, K, q.data_ptr<int8_t>(),
+  quantize_rows_int8(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), M, K, K / kBlock, q.data_ptr<int8_t>(),
                      s.data_ptr<float>(), sum.data());
   return {q, s};
 }
 
 #if defined(CINQ_REGISTER_OPS)
-// torch.ops.cinq.*_i8 in C++, as grouped_int_linear.cpp's: what compiled code calls; Meta kernels for fake tensors
-namespace {
-at::Tensor meta_int4(at::Tensor x, at::Tensor codes, at::Tensor, at::Tensor, int64_t, int64_t) {
-  return at::empty({x.size(0), codes.size(0)}, x.options().dtype(at::kBFloat16));
-}
-at::Tensor meta_int8(at::Tensor x, at::Tensor codes, at::Tensor, at::Tensor, int64_t) {
-  return at::empty({x.size(0), codes.size(0)}, x.options().dtype(at::kBFloat16));
-}
-}  // namespace
+// torch.ops.cinq.*_i8 in C++, as grouped_int_linear.cpp's
 TORCH_LIBRARY_FRAGMENT(cinq, m) {
-  m.def("int4_affine_linear_i8(Tensor x, Tensor codes, Tensor scales, Tensor mins, int group, int q_offset) -> Tensor");
-  m.def("int8_grouped_linear_i8(Tensor x, Tensor codes, Tensor scales, Tensor mins, int group) -> Tensor");
-}
-TORCH_LIBRARY_IMPL(cinq, CPU, m) {
-  m.impl("int4_affine_linear_i8", &int4_affine_linear_i8);
-  m.impl("int8_grouped_linear_i8", &int8_grouped_linear_i8);
-}
-TORCH_LIBRARY_IMPL(cinq, Meta, m) {
-  m.impl("int4_affine_linear_i8", &meta_int4);
-  m.impl("int8_grouped_linear_i8", &meta_int8);
+  cinq_small_m::def_linear_op(
+      m, "int4_affine_linear_i8(Tensor x, Tensor codes, Tensor scales, Tensor mins, int group, int q_offset) -> Tensor",
+      &int4_affine_linear_i8);
+  cinq_small_m::def_linear_op(
+      m, "int8_grouped_linear_i8(Tensor x, Tensor codes, Tensor scales, Tensor mins, int group) -> Tensor",
+      &int8_grouped_linear_i8);
 }
 #endif
 
@@ -316,9 +340,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_affine_linear_i8", &int4_affine_linear_i8, "x @ (scale * (q - offset) + min)^T, int8 activations");
   m.def("int8_grouped_linear_i8", &int8_grouped_linear_i8, "x @ (scale * q + min)^T, int8 activations");
   m.def("quantize_activations_i8", &quantize_activations_i8, "x to int8 per 32-block, as the kernels do");
-#if defined(CINQ_SMALL_M_AVX2)
-  m.def("has_fast_path", [] { return true; });
-#else
-  m.def("has_fast_path", [] { return false; });
-#endif
+  m.def("has_fast_path", [] { return cinq_small_m::kFastPath; });
 }

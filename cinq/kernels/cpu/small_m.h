@@ -8,11 +8,16 @@
 // (OMP_WAIT_POLICY=PASSIVE) would cost more than it saves.
 #pragma once
 
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#if defined(CINQ_REGISTER_OPS)
+#include <torch/library.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -20,6 +25,35 @@
 #endif
 
 namespace cinq_small_m {
+
+// What a decode-sized linear's module answers to has_fast_path(): false without AVX2 + FMA, where its portable loop
+// is slower than PyTorch's and cinq_native does not use the module.
+#if defined(CINQ_SMALL_M_AVX2)
+constexpr bool kFastPath = true;
+#else
+constexpr bool kFastPath = false;
+#endif
+
+// The Meta kernel of a linear op taking x [M, K] and a weight of N rows first (then anything): y [M, N] bf16, what
+// torch.compile's fake tensors see.
+template <typename... Rest>
+at::Tensor meta_linear(at::Tensor x, at::Tensor weight, Rest...) {
+  return at::empty({x.size(0), weight.size(0)}, x.options().dtype(at::kBFloat16));
+}
+
+#if defined(CINQ_REGISTER_OPS)
+// torch.ops.cinq.<name> from `schema` ("name(...) -> Tensor") with its CPU kernel and meta_linear as its Meta
+// kernel, in a TORCH_LIBRARY_FRAGMENT(cinq, m): what torch.compile'd code calls without Python. (By value, as the
+// CPU kernels take their arguments: a dispatcher op's kernels must share one C++ signature.)
+template <typename... Rest>
+void def_linear_op(torch::Library& m, const char* schema, at::Tensor (*cpu)(at::Tensor, at::Tensor, Rest...)) {
+  const std::string text(schema);
+  const std::string name = text.substr(0, text.find('('));
+  m.def(schema);
+  m.impl(name.c_str(), torch::dispatch(c10::DispatchKey::CPU, cpu));
+  m.impl(name.c_str(), torch::dispatch(c10::DispatchKey::Meta, &meta_linear<Rest...>));
+}
+#endif
 
 // Weight bytes below which one thread does the whole call. One parallel region with OMP_WAIT_POLICY=PASSIVE costs
 // ~11 us on a 2-core Zen 3 (benchmarks/decode_kernels.py measures it), and a second thread saves half of the

@@ -259,13 +259,7 @@ void avx2_rows(const float* xp, const uint16_t* x, const uint16_t* w, const floa
                int64_t N, int64_t n) {
   const int64_t K16 = K / 16 * 16;
   const __m256i odd = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
-  __m256 acc[A][R][MB];
-#pragma GCC unroll 2
-  for (int a = 0; a < A; ++a)
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-      for (int m = 0; m < MB; ++m) acc[a][r][m] = _mm256_setzero_ps();
+  __m256 acc[A][R][MB] = {};
   for (int64_t k = 0; k < K16; k += 16) {
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
