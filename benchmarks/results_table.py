@@ -56,7 +56,7 @@ SCRIPTS = {
     "serving_split": "cinq bench serve", "speculative": "benchmarks/speculative.py", "stack": "cinq bench stack",
     "step_breakdown": "benchmarks/step_breakdown.py", "structured_backends": "benchmarks/structured_backends.py",
     "structured_outputs": "benchmarks/structured_outputs.py", "throughput": "benchmarks/throughput.py",
-    "throughput_gemma3": "benchmarks/throughput.py", "throughput_smollm2": "benchmarks/throughput_smollm2.py",
+    "throughput_gemma3": "benchmarks/throughput.py", "throughput_smollm2": "benchmarks/throughput.py --smollm2",
     "train_sizing": "cinq train --measure",
     "tune": "cinq tune", "vattention": "benchmarks/vattention.py", "wide_linear": "benchmarks/wide_linear.py",
     "int8_activations": "benchmarks/int8_activations.py", "offline_engine_core": "benchmarks/offline_engine_core.py",

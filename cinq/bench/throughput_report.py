@@ -27,10 +27,13 @@ def throughput_result(data: dict[str, Any], missing: str | None) -> BenchResult:
              f"requests queued at once, prompts uniform in {w['prompt_len']} tokens, outputs uniform in "
              f"{w['output_len']} (ignore_eos, greedy): {w['prompt_tokens']} prompt + {w['output_tokens']} output "
              f"tokens. CPU threads {m['threads']}; load average at end {m['loadavg_at_end']}.{same}")
-    ratios = ", ".join(f"{r['engine']} / HF = {r['ratio_over_hf']:.2f}x" for r in runs)
-    best = max(r["fraction_of_peak"] for r in runs)
-    headline = (f"{ratios} output tokens/s; {100 * best:.0f}% of the compute roofline" if h
-                else f"cinq: {c['tok_s']:.1f} output tokens/s; {missing or 'baseline skipped (--no-baseline)'}")
+    roofline = f"{100 * max(r['fraction_of_peak'] for r in runs):.0f}% of the compute roofline"
+    if h:
+        ratios = ", ".join(f"{r['engine']} / HF = {r['ratio_over_hf']:.2f}x" for r in runs)
+        headline = f"{ratios} output tokens/s; {roofline}"
+    else:
+        headline = (f"cinq: {c['tok_s']:.1f} output tokens/s, {roofline}; "
+                    f"{missing or 'baseline skipped (--no-baseline)'}")
     f = roof["flops"]
     tables = [
         Table("Offline throughput", ["engine", "model", "output tok/s", "seconds", "notes"], rows),
