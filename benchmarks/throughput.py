@@ -9,7 +9,7 @@ against the memory roofline and KV-cache waste against a naive max_model_len res
     python benchmarks/throughput.py --quick    # small smoke version, writes nothing
 
 With ``--smollm2``, issue 26's run on the real model (goal >= 5x HF, >= 40% of the compute roofline):
-SmolLM2-135M-Instruct, 64 requests, prompts uniform 32-256 and outputs 32-128 (the workload above scaled down so
+SmolLM2-135M-Instruct, 64 requests, prompts uniform 32-256 and outputs 32-64 (as throughput_gemma3; scaled down so
 that transformers' part stays near 4 minutes), the engine's default batching. cinq runs the Q4_1 GGUF file natively
 (bf16 activations) and its bf16 copy (the file dequantized, exported as bf16 GGUF); transformers runs the dense
 folder of the same dequantized weights in bf16 at its two best batch sizes of the 110M run (32, 64: the probe at 64
@@ -81,7 +81,7 @@ def main() -> None:
 
 def smollm2(args: argparse.Namespace) -> None:
     """SmolLM2-135M-Instruct's file and bf16 copy against transformers on the file's dense folder."""
-    opts = ThroughputOptions(num_requests=64, input_lens=(32, 256), output_lens=(32, 128), baseline=not args.skip_hf,
+    opts = ThroughputOptions(num_requests=64, input_lens=(32, 256), output_lens=(32, 64), baseline=not args.skip_hf,
                              hf_batch_sizes=(32, 64), hf_probe_requests=32, decode_tokens=128,
                              variants=tuple(v for v in args.variants.split(",") if v))
     if args.quick:
