@@ -82,7 +82,7 @@ def main() -> None:
 def smollm2(args: argparse.Namespace) -> None:
     """SmolLM2-135M-Instruct's file and bf16 copy against transformers on the file's dense folder."""
     opts = ThroughputOptions(num_requests=64, input_lens=(32, 256), output_lens=(32, 64), baseline=not args.skip_hf,
-                             hf_batch_sizes=(64,), hf_probe_requests=32, decode_tokens=128,
+                             hf_batch_sizes=(64,), hf_probe_requests=64, decode_tokens=128,
                              variants=tuple(v for v in args.variants.split(",") if v))
     if args.quick:
         opts.num_requests, opts.hf_probe_requests, opts.hf_batch_sizes = 8, 4, (4, 8)
