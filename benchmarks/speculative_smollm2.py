@@ -5,7 +5,7 @@ same per-request seeds for plain and speculative runs); tau per language at batc
 Two workloads (``--workload``):
 - ``chat``: the held-out chat turns of cinq/train/spec_head_prompts.py (test topics, which no head trained on),
   the same number per language; the batch sweep (``--batch-sizes``) and the sampled rows (``--sample-batches``).
-- ``copy``: code edits and extractions over standard-library functions (cinq/bench/copy_prompts.py), where the
+- ``copy``: code edits and extractions over standard-library functions (benchmarks/copy_prompts.py), where the
   answer copies the prompt: n-gram at several k and adaptive, with the verify/decode step-cost ratio the
   adaptive run measured (what caps the speedup).
 
@@ -38,7 +38,7 @@ from cinq.process_env import set_omp_wait_policy  # noqa: E402
 
 set_omp_wait_policy()
 
-from cinq.bench.copy_prompts import copy_prompts  # noqa: E402
+from benchmarks.copy_prompts import copy_prompts  # noqa: E402
 from cinq.bench.report import BenchResult, Table, machine_info, print_report, run_conditions, write_report  # noqa: E402
 from cinq.bench.spec import compare, engine, measure  # noqa: E402
 from cinq.config import EngineConfig, resolve_model  # noqa: E402

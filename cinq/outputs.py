@@ -64,6 +64,12 @@ class RequestOutput:
     num_cached_tokens: int = 0
 
 
+def mean_acceptance_length(num_accepted_tokens: int, num_drafts: int) -> float | None:
+    """tau = 1 + accepted / drafts: the tokens a verify step emits on average (None before any draft). The one
+    place tau is computed: stats, metrics, logs and benchmarks read it."""
+    return 1 + num_accepted_tokens / num_drafts if num_drafts else None
+
+
 @dataclass(slots=True)
 class SpecDecodingStats:
     """vLLM's speculative-decoding counters for one slice of the traffic (here: one language tag)."""
@@ -80,8 +86,8 @@ class SpecDecodingStats:
 
     @property
     def mean_acceptance_length(self) -> float:
-        """tau = 1 + accepted / drafts (0 before any draft)."""
-        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+        """tau (0 before any draft)."""
+        return mean_acceptance_length(self.num_accepted_tokens, self.num_drafts) or 0.0
 
 
 @dataclass(slots=True)
@@ -114,9 +120,8 @@ class EngineStats:
 
     @property
     def spec_decode_mean_acceptance_length(self) -> float:
-        """tau = 1 + accepted / drafts: tokens a verify step emits on average (0 without speculation)."""
-        d = self.spec_decode_num_drafts
-        return 1 + self.spec_decode_num_accepted_tokens / d if d else 0.0
+        """tau (0 without speculation)."""
+        return mean_acceptance_length(self.spec_decode_num_accepted_tokens, self.spec_decode_num_drafts) or 0.0
 
     @property
     def prefix_cache_hit_rate(self) -> float:

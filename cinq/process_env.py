@@ -26,8 +26,10 @@ def set_omp_wait_policy(policy: str = DEFAULT_OMP_WAIT_POLICY, *, warn: bool = T
     OpenMP reads the variable once, when torch loads it: spinning worker threads make every parallel op many times
     slower whenever the cores are shared with other processes (measured 4-25x on a busy 2-core machine), while
     sleeping ones cost a few microseconds per op on an idle one. ``benchmarks/omp_wait_policy.py`` measures both
-    policies for cinq and for llama.cpp, each engine in its own process (the default stays PASSIVE until a quiet
-    run of it says spinning wins on an idle machine by more than it loses on a shared one).
+    policies for cinq and for llama.cpp, each engine in its own process: on an idle 2-core machine spinning makes
+    cinq's 2-thread decode 1.50x faster (llama.cpp's 1.58x) and its 1-thread decode 0.92x; on a shared one (a
+    draft run at load 11-14) it made cinq's 2-thread decode 0.02x. PASSIVE stays the default (a server shares its
+    cores with its front end and clients); set ``OMP_WAIT_POLICY=ACTIVE`` on a machine given to cinq alone.
 
     Returns True when this process runs with the value now in the environment, False when torch was imported
     before this call set it (then only child processes get it; ``warn`` says so with a ``RuntimeWarning``)."""

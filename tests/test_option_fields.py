@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from cinq.errors import InvalidParameterError
-from cinq.option_fields import bounded, check_bounds, from_known_fields
+from cinq.option_fields import bounded, bounded_each, check_bounds, from_known_fields
 
 
 @dataclass(slots=True)
@@ -46,6 +46,23 @@ def test_a_required_field_keeps_its_limits() -> None:
         check_bounds(Required(steps=3.0))
     with pytest.raises(TypeError):
         Required()  # type: ignore[call-arg]
+
+
+@dataclass(slots=True)
+class Sweep:
+    lens: tuple[int, ...] = bounded_each((8, 64), ge=1)
+    rates: tuple[float, ...] = bounded_each((2.0, float("inf")), gt=0)
+
+
+def test_each_value_of_a_tuple_field_keeps_the_limits() -> None:
+    check_bounds(Sweep())
+    check_bounds(Sweep(lens=(1,), rates=(0.5,)))
+    for kwargs, field, said in [({"lens": ()}, "lens", "one or more values"), ({"lens": (8, 0)}, "lens", ">= 1"),
+                                ({"lens": (8, 2.5)}, "lens", "each an integer"), ({"rates": (1.0, -1.0)}, "rates", "> 0"),
+                                ({"lens": 8}, "lens", "one or more values")]:
+        with pytest.raises(InvalidParameterError, match=said) as err:
+            check_bounds(Sweep(**kwargs))
+        assert err.value.param == field
 
 
 def test_from_known_fields_builds_and_names_an_unknown_key():

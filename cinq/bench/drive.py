@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from tqdm import tqdm
 
-    from cinq.engine.engine import LLMEngine
+    from cinq.engine.protocol import OfflineEngine
     from cinq.outputs import RequestOutput
 
 
-def run_until_done(engine: LLMEngine, bar: tqdm | None = None,
-                   on_step: Callable[[LLMEngine], None] | None = None) -> dict[str, RequestOutput]:
+def run_until_done(engine: OfflineEngine, bar: tqdm | None = None,
+                   on_step: Callable[[OfflineEngine], None] | None = None) -> dict[str, RequestOutput]:
     """Step ``engine`` until it has no unfinished request; returns the final output of every request that
     finished meanwhile, by request id. ``bar`` advances by one per finished request; ``on_step`` is called after
     each step (to sample engine state, e.g. KV usage)."""

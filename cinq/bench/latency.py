@@ -25,6 +25,7 @@ from cinq.bench.progress import progress_bar
 from cinq.bench.report import BenchResult, machine_info, model_label
 from cinq.config import EngineConfig
 from cinq.errors import InvalidParameterError
+from cinq.option_fields import bounded, bounded_each, check_bounds
 
 
 @dataclass(slots=True)
@@ -34,25 +35,19 @@ class LatencyOptions:
     bf16 when llama.cpp is a baseline: it runs GGUF types only), torch / llama.cpp thread counts to sweep (empty:
     as configured) and where quantized / GGUF copies are kept (default: the cinq cache)."""
 
-    input_lens: tuple[int, ...] = (128, 1024)
-    output_len: int = 128
-    num_iters: int = 3
+    input_lens: tuple[int, ...] = bounded_each((128, 1024), ge=1)
+    output_len: int = bounded(128, ge=2)
+    num_iters: int = bounded(3, ge=1)
     seed: int = 0
     baselines: tuple[str, ...] = ("hf",)
     variants: tuple[str, ...] = ()
     threads_list: tuple[int, ...] = ()
-    rounds: int = 1
+    rounds: int = bounded(1, ge=1)
     work_dir: Path | None = None
 
     def validate(self) -> None:
         """InvalidParameterError naming the first field out of range."""
-        if not self.input_lens or min(self.input_lens) < 1:
-            raise InvalidParameterError(f"input_lens must be positive, got {list(self.input_lens)}", "input_lens")
-        if self.output_len < 2:
-            raise InvalidParameterError(f"output_len must be >= 2, got {self.output_len}", "output_len")
-        for name in ("num_iters", "rounds"):
-            if getattr(self, name) < 1:
-                raise InvalidParameterError(f"{name} must be >= 1, got {getattr(self, name)}", name)
+        check_bounds(self)
         if self.threads_list and min(self.threads_list) < 1:
             raise InvalidParameterError(f"threads_list must be positive, got {list(self.threads_list)}",
                                         "threads_list")

@@ -12,12 +12,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import random
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from cinq.config import EngineConfig
+from cinq.engine.token_times import TokenTimes, time_greedy_request
 from cinq.errors import InvalidParameterError
 
 VARIANTS = ("bf16", "int8", "int4", "file")  # file: a GGUF model's own file, in cinq and llama.cpp alike
@@ -25,16 +25,6 @@ BASELINES = ("hf", "llama.cpp")
 # cinq variant -> the GGUF matrix type reading the same bytes per weight in a decode step
 GGUF_TYPE = {"bf16": "bf16", "int8": "q8_0", "int4": "q4_0"}
 _SHORT_DTYPE = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}
-
-
-@dataclass(slots=True)
-class TokenTimes:
-    """One greedy generation: seconds from prompt in to first token out, the gaps between later tokens (one decode
-    step each), and the tokens (empty where the engine does not hand them back)."""
-
-    ttft_s: float
-    gaps_s: list[float]
-    tokens: list[int] = field(default_factory=list)
 
 
 class Runner(Protocol):
@@ -61,22 +51,9 @@ class CinqRunner:
     def __init__(self, config: EngineConfig) -> None:
         from cinq.engine.engine import LLMEngine
         self.engine = LLMEngine(config)
-        self.count = 0
 
     def run(self, prompt: list[int], new_tokens: int) -> TokenTimes:
-        from cinq.sampling_params import SamplingParams
-        self.count += 1
-        self.engine.add_request(f"lat-{self.count}", prompt,
-                                SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True))
-        start = time.perf_counter()
-        times: list[float] = []
-        tokens: list[int] = []
-        while self.engine.has_unfinished_requests():
-            outs = self.engine.step()
-            if outs:  # one (cumulative) output per step that produced a token for the request
-                times.append(time.perf_counter())
-                tokens = list(outs[-1].outputs[0].token_ids)
-        return TokenTimes(times[0] - start, [b - a for a, b in zip(times, times[1:])], tokens)
+        return time_greedy_request(self.engine, prompt, new_tokens)
 
 
 class HFRunner:

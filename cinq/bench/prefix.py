@@ -22,7 +22,7 @@ from cinq.bench.progress import progress_bar
 from cinq.bench.report import BenchResult, Table, machine_info, model_label
 from cinq.bench.workload import BenchRequest, text_tokens
 from cinq.config import EngineConfig
-from cinq.errors import InvalidParameterError
+from cinq.option_fields import bounded_each, check_bounds
 
 GOAL_TTFT = 5.0  # x lower TTFT (p50) with caching on
 GOAL_THROUGHPUT = 2.0  # x output tokens/s with caching on
@@ -35,13 +35,11 @@ class PrefixOptions:
 
     workload: PrefixWorkloadOptions = field(default_factory=PrefixWorkloadOptions)
     text: str = "held-out"
-    kv_fractions: tuple[float, ...] = (1.0, 0.5, 0.25, 0.125)
+    kv_fractions: tuple[float, ...] = bounded_each((1.0, 0.5, 0.25, 0.125), gt=0, le=16)
     seed: int = 0
 
     def validate(self) -> None:
-        if any(not 0 < f <= 16 for f in self.kv_fractions):
-            raise InvalidParameterError(f"kv fractions must be in (0, 16], got {list(self.kv_fractions)}",
-                                        "kv_fractions")
+        check_bounds(self)
 
 
 def run_prefix(config: EngineConfig, options: PrefixOptions, progress: bool = True) -> BenchResult:

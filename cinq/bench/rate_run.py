@@ -18,9 +18,11 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from cinq.bench.drive import run_until_done
 from cinq.bench.latency_stats import percentile
 from cinq.bench.workload import BenchRequest
 from cinq.config import EngineConfig
+from cinq.outputs import mean_acceptance_length
 from cinq.engine.core import module_bytes  # noqa: F401 (re-export: the benchmarks' weight-bytes column)
 from cinq.errors import InvalidParameterError
 
@@ -161,7 +163,7 @@ def run_at_rate(engine: Any, requests: list[BenchRequest], rate: float, seed: in
                    1000 * percentile(tpot, 50), 1000 * percentile(tpot, 99), peak_blocks,
                    engine.info.kv_bytes_per_block,
                    1 - held_tokens / held_slots if held_slots else 0.0,
-                   1 + accepted / drafts if drafts else None, hits / queries if queries else 0.0,
+                   mean_acceptance_length(accepted, drafts), hits / queries if queries else 0.0,
                    engine.info.weight_bytes, running_sum / steps if steps else 0.0, outputs, ttft, token_times)
 
 
@@ -198,8 +200,7 @@ def build_engine(config: EngineConfig, warmup_prompt_len: int = 8, engine_core: 
     try:
         engine.add_request("warmup", [engine.vocab_size - 1] * warmup_prompt_len,
                            SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
-        while engine.has_unfinished_requests():
-            engine.step()
+        run_until_done(engine)
     except BaseException:
         engine.shutdown()
         raise

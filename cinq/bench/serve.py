@@ -36,16 +36,17 @@ from cinq.bench.serve_client import ClientResult, run_rate
 from cinq.bench.workload import BenchRequest, around, random_requests
 from cinq.config import EngineConfig
 from cinq.errors import InvalidParameterError
+from cinq.option_fields import bounded, bounded_each, check_bounds
 
 
 @dataclass(slots=True)
 class ServeOptions:
     """The workload, the rates and where the server is."""
 
-    request_rates: tuple[float, ...] = (2.0, 8.0, 32.0, float("inf"))
-    num_prompts: int = 64
-    input_len: int = 128
-    output_len: int = 64
+    request_rates: tuple[float, ...] = bounded_each((2.0, 8.0, 32.0, float("inf")), gt=0)  # inf: all at once
+    num_prompts: int = bounded(64, ge=1)
+    input_len: int = bounded(128, ge=1)
+    output_len: int = bounded(64, ge=1)
     seed: int = 0
     baseline: bool = True
     base_url: str | None = None  # a running server to measure instead of starting one
@@ -57,14 +58,7 @@ class ServeOptions:
     hop: bool = True  # with the baseline: the process hop's latency, one request of one token
 
     def validate(self) -> None:
-        if self.num_prompts < 1:
-            raise InvalidParameterError(f"num_prompts must be >= 1, got {self.num_prompts}", "num_prompts")
-        if not self.request_rates or any(not r > 0 for r in self.request_rates):
-            raise InvalidParameterError(f"request rates must be > 0 (inf: all at once), got "
-                                        f"{list(self.request_rates)}", "request_rate")
-        for name in ("input_len", "output_len"):
-            if getattr(self, name) < 1:
-                raise InvalidParameterError(f"{name} must be >= 1, got {getattr(self, name)}", name)
+        check_bounds(self)
 
 
 def run_serve(config: EngineConfig, options: ServeOptions, progress: bool = True) -> BenchResult:

@@ -15,14 +15,15 @@ from cinq.bench.report import BenchResult, Table, machine_info, model_label
 from cinq.bench.workload import TokenWindows, text_tokens
 from cinq.config import EngineConfig
 from cinq.errors import InvalidParameterError
-from cinq.option_fields import bounded, check_bounds
+from cinq.option_fields import bounded, bounded_each, check_bounds
+from cinq.outputs import mean_acceptance_length
 
 
 @dataclass(slots=True)
 class SpecOptions:
     """Batch sizes, prompts (pieces of a shipped text) and tokens generated per request."""
 
-    batch_sizes: tuple[int, ...] = (1, 4, 16)
+    batch_sizes: tuple[int, ...] = bounded_each((1, 4, 16), ge=1)
     num_prompts: int = bounded(16, ge=1)
     prompt_len: int = bounded(64, ge=1)
     max_tokens: int = bounded(64, ge=1)
@@ -30,8 +31,6 @@ class SpecOptions:
     seed: int = 0
 
     def validate(self) -> None:
-        if not self.batch_sizes or min(self.batch_sizes) < 1:
-            raise InvalidParameterError(f"batch sizes must be >= 1, got {list(self.batch_sizes)}", "batch_sizes")
         check_bounds(self)
 
 
@@ -105,7 +104,7 @@ def measure(config: EngineConfig | Any, prompts: list[list[int]], batch: int, ma
     return {"k_share": [round(c / max(sum(chosen), 1), 3) for c in chosen],
             "step_seconds": {f"{b},{k}": s for (b, k), s in sorted(adaptive.step_seconds.items())} if adaptive else {},
             "tok_s": tokens / elapsed, "seconds": elapsed, "tokens": tokens,
-            "tau": 1 + accepted / drafts if drafts else None,
+            "tau": mean_acceptance_length(accepted, drafts),
             "accept_per_pos": [round(a / drafts, 3) for a in per_pos] if drafts else [],
             "draft_share": timer.seconds / elapsed, "outputs": [o.outputs[0].token_ids for o in outs]}
 

@@ -159,21 +159,14 @@ def _run_cinq(engine: Any, reqs: list[BenchRequest], progress: bool) -> dict[str
 
 
 def _batch1_decode(engine: Any, new_tokens: int, seed: int) -> dict[str, Any]:
+    from cinq.engine.token_times import time_greedy_request
     from cinq.plan.probe import read_bandwidth
-    from cinq.sampling_params import SamplingParams
     rng = random.Random(seed + 1)
     new_tokens = min(new_tokens, engine.max_model_len - 32)
-    engine.add_request("batch1", [rng.randrange(engine.vocab_size) for _ in range(32)],
-                       SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True))
-    engine.step()  # prefill + first token
-    t0 = time.perf_counter()
-    n = 0
-    while engine.has_unfinished_requests():
-        engine.step()
-        n += 1
-    elapsed = time.perf_counter() - t0
+    tok_s = time_greedy_request(engine, [rng.randrange(engine.vocab_size) for _ in range(32)],
+                                new_tokens).decode_tokens_per_s
     weight_bytes = engine.info.weight_bytes  # parameters and buffers: a GGUF layer keeps its blocks as buffers
     bw = read_bandwidth()
     roofline = bw / weight_bytes
-    return {"tok_s": n / elapsed, "weight_bytes": weight_bytes, "read_bandwidth_gb_s": bw / 1e9,
-            "roofline_tok_s": roofline, "fraction_of_roofline": (n / elapsed) / roofline}
+    return {"tok_s": tok_s, "weight_bytes": weight_bytes, "read_bandwidth_gb_s": bw / 1e9,
+            "roofline_tok_s": roofline, "fraction_of_roofline": tok_s / roofline}

@@ -8,7 +8,6 @@ scorers see the same thing from either. ``EngineGenerator`` keeps one engine for
 
 from __future__ import annotations
 
-import itertools
 import math
 import statistics
 import time
@@ -20,7 +19,6 @@ import torch
 
 # generate(prompts, max_new_tokens, stop strings) -> (completions, generated tokens per second)
 GenerateFn = Callable[[list[str], int, Sequence[str]], tuple[list[str], float]]
-_REQUEST_IDS = itertools.count()
 
 
 class EngineGenerator:
@@ -56,23 +54,12 @@ class EngineGenerator:
                        if type(m).__name__.endswith("Linear") and m is not head})
 
     def decode_tokens_per_s(self, prompt_ids: list[int], new_tokens: int = 64, repeats: int = 3) -> float:
-        """Batch-1 decode speed: one greedy request of ``new_tokens`` tokens (eos ignored), the prefill step
-        excluded; median of ``repeats`` runs after one warm-up run."""
-        from cinq.sampling_params import OutputKind, SamplingParams
-        engine = self.llm.engine
-        rates = []
-        for r in range(repeats + 1):
-            engine.add_request(f"decode-speed-{next(_REQUEST_IDS)}", list(prompt_ids),
-                               SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True,
-                                              output_kind=OutputKind.FINAL_ONLY))
-            engine.step()  # prefill and the first token
-            start, generated = time.perf_counter(), 0
-            while engine.has_unfinished_requests():
-                for out in engine.step():
-                    generated += len(out.outputs[0].token_ids) - 1
-            if r:
-                rates.append(generated / max(time.perf_counter() - start, 1e-9))
-        return statistics.median(rates)
+        """Batch-1 decode speed (cinq.engine.token_times, the prefill step excluded): median of ``repeats``
+        runs after one warm-up run."""
+        from cinq.engine.token_times import time_greedy_request
+        rates = [time_greedy_request(self.llm.engine, prompt_ids, new_tokens).decode_tokens_per_s
+                 for _ in range(repeats + 1)]
+        return statistics.median(rates[1:])
 
 
 class NaiveGenerator:

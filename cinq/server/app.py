@@ -20,7 +20,7 @@ from starlette.requests import ClientDisconnect
 
 from cinq import __version__
 from cinq.engine.protocol import EngineClient
-from cinq.outputs import EngineStats
+from cinq.outputs import EngineStats, mean_acceptance_length
 from cinq.server.auth import APIKeyMiddleware
 from cinq.server.body import read_json_object
 from cinq.server.chat import create_chat_completion, render_chat_prompt
@@ -152,7 +152,7 @@ def _spec_decode_stats(s: EngineStats, spec: SpeculativeConfig | None) -> dict |
 
     def counts(drafts: int, draft_tokens: int, accepted: int) -> dict:
         return {"num_drafts": drafts, "num_draft_tokens": draft_tokens, "num_accepted_tokens": accepted,
-                "mean_acceptance_length": 1 + accepted / drafts if drafts else 0.0}
+                "mean_acceptance_length": mean_acceptance_length(accepted, drafts) or 0.0}
 
     return {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens,
             **counts(s.spec_decode_num_drafts, s.spec_decode_num_draft_tokens, s.spec_decode_num_accepted_tokens),

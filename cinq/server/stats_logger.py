@@ -17,7 +17,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from cinq.outputs import EngineStats
+from cinq.outputs import EngineStats, mean_acceptance_length
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ def spec_decoding_line(prev: EngineStats, stats: EngineStats) -> str | None:
     per_pos = [n - (before[i] if i < len(before) else 0)
                for i, n in enumerate(stats.spec_decode_num_accepted_tokens_per_pos)]
     rates = ", ".join(f"{n / drafts:.3f}" for n in per_pos)
-    return (f"SpecDecoding metrics: Mean acceptance length: {1 + accepted / drafts:.2f}, "
+    return (f"SpecDecoding metrics: Mean acceptance length: {mean_acceptance_length(accepted, drafts):.2f}, "
             f"Accepted: {accepted} tokens, Drafted: {drafted} tokens, Per-position acceptance rate: {rates}, "
             f"Avg Draft acceptance rate: {100 * accepted / drafted if drafted else 0.0:.1f}%")
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from cinq.bench.served_quality import QualitySettings
 from cinq.config import EngineConfig
-from cinq.errors import InvalidParameterError
+from cinq.option_fields import bounded, check_bounds
 from cinq.tune.space import Candidate, SearchSpace
 
 
@@ -22,18 +22,13 @@ from cinq.tune.space import Candidate, SearchSpace
 class SLO:
     """The bounds a configuration must meet (None: not asked)."""
 
-    tpot_p99_ms: float | None = None
-    ttft_p99_ms: float | None = None
-    min_accuracy: float | None = None  # arithmetic accuracy, 0..1
-    max_kl: float | None = None  # mean KL(bf16 dense || served) per token
+    tpot_p99_ms: float | None = bounded(None, gt=0)
+    ttft_p99_ms: float | None = bounded(None, gt=0)
+    min_accuracy: float | None = bounded(None, ge=0, le=1)  # arithmetic accuracy
+    max_kl: float | None = bounded(None, gt=0)  # mean KL(bf16 dense || served) per token
 
     def validate(self) -> None:
-        for name in ("tpot_p99_ms", "ttft_p99_ms", "max_kl"):
-            v = getattr(self, name)
-            if v is not None and not v > 0:
-                raise InvalidParameterError(f"{name} must be > 0, got {v}", name)
-        if self.min_accuracy is not None and not 0 <= self.min_accuracy <= 1:
-            raise InvalidParameterError(f"min_accuracy must be in [0, 1], got {self.min_accuracy}", "min_accuracy")
+        check_bounds(self)
 
     def misses(self, at_rate: dict[str, Any], quality: dict[str, Any]) -> list[str]:
         """The bounds a measured candidate misses (empty: it meets the SLO)."""
@@ -56,13 +51,13 @@ class TuneOptions:
     space: SearchSpace = field(default_factory=SearchSpace)
     slo: SLO = field(default_factory=SLO)
     workload: str = "mixed:24"
-    request_rate: float = 2.0
+    request_rate: float = bounded(2.0, gt=0)
     price_per_hour: float = 1.0
     device: str = "this-cpu"  # cinq plan's device table (memory, bandwidth, FLOP/s) for pruning
     speculative_method: str = "eagle"
     speculative_model: str | None = "cinq-tiny-eagle"
     speculative_extra: dict[str, Any] = field(default_factory=dict)  # further speculative_config fields
-    max_trials: int = 6
+    max_trials: int = bounded(6, ge=1)
     quality: QualitySettings = field(default_factory=lambda: QualitySettings(ppl_tokens=1024, n_problems=16))
     variants_dir: str | None = None
     seed: int = 0
@@ -71,10 +66,7 @@ class TuneOptions:
         self.space.validate()
         self.slo.validate()
         self.quality.validate()
-        if not self.request_rate > 0:
-            raise InvalidParameterError(f"request_rate must be > 0, got {self.request_rate}", "request_rate")
-        if self.max_trials < 1:
-            raise InvalidParameterError(f"max_trials must be >= 1, got {self.max_trials}", "max_trials")
+        check_bounds(self)
 
 
 def candidate_config(base: EngineConfig, c: Candidate, model: str, options: TuneOptions) -> EngineConfig:

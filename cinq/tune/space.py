@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cinq.errors import InvalidParameterError
+from cinq.option_fields import bounded_each, check_bounds
 
 
 @dataclass(slots=True, frozen=True)
@@ -39,20 +40,16 @@ class SearchSpace:
     """The values of each dimension (the space is their product)."""
 
     quants: tuple[str, ...] = ("none", "gptq:4/128")
-    spec_ks: tuple[int, ...] = (0, 3)
-    max_num_seqs: tuple[int, ...] = (8, 64)
-    max_num_batched_tokens: tuple[int, ...] = (512, 2048)
+    spec_ks: tuple[int, ...] = bounded_each((0, 3), ge=0)
+    max_num_seqs: tuple[int, ...] = bounded_each((8, 64), ge=1)
+    max_num_batched_tokens: tuple[int, ...] = bounded_each((512, 2048), ge=1)
     kv_tokens: tuple[int | None, ...] = (None,)
 
     def validate(self) -> None:
-        for name in ("quants", "spec_ks", "max_num_seqs", "max_num_batched_tokens", "kv_tokens"):
+        for name in ("quants", "kv_tokens"):
             if not getattr(self, name):
                 raise InvalidParameterError(f"{name}: give at least one value", name)
-        if min(self.spec_ks) < 0:
-            raise InvalidParameterError(f"spec_ks must be >= 0, got {list(self.spec_ks)}", "spec_ks")
-        for name in ("max_num_seqs", "max_num_batched_tokens"):
-            if min(getattr(self, name)) < 1:
-                raise InvalidParameterError(f"{name} must be >= 1, got {list(getattr(self, name))}", name)
+        check_bounds(self)
         if any(k is not None and k < 1 for k in self.kv_tokens):
             raise InvalidParameterError(f"kv_tokens must be >= 1 or auto, got {list(self.kv_tokens)}", "kv_tokens")
         from cinq.quant.variants import one_variant

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from cinq.bench.copy_prompts import KINDS, copy_prompts, copy_requests, stdlib_functions
+from benchmarks.copy_prompts import KINDS, copy_prompts, copy_requests, stdlib_functions
 from cinq.errors import InvalidParameterError
 
 
