@@ -57,7 +57,8 @@ SCRIPTS = {
     "serving_split": "cinq bench serve", "speculative": "benchmarks/speculative.py", "stack": "cinq bench stack",
     "step_breakdown": "benchmarks/step_breakdown.py", "structured_backends": "benchmarks/structured_backends.py",
     "structured_outputs": "benchmarks/structured_outputs.py", "throughput": "benchmarks/throughput.py",
-    "throughput_gemma3": "benchmarks/throughput.py", "train_sizing": "cinq train --measure",
+    "throughput_gemma3": "benchmarks/throughput.py", "throughput_smollm2": "benchmarks/throughput.py --smollm2",
+    "train_sizing": "cinq train --measure",
     "tune": "cinq tune", "vattention": "benchmarks/vattention.py", "wide_linear": "benchmarks/wide_linear.py",
     "int8_activations": "benchmarks/int8_activations.py", "offline_engine_core": "benchmarks/offline_engine_core.py",
     "serving_smollm2": "scripts/bench_real_model.sh serve", "speculative_smollm2": "benchmarks/speculative_smollm2.py",
@@ -264,8 +265,8 @@ def gpu(d: dict[str, Any]) -> str:
 # (or whose headline leaves out what the tables need); every other result shows the headline its script wrote
 FIGURES: dict[str, Callable[[dict[str, Any]], str]] = {
     "latency_smollm2": smollm2_decode, "latency_smollm2_bf16": smollm2_bf16, "gemma3": gemma3_decode,
-    "throughput_gemma3": throughput, "throughput": throughput, "quant_study_float_codes": quant_quality,
-    "speculative": speculation, "speculative_smollm2": speculation_real,
+    "throughput_gemma3": throughput, "throughput": throughput, "throughput_smollm2": throughput,
+    "quant_study_float_codes": quant_quality, "speculative": speculation, "speculative_smollm2": speculation_real,
     "speculative_smollm2_copy": speculation_real, "serving_split": server,
     "serving_smollm2": server, "structured_outputs": structured,
     "reliability": reliability, "gpu": gpu,

@@ -1,28 +1,40 @@
 """Offline throughput: cinq's engine against Hugging Face transformers ``generate`` on the same model and the
 same requests, in one run.
 
-All requests are queued at once (random token ids, ignore_eos, greedy). transformers runs batched with left
-padding at its best batch size among a few (probed on a prefix of the requests), each batch generating up to its
-longest requested output; only requested tokens count. Also measured: cinq's batch-1 decode tokens/s against the
-memory roofline (weight bytes / measured read bandwidth), and KV-cache waste (reserved but unused slots /
-reserved, averaged over engine steps) against a naive reservation of max_model_len slots per request."""
+All requests are queued at once (random token ids, ignore_eos, greedy). cinq runs them as configured or in each
+of ``variants`` (the latency benchmark's: a GGUF model's own ``file``, ``bf16``, ...; cinq/bench/latency_engines.py).
+transformers runs batched with left padding at its best batch size among a few (probed on a prefix of the
+requests; a probe that ran every request is its full run), each batch generating up to its longest requested
+output; only requested tokens count. A GGUF model's baseline runs its dense folder (the file dequantized,
+cinq/export/hf_folder.py): the same numbers cinq serves. Also measured: each cinq run against the compute
+roofline (cinq/bench/throughput_roofline.py), cinq's batch-1 decode tokens/s against the memory roofline (weight
+bytes / measured read bandwidth), and KV-cache waste (reserved but unused slots / reserved, averaged over engine
+steps) against a naive reservation of max_model_len slots per request."""
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import os
 import random
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from cinq.bench.drive import run_until_done
 from cinq.bench.hf_baseline import hf_available, hf_generate_batched, load_hf_model
+from cinq.bench.latency_engines import VARIANTS, check_names, dense_folder, variant_config
 from cinq.bench.progress import progress_bar
-from cinq.bench.report import BenchResult, Table, machine_info, model_label
+from cinq.bench.report import BenchResult, machine_info, model_label
+from cinq.bench.throughput_report import throughput_result
+from cinq.bench.throughput_roofline import peak_flops, workload_flops
 from cinq.bench.workload import BenchRequest, random_requests
 from cinq.config import EngineConfig
 from cinq.errors import InvalidParameterError
 from cinq.option_fields import bounded, check_bounds
+
+PEAK_DTYPE = "float32"  # torch's bf16 GEMM is emulated on CPUs without AVX512-BF16: fp32 is the reachable peak
 
 
 @dataclass(slots=True)
@@ -38,48 +50,81 @@ class ThroughputOptions:
     hf_probe_requests: int = 32  # requests each probe runs before transformers' full run at the best size
     decode_tokens: int = bounded(256, ge=2)  # batch-1 decode length for the roofline comparison
     low_token: int = 0  # random prompts draw ids from [low_token, vocab) (e.g. past a byte tokenizer's specials)
+    variants: tuple[str, ...] = ()  # cinq precisions (latency_engines.VARIANTS); empty: the engine as configured
+    work_dir: Path | None = None  # where variants and a GGUF model's dense folder are cached (default: cinq's cache)
 
     def validate(self) -> None:
         check_bounds(self)
         if not self.hf_batch_sizes or min(self.hf_batch_sizes) < 1:
             raise InvalidParameterError(f"hf_batch_sizes must be positive, got {list(self.hf_batch_sizes)}",
                                         "hf_batch_sizes")
+        check_names(self.variants, VARIANTS, "variants")
 
 
 def run_throughput(config: EngineConfig, options: ThroughputOptions, progress: bool = True) -> BenchResult:
-    """Measure cinq and (unless ``options.baseline`` is off) transformers on the same requests."""
+    """Measure cinq (each variant) and (unless ``options.baseline`` is off) transformers on the same requests."""
     load_at_start = os.getloadavg()[0]
+    from cinq.cache import cache_dir
     from cinq.engine.engine import LLMEngine
     options.validate()
-    engine = LLMEngine(config)
-    reqs = random_requests(options.num_requests, engine.vocab_size, options.input_lens, options.output_lens,
-                           options.seed, options.low_token)
-    ours = _run_cinq(engine, reqs, progress)
-    b1 = _batch1_decode(engine, options.decode_tokens, options.seed)
+    work = options.work_dir or cache_dir() / "bench-latency"  # the latency benchmark's: one dense copy of a file
+    work.mkdir(parents=True, exist_ok=True)
+    named = [(f"cinq {v}", variant_config(config, v, work)) for v in options.variants] or [("cinq", config)]
+    runs: list[dict[str, Any]] = []
+    for name, cfg in named:
+        engine = LLMEngine(cfg)
+        reqs = random_requests(options.num_requests, engine.vocab_size, options.input_lens, options.output_lens,
+                               options.seed, options.low_token)
+        runs.append({"engine": name, "model": model_label(cfg.model), **_run_cinq(engine, reqs, progress)})
+        if len(runs) == 1:
+            b1 = _batch1_decode(engine, options.decode_tokens, options.seed)
+            model_cfg, first = engine.model_config, engine.config
+        engine.shutdown()
+        del engine
+        gc.collect()  # one engine's weights and KV cache at a time
+    flops = workload_flops(model_cfg, reqs)
+    peak = peak_flops(PEAK_DTYPE)
+    for run in runs:
+        run["flop_s"] = flops.total / run["seconds"]
+        run["fraction_of_peak"] = run["flop_s"] / peak
     hf, probes, missing = None, [], None
     if options.baseline and not hf_available():
         missing = "transformers is not installed (pip install transformers): no baseline"
     elif options.baseline:
-        model = load_hf_model(engine.config.model, engine.config.dtype)
-        bar = progress_bar(len(options.hf_batch_sizes) + 1, "transformers", progress, unit="run")
-        for b in options.hf_batch_sizes:
-            probes.append(hf_generate_batched(model, reqs[:max(options.hf_probe_requests, b)], b))
-            bar.update(1)
-        best = max(probes, key=lambda r: r["tok_s"])["batch_size"]
-        hf = hf_generate_batched(model, reqs, best)
-        bar.update(1)
-        bar.close()
-    ratio = ours["tok_s"] / hf["tok_s"] if hf else None
-    data = {"config": {"model": model_label(engine.config.model), "dtype": engine.config.dtype,
-                       "block_size": engine.config.block_size, "max_num_seqs": engine.config.max_num_seqs,
-                       "max_num_batched_tokens": engine.config.max_num_batched_tokens},
+        hf, probes = _run_hf(dense_folder(config, work), first.dtype, reqs, options, progress)
+    for run in runs:
+        run["ratio_over_hf"] = run["tok_s"] / hf["tok_s"] if hf else None
+    data = {"config": {"model": model_label(first.model), "dtype": first.dtype,
+                       "block_size": first.block_size, "max_num_seqs": first.max_num_seqs,
+                       "max_num_batched_tokens": first.max_num_batched_tokens},
             "workload": {"num_requests": len(reqs), "prompt_len": list(options.input_lens),
                          "output_len": list(options.output_lens), "seed": options.seed,
                          "prompt_tokens": sum(len(r.prompt) for r in reqs),
                          "output_tokens": sum(r.output_len for r in reqs)},
-            "machine": machine_info(load_at_start), "cinq": ours, "hf_probes": probes, "hf": hf, "batch1": b1,
-            "ratio_cinq_over_hf": ratio}
-    return _result(data, missing)
+            "machine": machine_info(load_at_start), "cinq": runs[0], "variants": runs, "hf_probes": probes,
+            "hf": hf, "hf_model": model_label(str(dense_folder(config, work))) if hf else None, "batch1": b1,
+            "roofline": {"flops": dataclasses.asdict(flops), "total_flops": flops.total, "peak_flop_s": peak,
+                         "peak_dtype": PEAK_DTYPE},
+            "ratio_cinq_over_hf": runs[0]["ratio_over_hf"]}
+    return throughput_result(data, missing)
+
+
+def _run_hf(folder: Path, dtype: str, reqs: list[BenchRequest], options: ThroughputOptions, progress: bool
+            ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """transformers' probes and its run of every request at the best batch size (the best probe itself when it
+    ran them all)."""
+    model = load_hf_model(str(folder), dtype)
+    bar = progress_bar(len(options.hf_batch_sizes) + 1, "transformers", progress, unit="run")
+    probes = []
+    for b in options.hf_batch_sizes:
+        probes.append(hf_generate_batched(model, reqs[:max(options.hf_probe_requests, b)], b))
+        bar.update(1)
+    best = max(probes, key=lambda r: r["tok_s"])
+    hf = best if best["tokens"] == sum(r.output_len for r in reqs) else hf_generate_batched(model, reqs,
+                                                                                           best["batch_size"])
+    bar.update(1)
+    bar.close()
+    return hf, probes
 
 
 def _run_cinq(engine: Any, reqs: list[BenchRequest], progress: bool) -> dict[str, Any]:
@@ -127,51 +172,8 @@ def _batch1_decode(engine: Any, new_tokens: int, seed: int) -> dict[str, Any]:
         engine.step()
         n += 1
     elapsed = time.perf_counter() - t0
-    weight_bytes = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+    weight_bytes = engine.info.weight_bytes  # parameters and buffers: a GGUF layer keeps its blocks as buffers
     bw = read_bandwidth()
     roofline = bw / weight_bytes
     return {"tok_s": n / elapsed, "weight_bytes": weight_bytes, "read_bandwidth_gb_s": bw / 1e9,
             "roofline_tok_s": roofline, "fraction_of_roofline": (n / elapsed) / roofline}
-
-
-def _result(data: dict[str, Any], missing: str | None) -> BenchResult:
-    c, h, b1, w = data["cinq"], data["hf"], data["batch1"], data["workload"]
-    rows: list[list[Any]] = [["cinq", c["tok_s"], c["seconds"], f"continuous batching, {c['steps']} steps"]]
-    if h:
-        probes = ", ".join(f"b{p['batch_size']}={p['tok_s']:.1f}" for p in data["hf_probes"])
-        rows.append(["HF transformers generate (baseline)", h["tok_s"], h["seconds"],
-                     f"best batch size {h['batch_size']} (probes: {probes})"])
-        rows.append(["cinq / HF", data["ratio_cinq_over_hf"], "", "ratio of output tok/s"])
-    m = data["machine"]
-    setup = (f"Model {data['config']['model']} ({data['config']['dtype']}); {w['num_requests']} requests queued at "
-             f"once, prompts uniform in {w['prompt_len']} tokens, outputs uniform in {w['output_len']} "
-             f"(ignore_eos, greedy): {w['prompt_tokens']} prompt + {w['output_tokens']} output tokens. "
-             f"CPU threads {m['threads']}; load average at end {m['loadavg_at_end']}.")
-    headline = (f"cinq / HF transformers = {data['ratio_cinq_over_hf']:.2f}x output tokens/s" if h
-                else f"cinq: {c['tok_s']:.1f} output tokens/s; {missing or 'baseline skipped (--no-baseline)'}")
-    tables = [
-        Table("Offline throughput", ["engine", "output tok/s", "seconds", "notes"], rows),
-        Table("Batch-1 decode", ["measure", "value"], [
-            ["cinq tok/s", b1["tok_s"]], ["weights (MB)", b1["weight_bytes"] / 1e6],
-            ["measured read bandwidth (GB/s)", b1["read_bandwidth_gb_s"]],
-            ["roofline tok/s (bandwidth / weight bytes)", b1["roofline_tok_s"]],
-            ["fraction of roofline (%)", 100 * b1["fraction_of_roofline"]]]),
-        Table("KV memory waste (reserved but unused / reserved, mean over steps)", ["layout", "waste (%)"], [
-            [f"cinq paged (block {data['config']['block_size']})", 100 * c["kv_waste_paged"]],
-            [f"naive per-request max_model_len ({c['max_model_len']}) reservation",
-             100 * c["kv_waste_naive_max_len"]]]),
-    ]
-
-    def plot(fig: Any) -> None:
-        ax1, ax2 = fig.subplots(1, 2)
-        names = ["cinq"] + [f"HF b{p['batch_size']}" for p in data["hf_probes"]] + (["HF best"] if h else [])
-        values = [c["tok_s"]] + [p["tok_s"] for p in data["hf_probes"]] + ([h["tok_s"]] if h else [])
-        ax1.bar(names, values, color=["tab:blue"] + ["tab:gray"] * (len(names) - 1))
-        ax1.set_ylabel("output tokens/s")
-        ax1.set_title("throughput (HF probes run a prefix of the requests)")
-        ax2.bar(["cinq paged", "naive max_len"], [100 * c["kv_waste_paged"], 100 * c["kv_waste_naive_max_len"]])
-        ax2.set_ylabel("KV waste (%)")
-        ax2.set_title("KV cache waste")
-
-    return BenchResult("throughput", "Offline throughput: cinq vs HF transformers (same model, same requests, "
-                       "one run)", setup, tables, headline, data, plot=plot)

@@ -59,6 +59,9 @@ def _add_throughput(q: argparse.ArgumentParser) -> None:
     b.add_argument("--hf-probe-requests", type=int, default=32, help="requests per probe (default %(default)s)")
     b.add_argument("--decode-tokens", type=int, default=256,
                    help="batch-1 decode length for the roofline comparison (default %(default)s)")
+    b.add_argument("--variants", default="",
+                   help="cinq precisions, comma-separated, each a run of the same requests: file (a GGUF model's "
+                        "own file), bf16, int8, int4 (as cinq bench latency); default: the engine as configured")
     b.add_argument("--no-baseline", action="store_true", help="skip the transformers baseline")
 
 
@@ -197,7 +200,8 @@ def _run_throughput(config: EngineConfig, args: argparse.Namespace, progress: bo
                              output_lens=_range(args.output_len, "output_len"), seed=_seed(args),
                              baseline=not args.no_baseline,
                              hf_batch_sizes=tuple(_ints(args.hf_batch_sizes, "hf_batch_sizes")),
-                             hf_probe_requests=args.hf_probe_requests, decode_tokens=args.decode_tokens)
+                             hf_probe_requests=args.hf_probe_requests, decode_tokens=args.decode_tokens,
+                             variants=_names(args.variants))
     return run_throughput(config, opts, progress)
 
 

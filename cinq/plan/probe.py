@@ -33,17 +33,25 @@ def read_bandwidth(buffer_mib: int = 256, repeats: int = 5) -> float:
     return x.numel() * 4 / best
 
 
-def measure(buffer_mib: int = 512, matmul_n: int = 2048, repeats: int = 5) -> Measured:
-    """Read bandwidth (``read_bandwidth`` over ``buffer_mib``) and bf16 FLOP/s (an n x n x n matmul, best of
-    ``repeats``), with torch's current thread count."""
+def matmul_flops(n: int = 2048, dtype: str = "bfloat16", repeats: int = 5) -> float:
+    """FLOP/s of an n x n x n ``dtype`` matmul with torch's current thread count, best of ``repeats``: the compute
+    peak the machine reaches (float32 on CPUs without bf16 instructions, where torch emulates bf16 GEMMs). The
+    one compute probe of cinq: ``cinq plan --measure`` and the throughput benchmark's roofline use it."""
     import torch
-    bandwidth = read_bandwidth(buffer_mib, repeats) / 1e9
-    a = torch.randn(matmul_n, matmul_n).to(torch.bfloat16)
-    b = torch.randn(matmul_n, matmul_n).to(torch.bfloat16)
+    a = torch.randn(n, n).to(getattr(torch, dtype))
+    b = torch.randn(n, n).to(getattr(torch, dtype))
     a @ b  # warm-up: oneDNN picks and caches its kernel
     best = float("inf")
     for _ in range(repeats):
         t = time.perf_counter()
         a @ b
         best = min(best, time.perf_counter() - t)
-    return Measured(bandwidth, 2 * matmul_n ** 3 / best / 1e12, torch.get_num_threads())
+    return 2 * n ** 3 / best
+
+
+def measure(buffer_mib: int = 512, matmul_n: int = 2048, repeats: int = 5) -> Measured:
+    """Read bandwidth (``read_bandwidth`` over ``buffer_mib``) and bf16 FLOP/s (``matmul_flops``), with torch's
+    current thread count."""
+    import torch
+    bandwidth = read_bandwidth(buffer_mib, repeats) / 1e9
+    return Measured(bandwidth, matmul_flops(matmul_n, "bfloat16", repeats) / 1e12, torch.get_num_threads())

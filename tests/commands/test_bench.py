@@ -33,6 +33,16 @@ def test_throughput(capsys, tmp_path, tiny_llama):
     assert data["ratio_cinq_over_hf"] == pytest.approx(data["cinq"]["tok_s"] / data["hf"]["tok_s"])
 
 
+def test_throughput_without_baseline_reports_the_compute_roofline(capsys, tmp_path, tiny_llama):
+    out, data = bench(capsys, tmp_path, "throughput", str(tiny_llama), "--num-prompts", "3", "--input-len", "8",
+                      "--output-len", "2", "--decode-tokens", "2", "--no-baseline")
+    (run,) = data["variants"]
+    assert data["hf"] is None and run is not None and data["cinq"]["engine"] == run["engine"] == "cinq"
+    assert data["roofline"]["total_flops"] > 0 and data["roofline"]["peak_dtype"] == "float32"
+    assert run["fraction_of_peak"] == data["roofline"]["total_flops"] / run["seconds"] / data["roofline"]["peak_flop_s"]
+    assert "of the compute roofline; baseline skipped" in out
+
+
 def test_latency(capsys, tmp_path, tiny_llama):
     out, data = bench(capsys, tmp_path, "latency", str(tiny_llama), "--input-lens", "8,32", "--output-len", "4",
                       "--num-iters", "1")

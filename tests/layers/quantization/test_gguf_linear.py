@@ -107,3 +107,27 @@ def test_int8_activation_tensors_stream_the_file_bytes_and_compute_its_values(ki
     ref = xd @ torch.from_numpy(gguf_quants.dequantize(raw.numpy(), GGMLQuantizationType[kind])).double().t()
     got = gguf_mm(p.kind, p.tensors, p.arg, x).double()
     assert bool(((got - ref).abs() <= 2 ** -8 * ref.abs() + 1e-5 * float(ref.abs().max())).all())
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
+def test_prefill_sized_inputs_run_float32_on_the_exact_block_values(kind: str):
+    """From ``DEQUANT_ROWS`` rows a 4-bit layer dequantizes its blocks per call (the reference dequantization,
+    bit for bit) and runs float32 on unrounded activations; fewer rows keep the int8-activation kernel."""
+    from cinq.layers.quantization import int8_activations as i8
+    from cinq.layers.quantization.gguf_linear import DEQUANT_ROWS, dequantize_i8_int4, gguf_mm, prepare_blocks
+    if i8.i8_module() is None:
+        pytest.skip("native int8-activation kernels unavailable here")
+    w = np.random.default_rng(7).standard_normal((40, 96)).astype(np.float32)
+    raw = torch.from_numpy(_blocks(w, kind).copy())
+    i8.set_int8_activations(True)
+    try:
+        p = prepare_blocks(raw, kind, torch.bfloat16)
+    finally:
+        i8.set_int8_activations(None)
+    ref_w = torch.from_numpy(gguf_quants.dequantize(raw.numpy(), GGMLQuantizationType[kind]))
+    assert torch.equal(dequantize_i8_int4(p.tensors, p.kind), ref_w)
+    x = torch.randn(DEQUANT_ROWS, 96, generator=torch.Generator().manual_seed(1)).bfloat16()
+    exact = (x.float() @ ref_w.t()).bfloat16()
+    assert torch.equal(gguf_mm(p.kind, p.tensors, p.arg, x), exact)
+    few = x[:DEQUANT_ROWS - 1]
+    assert not torch.equal(gguf_mm(p.kind, p.tensors, p.arg, few), exact[:DEQUANT_ROWS - 1])  # int8 activations
