@@ -155,6 +155,22 @@ def smollm2_decode(d: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def wait_policy(d: dict[str, Any]) -> str:
+    """Each engine's tok/s under both policies, and cinq's best against llama.cpp's best (any policy, threads)."""
+    tok = {(r["engine"], r["threads"], r["policy"]): r["tok_s"] for r in d["rows"]}
+    engines = sorted({e for e, _, _ in tok})
+    parts = [f"{e} {t} thr PASSIVE {tok[(e, t, 'PASSIVE')]:.1f} / ACTIVE {tok[(e, t, 'ACTIVE')]:.1f} tok/s"
+             for e in engines for t in sorted({t for x, t, _ in tok if x == e})
+             if (e, t, "PASSIVE") in tok and (e, t, "ACTIVE") in tok]
+    best = {e: max(v for (x, _, _), v in tok.items() if x == e) for e in engines}
+    cinq = [e for e in engines if e.startswith("cinq")]
+    other = [e for e in engines if not e.startswith("cinq")]
+    if cinq and other:
+        parts.append(f"best vs best: {best[cinq[0]]:.1f} vs {best[other[0]]:.1f} tok/s "
+                     f"(**{_x(best[cinq[0]], best[other[0]])}**)")
+    return "; ".join(parts)
+
+
 def smollm2_bf16(d: dict[str, Any]) -> str:
     parts = []
     for prompt in d["options"]["input_lens"]:
@@ -264,7 +280,7 @@ def gpu(d: dict[str, Any]) -> str:
 # result stem -> its figure computed from the JSON, for results whose JSON has no one-line headline of its own
 # (or whose headline leaves out what the tables need); every other result shows the headline its script wrote
 FIGURES: dict[str, Callable[[dict[str, Any]], str]] = {
-    "latency_smollm2": smollm2_decode, "latency_smollm2_bf16": smollm2_bf16, "gemma3": gemma3_decode,
+    "latency_smollm2": smollm2_decode, "omp_wait_policy": wait_policy, "latency_smollm2_bf16": smollm2_bf16, "gemma3": gemma3_decode,
     "throughput_gemma3": throughput, "throughput": throughput, "throughput_smollm2": throughput,
     "quant_study_float_codes": quant_quality, "speculative": speculation, "speculative_smollm2": speculation_real,
     "speculative_smollm2_copy": speculation_real, "serving_split": server,
@@ -286,10 +302,11 @@ class Headline:
 HEADLINES = [
     Headline("SmolLM2-135M-Instruct batch-1 decode, the same GGUF weights, 2 threads (prompt 128)", "latency_smollm2",
              "llama.cpp on the same file, same run"),
-    Headline("SmolLM2 bf16 prefill and decode after the chunked bf16 linears", "latency_smollm2_bf16",
-             "llama.cpp bf16, same run"),
+    Headline("SmolLM2 int4 batch-1 decode, each engine in its own process, OpenMP workers sleeping / spinning",
+             "omp_wait_policy", "llama.cpp q4_0 on the same weights, both policies, same run"),
     Headline("Gemma 3 270M (Q4_K_M GGUF) batch-1 decode, 2 threads", "gemma3", "llama.cpp on the same file, HF"),
-    Headline("offline throughput, Gemma 3 270M", "throughput_gemma3", "HF generate at its best batch, same run"),
+    Headline("offline throughput, SmolLM2-135M-Instruct, 64 requests", "throughput_smollm2",
+             "HF generate on the same weights at its best batch, same run"),
     Headline("speculative decoding on SmolLM2 (n-gram; an undertrained EAGLE-3 head)", "speculative_smollm2",
              "plain decoding, same run"),
     Headline("quantization quality, SmolLM2 (NF4 / FP8 / int4 / int8 rows)", "quant_study_float_codes",
