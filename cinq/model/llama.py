@@ -25,6 +25,7 @@ from cinq.layers.attention import Attention
 from cinq.layers.linear import DenseLinear, LinearFactory, can_merge, make_linear
 from cinq.layers.linear_split import LinearSplit
 from cinq.layers.vocab_parallel import ParallelLMHead, token_embedding
+from cinq.model.decode_layers import DecodeLayers, build_decode_layers
 from cinq.layers.weight_loader import OutputShards
 from cinq.layers.norm import RMSNorm
 from cinq.layers.rotary import RotaryEmbedding
@@ -165,10 +166,16 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, quant, f"model.layers.{i}", backend, dtype)
                                     for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self._decode_layers: DecodeLayers | None | bool = False  # False: not built yet (cinq/model/decode_layers.py)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata | None,
                 output_hidden_states: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
         hidden = self.embed_tokens(input_ids)
+        if meta is not None and not output_hidden_states and hidden.is_cpu and not torch.compiler.is_compiling():
+            fused = self.decode_layers()
+            out = fused.run(hidden, positions, meta) if fused is not None else None
+            if out is not None:  # the whole stack in one native call, bit-identical to the loop below
+                return self.norm(*out)[0], []
         residual = None
         states: list[torch.Tensor] = []
         for layer in self.layers:
@@ -179,6 +186,14 @@ class LlamaModel(nn.Module):
         if output_hidden_states:
             states.append(hidden)
         return hidden, states
+
+    def decode_layers(self) -> DecodeLayers | None:
+        """The stack's fused decode program, built at the first serving step (the KV caches are bound by then) and
+        again when the runner binds new caches; None where it does not apply."""
+        fused = self._decode_layers
+        if fused is False or (fused is not None and fused.stale()):
+            fused = self._decode_layers = build_decode_layers(self)
+        return fused
 
 
 class LlamaForCausalLM(nn.Module):

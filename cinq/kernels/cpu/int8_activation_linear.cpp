@@ -133,7 +133,7 @@ inline __m256 load8(const at::Half* p) {
 
 // 8 factors from p, of which `avail` (>= 1) may be read: fewer only at the tensor's end, where a copy pads them
 template <typename S>
-inline __m256 load8_within(const S* p, int64_t avail) {
+__attribute__((always_inline)) inline __m256 load8_within(const S* p, int64_t avail) {
   if (avail >= 8) return load8(p);
   S tmp[8] = {};
   for (int64_t i = 0; i < avail; ++i) tmp[i] = p[i];
@@ -142,9 +142,10 @@ inline __m256 load8_within(const S* p, int64_t avail) {
 
 // The factors of blocks b8 .. b8 + 7 of output row n as float lanes: `sv` the scales, `zv` = min - offset * scale
 // (what multiplies a block's activation sum); lanes past the row's last block are 0 (the loads may reach into the
-// next row's factors, which must add nothing).
+// next row's factors, which must add nothing). Forced inline: GCC called it out of line, with a vzeroupper and the
+// two vectors spilled to the stack on every call, which cost the M = 1 kernel ~1.5x.
 template <typename S>
-inline void block_factors(const Call<S>& c, int64_t n, int64_t b8, __m256& sv, __m256& zv) {
+__attribute__((always_inline)) inline void block_factors(const Call<S>& c, int64_t n, int64_t b8, __m256& sv, __m256& zv) {
   const int64_t B = c.K / kBlock, G = c.K / c.group, per = c.group / kBlock;
   // block b8 + j has group (b8 + j) / per: lane j of the groups loaded from g0 (from the call's table: a division
   // per block here cost more than the blocks' dot products)
@@ -216,8 +217,59 @@ void row_kernel(const Call<S>& c, int64_t m0, int64_t n, float* cb) {
   }
 }
 
+// Lane j of the result: the sum of the 8 int32 lanes of s[j] (6 horizontal adds, 2 lane moves, 1 add).
+inline __m256i reduce8(const __m256i (&s)[8]) {
+  const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+  const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
+  // h0's low 128 bits: s0..s3 over their low halves, high 128 bits: over their high halves (h1 likewise: s4..s7)
+  return _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
+}
+
+// Output row n for the one activation row m0 (a batch-1 decode step, the hottest call). Eight blocks at a time:
+// each block's integer dot product stays in int32 lanes, the eight are reduced into one vector (lane j: block
+// b8 + j) and scaled by their eight factors in one FMA. Per block that leaves the unpack and two multiply-adds;
+// row_kernel's per-block conversion, broadcast and FMA (with its latency chain, and the factors' round trip through
+// memory) measured ~1.4x slower here at M = 1.
+template <typename Codes, typename S>
+void row_kernel_m1(const Call<S>& c, int64_t m0, int64_t n) {
+  const int64_t K = c.K, B = K / kBlock;
+  const uint8_t* row = c.codes + n * (B * Codes::kBytes);
+  const int8_t* xq = c.xq + m0 * K;
+  const float* xs = c.xs + m0 * c.Bp;
+  const float* xsum = c.xsum + m0 * c.Bp;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc = _mm256_setzero_ps();
+  auto dot = [&](int64_t b) __attribute__((always_inline)) {
+    const int64_t at = b * Codes::kBytes;
+    if ((at & 63) == 0) cinq_small_m::prefetch_ahead(row + at);
+    __m256i u, s;
+    Codes::load(row + at, u, s);
+    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * kBlock));
+    return _mm256_madd_epi16(Codes::dot16(u, s, xv), ones);
+  };
+  for (int64_t b8 = 0; b8 < B; b8 += 8) {
+    __m256 sv, zv;
+    block_factors(c, n, b8, sv, zv);
+    __m256i s[8];
+    if (b8 + 8 <= B) {
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) s[j] = dot(b8 + j);
+    } else {
+      for (int j = 0; j < 8; ++j) s[j] = b8 + j < B ? dot(b8 + j) : _mm256_setzero_si256();
+    }
+    // xs and xsum are zero past the last block (Bp pads them), so the missing blocks add nothing
+    acc = _mm256_fmadd_ps(zv, _mm256_loadu_ps(xsum + b8), acc);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(s)), _mm256_mul_ps(sv, _mm256_loadu_ps(xs + b8)), acc);
+  }
+  c.y[m0 * c.N + n] = float_to_bf16(cinq_small_m::hsum(acc));
+}
+
 template <typename Codes, typename S>
 void run(const Call<S>& c, int64_t n0, int64_t n1) {
+  if (c.M == 1) {
+    for (int64_t n = n0; n < n1; ++n) row_kernel_m1<Codes, S>(c, 0, n);
+    return;
+  }
   // past kMaxRows rows (a prefill), 64 outputs at a time stay in cache across the row blocks
   const int64_t chunk = c.M <= kMaxRows ? n1 - n0 : 64;
   std::vector<float> cb(static_cast<size_t>(kMaxRows * c.Bp));

@@ -1,0 +1,175 @@
+"""The decoder stack's decode step in one native call (cinq/kernels/cpu/decode_layers.cpp), for Llama-family stacks
+on the CPU in bf16.
+
+At batch 1 a SmolLM2-sized step spent about as long in Python between kernels as in them: each layer makes ~14
+Python-level calls (module calls, shape checks, the kernel wrappers) of 5-15 us on a 2-core CPU. ``DecodeLayers``
+runs the same kernels (the ``torch.ops.cinq`` ops the eager layers call through their extensions) in the same order
+on the same tensors from C++, so its output is bit-identical to the eager layers' (tests/model/test_decode_layers.py
+checks this per linear kind). It covers decode steps (every sequence decode-like, speculative verify rows
+included) of at most ``max_rows`` rows, and layers whose every linear is one of: dense bf16 without autograd, GGUF
+Q4_0 / Q4_1 / Q8_0 with int8 activations, cinq's grouped int4 / int8 (no act-order permutation) without bias.
+Anything else (prefill chunks, other linears, Qwen3's q/k norms, sliding windows, hidden-state capture for EAGLE)
+runs the Python layers, as does every step with ``CINQ_FUSED_DECODE=0`` (A/B measurements, debugging).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+
+from cinq.kernels.cpu_native import native_module, small_m_rows
+from cinq.kernels.metadata import AttentionMetadata
+
+log = logging.getLogger(__name__)
+ENV = "CINQ_FUSED_DECODE"
+_NO_TREE = torch.empty(0, dtype=torch.bool)
+_NO_BIAS = torch.empty(0)
+_NO_RESIDUAL = torch.empty(0, dtype=torch.bfloat16)
+
+
+def enabled() -> bool:
+    """False when ``CINQ_FUSED_DECODE=0`` (read per model build)."""
+    return os.environ.get(ENV, "1").strip() != "0"
+
+
+class DecodeLayers:
+    """A built program for one decoder stack: ``run(hidden, positions, meta)`` -> (hidden, residual) when the step
+    qualifies, else None (the caller runs its Python layers)."""
+
+    def __init__(self, program: Any, max_rows: int, layers: list[Any], cos_sin: torch.Tensor) -> None:
+        self.program = program
+        self.max_rows = max_rows
+        self.cos_sin = cos_sin
+        self._first_cache = layers[0].self_attn.attn.kv_cache
+        self._first_layer = layers[0]
+        self.steps = 0  # decode steps run fused (tests check that the path is taken)
+
+    def stale(self) -> bool:
+        """True when the runner bound new KV caches since the build (the program holds the old ones)."""
+        return self._first_layer.self_attn.attn.kv_cache is not self._first_cache
+
+    def run(self, hidden: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+            ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        rows = hidden.shape[0]
+        if (hidden.dim() != 2 or rows > self.max_rows or hidden.dtype != torch.bfloat16
+                or meta.num_decodes != meta.num_seqs or meta.sliding_window is not None
+                or meta.group_block_tables is not None or torch.is_grad_enabled() or torch.compiler.is_compiling()):
+            return None
+        tree = _NO_TREE
+        if meta.tree_mask is not None:  # as cpu_native.paged_decode_native passes it
+            tm = meta.tree_mask
+            tree = (tm[:meta.num_decodes] if tm.dim() == 3 else tm).to(torch.bool).contiguous()
+        self.steps += 1
+        return self.program.run(hidden, _NO_RESIDUAL, positions, self.cos_sin,
+                                meta.slot_mapping, _int32(meta.block_tables), _int32(meta.seq_lens),
+                                meta.decode_query_len, tree)
+
+
+def build_decode_layers(model: Any) -> DecodeLayers | None:
+    """The fused program for ``model`` (a LlamaModel-like stack: ``layers`` of LlamaDecoderLayer), or None when a
+    layer is not covered, the kernels are unavailable, or ``CINQ_FUSED_DECODE=0``. Call after the KV caches are
+    bound."""
+    if not enabled():
+        return None
+    mod = native_module("decode_layers")
+    if mod is None:
+        return None
+    from cinq.kernels import custom_ops  # noqa: F401  (loads the extensions that register torch.ops.cinq.*)
+
+    layers = list(model.layers)
+    if not layers:
+        return None
+    first = layers[0]
+    attn = first.self_attn
+    program = mod.DecodeLayers(attn.num_heads, attn.num_kv_heads, attn.head_dim, first.mlp.intermediate_size,
+                               float(first.input_layernorm.eps), float(attn.attn.scale))
+    max_rows = 1 << 30
+    for layer in layers:
+        specs = _layer_specs(mod, layer)
+        if specs is None:
+            return None
+        linears, rows = specs
+        max_rows = min(max_rows, rows)
+        program.add_layer(layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach(),
+                          layer.self_attn.attn.kv_cache, *linears)
+    cos_sin = attn.rotary_emb.cos_sin(first.input_layernorm.weight.device, torch.bfloat16)
+    return DecodeLayers(program, max_rows, layers, cos_sin)
+
+
+def _layer_specs(mod: Any, layer: Any) -> tuple[list[Any], int] | None:
+    """The layer's four linears as the program's Linear specs and the most rows they take, or None."""
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    if attn is None or mlp is None or type(layer).__name__ != "LlamaDecoderLayer":
+        return None
+    if (getattr(attn, "qkv_proj", None) is None or getattr(mlp, "gate_up_proj", None) is None
+            or attn.q_norm is not None or attn.attn.sliding_window is not None or attn.attn.kv_cache is None
+            or attn.attn.backend.name != "sdpa" or mlp.act != "silu" or _has_hooks(layer)
+            or attn.attn.kv_cache.dtype != torch.bfloat16 or not attn.attn.kv_cache.is_cpu
+            or layer.input_layernorm.weight.dtype != torch.bfloat16
+            or type(layer.input_layernorm).__name__ != "RMSNorm"
+            or type(layer.post_attention_layernorm).__name__ != "RMSNorm"):
+        return None
+    specs, rows = [], 1 << 30
+    for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+        spec = _linear_spec(mod, linear)
+        if spec is None:
+            return None
+        specs.append(spec[0])
+        rows = min(rows, spec[1])
+    return specs, rows
+
+
+def _linear_spec(mod: Any, linear: Any) -> tuple[Any, int] | None:
+    """(the program's Linear, the most rows the eager layer sends to the same kernel) for one linear, or None."""
+    from cinq.layers.linear import DenseLinear
+    from cinq.layers.quantization.gguf_linear import DEQUANT_ROWS, GGUFLinear
+    from cinq.layers.quantization.int8_activations import int8_activations
+    from cinq.layers.quantization.kernels import NATIVE_MAX_ROWS
+    from cinq.layers.quantization.linear import QuantizedLinear
+
+    if getattr(linear, "split", None) is not None:  # tensor parallelism: its collectives are not in the program
+        return None
+    if type(linear) is DenseLinear:
+        w = linear.weight
+        if w.dtype != torch.bfloat16 or not w.is_contiguous() or not w.is_cpu or small_m_rows() < 1:
+            return None
+        b = linear.bias
+        if b is not None:
+            if b.dtype not in (torch.bfloat16, torch.float32) or not b.is_contiguous():
+                return None
+            b = b.detach()
+        return mod.Linear(mod.DENSE, [w.detach(), _NO_BIAS if b is None else b], []), small_m_rows()
+    if not isinstance(linear, QuantizedLinear) or linear.bias is not None:
+        return None
+    t, kind, group = linear._buffers, linear.kind, linear.group
+    half = torch.empty(0, dtype=torch.float16)
+    if type(linear) is GGUFLinear:
+        if kind == "gguf_q8_0_i8":
+            return mod.Linear(mod.INT8_I8, [t["codes"], t["scales"], t.get("mins", half)], [group]), 1 << 30
+        if kind in ("gguf_q4_0_i8", "gguf_q4_1_i8"):
+            return (mod.Linear(mod.INT4_I8, [t["codes"], t["scales"], t.get("mins", half)],
+                               [group, 8 if kind == "gguf_q4_0_i8" else 0]), DEQUANT_ROWS - 1)
+        return None
+    if kind not in ("int4_native", "int8_native") or "perm" in t:
+        return None
+    f32 = torch.empty(0)
+    mins = t.get("mins", torch.empty(0, dtype=t["scales"].dtype))
+    if group == 32 and int8_activations():
+        spec = mod.Linear(mod.INT4_I8, [t["codes"], t["scales"], mins], [group, 0]) if kind == "int4_native" else \
+            mod.Linear(mod.INT8_I8, [t["codes"], t["scales"], mins], [group])
+    else:
+        spec = mod.Linear(mod.INT4_AFFINE, [t["codes"], t["scales"], t["mins"]], [group]) if kind == "int4_native" \
+            else mod.Linear(mod.INT8_GROUPED, [t["codes"], t["scales"], t.get("mins", f32)], [group])
+    return spec, NATIVE_MAX_ROWS
+
+
+def _has_hooks(layer: torch.nn.Module) -> bool:
+    """True when a module of ``layer`` has forward hooks (instrumentation, collectives): the program skips them."""
+    return any(m._forward_hooks or m._forward_pre_hooks for m in layer.modules())
+
+
+def _int32(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.int32 and t.is_contiguous() else t.to(torch.int32).contiguous()

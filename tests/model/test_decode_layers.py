@@ -1,0 +1,103 @@
+"""The fused decode step (cinq/model/decode_layers.py): taken for bf16 decode steps of covered stacks, and
+bit-identical to the Python layers (greedy tokens and their logprobs), per linear kind; off for what it does not
+cover."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cinq.config import EngineConfig
+from cinq.engine.engine import LLMEngine
+from cinq.kernels.cpu_native import native_module
+from cinq.model import decode_layers
+from cinq.sampling_params import SamplingParams
+
+PROMPTS = [list(range(5, 5 + n)) for n in (7, 19, 33)]
+
+pytestmark = pytest.mark.skipif(native_module("decode_layers") is None, reason="no native CPU kernels here")
+
+
+def generate(model: Path | str, monkeypatch: pytest.MonkeyPatch, fused: bool, max_tokens: int = 10,
+             max_num_seqs: int = 3, **kw) -> tuple[dict[str, tuple], LLMEngine]:
+    """Greedy tokens and top-3 logprobs per request, with the fused step on or off."""
+    monkeypatch.setenv(decode_layers.ENV, "1" if fused else "0")
+    engine = LLMEngine(EngineConfig(model=str(model), dtype="bfloat16", num_kv_blocks=64, seed=0,
+                                    max_num_seqs=max_num_seqs, max_num_batched_tokens=64, **kw))
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(f"r{i}", prompt, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True,
+                                                           logprobs=3))
+    out = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.finished:
+                c = o.outputs[0]
+                out[o.request_id] = (tuple(c.token_ids), repr(c.logprobs))
+    return out, engine
+
+
+def fused_of(engine: LLMEngine) -> decode_layers.DecodeLayers | None:
+    return engine.executor.runner.model.model._decode_layers or None
+
+
+def check_same(model: Path | str, monkeypatch: pytest.MonkeyPatch, **kw) -> decode_layers.DecodeLayers:
+    eager, _ = generate(model, monkeypatch, fused=False, **kw)
+    fused, engine = generate(model, monkeypatch, fused=True, **kw)
+    program = fused_of(engine)
+    assert program is not None and program.steps > 0  # the fused step ran
+    assert fused == eager  # bit-identical: same tokens, same logprobs to the last digit
+    return program
+
+
+def test_dense_bf16_stack_is_bit_identical(tiny_llama, monkeypatch):
+    check_same(tiny_llama, monkeypatch)
+
+
+@pytest.mark.parametrize("outtype", ["q8_0", "q4_0"])
+def test_gguf_blocks_are_bit_identical(tiny_llama, tmp_path, monkeypatch, outtype):
+    from cinq.export.gguf import export_gguf
+    path = export_gguf(tiny_llama, tmp_path / f"m-{outtype}.gguf", outtype).path
+    program = check_same(path, monkeypatch)
+    assert program.max_rows >= 3  # all three requests decode in one fused step
+
+
+@pytest.mark.parametrize("bits, group", [(4, 32), (8, 32), (4, 64)])
+def test_grouped_int_weights_are_bit_identical(tiny_llama, tmp_path, monkeypatch, bits, group):
+    from cinq.quant.config import QuantConfig
+    from cinq.quant.pipeline import quantize_model
+    out = tmp_path / "q"
+    quantize_model(tiny_llama, out, QuantConfig(method="rtn", bits=bits, group_size=group), progress=False)
+    check_same(out, monkeypatch)
+
+
+def test_speculative_verify_rows_are_bit_identical(tiny_llama, monkeypatch):
+    # n-gram drafts: verify steps of k + 1 rows per sequence go through the fused step too
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+    check_same(tiny_llama, monkeypatch, max_tokens=16, speculative_config=spec)
+
+
+def test_off_switch_and_float32_take_the_python_layers(tiny_llama, monkeypatch):
+    _, engine = generate(tiny_llama, monkeypatch, fused=False)
+    assert fused_of(engine) is None
+    monkeypatch.setenv(decode_layers.ENV, "1")
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", num_kv_blocks=64, seed=0))
+    engine.add_request("r", PROMPTS[0], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    program = fused_of(engine)
+    assert program is None or program.steps == 0
+
+
+def test_forward_hooks_keep_the_python_layers(tiny_llama, monkeypatch):
+    from cinq.model.loader import load_model
+    model = load_model(tiny_llama, "bfloat16")
+    model.model.layers[0].mlp.register_forward_hook(lambda *a: None)
+    assert decode_layers.build_decode_layers(model.model) is None
+
+
+def test_the_real_smollm2_file_is_bit_identical(monkeypatch):
+    from cinq.real_models import REAL_MODELS
+    smol = REAL_MODELS["smollm2-135m-instruct"]
+    if smol.path() is None:
+        pytest.skip(f"needs the real model: {smol.install_hint}")
+    check_same(smol.path(), monkeypatch, max_tokens=8)
