@@ -17,6 +17,7 @@ struct SlotRows {
   int64_t row, value_offset;
   const T* key(int64_t t) const { return keys + t * row; }
   const T* value(int64_t t) const { return keys + value_offset + t * row; }
+  int64_t run(int64_t) const { return INT64_MAX; }  // tokens from t whose rows follow each other: all of them
 };
 
 }  // namespace

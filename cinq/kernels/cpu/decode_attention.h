@@ -128,10 +128,63 @@ inline float softmax_numerators(float* s, int64_t n) {
   return 1.f / total;
 }
 
+// s[t] = scale * q . k_t for the span's keys k_t = keys + t * stride (d floats each). Eight keys at a time where
+// d is a multiple of 8: their eight dot products accumulate side by side over d and one transposing reduction
+// sums them, where one dot per key paid a horizontal sum each (at d = 64, as much as its multiply-adds).
+inline void scores_of(const float* q, const float* keys, int64_t stride, int64_t span, int64_t d, float scale,
+                      float* s) {
+  int64_t t = 0;
+#if defined(CINQ_SMALL_M_AVX2)
+  if (d % 8 == 0) {
+    const __m256 sc = _mm256_set1_ps(scale);
+    for (; t + 8 <= span; t += 8) {
+      __m256 acc[8];
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+      const float* k0 = keys + t * stride;
+      for (int64_t i = 0; i < d; i += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + i);
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + j * stride + i), acc[j]);
+      }
+      // lane j of the result: the sum of acc[j]'s eight lanes
+      const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+      const __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
+      const __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
+      _mm256_storeu_ps(s + t, _mm256_mul_ps(sum, sc));
+    }
+  }
+#endif
+  for (; t < span; ++t) s[t] = dot(q, keys + t * stride, d) * scale;
+}
+
+// acc[:d] += sum over t of p[t] * v_t for the span's values v_t = values + t * stride. With d = 64 the sum stays in
+// eight registers across the keys (one multiply-add per value), where an axpy per key loaded and stored it each time.
+inline void weighted_sum(const float* p, const float* values, int64_t stride, int64_t span, int64_t d, float* acc) {
+#if defined(CINQ_SMALL_M_AVX2)
+  if (d == 64) {
+    __m256 a[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) a[i] = _mm256_loadu_ps(acc + 8 * i);
+    for (int64_t t = 0; t < span; ++t) {
+      const __m256 w = _mm256_set1_ps(p[t]);
+      const float* v = values + t * stride;
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) a[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * i), a[i]);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(acc + 8 * i, a[i]);
+    return;
+  }
+#endif
+  for (int64_t t = 0; t < span; ++t) axpy(acc, p[t], values + t * stride, d);
+}
+
 // Per-thread buffers, reused across the work items of a call.
 struct Scratch {
-  std::vector<float> q, scores, acc, row, inv;
-  std::vector<int64_t> kv_of;  // query row -> its kv head's offset in `row`
+  std::vector<float> q, scores, acc, inv;
+  std::vector<float> row;      // the span's K rows widened, [span, kv heads * d]; then its V rows
+  std::vector<int64_t> kv_of;  // query row -> its kv head's offset in a row of `row`
 };
 
 // What one call attends: query rows of `ql` tokens per sequence, `hq` heads of `d`, each sequence's query rows
@@ -178,7 +231,6 @@ void attend(const Q* q, O* out, const Rows& rows, int64_t len, int64_t h0, int64
   buf.q.resize(nq * d);
   buf.scores.resize(nq * span);
   buf.acc.assign(nq * d, 0.f);
-  buf.row.resize(nh * d);
   buf.inv.resize(nq);
   buf.kv_of.resize(nq);
   for (int64_t r = 0; r < sh.ql; ++r) {
@@ -188,20 +240,32 @@ void attend(const Q* q, O* out, const Rows& rows, int64_t len, int64_t h0, int64
     }
   }
   const int64_t* kv_of = buf.kv_of.data();
-  for (int64_t t = t0; t < len; ++t) {
-    widen(rows.key(t) + h0 * d, buf.row.data(), nh * d);
-    float* st = buf.scores.data() + (t - t0);
-    for (int64_t jq = 0; jq < nq; ++jq) {
-      st[jq * span] = dot(buf.q.data() + jq * d, buf.row.data() + kv_of[jq], d) * sh.scale;
+  // the span's K rows widened once (read front to back: the pages stream), [span, nh * d]; a run of tokens
+  // whose rows follow each other (a page) in one call when every kv head is read (no division per token)
+  const int64_t row = nh * d, full = sh.hkv * d;
+  buf.row.resize(span * row);
+  auto widen_span = [&](bool values) {
+    for (int64_t t = t0; t < len;) {
+      const int64_t n = std::min(rows.run(t), len - t);
+      const T* src = (values ? rows.value(t) : rows.key(t)) + h0 * d;
+      float* dst = buf.row.data() + (t - t0) * row;
+      if (row == full) {
+        widen(src, dst, n * row);
+      } else {
+        for (int64_t i = 0; i < n; ++i) widen(src + i * full, dst + i * row, row);
+      }
+      t += n;
     }
-  }
+  };
+  widen_span(false);
+  for (int64_t jq = 0; jq < nq; ++jq)
+    scores_of(buf.q.data() + jq * d, buf.row.data() + kv_of[jq], row, span, d, sh.scale,
+              buf.scores.data() + jq * span);
   mask_scores(buf.scores.data(), span, t0, len, nqh, tree, sh);
   for (int64_t jq = 0; jq < nq; ++jq) buf.inv[jq] = softmax_numerators(buf.scores.data() + jq * span, span);
-  for (int64_t t = t0; t < len; ++t) {
-    widen(rows.value(t) + h0 * d, buf.row.data(), nh * d);
-    const float* st = buf.scores.data() + (t - t0);
-    for (int64_t jq = 0; jq < nq; ++jq) axpy(buf.acc.data() + jq * d, st[jq * span], buf.row.data() + kv_of[jq], d);
-  }
+  widen_span(true);
+  for (int64_t jq = 0; jq < nq; ++jq)
+    weighted_sum(buf.scores.data() + jq * span, buf.row.data() + kv_of[jq], row, span, d, buf.acc.data() + jq * d);
   for (int64_t r = 0; r < sh.ql; ++r) {
     for (int64_t j = 0; j < nqh; ++j) {
       narrow(buf.acc.data() + (r * nqh + j) * d, out + (r * sh.hq + h0 * group + j) * d, d, buf.inv[r * nqh + j]);

@@ -27,6 +27,7 @@ struct PagedRows {
   int64_t block_size, block_stride, row, value_offset;
   const T* key(int64_t t) const { return cache + table[t / block_size] * block_stride + (t % block_size) * row; }
   const T* value(int64_t t) const { return key(t) + value_offset; }
+  int64_t run(int64_t t) const { return block_size - t % block_size; }  // tokens from t in t's block
 };
 
 }  // namespace
