@@ -141,6 +141,7 @@ class HeadTrainer:
         self.eval_seqs = target_sequences(self.target_dir, self.target, job.data_dir, held_out_settings(job), cache,
                                           identity, self.eos)
         self.draft_ids: torch.Tensor | None = None
+        self.draft_rows: torch.Tensor | None = None  # the target LM head's rows of the draft vocabulary
         if job.method == "medusa":
             self.head: Any = new_medusa_heads(self.target, job.num_heads, target_name=self.target_dir.name,
                                               original_lm_head=job.medusa_lm_head == "target")
@@ -149,6 +150,7 @@ class HeadTrainer:
                                              self.target.config.vocab_size)
             self.head = new_eagle3_head(self.target, self.draft_ids, job.feature_layers, job.seed,
                                         target_name=self.target_dir.name)
+            self.draft_rows = _draft_rows(self.target, self.draft_ids)
         else:
             self.head = new_eagle_head(self.target, job.method, job.feature_layers, job.seed,
                                        target_name=self.target_dir.name)
@@ -173,7 +175,10 @@ class HeadTrainer:
         s = tokens.shape[1]
         with torch.no_grad():
             final, states = self.target.forward_with_hidden_states(tokens)
-            t_logits = self.target.compute_logits(final)
+            # an EAGLE-3 head with a draft vocabulary is scored on those tokens only: their rows of the LM head
+            # (1/6 of SmolLM2's 49k-row product, and no [B, S, 49k] logits tensor per step)
+            t_logits = (self.target.compute_logits(final) if self.draft_rows is None
+                        else F.linear(final, self.draft_rows).float())
         inside = torch.arange(s)[None, :] < lengths[:, None]  # [B, S]: real tokens, not padding
         if self.job.method == "medusa":
             return self._medusa_loss(final, t_logits, inside)
@@ -206,7 +211,7 @@ class HeadTrainer:
                      rows: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
         total = torch.zeros(())
         metrics: dict[str, float] = {}
-        if self.draft_ids is not None:  # the target's distribution over the draft vocabulary, renormalised
+        if self.draft_ids is not None and self.draft_rows is None:  # the draft vocabulary's logits, renormalised
             labels = labels[..., self.draft_ids]
         for step, (_, normed) in enumerate(unroll(self.head, next_tokens, feats, self.job.unroll_steps)):
             mask = rows & valid_rows(rows.shape[1], step)[None, :]
@@ -284,6 +289,19 @@ class HeadTrainer:
             "head_parameters": n_params, "job": _jsonable(asdict(j)), "train_data": _describe(self.train_seqs),
             "eval_data": _describe(self.eval_seqs), "cpu": _cpu_name(), "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__}, export)
+
+
+def _draft_rows(target: Any, draft_ids: torch.Tensor) -> torch.Tensor | None:
+    """The target LM head's rows of ``draft_ids`` [N, hidden] when its logits are a plain product with a dense
+    float weight (Llama-family heads: no soft-capping or scaling in compute_logits), else None (full logits)."""
+    from cinq.model.llama import LlamaForCausalLM
+    head = getattr(target, "lm_head", None)
+    w = getattr(head, "weight", None)
+    if (getattr(type(target), "compute_logits", None) is not LlamaForCausalLM.compute_logits
+            or not isinstance(w, torch.Tensor) or not w.is_floating_point() or w.dim() != 2 or w.shape[0] != target.config.vocab_size
+            or getattr(head, "bias", None) is not None):
+        return None
+    return w.detach()[draft_ids].contiguous()
 
 
 def held_out_settings(job: HeadJob) -> GenerationSettings:

@@ -245,6 +245,15 @@ def test_an_eagle3_head_with_a_reduced_draft_vocabulary_trains_in_vllms_layout(t
     assert isinstance(head, Eagle3Head) and torch.equal(head.draft_ids, trainer.draft_ids)
 
 
+def test_the_draft_vocabularys_label_logits_are_the_full_logits_columns(teacher, tiny_corpus, tmp_path) -> None:
+    # the labels come from the LM head's draft rows alone: the same numbers as slicing the full logits
+    trainer = HeadTrainer(job(teacher, tiny_corpus, tmp_path / "run", "eagle3", draft_vocab_size=64))
+    assert trainer.draft_rows is not None and trainer.draft_rows.shape[0] == 64
+    final = torch.randn(2, 5, trainer.draft_rows.shape[1])
+    full = trainer.target.compute_logits(final)[..., trainer.draft_ids]
+    torch.testing.assert_close(torch.nn.functional.linear(final, trainer.draft_rows).float(), full)
+
+
 def test_a_draft_vocabulary_needs_an_eagle3_head(teacher, tiny_corpus, tmp_path) -> None:
     with pytest.raises(InvalidParameterError) as e:
         job(teacher, tiny_corpus, tmp_path, "eagle", draft_vocab_size=64)
