@@ -215,6 +215,10 @@ def measure(model: str, threads: int, steps: int, repeats: int,
                 "loadavg": os.getloadavg(), "weight_mb": _weight_mb(engine)}
     counter = _Counter()
     counter.run(engine.step)
+    # The clean steps above ran the fused decode step (cinq/model/decode_layers.py) where it applies; its layers
+    # have no Python phases, so the phases below time the Python layers it replaces.
+    from cinq.model.decode_layers import set_fused_decode
+    fused_steps = set_fused_decode(engine.executor.runner.model, False)
     timers = _instrument(engine)
     per_repeat: list[dict[str, float]] = []
     instrumented_ms = []
@@ -238,7 +242,7 @@ def measure(model: str, threads: int, steps: int, repeats: int,
             "aten_ops": sum(counter.ops.values()), "host_syncs": counter.syncs,
             "top_ops": dict(sorted(counter.ops.items(), key=lambda kv: -kv[1])[:12]),
             "first_tokens": list(tokens[:64]), "loadavg": os.getloadavg(), "weight_mb": _weight_mb(engine),
-            "profiled_ops": profiled_ops}
+            "profiled_ops": profiled_ops, "fused_steps": fused_steps}
 
 
 def _weight_mb(engine: Any) -> float:
@@ -439,7 +443,9 @@ def write(result: dict[str, Any]) -> None:
              f"repeats; 'before' is commit {result['baseline']} ('none': not measured) run back to back with this "
              "checkout ('after', or 'eager' without a 'before'; "
              f"'compiled': this checkout's compiled decode step, `{json.dumps(COMPILED)}`), alternating "
-             "subprocesses. Phase times are process CPU ms from an instrumented run (timers add a little; CPU time "
+             "subprocesses. The clean step and the kernel time run the fused decode step (cinq/model/decode_layers.py) "
+             "where it applies ('fused steps' > 0); the phases time the Python layers it replaces (it has none of its "
+             "own). Phase times are process CPU ms from an instrumented run (timers add a little; CPU time "
              "leaves out the time other jobs on this shared machine take the cores; not measured for the compiled "
              "step, whose graph the timers would break); 'clean step' is a run without instrumentation, wall and "
              "CPU. Kernel time: the self time (wall) of the native kernels and ATen's compute ops under the torch "
@@ -468,7 +474,8 @@ def write(result: dict[str, Any]) -> None:
                   row("kernel time (ms)", "kernel_ms", ".3f"),
                   row("**host time (ms)**", "host_ms", ".3f"),
                   row("ATen ops / step", "aten_ops", "d"), row("profiled ops / step", "profiled_ops", ".0f"),
-                  row("host syncs / step", "host_syncs", "d"), row("weights + buffers (MB)", "weight_mb", ".1f"),
+                  row("host syncs / step", "host_syncs", "d"), row("fused decode steps", "fused_steps", "d"),
+                  row("weights + buffers (MB)", "weight_mb", ".1f"),
                   row("measured read bandwidth (GB/s)", "read_bandwidth_gb_s", ".1f"),
                   row("roofline at that bandwidth (ms)", "roofline_ms", ".3f"), ""]
         a = run["after"]

@@ -68,6 +68,19 @@ class DecodeLayers:
                                 meta.decode_query_len, tree)
 
 
+def set_fused_decode(model: torch.nn.Module, on: bool) -> int:
+    """Turn the fused step of every decoder stack in ``model`` on (built again at the next step) or off (the Python
+    layers, e.g. for per-layer instrumentation, whose hooks the program would skip); returns the fused steps run so
+    far."""
+    steps = 0
+    for m in model.modules():
+        if hasattr(m, "_decode_layers"):
+            if isinstance(m._decode_layers, DecodeLayers):
+                steps += m._decode_layers.steps
+            m._decode_layers = False if on else None
+    return steps
+
+
 def build_decode_layers(model: Any) -> DecodeLayers | None:
     """The fused program for ``model`` (a LlamaModel-like stack: ``layers`` of LlamaDecoderLayer), or None when a
     layer is not covered, the kernels are unavailable, or ``CINQ_FUSED_DECODE=0``. Call after the KV caches are
