@@ -186,3 +186,71 @@ def test_dequantized_at_load_block_serves_the_same_function_densely(bits):
     assert kind == kernels.DEQUANTIZED_AT_LOAD
     assert rel(y, x @ qw.dequantize().t()) < 1e-5
     assert run(qw, x, torch.bfloat16)[0] != kernels.DEQUANTIZED_AT_LOAD  # the block ended: kernels again
+
+
+def _act_order(qw: QuantizedWeight, group: int, seed: int) -> QuantizedWeight:
+    """``qw`` with its groups scattered over the input channels, as act-order files store them."""
+    gen = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(qw.in_features, generator=gen)
+    qw.g_idx = torch.argsort(perm) // group
+    qw.scales = qw.scales * (1 + torch.rand(qw.scales.shape, generator=gen))
+    return qw
+
+
+def _float32_product_bound(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x @ W^T in float32, what one rounding to bf16 plus float32 summation order may move it by)."""
+    ref = x.float() @ w.t()
+    return ref, ref.abs() * 2 ** -8 + 1e-5 * (x.float().abs() @ w.abs().t()) + 1e-6
+
+
+@pytest.mark.parametrize("bits,group,act_order", [(4, 128, False), (4, 128, True), (4, 64, True), (8, -1, False),
+                                                  (8, 64, False), (8, 64, True)])
+def test_native_prefill_rows_are_the_float32_product_of_the_dequantized_weight(bits, group, act_order,
+                                                                               monkeypatch):
+    """Past NATIVE_MAX_ROWS rows an int4 / int8 native layer dequantizes (a block of output rows at a time) and
+    runs a float32 GEMM: each output is the float32 product of the file's dequantized weight, rounded once to bf16
+    (not a bf16 GEMM on a bf16-rounded weight)."""
+    from cinq.kernels import fp32_gemm
+    from cinq.layers.quantization import native
+    if kernels.int4_module() is None:
+        pytest.skip("native grouped kernels unavailable (no compiler or no AVX2)")
+    monkeypatch.setattr(fp32_gemm, "BLOCK_BYTES", 4 * 256 * 16)  # 16 output rows per block: 3 blocks, one short
+    calls = []
+    real = native.fp32_linear
+    monkeypatch.setattr(native, "fp32_linear", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    gen = torch.Generator().manual_seed(bits * group)
+    qw = rtn_quantize(torch.randn(40, 256, generator=gen), bits, group, False)
+    if act_order:
+        qw = _act_order(qw, group, seed=7)
+    w = qw.dequantize(torch.float32)
+    for m in (kernels.NATIVE_MAX_ROWS, kernels.NATIVE_MAX_ROWS + 1, 64):
+        x = torch.randn(m, 256, generator=gen).bfloat16()
+        kind, y = run(qw, x)
+        assert kind == f"int{bits}_native" and y.dtype == torch.bfloat16 and y.shape == (m, 40)
+        ref, bound = _float32_product_bound(x, w)
+        if m > kernels.NATIVE_MAX_ROWS:
+            assert calls[-1] == m  # the float32 GEMM ran, not the kernel
+            assert ((y.float() - ref).abs() <= bound).all()
+        else:
+            assert not calls and rel(y, ref) < 2e-2  # decode-sized: the kernel
+    assert calls == [kernels.NATIVE_MAX_ROWS + 1, 64]
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_prefill_chunks_give_the_rows_of_one_call(bits):
+    """A prompt prefilled in chunks (one at NATIVE_MAX_ROWS rows: the kernel; the others over it: the float32
+    GEMM) gives each row what one call over every row gives: the float32 product to one bf16 rounding, or the
+    kernel's bf16 result for the decode-sized chunk."""
+    if kernels.int4_module() is None:
+        pytest.skip("native grouped kernels unavailable (no compiler or no AVX2)")
+    gen = torch.Generator().manual_seed(11 + bits)
+    qw = rtn_quantize(torch.randn(48, 256, generator=gen), bits, 128, False)
+    x = torch.randn(70, 256, generator=gen).bfloat16()
+    kind, whole = run(qw, x)
+    cut = kernels.NATIVE_MAX_ROWS
+    parts = torch.cat([run(qw, x[a:b])[1] for a, b in [(0, cut), (cut, cut + 40), (cut + 40, 70)]])
+    assert kind == f"int{bits}_native" and parts.shape == whole.shape
+    ref, bound = _float32_product_bound(x, qw.dequantize(torch.float32))
+    assert ((whole.float() - ref).abs() <= bound).all()
+    assert ((parts[cut:].float() - ref[cut:]).abs() <= bound[cut:]).all()
+    assert rel(parts[:cut], whole[:cut]) < 2e-2
