@@ -1,15 +1,16 @@
 """Prefill-sized linears on a CPU without bf16 instructions (issue 26): per projection of the ~110M random Llama
-(benchmarks/random_model.py LLAMA_110M) and SmolLM2-135M, at 16-512 rows, the time of
+(benchmarks/random_model.py LLAMA_110M) and SmolLM2-135M, at 16-512 rows (--rows), the time of
 
 * int4 (group 128; 64 where K is not a multiple of 128) and int8 (per channel) weights: cinq's native
   bf16-activation kernel vs dequantize + float32 GEMM a block of rows at a time (``fp32_gemm.fp32_linear``,
   what runs past ``NATIVE_MAX_ROWS``) vs the path before issue 26 (whole-weight dequantize, bf16 GEMM, emulated);
 * int4 group 32 (GGUF Q4_0-like): the int8-activation kernel vs dequantize + float32 GEMM;
-* dense bf16: the native skinny kernel in chunks (``chunked_small_m_linear``) vs ``dense_fp32_linear`` vs torch's
-  bf16 GEMM.
+* dense bf16: the native skinny kernel (in chunks of rows past 8: ``chunked_small_m_linear``) vs
+  ``dense_fp32_linear`` vs torch's bf16 GEMM.
 
-The thresholds ``native.NATIVE_MAX_ROWS``, ``native.I8_DEQUANT_ROWS`` and ``fp32_gemm.DENSE_MIN_ROWS`` are read off
-this table. Best of up to 10 calls per cell (fewer for slow ones); weights random (speed does not depend on them).
+The thresholds ``native.NATIVE_MAX_ROWS`` (int8), ``native.INT4_NATIVE_MAX_ROWS``, ``native.I8_DEQUANT_ROWS`` and
+``fp32_gemm.DENSE_MIN_ROWS`` are read off this table. Best of up to 10 calls per cell (fewer for slow ones);
+weights random (speed does not depend on them).
 
     python benchmarks/prefill_gemm.py                 # threads 1 and 2, writes benchmarks/results/prefill_gemm.md
     python benchmarks/prefill_gemm.py --threads 1 --rows 16,32,64 --no-write
@@ -29,7 +30,13 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cinq.bench.report import run_conditions  # noqa: E402
-from cinq.kernels.cpu_native import bf16_gemm_is_emulated, call_native, chunked_small_m_linear  # noqa: E402
+from cinq.kernels.cpu_native import (  # noqa: E402
+    bf16_gemm_is_emulated,
+    call_native,
+    chunked_small_m_linear,
+    small_m_linear_native,
+    small_m_rows,
+)
 from cinq.kernels.fp32_gemm import dense_fp32_linear, fp32_linear  # noqa: E402
 from cinq.layers.quantization import native  # noqa: E402
 from cinq.layers.quantization.int8_activations import int4_affine_linear_i8  # noqa: E402
@@ -40,7 +47,7 @@ SHAPES = [("110M", "qkv", 2304, 768), ("110M", "o", 768, 768), ("110M", "gate_up
           ("110M", "down", 768, 2048), ("SmolLM2", "qkv", 960, 576), ("SmolLM2", "o", 576, 576),
           ("SmolLM2", "gate_up", 3072, 576), ("SmolLM2", "down", 576, 1536)]
 COLUMNS = ["int4 kernel", "int4 fp32", "int4 before", "int8 kernel", "int8 fp32", "int8 before",
-           "int4 g32 i8 kernel", "int4 g32 fp32", "dense chunked", "dense fp32", "dense bf16"]
+           "int4 g32 i8 kernel", "int4 g32 fp32", "dense native", "dense fp32", "dense bf16"]
 
 
 def best_ms(fn: Callable[[], object], budget_s: float = 0.5) -> float:
@@ -81,7 +88,8 @@ def cells(n: int, k: int, m: int) -> dict[str, float]:
            "int8 before": best_ms(lambda: F.linear(x, native.dequantize_int8_grouped(t8, k).bfloat16())),
            "int4 g32 i8 kernel": best_ms(lambda: int4_affine_linear_i8(x, t32, 32)),
            "int4 g32 fp32": best_ms(fp32(t32, 32, native.dequantize_int4_affine)),
-           "dense chunked": best_ms(lambda: chunked_small_m_linear(x, w, None)),
+           "dense native": best_ms(lambda: small_m_linear_native(x, w, None) if m <= small_m_rows()
+                                   else chunked_small_m_linear(x, w, None)),
            "dense fp32": best_ms(lambda: fp32_linear(x, lambda a, b: w[a:b].float(), n)),
            "dense bf16": best_ms(lambda: F.linear(x, w))}
     assert dense_fp32_linear(x, w, None) is not None or m < 64  # the measured path is the one layers take

@@ -5,9 +5,10 @@ Weight-only (GPTQ / AWQ / RTN files, all unpacked first to a ``QuantizedWeight``
 * ``int4_native`` / ``int8_native``: cinq's grouped-integer kernels (cinq/kernels/cpu/grouped_int_linear.cpp,
   AVX2, built on first use; ``native.py``) for bf16 activations and groups of any multiple of 32 channels (per
   channel too): a decode step streams the codes at close to memory speed. GPTQ/AWQ/RTN zero points become the
-  kernel's float32 ``min = -scale * zero`` (int4) or its int8 shift plus min (int8). Past ``NATIVE_MAX_ROWS`` rows
-  (a prefill chunk) the layer dequantizes its packed weight, a block of rows at a time, for BLAS's float32 GEMM
-  (``native._grouped_linear``, ``cinq.kernels.fp32_gemm``), which is faster there.
+  kernel's float32 ``min = -scale * zero`` (int4) or its int8 shift plus min (int8). Past ``NATIVE_MAX_ROWS``
+  rows (int8; ``INT4_NATIVE_MAX_ROWS`` for int4: a prefill chunk) the layer dequantizes its packed weight, a
+  block of rows at a time, for BLAS's float32 GEMM (``native._grouped_linear``, ``cinq.kernels.fp32_gemm``),
+  which is faster there.
 * ``int4_cpu``: ``aten._weight_int4pack_mm_for_cpu`` (bf16 activations; 20-60x slower with fp32 ones). Its
   dequantization is ``(q - 8) * scale + zero`` per (group, channel), so a GPTQ/AWQ zero point z maps to
   ``zero = (8 - z) * scale``. Act-order weights are permuted along K so groups become contiguous, and the
@@ -240,7 +241,7 @@ def weight_only_mm(p_kind: str, t: dict[str, torch.Tensor], arg: int, x: torch.T
         perm = t.get("perm")
         if perm is not None:
             x2 = x2.index_select(1, perm)
-        # the kernel up to NATIVE_MAX_ROWS rows, dequantize + float32 GEMM past them (native._grouped_linear)
+        # the kernel for decode-sized rows, dequantize + float32 GEMM past them (native._grouped_linear)
         y = int4_linear(x2, t, arg) if p_kind == "int4_native" else int8_grouped_linear(x2, t, arg)
     elif p_kind == "int4_cpu":
         perm = t.get("perm")

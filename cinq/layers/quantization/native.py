@@ -31,11 +31,14 @@ from cinq.layers.quantization.qweight import QuantizedWeight
 
 _MODULE = "grouped_int_linear"
 _NO_MINS = torch.empty(0)  # int8 without a min term: one shared empty tensor, nothing per call
-# Rows up to which the bf16-activation kernels run; past them (a prefill chunk) the weight is dequantized a block
-# of rows at a time for BLAS's float32 GEMM (``fp32_linear``). Measured on the AVX2 EPYC (1 thread, draft,
-# benchmarks/prefill_gemm.py) on the 110M Llama's projections: the kernel is ahead at 16 rows (0.4-0.7x the time),
-# about even at 32, behind from 64 (1.3-4x).
+# Rows up to which the bf16-activation kernels run; past them (a prefill chunk, a wide decode batch) the weight is
+# dequantized a block of rows at a time for BLAS's float32 GEMM (``fp32_linear``). Measured on the AVX2 EPYC
+# (1 thread, draft, benchmarks/prefill_gemm.py) on the 110M Llama's and SmolLM2's projections: the int8 kernel
+# and the float32 GEMM are even at 16 rows (the kernel ahead at 8, the GEMM 1.3x ahead at 24); the int4 kernel,
+# whose dequantization costs more, is ahead at 24 rows (1.1-2x), even or ahead at 32, even (SmolLM2) to 1.65x
+# behind (110M) at 64.
 NATIVE_MAX_ROWS = 16
+INT4_NATIVE_MAX_ROWS = 32
 # The int8-activation kernels (group 32) stay ahead longer; from this many rows the float32 GEMM wins (measured
 # for GGUF Q4_0 on SmolLM2's shapes at 2048 rows: 1.3x less CPU time, and more exact: no activation rounding).
 I8_DEQUANT_ROWS = 512
@@ -151,25 +154,26 @@ def int4_affine_linear(x: torch.Tensor, t: dict[str, torch.Tensor], group: int) 
     """y [..., N] bf16 = x [..., K] @ W^T with ``pack_int4_affine``'s tensors (past the kernel's rows, or without
     the native module: dequantize, then a float32 matmul)."""
     return _grouped_linear(x, t, group, "int4_affine_linear", t["mins"], dequantize_int4_affine,
-                           int4_affine_linear_i8)
+                           int4_affine_linear_i8, INT4_NATIVE_MAX_ROWS)
 
 
 def int8_grouped_linear(x: torch.Tensor, t: dict[str, torch.Tensor], group: int) -> torch.Tensor:
     """y [..., N] bf16 = x [..., K] @ W^T with ``pack_int8_grouped``'s tensors (past the kernel's rows, or without
     the native module: dequantize, then a float32 matmul)."""
     return _grouped_linear(x, t, group, "int8_grouped_linear", t.get("mins", _NO_MINS), dequantize_int8_grouped,
-                           int8_grouped_linear_i8)
+                           int8_grouped_linear_i8, NATIVE_MAX_ROWS)
 
 
 def _grouped_linear(x: torch.Tensor, t: dict[str, torch.Tensor], group: int, kernel: str, mins: torch.Tensor,
                     dequantize: Callable[[dict[str, torch.Tensor], int], torch.Tensor],
-                    linear_i8: Callable[[torch.Tensor, dict[str, torch.Tensor], int], torch.Tensor]) -> torch.Tensor:
-    """One grouped-int linear: the native ``kernel``, its int8-activation variant, or (prefill-sized inputs, or
-    no native module) dequantize + float32 GEMM."""
+                    linear_i8: Callable[[torch.Tensor, dict[str, torch.Tensor], int], torch.Tensor],
+                    max_rows: int) -> torch.Tensor:
+    """One grouped-int linear: the native ``kernel`` (up to ``max_rows`` rows), its int8-activation variant (up to
+    I8_DEQUANT_ROWS - 1), or dequantize + float32 GEMM (more rows, or no native module)."""
     x2 = _flat_bf16(x)
     mod = grouped_module()
     i8 = group == 32 and int8_activations()  # see the module docstring for why 32 only
-    if mod is None or x2.shape[0] > (I8_DEQUANT_ROWS - 1 if i8 else NATIVE_MAX_ROWS):
+    if mod is None or x2.shape[0] > (I8_DEQUANT_ROWS - 1 if i8 else max_rows):
         y = fp32_linear(x2, lambda n0, n1: dequantize(rows_of(t, n0, n1), group), t["codes"].shape[0],
                         out_dtype=torch.bfloat16)
     elif i8:

@@ -207,9 +207,9 @@ def _float32_product_bound(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tens
                                                   (8, 64, False), (8, 64, True)])
 def test_native_prefill_rows_are_the_float32_product_of_the_dequantized_weight(bits, group, act_order,
                                                                                monkeypatch):
-    """Past NATIVE_MAX_ROWS rows an int4 / int8 native layer dequantizes (a block of output rows at a time) and
-    runs a float32 GEMM: each output is the float32 product of the file's dequantized weight, rounded once to bf16
-    (not a bf16 GEMM on a bf16-rounded weight)."""
+    """Past its kernel's rows (INT4_NATIVE_MAX_ROWS / NATIVE_MAX_ROWS) an int4 / int8 native layer dequantizes (a
+    block of output rows at a time) and runs a float32 GEMM: each output is the float32 product of the file's
+    dequantized weight, rounded once to bf16 (not a bf16 GEMM on a bf16-rounded weight)."""
     from cinq.kernels import fp32_gemm
     from cinq.layers.quantization import native
     if kernels.int4_module() is None:
@@ -223,32 +223,34 @@ def test_native_prefill_rows_are_the_float32_product_of_the_dequantized_weight(b
     if act_order:
         qw = _act_order(qw, group, seed=7)
     w = qw.dequantize(torch.float32)
-    for m in (kernels.NATIVE_MAX_ROWS, kernels.NATIVE_MAX_ROWS + 1, 64):
+    most = native.INT4_NATIVE_MAX_ROWS if bits == 4 else native.NATIVE_MAX_ROWS  # the kernel's rows
+    for m in (most, most + 1, 64):
         x = torch.randn(m, 256, generator=gen).bfloat16()
         kind, y = run(qw, x)
         assert kind == f"int{bits}_native" and y.dtype == torch.bfloat16 and y.shape == (m, 40)
         ref, bound = _float32_product_bound(x, w)
-        if m > kernels.NATIVE_MAX_ROWS:
+        if m > most:
             assert calls[-1] == m  # the float32 GEMM ran, not the kernel
             assert ((y.float() - ref).abs() <= bound).all()
         else:
             assert not calls and rel(y, ref) < 2e-2  # decode-sized: the kernel
-    assert calls == [kernels.NATIVE_MAX_ROWS + 1, 64]
+    assert calls == [most + 1, 64]
 
 
 @pytest.mark.parametrize("bits", [4, 8])
 def test_prefill_chunks_give_the_rows_of_one_call(bits):
-    """A prompt prefilled in chunks (one at NATIVE_MAX_ROWS rows: the kernel; the others over it: the float32
+    """A prompt prefilled in chunks (one at its kernel's most rows: the kernel; the others over them: the float32
     GEMM) gives each row what one call over every row gives: the float32 product to one bf16 rounding, or the
     kernel's bf16 result for the decode-sized chunk."""
+    from cinq.layers.quantization import native
     if kernels.int4_module() is None:
         pytest.skip("native grouped kernels unavailable (no compiler or no AVX2)")
     gen = torch.Generator().manual_seed(11 + bits)
     qw = rtn_quantize(torch.randn(48, 256, generator=gen), bits, 128, False)
     x = torch.randn(70, 256, generator=gen).bfloat16()
     kind, whole = run(qw, x)
-    cut = kernels.NATIVE_MAX_ROWS
-    parts = torch.cat([run(qw, x[a:b])[1] for a, b in [(0, cut), (cut, cut + 40), (cut + 40, 70)]])
+    cut = native.INT4_NATIVE_MAX_ROWS if bits == 4 else native.NATIVE_MAX_ROWS
+    parts = torch.cat([run(qw, x[a:b])[1] for a, b in [(0, cut), (cut, cut + 20), (cut + 20, 70)]])
     assert kind == f"int{bits}_native" and parts.shape == whole.shape
     ref, bound = _float32_product_bound(x, qw.dequantize(torch.float32))
     assert ((whole.float() - ref).abs() <= bound).all()
