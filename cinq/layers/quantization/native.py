@@ -22,7 +22,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from cinq.kernels.cpu_native import call_native, native_module
 from cinq.kernels.fp32_gemm import fp32_linear
@@ -102,9 +101,12 @@ def int4_codes_float(packed: torch.Tensor) -> torch.Tensor:
     return q.view(n, -1)
 
 
+_ROW_TENSORS = ("codes", "scales", "mins")  # the kernel tensors with one row per output channel
+
+
 def rows_of(t: dict[str, torch.Tensor], n0: int, n1: int) -> dict[str, torch.Tensor]:
-    """The kernel tensors of output rows [n0, n1) (every per-row tensor sliced; scalars such as q_offset kept)."""
-    return {key: (v[n0:n1] if v.dim() else v) for key, v in t.items()}
+    """The kernel tensors of output rows [n0, n1): codes, scales and mins sliced, the rest (q_offset) as is."""
+    return {key: (v[n0:n1] if key in _ROW_TENSORS else v) for key, v in t.items()}
 
 
 def dequantize_int4_affine(t: dict[str, torch.Tensor], group: int) -> torch.Tensor:

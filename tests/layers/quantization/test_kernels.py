@@ -256,3 +256,31 @@ def test_prefill_chunks_give_the_rows_of_one_call(bits):
     assert ((whole.float() - ref).abs() <= bound).all()
     assert ((parts[cut:].float() - ref[cut:]).abs() <= bound[cut:]).all()
     assert rel(parts[:cut], whole[:cut]) < 2e-2
+
+
+def test_a_bf16_act_order_model_prefilled_in_chunks_or_at_once_scores_the_prompt_alike(tiny_llama, tmp_path):
+    """The engine end to end: a bf16 GPTQ act-order model (bf16 activations: the int4 kernel, not the
+    int8-activation one) scoring a 90-token prompt in chunks of 16 (the native kernel) or in one step (the
+    float32 GEMM) gives the dequantized float32 model's prompt logprobs, to bf16's precision."""
+    from cinq import LLM, SamplingParams
+    from cinq.layers.quantization import int8_activations as i8
+    from tests.layers.quantization.act_order import write_act_order_folders
+    if kernels.int4_module() is None:
+        pytest.skip("native grouped kernels unavailable (no compiler or no AVX2)")
+    gptq, dequantized = write_act_order_folders(tiny_llama, tmp_path)
+    prompt = [int(t) for t in torch.randint(10, 200, (90,), generator=torch.Generator().manual_seed(3))]
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0, ignore_eos=True)
+
+    def scores(folder, dtype: str, **engine) -> torch.Tensor:
+        out = LLM(str(folder), dtype=dtype, num_kv_blocks=64, block_size=16, **engine).generate([prompt], params)[0]
+        return torch.tensor([out.prompt_logprobs[i][prompt[i]].logprob for i in range(1, len(prompt))])
+
+    ref = scores(dequantized, "float32")
+    i8.set_int8_activations(False)
+    try:
+        chunked = scores(gptq, "bfloat16", max_num_batched_tokens=16)
+        whole = scores(gptq, "bfloat16", max_num_batched_tokens=128)
+    finally:
+        i8.set_int8_activations(None)
+    assert float((chunked - ref).abs().max()) < 0.1 and float((whole - ref).abs().max()) < 0.1
+    assert float((chunked - whole).abs().max()) < 0.1
