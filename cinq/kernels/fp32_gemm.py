@@ -42,17 +42,23 @@ def fp32_linear(x: torch.Tensor, weight_rows: WeightRows, n: int, bias: torch.Te
     if x.dim() != 2:
         raise ValueError(f"fp32_linear: x must be [M, K], got {tuple(x.shape)}")
     m, k = x.shape
+    out_dtype = x.dtype if out_dtype is None else out_dtype
     xf = x if x.dtype == torch.float32 else x.float()
-    y = torch.empty(m, n, dtype=torch.float32, device=x.device)
+    y = torch.empty(m, n, dtype=out_dtype, device=x.device)
     step = block_rows(k)
+    # a narrower output is rounded block by block from one float32 buffer, never a float32 [M, N] (a prompt's
+    # logits over a 49,152-token vocabulary: 200 MB per 1,024 rows)
+    acc = y if out_dtype == torch.float32 else torch.empty(m, min(step, n), dtype=torch.float32, device=x.device)
     for n0 in range(0, n, step):
         n1 = min(n, n0 + step)
-        # a column slice of row-major y is a valid BLAS output (leading dimension N): no copy per block
-        torch.mm(xf, weight_rows(n0, n1).t(), out=y[:, n0:n1])
-    if bias is not None:
-        y += bias.float()
-    out_dtype = x.dtype if out_dtype is None else out_dtype
-    return y if out_dtype == torch.float32 else y.to(out_dtype)
+        # a column slice of a row-major matrix is a valid BLAS output (leading dimension: its row length)
+        part = acc[:, n0:n1] if acc is y else acc[:, : n1 - n0]
+        torch.mm(xf, weight_rows(n0, n1).t(), out=part)
+        if bias is not None:
+            part += bias[n0:n1]  # in float32: the output is rounded once, after the bias
+        if acc is not y:
+            y[:, n0:n1] = part
+    return y
 
 
 def dense_fp32_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
