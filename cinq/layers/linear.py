@@ -19,6 +19,7 @@ from torch import nn
 
 from cinq.distributed.parallel_state import all_reduce_output_hook
 from cinq.kernels.cpu_native import chunked_small_m_linear, small_m_linear_native
+from cinq.kernels.fp32_gemm import dense_fp32_linear
 from cinq.layers.linear_base import LinearBase
 from cinq.layers.linear_split import ROW, LinearSplit
 from cinq.layers.weight_loader import CheckpointTensor, OutputShards, ParamLayout, ShardId, load_sharded
@@ -45,7 +46,9 @@ class DenseLinear(LinearBase):
     """y = x W^T + b with W [out_features, in_features] in the model dtype. Decode-sized bf16 inputs on the CPU
     (at most ``small_m_rows()`` rows: 8 with AMX, no autograd) go through the native skinny kernel when it is
     available: a few sequences' decode, or one sequence's speculative verify of up to 7 drafts. On CPUs without
-    bf16 instructions (AVX2), larger inputs (prefill, batched decode) run the same kernel in chunks of rows.
+    bf16 instructions (AVX2), inputs of ``fp32_gemm.DENSE_MIN_ROWS`` rows or more (prefill) run BLAS's float32
+    GEMM on the weight widened a block at a time, and those in between (batched decode) the skinny kernel in
+    chunks of rows.
 
     With ``output_shards`` it is a merged projection: W's rows are the shards' rows in order, each loaded from
     its own checkpoint tensor. With ``split`` (tensor parallelism) the sizes are this rank's, and each checkpoint
@@ -74,7 +77,9 @@ class DenseLinear(LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.bfloat16 and x.device.type == "cpu" and not torch.is_grad_enabled():
             y = small_m_linear_native(x, self.weight, self.bias)
-            if y is None:  # more rows: on CPUs without bf16 instructions, the native kernel in chunks still wins
+            if y is None:  # prefill-sized, on CPUs without bf16 instructions: widen + float32 GEMM
+                y = dense_fp32_linear(x, self.weight, self.bias)
+            if y is None:  # more rows than decode, fewer than prefill: the native kernel in chunks still wins
                 y = chunked_small_m_linear(x, self.weight, self.bias)
             if y is not None:
                 return y

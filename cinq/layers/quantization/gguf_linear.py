@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from cinq.errors import InvalidParameterError
+from cinq.kernels.fp32_gemm import fp32_linear
 from cinq.layers.linear_split import LinearSplit
 from cinq.layers.quantization.gguf_blocks import BLOCK, BLOCK_BYTES, decode_blocks
 from cinq.layers.quantization.int8_activations import (
@@ -25,15 +26,16 @@ from cinq.layers.quantization.int8_activations import (
 )
 from cinq.layers.quantization.kernels import DEQUANTIZED_AT_LOAD, Prepared, say_once, weight_only_mm
 from cinq.layers.quantization.linear import QuantizedLinear
+from cinq.layers.quantization.native import I8_DEQUANT_ROWS, int4_codes_float, rows_of
 from cinq.layers.weight_loader import OutputShards, ParamLayout
 
 _ROWS = ParamLayout(output_dim=0)
 # From this many rows (prefill chunks; decode batches stay below it) a 4-bit layer with int8 activations dequantizes
-# its blocks to float32 on each call and runs BLAS's float32 GEMM: measured on the AVX2 CPU for SmolLM2's shapes at
-# 2048 rows, 1.3x less CPU time per layer than the int8 x int4 kernel (the dequantization, one pass over the
-# weights, costs ~2% of that GEMM), and more exact (no activation rounding). Decode batches (up to 128 rows) keep
-# the kernel, which streams 5 / 8 of a byte per weight where float32 would stream 4 bytes.
-DEQUANT_ROWS = 512
+# its blocks to float32, a block of rows at a time, and runs BLAS's float32 GEMM: measured on the AVX2 CPU for
+# SmolLM2's shapes at 2048 rows, 1.3x less CPU time per layer than the int8 x int4 kernel, and more exact (no
+# activation rounding). Decode batches (up to 128 rows) keep the kernel, which streams 5 / 8 of a byte per weight
+# where float32 would stream 4 bytes. The same rule as the GPTQ / AWQ layers' (native.I8_DEQUANT_ROWS).
+DEQUANT_ROWS = I8_DEQUANT_ROWS
 
 
 def _blocks(raw: torch.Tensor, type_name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -91,13 +93,12 @@ def prepare_blocks(raw: torch.Tensor, type_name: str, dtype: torch.dtype) -> Pre
 def dequantize_i8_int4(t: dict[str, torch.Tensor], kind: str) -> torch.Tensor:
     """W [N, K] float32 of a Q4_0 / Q4_1 layer's int8-activation tensors (``i8_kernel_tensors``), the values
     ``decode_blocks(raw).dequantize()`` gives: code * d + m (Q4_0: m = -8 d)."""
-    codes = t["codes"]
-    n = codes.shape[0]
-    packed = codes.view(n, -1, BLOCK // 2)
-    q = torch.cat((packed & 0x0F, packed >> 4), dim=-1).float()  # [N, K / 32, 32]: GGUF's nibble order
+    q = int4_codes_float(t["codes"])  # GGUF's nibble order is the native kernels' (``kernel_tensors``)
+    n = q.shape[0]
+    w = q.view(n, -1, BLOCK)
     d = t["scales"].float().unsqueeze(-1)
-    m = t["mins"].float().unsqueeze(-1) if kind == "gguf_q4_1_i8" else d * -8.0
-    return (q * d + m).view(n, -1)
+    w.mul_(d).add_(t["mins"].float().unsqueeze(-1) if kind == "gguf_q4_1_i8" else d * -8.0)
+    return q
 
 
 def gguf_mm(kind: str, t: dict[str, torch.Tensor], group: int, x: torch.Tensor) -> torch.Tensor:
@@ -111,7 +112,7 @@ def gguf_mm(kind: str, t: dict[str, torch.Tensor], group: int, x: torch.Tensor) 
     if kind.endswith("_i8"):
         x2 = x2 if x2.is_contiguous() else x2.contiguous()
         if kind != "gguf_q8_0_i8" and x2.shape[0] >= DEQUANT_ROWS:
-            y = torch.mm(x2.float(), dequantize_i8_int4(t, kind).t()).to(torch.bfloat16)
+            y = fp32_linear(x2, lambda n0, n1: dequantize_i8_int4(rows_of(t, n0, n1), kind), t["codes"].shape[0])
         elif kind == "gguf_q8_0_i8":
             y = int8_grouped_linear_i8(x2, t, group)
         else:

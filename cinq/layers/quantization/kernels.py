@@ -5,9 +5,10 @@ Weight-only (GPTQ / AWQ / RTN files, all unpacked first to a ``QuantizedWeight``
 * ``int4_native`` / ``int8_native``: cinq's grouped-integer kernels (cinq/kernels/cpu/grouped_int_linear.cpp,
   AVX2, built on first use; ``native.py``) for bf16 activations and groups of any multiple of 32 channels (per
   channel too): a decode step streams the codes at close to memory speed. GPTQ/AWQ/RTN zero points become the
-  kernel's float32 ``min = -scale * zero`` (int4) or its int8 shift plus min (int8). Past ``NATIVE_MAX_ROWS`` rows
-  (a prefill chunk) the layer dequantizes its packed weight per call and runs oneDNN's matmul, which is faster
-  there.
+  kernel's float32 ``min = -scale * zero`` (int4) or its int8 shift plus min (int8). Past ``NATIVE_MAX_ROWS``
+  rows (int8; ``INT4_NATIVE_MAX_ROWS`` for int4: a prefill chunk) the layer dequantizes its packed weight, a
+  block of rows at a time, for BLAS's float32 GEMM (``native._grouped_linear``, ``cinq.kernels.fp32_gemm``),
+  which is faster there.
 * ``int4_cpu``: ``aten._weight_int4pack_mm_for_cpu`` (bf16 activations; 20-60x slower with fp32 ones). Its
   dequantization is ``(q - 8) * scale + zero`` per (group, channel), so a GPTQ/AWQ zero point z maps to
   ``zero = (8 - z) * scale``. Act-order weights are permuted along K so groups become contiguous, and the
@@ -35,10 +36,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from cinq.kernels.cpu_native import small_m_linear_native
+from cinq.kernels.cpu_native import chunked_small_m_linear, small_m_linear_native
+from cinq.kernels.fp32_gemm import dense_fp32_linear
+from cinq.layers.quantization.native import NATIVE_MAX_ROWS  # noqa: F401  (the NF4 / FP8 linears' switch too)
 from cinq.layers.quantization.native import (
-    dequantize_int4_affine,
-    dequantize_int8_grouped,
     grouped_module,
     int4_linear,
     int4_module,
@@ -54,7 +55,6 @@ _SAID: set[str] = set()
 
 INT4_CPU_GROUPS = (256, 128, 64, 32)  # group sizes _weight_int4pack_mm_for_cpu accepts
 DEQUANTIZED_AT_LOAD = "dequantized_at_load"  # the kind of 2/3-bit layers (see the module docstring)
-NATIVE_MAX_ROWS = 16  # rows up to which int4_native / int8_native run the native kernel (see the module docstring)
 
 
 def int8_module() -> Any | None:
@@ -241,11 +241,8 @@ def weight_only_mm(p_kind: str, t: dict[str, torch.Tensor], arg: int, x: torch.T
         perm = t.get("perm")
         if perm is not None:
             x2 = x2.index_select(1, perm)
-        if x2.shape[0] <= NATIVE_MAX_ROWS:
-            y = int4_linear(x2, t, arg) if p_kind == "int4_native" else int8_grouped_linear(x2, t, arg)
-        else:
-            w = dequantize_int4_affine(t, arg) if p_kind == "int4_native" else dequantize_int8_grouped(t, arg)
-            y = F.linear(x2.to(torch.bfloat16), w.to(torch.bfloat16))
+        # the kernel for decode-sized rows, dequantize + float32 GEMM past them (native._grouped_linear)
+        y = int4_linear(x2, t, arg) if p_kind == "int4_native" else int8_grouped_linear(x2, t, arg)
     elif p_kind == "int4_cpu":
         perm = t.get("perm")
         if perm is not None:
@@ -269,7 +266,12 @@ def weight_only_mm(p_kind: str, t: dict[str, torch.Tensor], arg: int, x: torch.T
             x2 = x2.to(w.dtype)
         y = None
         if x2.dtype == torch.bfloat16 and x2.device.type == "cpu" and not torch.is_grad_enabled():
-            y = small_m_linear_native(x2, w, None)  # decode-sized rows, as DenseLinear does
+            # as DenseLinear does: the skinny kernel for decode-sized rows, float32 GEMM for prefill-sized ones
+            y = small_m_linear_native(x2, w, None)
+            if y is None:
+                y = dense_fp32_linear(x2, w, None)
+            if y is None:
+                y = chunked_small_m_linear(x2, w, None)
         if y is None:
             y = F.linear(x2, w)
     elif p_kind == "triton":

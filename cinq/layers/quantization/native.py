@@ -22,14 +22,25 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from cinq.kernels.cpu_native import call_native, native_module
+from cinq.kernels.fp32_gemm import fp32_linear
 from cinq.layers.quantization.int8_activations import int4_affine_linear_i8, int8_activations, int8_grouped_linear_i8
 from cinq.layers.quantization.qweight import QuantizedWeight
 
 _MODULE = "grouped_int_linear"
 _NO_MINS = torch.empty(0)  # int8 without a min term: one shared empty tensor, nothing per call
+# Rows up to which the bf16-activation kernels run; past them (a prefill chunk, a wide decode batch) the weight is
+# dequantized a block of rows at a time for BLAS's float32 GEMM (``fp32_linear``). Measured on the AVX2 EPYC
+# (1 thread, draft, benchmarks/prefill_gemm.py) on the 110M Llama's and SmolLM2's projections: the int8 kernel
+# and the float32 GEMM are even at 16 rows (the kernel ahead at 8, the GEMM 1.3x ahead at 24); the int4 kernel,
+# whose dequantization costs more, is ahead at 24 rows (1.1-2x), even or ahead at 32, even (SmolLM2) to 1.65x
+# behind (110M) at 64.
+NATIVE_MAX_ROWS = 16
+INT4_NATIVE_MAX_ROWS = 32
+# The int8-activation kernels (group 32) stay ahead longer; from this many rows the float32 GEMM wins (measured
+# for GGUF Q4_0 on SmolLM2's shapes at 2048 rows: 1.3x less CPU time, and more exact: no activation rounding).
+I8_DEQUANT_ROWS = 512
 
 
 def grouped_module() -> Any | None:
@@ -79,19 +90,40 @@ def unpack_int4_codes(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack([b & 15, b >> 4], dim=2).reshape(n, -1)
 
 
+def int4_codes_float(packed: torch.Tensor) -> torch.Tensor:
+    """float32 codes [N, K] of ``pack_int4_affine``'s packed [N, K / 2], written straight into one float32 buffer
+    (the stacked uint8 codes and their float copy were two more passes and allocations per prefill call)."""
+    n = packed.shape[0]
+    b = packed.reshape(n, -1, 1, 16)
+    q = torch.empty(n, b.shape[1], 2, 16, dtype=torch.float32, device=packed.device)
+    q[:, :, :1].copy_(b & 15)
+    q[:, :, 1:].copy_(b >> 4)
+    return q.view(n, -1)
+
+
+_ROW_TENSORS = ("codes", "scales", "mins")  # the kernel tensors with one row per output channel
+
+
+def rows_of(t: dict[str, torch.Tensor], n0: int, n1: int) -> dict[str, torch.Tensor]:
+    """The kernel tensors of output rows [n0, n1): codes, scales and mins sliced, the rest (q_offset) as is."""
+    return {key: (v[n0:n1] if key in _ROW_TENSORS else v) for key, v in t.items()}
+
+
 def dequantize_int4_affine(t: dict[str, torch.Tensor], group: int) -> torch.Tensor:
     """W [N, K] float32 that the kernel computes with: ``scale[n, g] * q[n, k] + min[n, g]`` in float32, one
     multiply then one add; where ``pack_int4_affine`` found min = -8 * scale throughout, ``scale * (q - 8)``
-    (GGUF Q4_0's own formula, one rounding)."""
+    (GGUF Q4_0's own formula, one rounding). In place on one buffer: the same float32 operations, in the same
+    order, as the out-of-place formula."""
     o = int(t["q_offset"]) if "q_offset" in t else 0
-    q = unpack_int4_codes(t["codes"]).float()
+    q = int4_codes_float(t["codes"])
     n, k = q.shape
+    w = q.view(n, k // group, group)
     s = t["scales"].unsqueeze(-1)
     if o:
-        w = (q.view(n, k // group, group) - o) * s + (t["mins"] + o * t["scales"]).unsqueeze(-1)  # that add: + 0
+        w.sub_(o).mul_(s).add_((t["mins"] + o * t["scales"]).unsqueeze(-1))  # that add: + 0
     else:
-        w = q.view(n, k // group, group) * s + t["mins"].unsqueeze(-1)
-    return w.reshape(n, k)
+        w.mul_(s).add_(t["mins"].unsqueeze(-1))
+    return q
 
 
 def pack_int8_grouped(codes: torch.Tensor, scales: torch.Tensor, group: int) -> dict[str, torch.Tensor]:
@@ -104,13 +136,13 @@ def pack_int8_grouped(codes: torch.Tensor, scales: torch.Tensor, group: int) -> 
 
 def dequantize_int8_grouped(t: dict[str, torch.Tensor], group: int) -> torch.Tensor:
     """W [N, K] float32 that the kernel computes with: ``scale[n, g] * q[n, k]`` in float32 (``+ min[n, g]``
-    when ``t`` has mins, as ``pack_int8`` makes for an asymmetric 8-bit grid)."""
+    when ``t`` has mins, as ``pack_int8`` makes for an asymmetric 8-bit grid); in place on one buffer."""
     q = t["codes"].float()
     n, k = q.shape
-    w = q.view(n, k // group, group) * t["scales"].unsqueeze(-1)
+    w = q.view(n, k // group, group).mul_(t["scales"].unsqueeze(-1))
     if "mins" in t:
-        w = w + t["mins"].unsqueeze(-1)
-    return w.reshape(n, k)
+        w.add_(t["mins"].unsqueeze(-1))
+    return q
 
 
 def _flat_bf16(x: torch.Tensor) -> torch.Tensor:
@@ -121,28 +153,32 @@ def _flat_bf16(x: torch.Tensor) -> torch.Tensor:
 
 
 def int4_affine_linear(x: torch.Tensor, t: dict[str, torch.Tensor], group: int) -> torch.Tensor:
-    """y [..., N] bf16 = x [..., K] @ W^T with ``pack_int4_affine``'s tensors (without the native module:
-    dequantize, then a float32 matmul)."""
+    """y [..., N] bf16 = x [..., K] @ W^T with ``pack_int4_affine``'s tensors (past the kernel's rows, or without
+    the native module: dequantize, then a float32 matmul)."""
     return _grouped_linear(x, t, group, "int4_affine_linear", t["mins"], dequantize_int4_affine,
-                           int4_affine_linear_i8)
+                           int4_affine_linear_i8, INT4_NATIVE_MAX_ROWS)
 
 
 def int8_grouped_linear(x: torch.Tensor, t: dict[str, torch.Tensor], group: int) -> torch.Tensor:
-    """y [..., N] bf16 = x [..., K] @ W^T with ``pack_int8_grouped``'s tensors (without the native module:
-    dequantize, then a float32 matmul)."""
+    """y [..., N] bf16 = x [..., K] @ W^T with ``pack_int8_grouped``'s tensors (past the kernel's rows, or without
+    the native module: dequantize, then a float32 matmul)."""
     return _grouped_linear(x, t, group, "int8_grouped_linear", t.get("mins", _NO_MINS), dequantize_int8_grouped,
-                           int8_grouped_linear_i8)
+                           int8_grouped_linear_i8, NATIVE_MAX_ROWS)
 
 
 def _grouped_linear(x: torch.Tensor, t: dict[str, torch.Tensor], group: int, kernel: str, mins: torch.Tensor,
                     dequantize: Callable[[dict[str, torch.Tensor], int], torch.Tensor],
-                    linear_i8: Callable[[torch.Tensor, dict[str, torch.Tensor], int], torch.Tensor]) -> torch.Tensor:
-    """One grouped-int linear: the native ``kernel``, its int8-activation variant, or dequantize + matmul."""
+                    linear_i8: Callable[[torch.Tensor, dict[str, torch.Tensor], int], torch.Tensor],
+                    max_rows: int) -> torch.Tensor:
+    """One grouped-int linear: the native ``kernel`` (up to ``max_rows`` rows), its int8-activation variant (up to
+    I8_DEQUANT_ROWS - 1), or dequantize + float32 GEMM (more rows, or no native module)."""
     x2 = _flat_bf16(x)
     mod = grouped_module()
-    if mod is None:
-        y = F.linear(x2.float(), dequantize(t, group)).to(torch.bfloat16)
-    elif group == 32 and int8_activations():  # see the module docstring for why 32 only
+    i8 = group == 32 and int8_activations()  # see the module docstring for why 32 only
+    if mod is None or x2.shape[0] > (I8_DEQUANT_ROWS - 1 if i8 else max_rows):
+        y = fp32_linear(x2, lambda n0, n1: dequantize(rows_of(t, n0, n1), group), t["codes"].shape[0],
+                        out_dtype=torch.bfloat16)
+    elif i8:
         y = linear_i8(x2, t, group)
     else:
         y = call_native(mod, kernel, x2, t["codes"], t["scales"], mins, group)

@@ -186,3 +186,101 @@ def test_dequantized_at_load_block_serves_the_same_function_densely(bits):
     assert kind == kernels.DEQUANTIZED_AT_LOAD
     assert rel(y, x @ qw.dequantize().t()) < 1e-5
     assert run(qw, x, torch.bfloat16)[0] != kernels.DEQUANTIZED_AT_LOAD  # the block ended: kernels again
+
+
+def _act_order(qw: QuantizedWeight, group: int, seed: int) -> QuantizedWeight:
+    """``qw`` with its groups scattered over the input channels, as act-order files store them."""
+    gen = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(qw.in_features, generator=gen)
+    qw.g_idx = torch.argsort(perm) // group
+    qw.scales = qw.scales * (1 + torch.rand(qw.scales.shape, generator=gen))
+    return qw
+
+
+def _float32_product_bound(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x @ W^T in float32, what one rounding to bf16 plus float32 summation order may move it by)."""
+    ref = x.float() @ w.t()
+    return ref, ref.abs() * 2 ** -8 + 1e-5 * (x.float().abs() @ w.abs().t()) + 1e-6
+
+
+@pytest.mark.parametrize("bits,group,act_order", [(4, 128, False), (4, 128, True), (4, 64, True), (8, -1, False),
+                                                  (8, 64, False), (8, 64, True)])
+def test_native_prefill_rows_are_the_float32_product_of_the_dequantized_weight(bits, group, act_order,
+                                                                               monkeypatch):
+    """Past its kernel's rows (INT4_NATIVE_MAX_ROWS / NATIVE_MAX_ROWS) an int4 / int8 native layer dequantizes (a
+    block of output rows at a time) and runs a float32 GEMM: each output is the float32 product of the file's
+    dequantized weight, rounded once to bf16 (not a bf16 GEMM on a bf16-rounded weight)."""
+    from cinq.kernels import fp32_gemm
+    from cinq.layers.quantization import native
+    if kernels.int4_module() is None:
+        pytest.skip("native grouped kernels unavailable (no compiler or no AVX2)")
+    monkeypatch.setattr(fp32_gemm, "BLOCK_BYTES", 4 * 256 * 16)  # 16 output rows per block: 3 blocks, one short
+    calls = []
+    real = native.fp32_linear
+    monkeypatch.setattr(native, "fp32_linear", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    gen = torch.Generator().manual_seed(bits * group)
+    qw = rtn_quantize(torch.randn(40, 256, generator=gen), bits, group, False)
+    if act_order:
+        qw = _act_order(qw, group, seed=7)
+    w = qw.dequantize(torch.float32)
+    most = native.INT4_NATIVE_MAX_ROWS if bits == 4 else native.NATIVE_MAX_ROWS  # the kernel's rows
+    for m in (most, most + 1, 64):
+        x = torch.randn(m, 256, generator=gen).bfloat16()
+        kind, y = run(qw, x)
+        assert kind == f"int{bits}_native" and y.dtype == torch.bfloat16 and y.shape == (m, 40)
+        ref, bound = _float32_product_bound(x, w)
+        if m > most:
+            assert calls[-1] == m  # the float32 GEMM ran, not the kernel
+            assert ((y.float() - ref).abs() <= bound).all()
+        else:
+            assert not calls and rel(y, ref) < 2e-2  # decode-sized: the kernel
+    assert calls == [most + 1, 64]
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_prefill_chunks_give_the_rows_of_one_call(bits):
+    """A prompt prefilled in chunks (one at its kernel's most rows: the kernel; the others over them: the float32
+    GEMM) gives each row what one call over every row gives: the float32 product to one bf16 rounding, or the
+    kernel's bf16 result for the decode-sized chunk."""
+    from cinq.layers.quantization import native
+    if kernels.int4_module() is None:
+        pytest.skip("native grouped kernels unavailable (no compiler or no AVX2)")
+    gen = torch.Generator().manual_seed(11 + bits)
+    qw = rtn_quantize(torch.randn(48, 256, generator=gen), bits, 128, False)
+    x = torch.randn(70, 256, generator=gen).bfloat16()
+    kind, whole = run(qw, x)
+    cut = native.INT4_NATIVE_MAX_ROWS if bits == 4 else native.NATIVE_MAX_ROWS
+    parts = torch.cat([run(qw, x[a:b])[1] for a, b in [(0, cut), (cut, cut + 20), (cut + 20, 70)]])
+    assert kind == f"int{bits}_native" and parts.shape == whole.shape
+    ref, bound = _float32_product_bound(x, qw.dequantize(torch.float32))
+    assert ((whole.float() - ref).abs() <= bound).all()
+    assert ((parts[cut:].float() - ref[cut:]).abs() <= bound[cut:]).all()
+    assert rel(parts[:cut], whole[:cut]) < 2e-2
+
+
+def test_a_bf16_act_order_model_prefilled_in_chunks_or_at_once_scores_the_prompt_alike(tiny_llama, tmp_path):
+    """The engine end to end: a bf16 GPTQ act-order model (bf16 activations: the int4 kernel, not the
+    int8-activation one) scoring a 90-token prompt in chunks of 16 (the native kernel) or in one step (the
+    float32 GEMM) gives the dequantized float32 model's prompt logprobs, to bf16's precision."""
+    from cinq import LLM, SamplingParams
+    from cinq.layers.quantization import int8_activations as i8
+    from tests.layers.quantization.act_order import write_act_order_folders
+    if kernels.int4_module() is None:
+        pytest.skip("native grouped kernels unavailable (no compiler or no AVX2)")
+    gptq, dequantized = write_act_order_folders(tiny_llama, tmp_path)
+    prompt = [int(t) for t in torch.randint(10, 200, (90,), generator=torch.Generator().manual_seed(3))]
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0, ignore_eos=True)
+
+    def scores(folder, dtype: str, **engine) -> torch.Tensor:
+        out = LLM(str(folder), dtype=dtype, num_kv_blocks=64, block_size=16, **engine).generate([prompt], params)[0]
+        return torch.tensor([out.prompt_logprobs[i][prompt[i]].logprob for i in range(1, len(prompt))])
+
+    ref = scores(dequantized, "float32")
+    i8.set_int8_activations(False)
+    try:
+        chunked = scores(gptq, "bfloat16", max_num_batched_tokens=16)
+        whole = scores(gptq, "bfloat16", max_num_batched_tokens=128)
+    finally:
+        i8.set_int8_activations(None)
+    assert float((chunked - ref).abs().max()) < 0.1 and float((whole - ref).abs().max()) < 0.1
+    assert float((chunked - whole).abs().max()) < 0.1
