@@ -140,8 +140,8 @@ def _linear_spec(mod: Any, linear: Any) -> tuple[Any, int] | None:
     from cinq.layers.linear import DenseLinear
     from cinq.layers.quantization.gguf_linear import DEQUANT_ROWS, GGUFLinear
     from cinq.layers.quantization.int8_activations import int8_activations
-    from cinq.layers.quantization.kernels import NATIVE_MAX_ROWS
     from cinq.layers.quantization.linear import QuantizedLinear
+    from cinq.layers.quantization.native import I8_DEQUANT_ROWS, INT4_NATIVE_MAX_ROWS, NATIVE_MAX_ROWS
 
     if getattr(linear, "split", None) is not None:  # tensor parallelism: its collectives are not in the program
         return None
@@ -170,13 +170,16 @@ def _linear_spec(mod: Any, linear: Any) -> tuple[Any, int] | None:
         return None
     f32 = torch.empty(0)
     mins = t.get("mins", torch.empty(0, dtype=t["scales"].dtype))
+    # as native._grouped_linear routes them: the int8-activation kernel (groups of 32) below I8_DEQUANT_ROWS,
+    # else the int16-activation one up to its own rows
+    int4 = kind == "int4_native"
     if group == 32 and int8_activations():
-        spec = mod.Linear(mod.INT4_I8, [t["codes"], t["scales"], mins], [group, 0]) if kind == "int4_native" else \
+        spec = mod.Linear(mod.INT4_I8, [t["codes"], t["scales"], mins], [group, 0]) if int4 else \
             mod.Linear(mod.INT8_I8, [t["codes"], t["scales"], mins], [group])
-    else:
-        spec = mod.Linear(mod.INT4_AFFINE, [t["codes"], t["scales"], t["mins"]], [group]) if kind == "int4_native" \
-            else mod.Linear(mod.INT8_GROUPED, [t["codes"], t["scales"], t.get("mins", f32)], [group])
-    return spec, NATIVE_MAX_ROWS
+        return spec, I8_DEQUANT_ROWS - 1
+    spec = mod.Linear(mod.INT4_AFFINE, [t["codes"], t["scales"], t["mins"]], [group]) if int4 \
+        else mod.Linear(mod.INT8_GROUPED, [t["codes"], t["scales"], t.get("mins", f32)], [group])
+    return spec, INT4_NATIVE_MAX_ROWS if int4 else NATIVE_MAX_ROWS
 
 
 def _has_hooks(layer: torch.nn.Module) -> bool:
