@@ -106,8 +106,12 @@ def build_decode_layers(model: Any) -> DecodeLayers | None:
             return None
         linears, rows = specs
         max_rows = min(max_rows, rows)
-        program.add_layer(layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach(),
-                          layer.self_attn.attn.kv_cache, *linears)
+        try:
+            program.add_layer(layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach(),
+                              layer.self_attn.attn.kv_cache, *linears)
+        except RuntimeError as e:  # a layout the program refuses (its checks name it): the Python layers run
+            log.info("fused decode step not used: %s", str(e).splitlines()[0])
+            return None
     cos_sin = attn.rotary_emb.cos_sin(first.input_layernorm.weight.device, torch.bfloat16)
     return DecodeLayers(program, max_rows, layers, cos_sin)
 

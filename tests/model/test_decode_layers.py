@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from cinq.config import EngineConfig
 from cinq.engine.engine import LLMEngine
 from cinq.kernels.cpu_native import native_module
@@ -86,6 +87,23 @@ def test_off_switch_and_float32_take_the_python_layers(tiny_llama, monkeypatch):
         engine.step()
     program = fused_of(engine)
     assert program is None or program.steps == 0
+
+
+def test_linears_split_across_threads_are_bit_identical(tiny_llama, tmp_path, monkeypatch):
+    # every linear split into one range of output rows per thread (the team path), GGUF and dense
+    from cinq.export.gguf import export_gguf
+    mod = native_module("decode_layers")
+    before = mod.min_split_bytes()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    mod.set_min_split_bytes(1)
+    try:
+        for model in (tiny_llama, export_gguf(tiny_llama, tmp_path / "m.gguf", "q4_0").path):
+            program = check_same(model, monkeypatch)
+            assert program.program.split_calls() > 0
+    finally:
+        mod.set_min_split_bytes(before)
+        torch.set_num_threads(threads)
 
 
 def test_forward_hooks_keep_the_python_layers(tiny_llama, monkeypatch):

@@ -8,14 +8,105 @@
 // tensors and KV caches held by reference) and run per step; anything it does not cover (prefill rows, other
 // linears, hidden-state capture, sliding windows, ...) stays on the Python path (cinq/model/decode_program.py).
 #include <torch/extension.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/InferenceMode.h>
+#include <omp.h>
 
+#include <atomic>
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace {
+
+// Weight bytes from which a linear is split across the team (below it, a part's call and the concatenation cost
+// more than the second core saves); settable for tests, whose tiny weights would never split.
+int64_t min_split_bytes = 128 << 10;
+constexpr int kMaxTeam = 8;
+// Spins before a waiting thread starts yielding its core: a few hundred microseconds, longer than any wait inside
+// a step on an idle machine, short enough not to starve another process of a shared core for long.
+constexpr int64_t kSpinsBeforeYield = 1 << 14;
+
+inline void relax(int64_t& spins) {
+  if (++spins < kSpinsBeforeYield) {
+#if defined(__x86_64__)
+    _mm_pause();
+#endif
+  } else {
+    std::this_thread::yield();
+  }
+}
+
+// The threads of one step's OpenMP region. Thread 0 runs the layers; a split linear posts its parts, and every
+// thread (thread 0 too, once its own part is done) claims parts until none is left, so a worker the OS has
+// descheduled never holds the step up unless it is in the middle of a part. One region per step replaces the
+// ~2 regions per layer of the kernels' own parallel loops, whose sleeping workers (OMP_WAIT_POLICY=PASSIVE) each
+// cost a wake-up: the reason 2 threads decoded slower than 1.
+class Team {
+ public:
+  explicit Team(int size) : size_(size) {}
+  int size() const { return size_; }
+
+  // fn(p) for p in [0, parts), thread 0 taking part 0; returns when every part is done.
+  void run(int parts, const std::function<void(int)>& fn) {
+    job_.store(&fn, std::memory_order_relaxed);
+    parts_.store(parts, std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
+    next_.store(1, std::memory_order_release);
+    generation_.fetch_add(1, std::memory_order_release);
+    fn(0);
+    claim();
+    for (int64_t spins = 0; done_.load(std::memory_order_acquire) < parts - 1;) relax(spins);
+    if (error_) std::rethrow_exception(error_);
+  }
+
+  // A worker's loop: claim parts of each posted job until stop().
+  void work() {
+    int64_t seen = 0, spins = 0;
+    while (!stop_.load(std::memory_order_acquire)) {
+      const int64_t g = generation_.load(std::memory_order_acquire);
+      if (g == seen) {
+        relax(spins);
+        continue;
+      }
+      seen = g;
+      spins = 0;
+      claim();
+    }
+  }
+
+  void stop() { stop_.store(true, std::memory_order_release); }
+
+ private:
+  void claim() {
+    for (;;) {
+      const int p = next_.fetch_add(1, std::memory_order_acq_rel);
+      if (p >= parts_.load(std::memory_order_relaxed)) return;
+      try {
+        (*job_.load(std::memory_order_relaxed))(p);
+      } catch (...) {
+        if (!error_) error_ = std::current_exception();  // the first failure; thread 0 rethrows it
+      }
+      done_.fetch_add(1, std::memory_order_release);
+    }
+  }
+
+  const int size_;
+  std::atomic<const std::function<void(int)>*> job_{nullptr};
+  std::atomic<int> parts_{0}, next_{0}, done_{0};
+  std::atomic<int64_t> generation_{0};
+  std::atomic<bool> stop_{false};
+  std::exception_ptr error_;
+};
 
 // A linear's kernel: which registered op, its tensors after x, and its integer arguments.
 enum Kind : int64_t { kDense = 0, kInt4I8 = 1, kInt8I8 = 2, kInt4Affine = 3, kInt8Grouped = 4 };
@@ -68,6 +159,7 @@ class DecodeLayers {
   }
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+  int64_t split_calls() const { return split_calls_.load(); }
 
   // hidden [M, H] bf16 (the embeddings), residual [M, H] or empty (none yet); the step's rotary table, positions
   // [M], slot mapping [M], block tables [nd, max_blocks] int32, seq lens [nd] int32, query rows per sequence and
@@ -76,6 +168,39 @@ class DecodeLayers {
                                          const at::Tensor& cos_sin, const at::Tensor& slot_mapping,
                                          const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t ql,
                                          const at::Tensor& tree) {
+    const int threads = std::min<int>(at::get_num_threads(), kMaxTeam);
+    auto layers = [&](Team* team) {
+      return run_layers(hidden, residual, positions, cos_sin, slot_mapping, block_tables, seq_lens, ql, tree, team);
+    };
+    if (threads <= 1 || at::in_parallel_region()) return layers(nullptr);
+    Team team(threads);
+    std::tuple<at::Tensor, at::Tensor> out;
+    std::exception_ptr error;
+    const bool inference = c10::InferenceMode::is_enabled(), grad = at::GradMode::is_enabled();
+#pragma omp parallel num_threads(threads)
+    {
+      if (omp_get_thread_num() == 0) {
+        try {
+          out = layers(&team);
+        } catch (...) {
+          error = std::current_exception();
+        }
+        team.stop();
+      } else {
+        c10::InferenceMode inference_mode(inference);  // the caller's modes: thread-local state
+        at::AutoGradMode grad_mode(grad);
+        team.work();
+      }
+    }
+    if (error) std::rethrow_exception(error);
+    return out;
+  }
+
+ private:
+  std::tuple<at::Tensor, at::Tensor> run_layers(at::Tensor hidden, at::Tensor residual, const at::Tensor& positions,
+                                                const at::Tensor& cos_sin, const at::Tensor& slot_mapping,
+                                                const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                                                int64_t ql, const at::Tensor& tree, Team* team) {
     const int64_t m = hidden.size(0), q_size = hq_ * d_, kv_size = hkv_ * d_;
     for (Layer& layer : layers_) {
       at::Tensor h;
@@ -85,35 +210,54 @@ class DecodeLayers {
       } else {
         std::tie(h, residual) = rms_norm_.call(hidden, residual, layer.in_norm, eps_);
       }
-      const at::Tensor qkv = linear(layer.qkv, h);
+      const at::Tensor qkv = linear(layer.qkv, h, team);
       at::Tensor q = qkv.narrow(1, 0, q_size).view({m, hq_, d_});
       at::Tensor k = qkv.narrow(1, q_size, kv_size).view({m, hkv_, d_});
       const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({m, hkv_, d_});
       rotary_.call(q, k, positions, cos_sin);
       write_kv_.call(k, v, layer.kv_cache, slot_mapping);
       const at::Tensor o = paged_decode_.call(q, layer.kv_cache, block_tables, seq_lens, scale_, ql, tree);
-      const at::Tensor attn = linear(layer.o, o.view({m, q_size}));
+      const at::Tensor attn = linear(layer.o, o.view({m, q_size}), team);
       std::tie(h, residual) = rms_norm_.call(attn, residual, layer.post_norm, eps_);
-      const at::Tensor gu = linear(layer.gate_up, h);
-      hidden = linear(layer.down, at::silu(gu.narrow(1, 0, inter_)) * gu.narrow(1, inter_, inter_));
+      const at::Tensor gu = linear(layer.gate_up, h, team);
+      hidden = linear(layer.down, at::silu(gu.narrow(1, 0, inter_)) * gu.narrow(1, inter_, inter_), team);
     }
     return {hidden, residual};
   }
 
- private:
   void check(const Linear& l) const {
     const size_t tensors = l.kind == kDense ? 2 : 3, ints = l.kind == kDense ? 0 : (l.kind == kInt4I8 ? 2 : 1);
     TORCH_CHECK(l.kind >= kDense && l.kind <= kInt8Grouped && l.t.size() == tensors && l.ints.size() == ints,
                 "decode_layers: linear of kind ", l.kind, " needs ", tensors, " tensors and ", ints, " ints");
+    for (const at::Tensor& t : l.t)  // rows split across threads: each tensor must be [N, ...] (or empty)
+      TORCH_CHECK(t.numel() == 0 || (t.dim() >= 1 && t.size(0) == l.t[0].size(0) && t.is_contiguous()),
+                  "decode_layers: a linear's tensors must be contiguous with one row per output");
   }
 
-  at::Tensor linear(const Linear& l, const at::Tensor& x) {
+  // y = x W^T; with a team, large weights in one range of output rows per thread (every kernel computes an output
+  // row from its weight row alone, so the parts concatenated are bit-identical to one call).
+  at::Tensor linear(const Linear& l, const at::Tensor& x, Team* team) const {
+    const int64_t n = l.t[0].size(0);
+    int64_t bytes = 0;
+    for (const at::Tensor& t : l.t) bytes += t.numel() * t.element_size();
+    const int parts = team == nullptr ? 1 : static_cast<int>(std::min<int64_t>(team->size(), bytes / std::max<int64_t>(min_split_bytes, 1)));
+    if (parts <= 1) return call(l, x, 0, n);
+    split_calls_.fetch_add(1, std::memory_order_relaxed);
+    std::vector<at::Tensor> out(parts);
+    team->run(parts, [&](int p) { out[p] = call(l, x, n * p / parts, n * (p + 1) / parts); });
+    return at::cat(out, 1);
+  }
+
+  // The kernel on output rows [n0, n1) (views of the weight's rows: every tensor of a linear is [N, ...]).
+  at::Tensor call(const Linear& l, const at::Tensor& x, int64_t n0, int64_t n1) const {
+    const bool whole = n0 == 0 && n1 == l.t[0].size(0);
+    auto rows = [&](const at::Tensor& t) { return whole || t.numel() == 0 ? t : t.narrow(0, n0, n1 - n0); };
     switch (l.kind) {
-      case kDense: return dense_.call(x, l.t[0], l.t[1]);
-      case kInt4I8: return int4_i8_.call(x, l.t[0], l.t[1], l.t[2], l.ints[0], l.ints[1]);
-      case kInt8I8: return int8_i8_.call(x, l.t[0], l.t[1], l.t[2], l.ints[0]);
-      case kInt4Affine: return int4_.call(x, l.t[0], l.t[1], l.t[2], l.ints[0]);
-      default: return int8_.call(x, l.t[0], l.t[1], l.t[2], l.ints[0]);
+      case kDense: return dense_.call(x, rows(l.t[0]), rows(l.t[1]));
+      case kInt4I8: return int4_i8_.call(x, rows(l.t[0]), rows(l.t[1]), rows(l.t[2]), l.ints[0], l.ints[1]);
+      case kInt8I8: return int8_i8_.call(x, rows(l.t[0]), rows(l.t[1]), rows(l.t[2]), l.ints[0]);
+      case kInt4Affine: return int4_.call(x, rows(l.t[0]), rows(l.t[1]), rows(l.t[2]), l.ints[0]);
+      default: return int8_.call(x, rows(l.t[0]), rows(l.t[1]), rows(l.t[2]), l.ints[0]);
     }
   }
 
@@ -121,6 +265,7 @@ class DecodeLayers {
   double eps_, scale_;
   at::Tensor empty_ = at::empty({0}, at::kBFloat16);
   std::vector<Layer> layers_;
+  mutable std::atomic<int64_t> split_calls_{0};  // linears run split across a team (tests check the path)
   c10::TypedOperatorHandle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
                                                               const at::Tensor&, double)> rms_norm_;
   c10::TypedOperatorHandle<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&)> rotary_,
@@ -144,11 +289,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("scale"))
       .def("add_layer", &DecodeLayers::add_layer)
       .def("num_layers", &DecodeLayers::num_layers)
+      .def("split_calls", &DecodeLayers::split_calls)
       .def("run", &DecodeLayers::run);
   m.attr("DENSE") = static_cast<int64_t>(kDense);
   m.attr("INT4_I8") = static_cast<int64_t>(kInt4I8);
   m.attr("INT8_I8") = static_cast<int64_t>(kInt8I8);
   m.attr("INT4_AFFINE") = static_cast<int64_t>(kInt4Affine);
   m.attr("INT8_GROUPED") = static_cast<int64_t>(kInt8Grouped);
+  m.def("set_min_split_bytes", [](int64_t bytes) { min_split_bytes = bytes; }, py::arg("bytes"));
+  m.def("min_split_bytes", [] { return min_split_bytes; });
   m.def("has_fast_path", [] { return true; });
 }
