@@ -7,9 +7,9 @@ runs the same kernels (the ``torch.ops.cinq`` ops the eager layers call through 
 on the same tensors from C++, so its output is bit-identical to the eager layers' (tests/model/test_decode_layers.py
 checks this per linear kind). It covers decode steps (every sequence decode-like, speculative verify rows
 included) of at most ``max_rows`` rows, and layers whose every linear is one of: dense bf16 without autograd, GGUF
-Q4_0 / Q4_1 / Q8_0 with int8 activations, cinq's grouped int4 / int8 (no act-order permutation) without bias.
-Anything else (prefill chunks, other linears, Qwen3's q/k norms, sliding windows, hidden-state capture for EAGLE)
-runs the Python layers, as does every step with ``CINQ_FUSED_DECODE=0`` (A/B measurements, debugging).
+Q4_0 / Q4_1 / Q8_0 with int8 activations, cinq's grouped int4 / int8 (no act-order permutation) without bias; it
+also returns every layer's input when asked (EAGLE-3's features), so a speculating step is fused too.
+Anything else (prefill chunks, other linears, Qwen3's q/k norms, sliding windows) runs the Python layers, as does every step with ``CINQ_FUSED_DECODE=0`` (A/B measurements, debugging).
 """
 
 from __future__ import annotations
@@ -51,8 +51,10 @@ class DecodeLayers:
         """True when the runner bound new KV caches since the build (the program holds the old ones)."""
         return self._first_layer.self_attn.attn.kv_cache is not self._first_cache
 
-    def run(self, hidden: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
-            ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def run(self, hidden: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, capture: bool = False
+            ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]] | None:
+        """(hidden, residual, every layer's input when ``capture``) after the stack, or None: run the Python
+        layers."""
         rows = hidden.shape[0]
         if (hidden.dim() != 2 or rows > self.max_rows or hidden.dtype != torch.bfloat16
                 or meta.num_decodes != meta.num_seqs or meta.sliding_window is not None
@@ -65,7 +67,7 @@ class DecodeLayers:
         self.steps += 1
         return self.program.run(hidden, _NO_RESIDUAL, positions, self.cos_sin,
                                 meta.slot_mapping, _int32(meta.block_tables), _int32(meta.seq_lens),
-                                meta.decode_query_len, tree)
+                                meta.decode_query_len, tree, capture)
 
 
 def set_fused_decode(model: torch.nn.Module, on: bool) -> int:

@@ -171,11 +171,13 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata | None,
                 output_hidden_states: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
         hidden = self.embed_tokens(input_ids)
-        if meta is not None and not output_hidden_states and hidden.is_cpu and not torch.compiler.is_compiling():
+        if meta is not None and hidden.is_cpu and not torch.compiler.is_compiling():
             fused = self.decode_layers()
-            out = fused.run(hidden, positions, meta) if fused is not None else None
+            out = fused.run(hidden, positions, meta, output_hidden_states) if fused is not None else None
             if out is not None:  # the whole stack in one native call, bit-identical to the loop below
-                return self.norm(*out)[0], []
+                hidden, residual, states = out
+                hidden, _ = self.norm(hidden, residual)
+                return hidden, (states + [hidden] if output_hidden_states else [])
         residual = None
         states: list[torch.Tensor] = []
         for layer in self.layers:

@@ -77,6 +77,16 @@ def test_speculative_verify_rows_are_bit_identical(tiny_llama, monkeypatch):
     check_same(tiny_llama, monkeypatch, max_tokens=16, speculative_config=spec)
 
 
+def test_eagle3_steps_capture_every_layers_input_bit_identically(tiny_llama, tmp_path, monkeypatch):
+    # EAGLE-3 reads three layers' inputs every step (also with speculation off): the fused step returns them
+    from cinq.model.loader import load_model
+    from cinq.spec.eagle import new_eagle_head, save_eagle_head
+    torch.manual_seed(0)
+    head = new_eagle_head(load_model(tiny_llama, torch.float32), "eagle3", seed=1)
+    spec = {"method": "eagle3", "model": str(save_eagle_head(head, tmp_path / "head")), "num_speculative_tokens": 3}
+    check_same(tiny_llama, monkeypatch, max_tokens=12, speculative_config=spec)
+
+
 def test_off_switch_and_float32_take_the_python_layers(tiny_llama, monkeypatch):
     _, engine = generate(tiny_llama, monkeypatch, fused=False)
     assert fused_of(engine) is None

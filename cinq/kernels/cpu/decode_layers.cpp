@@ -122,6 +122,9 @@ struct Layer {
   Linear qkv, o, gate_up, down;
 };
 
+// (hidden, residual) after the last layer, and each layer's input when asked for.
+using Result = std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>>;
+
 // The C++ signatures the ops were registered with (small_m.h's def_linear_op takes its tensors by value; the
 // others' kernels are lambdas over const references): a typed handle must name them exactly.
 using IntLinear6 = at::Tensor(at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t);
@@ -163,18 +166,19 @@ class DecodeLayers {
 
   // hidden [M, H] bf16 (the embeddings), residual [M, H] or empty (none yet); the step's rotary table, positions
   // [M], slot mapping [M], block tables [nd, max_blocks] int32, seq lens [nd] int32, query rows per sequence and
-  // tree mask (empty: causal among a sequence's new rows). Returns (hidden, residual) after the last layer.
-  std::tuple<at::Tensor, at::Tensor> run(at::Tensor hidden, at::Tensor residual, const at::Tensor& positions,
-                                         const at::Tensor& cos_sin, const at::Tensor& slot_mapping,
-                                         const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t ql,
-                                         const at::Tensor& tree) {
+  // tree mask (empty: causal among a sequence's new rows). Returns (hidden, residual) after the last layer and,
+  // with `capture`, every layer's input.
+  Result run(at::Tensor hidden, at::Tensor residual, const at::Tensor& positions, const at::Tensor& cos_sin,
+             const at::Tensor& slot_mapping, const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t ql,
+             const at::Tensor& tree, bool capture) {
     const int threads = std::min<int>(at::get_num_threads(), kMaxTeam);
     auto layers = [&](Team* team) {
-      return run_layers(hidden, residual, positions, cos_sin, slot_mapping, block_tables, seq_lens, ql, tree, team);
+      return run_layers(hidden, residual, positions, cos_sin, slot_mapping, block_tables, seq_lens, ql, tree, capture,
+                        team);
     };
     if (threads <= 1 || at::in_parallel_region()) return layers(nullptr);
     Team team(threads);
-    std::tuple<at::Tensor, at::Tensor> out;
+    Result out;
     std::exception_ptr error;
     const bool inference = c10::InferenceMode::is_enabled(), grad = at::GradMode::is_enabled();
 #pragma omp parallel num_threads(threads)
@@ -197,12 +201,14 @@ class DecodeLayers {
   }
 
  private:
-  std::tuple<at::Tensor, at::Tensor> run_layers(at::Tensor hidden, at::Tensor residual, const at::Tensor& positions,
-                                                const at::Tensor& cos_sin, const at::Tensor& slot_mapping,
-                                                const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                                                int64_t ql, const at::Tensor& tree, Team* team) {
+  Result run_layers(at::Tensor hidden, at::Tensor residual, const at::Tensor& positions, const at::Tensor& cos_sin,
+                    const at::Tensor& slot_mapping, const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                    int64_t ql, const at::Tensor& tree, bool capture, Team* team) {
     const int64_t m = hidden.size(0), q_size = hq_ * d_, kv_size = hkv_ * d_;
+    std::vector<at::Tensor> states;
     for (Layer& layer : layers_) {
+      if (capture)  // each layer's input, as the Python stack's output_hidden_states (EAGLE-3's features)
+        states.push_back(residual.numel() == 0 ? hidden : hidden + residual);
       at::Tensor h;
       if (residual.numel() == 0) {  // the first layer: the embeddings are the residual
         residual = hidden;
@@ -222,7 +228,7 @@ class DecodeLayers {
       const at::Tensor gu = linear(layer.gate_up, h, team);
       hidden = linear(layer.down, at::silu(gu.narrow(1, 0, inter_)) * gu.narrow(1, inter_, inter_), team);
     }
-    return {hidden, residual};
+    return {hidden, residual, states};
   }
 
   void check(const Linear& l) const {
