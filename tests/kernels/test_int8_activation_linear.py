@@ -217,3 +217,26 @@ def test_bad_knob_value_names_the_variable(monkeypatch):
     finally:
         monkeypatch.delenv(i8.ENV)
         i8.set_int8_activations(None)
+
+
+@pytest.mark.parametrize("form", ["q4_0", "q4_1", "q8_0"])
+def test_a_rows_result_does_not_depend_on_how_many_rows_share_the_call(available, form):
+    # batch invariance: each row of a 12-row call (a chunk of 8, then 4) equals the same row called alone, bit for
+    # bit, so speculative verify rows and batched decode reproduce batch-1 decode exactly
+    from cinq.layers.quantization.gguf_blocks import BLOCK_BYTES
+    from cinq.layers.quantization.gguf_linear import gguf_mm, i8_kernel_tensors
+    gen = torch.Generator().manual_seed(3)
+    n, k = 1024, 1536  # enough outputs that a different summation order flips some bf16 roundings
+    size = BLOCK_BYTES[form.upper()]
+    raw = torch.randint(0, 256, (n, k // 32, size), generator=gen, dtype=torch.uint8)
+    raw[..., 0:2] = torch.tensor([0x00, 0x20], dtype=torch.uint8)
+    if form == "q4_1":
+        raw[..., 2:4] = torch.tensor([0x00, 0xA0], dtype=torch.uint8)
+    t = i8_kernel_tensors(raw.reshape(n, -1), form.upper())
+    kind = f"gguf_{form}_i8"
+    x = torch.randn(12, k, generator=gen).bfloat16()
+    y = gguf_mm(kind, t, 32, x)
+    for m in range(12):
+        assert torch.equal(gguf_mm(kind, t, 32, x[m:m + 1].contiguous()), y[m:m + 1]), m
+    for m in (2, 5, 8):
+        assert torch.equal(gguf_mm(kind, t, 32, x[:m].contiguous()), y[:m]), m

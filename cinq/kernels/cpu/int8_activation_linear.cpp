@@ -10,7 +10,8 @@
 // int16 first (~8 vector ops per 16 bytes of weights: compute-bound on AVX2). Here a block's 32 codes stay bytes:
 // one 16-byte broadcast load, one variable shift and one and unpack them; per activation row one vpmaddubsw
 // (unsigned codes x signed activations, pairs into int16: 2 * 15 * 127 and 2 * 128 * 127 fit) and one vpmaddwd by
-// ones into int32, then one conversion and one FMA by scale * xs. The cost is numeric: an activation carries up to
+// ones into int32; eight blocks' int32 sums are reduced together and scaled in one FMA by scale * xs. Every row is
+// computed the same way whatever the row count (batch-invariant). The cost is numeric: an activation carries up to
 // 2^-8 of its block's largest |x| of rounding instead of 2^-16 (the quality cost on the real model is measured in
 // benchmarks/int8_activations.py). The offset and min terms use the quantized blocks' sums, once per output row.
 #include <torch/extension.h>
@@ -167,56 +168,6 @@ __attribute__((always_inline)) inline void block_factors(const Call<S>& c, int64
   zv = _mm256_fmadd_ps(_mm256_set1_ps(-static_cast<float>(c.offset)), sv, mv);
 }
 
-// Output row n for activation rows m0 .. m0 + MB - 1: first its blocks' factors for every row, in whole vectors
-// (cb [MB, Bp] = scale * xs, the factor of each block's integer dot product; with K = 576, 18 blocks, a scalar tail
-// per activation row cost as much as the dot products of a 1-row call), then each block's codes unpacked once and
-// applied to all MB rows. (Computing the factors 8 blocks at a time inside the block loop measured 15% slower at
-// M = 1: each block then waits on the store of its factor just before.)
-template <typename Codes, typename S, int MB>
-void row_kernel(const Call<S>& c, int64_t m0, int64_t n, float* cb) {
-  const int64_t K = c.K, B = K / kBlock, Bp = c.Bp;
-  // A accumulators per row, block b into acc[b % A]: with one or two rows in flight a single FMA chain (4 cycles
-  // a step) would bound the call, not the unpacking nor the stream
-  constexpr int A = MB <= 2 ? 2 : 1;
-  __m256 acc[A][MB] = {};
-  for (int64_t b8 = 0; b8 < B; b8 += 8) {
-    __m256 sv, zv;
-    block_factors(c, n, b8, sv, zv);
-#pragma GCC unroll 8
-    for (int m = 0; m < MB; ++m) {
-      const int64_t xb = (m0 + m) * Bp + b8;
-      _mm256_storeu_ps(cb + m * Bp + b8, _mm256_mul_ps(sv, _mm256_loadu_ps(c.xs + xb)));
-      acc[0][m] = _mm256_fmadd_ps(zv, _mm256_loadu_ps(c.xsum + xb), acc[0][m]);  // the offset and min terms
-    }
-  }
-  const uint8_t* row = c.codes + n * (B * Codes::kBytes);
-  const __m256i ones = _mm256_set1_epi16(1);
-  auto block = [&](int64_t b, __m256 (&t)[MB]) __attribute__((always_inline)) {
-    const int64_t at = b * Codes::kBytes;
-    if ((at & 63) == 0) cinq_small_m::prefetch_ahead(row + at);
-    __m256i u, s;
-    Codes::load(row + at, u, s);
-#pragma GCC unroll 8
-    for (int m = 0; m < MB; ++m) {
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c.xq + (m0 + m) * K + b * kBlock));
-      const __m256i d = _mm256_madd_epi16(Codes::dot16(u, s, xv), ones);
-      t[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_broadcast_ss(cb + m * Bp + b), t[m]);
-    }
-  };
-  int64_t b = 0;
-  for (; b + A <= B; b += A)
-#pragma GCC unroll 4
-    for (int a = 0; a < A; ++a) block(b + a, acc[a]);
-  for (; b < B; ++b) block(b, acc[0]);
-#pragma GCC unroll 8
-  for (int m = 0; m < MB; ++m) {
-    __m256 t = acc[0][m];
-#pragma GCC unroll 4
-    for (int a = 1; a < A; ++a) t = _mm256_add_ps(t, acc[a][m]);
-    c.y[(m0 + m) * c.N + n] = float_to_bf16(cinq_small_m::hsum(t));
-  }
-}
-
 // Lane j of the result: the sum of the 8 int32 lanes of s[j] (6 horizontal adds, 2 lane moves, 1 add).
 inline __m256i reduce8(const __m256i (&s)[8]) {
   const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
@@ -227,9 +178,9 @@ inline __m256i reduce8(const __m256i (&s)[8]) {
 
 // Output row n for the one activation row m0 (a batch-1 decode step, the hottest call). Eight blocks at a time:
 // each block's integer dot product stays in int32 lanes, the eight are reduced into one vector (lane j: block
-// b8 + j) and scaled by their eight factors in one FMA. Per block that leaves the unpack and two multiply-adds;
-// row_kernel's per-block conversion, broadcast and FMA (with its latency chain, and the factors' round trip through
-// memory) measured ~1.4x slower here at M = 1.
+// b8 + j) and scaled by their eight factors in one FMA. Per block that leaves the unpack and two multiply-adds; the
+// earlier kernel's per-block conversion, broadcast and FMA (with its latency chain, and the factors' round trip
+// through memory) measured ~1.15x slower at M = 1.
 template <typename Codes, typename S>
 void row_kernel_m1(const Call<S>& c, int64_t m0, int64_t n) {
   const int64_t K = c.K, B = K / kBlock;
@@ -264,6 +215,54 @@ void row_kernel_m1(const Call<S>& c, int64_t m0, int64_t n) {
   c.y[m0 * c.N + n] = float_to_bf16(cinq_small_m::hsum(acc));
 }
 
+// Output row n for activation rows m0 .. m0 + MB - 1, each computed exactly as row_kernel_m1 computes one row (the
+// same integer sums, the same reduction, the same float operations in the same order), so a row's result does not
+// depend on how many rows share the call: a sequence decodes the same tokens alone, beside others, or as a
+// speculative verify of k + 1 rows. Eight blocks' codes are unpacked once into L1 and reread per row (one load
+// where the unpack took three operations).
+template <typename Codes, typename S, int MB>
+void row_kernel_rows(const Call<S>& c, int64_t m0, int64_t n) {
+  const int64_t K = c.K, B = K / kBlock;
+  const uint8_t* row = c.codes + n * (B * Codes::kBytes);
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[MB];
+#pragma GCC unroll 8
+  for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+  alignas(32) __m256i ub[8], sb[8];
+  for (int64_t b8 = 0; b8 < B; b8 += 8) {
+    __m256 sv, zv;
+    block_factors(c, n, b8, sv, zv);
+    const int nb = static_cast<int>(std::min<int64_t>(8, B - b8));
+    for (int j = 0; j < nb; ++j) {
+      const int64_t at = (b8 + j) * Codes::kBytes;
+      if ((at & 63) == 0) cinq_small_m::prefetch_ahead(row + at);
+      Codes::load(row + at, ub[j], sb[j]);
+    }
+    // rows one at a time (not unrolled): eight int32 sums per row plus every row's accumulator would not fit in
+    // the sixteen vector registers (unrolled, the spills made 8 rows 1.4x slower)
+#pragma GCC unroll 1
+    for (int m = 0; m < MB; ++m) {
+      const int8_t* xq = c.xq + (m0 + m) * K + b8 * kBlock;
+      auto dot = [&](int j) __attribute__((always_inline)) {
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + j * kBlock));
+        return _mm256_madd_epi16(Codes::dot16(ub[j], sb[j], xv), ones);
+      };
+      __m256i s[8];
+      if (nb == 8) {
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) s[j] = dot(j);
+      } else {
+        for (int j = 0; j < 8; ++j) s[j] = j < nb ? dot(j) : _mm256_setzero_si256();
+      }
+      const int64_t xb = (m0 + m) * c.Bp + b8;
+      acc[m] = _mm256_fmadd_ps(zv, _mm256_loadu_ps(c.xsum + xb), acc[m]);
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(s)), _mm256_mul_ps(sv, _mm256_loadu_ps(c.xs + xb)), acc[m]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int m = 0; m < MB; ++m) c.y[(m0 + m) * c.N + n] = float_to_bf16(cinq_small_m::hsum(acc[m]));
+}
+
 template <typename Codes, typename S>
 void run(const Call<S>& c, int64_t n0, int64_t n1) {
   if (c.M == 1) {
@@ -272,21 +271,20 @@ void run(const Call<S>& c, int64_t n0, int64_t n1) {
   }
   // past kMaxRows rows (a prefill), 64 outputs at a time stay in cache across the row blocks
   const int64_t chunk = c.M <= kMaxRows ? n1 - n0 : 64;
-  std::vector<float> cb(static_cast<size_t>(kMaxRows * c.Bp));
   for (int64_t a = n0; a < n1; a += chunk) {
     const int64_t e = std::min(n1, a + chunk);
     for (int64_t m0 = 0; m0 < c.M; m0 += kMaxRows) {
       const int64_t mb = std::min<int64_t>(kMaxRows, c.M - m0);
       for (int64_t n = a; n < e; ++n) {
         switch (mb) {
-          case 1: row_kernel<Codes, S, 1>(c, m0, n, cb.data()); break;
-          case 2: row_kernel<Codes, S, 2>(c, m0, n, cb.data()); break;
-          case 3: row_kernel<Codes, S, 3>(c, m0, n, cb.data()); break;
-          case 4: row_kernel<Codes, S, 4>(c, m0, n, cb.data()); break;
-          case 5: row_kernel<Codes, S, 5>(c, m0, n, cb.data()); break;
-          case 6: row_kernel<Codes, S, 6>(c, m0, n, cb.data()); break;
-          case 7: row_kernel<Codes, S, 7>(c, m0, n, cb.data()); break;
-          default: row_kernel<Codes, S, 8>(c, m0, n, cb.data()); break;
+          case 1: row_kernel_rows<Codes, S, 1>(c, m0, n); break;
+          case 2: row_kernel_rows<Codes, S, 2>(c, m0, n); break;
+          case 3: row_kernel_rows<Codes, S, 3>(c, m0, n); break;
+          case 4: row_kernel_rows<Codes, S, 4>(c, m0, n); break;
+          case 5: row_kernel_rows<Codes, S, 5>(c, m0, n); break;
+          case 6: row_kernel_rows<Codes, S, 6>(c, m0, n); break;
+          case 7: row_kernel_rows<Codes, S, 7>(c, m0, n); break;
+          default: row_kernel_rows<Codes, S, 8>(c, m0, n); break;
         }
       }
     }
