@@ -63,9 +63,16 @@ class Team {
     done_.store(0, std::memory_order_relaxed);
     next_.store(1, std::memory_order_release);
     generation_.fetch_add(1, std::memory_order_release);
-    fn(0);
+    std::exception_ptr mine;
+    try {
+      fn(0);
+    } catch (...) {
+      mine = std::current_exception();
+    }
     claim();
+    // every part done before returning, even on an error: the parts write into the caller's frame
     for (int64_t spins = 0; done_.load(std::memory_order_acquire) < parts - 1;) relax(spins);
+    if (mine) std::rethrow_exception(mine);
     if (error_) std::rethrow_exception(error_);
   }
 
