@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -73,6 +74,7 @@ class Team {
     // every part done before returning, even on an error: the parts write into the caller's frame
     for (int64_t spins = 0; done_.load(std::memory_order_acquire) < parts - 1;) relax(spins);
     if (mine) std::rethrow_exception(mine);
+    std::lock_guard<std::mutex> lock(error_mutex_);
     if (error_) std::rethrow_exception(error_);
   }
 
@@ -101,6 +103,7 @@ class Team {
       try {
         (*job_.load(std::memory_order_relaxed))(p);
       } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mutex_);
         if (!error_) error_ = std::current_exception();  // the first failure; thread 0 rethrows it
       }
       done_.fetch_add(1, std::memory_order_release);
@@ -112,6 +115,7 @@ class Team {
   std::atomic<int> parts_{0}, next_{0}, done_{0};
   std::atomic<int64_t> generation_{0};
   std::atomic<bool> stop_{false};
+  std::mutex error_mutex_;
   std::exception_ptr error_;
 };
 
