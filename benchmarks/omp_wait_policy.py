@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -122,21 +123,33 @@ def measure_one(args: argparse.Namespace, engine: str, variant: str, threads: in
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Every (load, variant, threads, engine, policy), each in a fresh child process, policies alternated."""
+    """Every (load, variant, threads, engine, policy), each in a fresh child process, policies alternated, the
+    whole cycle of policies --repeats times."""
     rows = []
     for load in args.under_load:
         with busy_processes(load):
             for variant in args.variants.split(","):
                 for threads in (int(t) for t in args.threads.split(",")):
                     for engine in args.engines.split(","):
-                        for policy in args.policies:
+                        for repeat, policy in ((r, p) for r in range(args.repeats) for p in args.policies):
                             row = measure_one(args, engine, variant, threads, policy)
-                            row.update(engine=row.get("engine", f"{engine} {variant}"), threads=threads,
-                                       policy=policy, under_load=load)
+                            row.update(engine_kind=engine, variant=variant, threads=threads, policy=policy,
+                                       under_load=load, repeat=repeat)
+                            row.setdefault("engine", f"{engine} {variant}")
                             tok = "failed: " + row["error"][-200:] if row["tok_s"] is None else f"{row['tok_s']:.1f}"
                             print(f"load {load} {row['engine']:>16} {threads} thr {policy:>12}: {tok} tok/s",
                                   flush=True)
                             rows.append(row)
+    return name_failed_rows(rows)
+
+
+def name_failed_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A failed child reported no engine name (``llama.cpp q4_0`` for variant int4): give it the name its engine
+    and variant's measured rows have, so it lands in their table row."""
+    names = {(r["engine_kind"], r["variant"]): r["engine"] for r in rows if r["tok_s"] is not None}
+    for r in rows:
+        if r["tok_s"] is None:
+            r["engine"] = names.get((r["engine_kind"], r["variant"]), r["engine"])
     return rows
 
 
@@ -146,13 +159,19 @@ def load_title(load: int) -> str:
 
 def report(rows: list[dict[str, Any]], load_at_start: float, args: argparse.Namespace) -> Any:
     """One table per load condition: a row per (engine, threads), a column per policy, then each policy / PASSIVE
-    (or / the first policy when PASSIVE was not run); the headline: cinq's ratios."""
+    (or / the first policy when PASSIVE was not run), each speed the median over the repeats that gave one; the
+    headline: cinq's ratios."""
     from cinq.bench.report import BenchResult, Table, machine_info, run_conditions
     _, conditions = run_conditions(load_at_start)
     policies = list(dict.fromkeys(r["policy"] for r in rows))
     base = BASELINE if BASELINE in policies else policies[0]
     others = [p for p in policies if p != base]
-    tok = {(r["under_load"], r["engine"], r["threads"], r["policy"]): r["tok_s"] for r in rows}
+    runs: dict[tuple, list[float]] = {}
+    for r in rows:
+        runs.setdefault((r["under_load"], r["engine"], r["threads"], r["policy"]), [])
+        if r["tok_s"] is not None:
+            runs[(r["under_load"], r["engine"], r["threads"], r["policy"])].append(r["tok_s"])
+    tok = {key: statistics.median(v) if v else None for key, v in runs.items()}
     tables, headline = [], []
     for load in dict.fromkeys(r["under_load"] for r in rows):
         table = Table(f"decode tok/s by OpenMP wait policy, each engine in its own process{load_title(load)}",
@@ -171,7 +190,7 @@ def report(rows: list[dict[str, Any]], load_at_start: float, args: argparse.Name
     setup = (f"{conditions} `python benchmarks/omp_wait_policy.py --variants {args.variants} --threads "
              f"{args.threads} --policies {','.join(policies)} --under-load {','.join(map(str, args.under_load))}`: "
              f"{args.model}, batch 1, greedy, prompt {args.prompt_len}, {args.new_tokens} new tokens, "
-             f"{args.rounds} generations after a warm-up one; every (engine, policy, threads) in its own process "
+             f"{args.rounds} generations after a warm-up one, the median of {args.repeats} such run(s); every (engine, policy, threads) in its own process "
              f"with its OpenMP variables set before the runtime loads ({envs}). Under load: that many pure-Python "
              f"busy processes ran beside every measurement of the condition.")
     return BenchResult("omp_wait_policy", "OpenMP wait policy: each engine in its own process", setup, tables,
@@ -193,6 +212,7 @@ def main() -> int:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=1, help="cycles of every policy per (engine, threads)")
     ap.add_argument("--child-timeout", type=float, default=900.0, help="seconds one measurement may take")
     ap.add_argument("--out", default="omp_wait_policy", help="result file name in benchmarks/results/")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

@@ -8,7 +8,7 @@ import argparse
 
 import pytest
 
-from benchmarks.omp_wait_policy import child_env, parse_loads, parse_policies, report
+from benchmarks.omp_wait_policy import child_env, name_failed_rows, parse_loads, parse_policies, report
 from cinq.bench.report import markdown
 
 
@@ -18,7 +18,8 @@ def _row(engine: str, threads: int, policy: str, tok_s: float | None, load: int 
 
 def _args(**kw: object) -> argparse.Namespace:
     return argparse.Namespace(**{"variants": "int4", "threads": "1,2", "model": "m", "prompt_len": 128,
-                                 "new_tokens": 32, "rounds": 1, "under_load": [0], **kw})
+                                 "new_tokens": 32, "rounds": 1, "under_load": [0], "repeats": 1,
+                                 **kw})
 
 
 def test_policies_get_one_spelling_each_in_the_order_given() -> None:
@@ -66,3 +67,17 @@ def test_without_passive_the_ratios_are_to_the_first_policy() -> None:
     rows = [_row("cinq int4", 2, "SPIN=1000", 50.0), _row("cinq int4", 2, "ACTIVE", 75.0)]
     table = report(rows, 0.5, _args()).tables[0]
     assert table.columns[-1] == "ACTIVE / SPIN=1000" and table.rows[0][-1] == 1.5
+
+
+def test_repeats_give_the_median_speed_and_a_failed_repeat_is_left_out() -> None:
+    rows = [_row("cinq int4", 2, "PASSIVE", 40.0), _row("cinq int4", 2, "PASSIVE", 44.0),
+            _row("cinq int4", 2, "PASSIVE", 90.0), _row("cinq int4", 2, "ACTIVE", None),
+            _row("cinq int4", 2, "ACTIVE", 66.0)]
+    assert report(rows, 0.5, _args(repeats=3)).tables[0].rows == [["cinq int4", 2, 44.0, 66.0, 1.5]]
+
+
+def test_a_failed_child_takes_the_name_its_engine_measured_under() -> None:
+    rows = [{"engine_kind": "llama.cpp", "variant": "int4", "engine": "llama.cpp int4", "tok_s": None},
+            {"engine_kind": "llama.cpp", "variant": "int4", "engine": "llama.cpp q4_0", "tok_s": 80.0},
+            {"engine_kind": "cinq", "variant": "bf16", "engine": "cinq bf16", "tok_s": None}]  # nothing to copy
+    assert [r["engine"] for r in name_failed_rows(rows)] == ["llama.cpp q4_0", "llama.cpp q4_0", "cinq bf16"]
