@@ -187,12 +187,14 @@ def report(rows: list[dict[str, Any]], load_at_start: float, args: argparse.Name
                                                       if x is not None))
         tables.append(table)
     envs = "; ".join(f"{p}: " + " ".join(f"{k}={v}" for k, v in omp_wait_env(p).items()) for p in policies)
-    setup = (f"{conditions} `python benchmarks/omp_wait_policy.py --variants {args.variants} --threads "
-             f"{args.threads} --policies {','.join(policies)} --under-load {','.join(map(str, args.under_load))}`: "
-             f"{args.model}, batch 1, greedy, prompt {args.prompt_len}, {args.new_tokens} new tokens, "
-             f"{args.rounds} generations after a warm-up one, the median of {args.repeats} such run(s); every (engine, policy, threads) in its own process "
-             f"with its OpenMP variables set before the runtime loads ({envs}). Under load: that many pure-Python "
-             f"busy processes ran beside every measurement of the condition.")
+    command = (f"python benchmarks/omp_wait_policy.py --variants {args.variants} --threads {args.threads} "
+               f"--policies {','.join(policies)} --under-load {','.join(map(str, args.under_load))} "
+               f"--rounds {args.rounds} --new-tokens {args.new_tokens} --repeats {args.repeats}")
+    setup = (f"{conditions} `{command}`: {args.model}, batch 1, greedy, prompt {args.prompt_len}, "
+             f"{args.new_tokens} new tokens, {args.rounds} generations after a warm-up one, the median of "
+             f"{args.repeats} such run(s); every (engine, policy, threads) in its own process with its OpenMP "
+             f"variables set before the runtime loads ({envs}). Under load: that many pure-Python busy processes "
+             f"ran beside every measurement of the condition.")
     return BenchResult("omp_wait_policy", "OpenMP wait policy: each engine in its own process", setup, tables,
                        f"cinq decode tok/s vs {base}: " + "; ".join(headline),
                        {"rows": rows, "policies": {p: omp_wait_env(p) for p in policies},
