@@ -48,6 +48,7 @@ from cinq.process_env import OMP_WAIT_ENV_VARS, omp_wait_env  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results"
 DEFAULT_POLICIES = "PASSIVE,ACTIVE,SPIN=10000,SPIN=100000,SPIN=300000"
 BASELINE = "PASSIVE"
+FAILED_NOTE = "n/a for a speed: that child failed or ran past --child-timeout (its error is in the JSON's rows)."
 
 
 def policy_label(policy: str) -> str:
@@ -198,7 +199,8 @@ def report(rows: list[dict[str, Any]], load_at_start: float, args: argparse.Name
     return BenchResult("omp_wait_policy", "OpenMP wait policy: each engine in its own process", setup, tables,
                        f"cinq decode tok/s vs {base}: " + "; ".join(headline),
                        {"rows": rows, "policies": {p: omp_wait_env(p) for p in policies},
-                        "machine": machine_info(load_at_start)})
+                        "machine": machine_info(load_at_start)},
+                       notes=[FAILED_NOTE] if any(r["tok_s"] is None for r in rows) else [])
 
 
 def main() -> int:

@@ -61,6 +61,7 @@ def test_report_pairs_each_engine_and_thread_count_across_the_policies() -> None
                                "cinq int4 1 thr under load 2: ACTIVE 0.10x")
     text = markdown(result)
     assert "Quiet machine" in text and "SPIN=100000: OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=100000" in text
+    assert "n/a for a speed: that child failed" in text
 
 
 def test_without_passive_the_ratios_are_to_the_first_policy() -> None:
