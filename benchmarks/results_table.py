@@ -47,6 +47,7 @@ SCRIPTS = {
     "latency": "benchmarks/latency.py", "latency_hf": "cinq bench latency", "latency_smollm2": "cinq bench latency",
     "latency_smollm2_bf16": "benchmarks/latency.py", "omp_wait_policy": "benchmarks/omp_wait_policy.py",
     "omp_wait_policy_draft": "benchmarks/omp_wait_policy.py --out omp_wait_policy_draft",
+    "omp_wait_policy_draft_small_spin": "benchmarks/omp_wait_policy.py --out omp_wait_policy_draft_small_spin",
     "prefix": "cinq bench prefix", "quant": "benchmarks/quant.py",
     "quant_quality": "benchmarks/quant.py --quality", "quant_quality_arithmetic_easy": "benchmarks/quant.py --quality",
     "quant_study": "benchmarks/quant.py --quality", "quant_study_float_codes": "benchmarks/quant_study_real.py",

@@ -60,8 +60,9 @@ def set_omp_wait_policy(policy: str = DEFAULT_OMP_WAIT_POLICY, *, warn: bool = T
     policies for cinq and for llama.cpp, each engine in its own process: on an idle 2-core machine spinning makes
     cinq's 2-thread decode 1.50x faster (llama.cpp's 1.58x) and its 1-thread decode 0.92x; on a shared one (a
     draft run at load 11-14) it made cinq's 2-thread decode 0.02x. PASSIVE stays the default (a server shares its
-    cores with its front end and clients); set ``OMP_WAIT_POLICY=ACTIVE`` on a machine given to cinq alone, or
-    a bounded spin (``SPIN=n``: spin n times, then sleep) for a middle way.
+    cores with its front end and clients); set ``OMP_WAIT_POLICY=ACTIVE`` on a machine given to cinq alone. A
+    bounded spin (``SPIN=n``: spin n times, then sleep) is there to measure: a draft on a shared machine found
+    10,000 spins already halved 2-thread decode under load, and 100,000 as bad as ACTIVE.
 
     Returns True when this process runs with the values now in the environment, False when torch was imported
     before this call set them (then only child processes get them; ``warn`` says so with a ``RuntimeWarning``)."""
