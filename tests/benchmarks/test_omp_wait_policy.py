@@ -19,7 +19,7 @@ def _row(engine: str, threads: int, policy: str, tok_s: float | None, load: int 
 def _args(**kw: object) -> argparse.Namespace:
     return argparse.Namespace(**{"variants": "int4", "threads": "1,2", "model": "m", "prompt_len": 128,
                                  "new_tokens": 32, "rounds": 1, "under_load": [0], "repeats": 1,
-                                 **kw})
+                                 "engines": "cinq,llama.cpp", **kw})
 
 
 def test_policies_get_one_spelling_each_in_the_order_given() -> None:
