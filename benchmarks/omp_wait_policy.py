@@ -189,7 +189,8 @@ def report(rows: list[dict[str, Any]], load_at_start: float, args: argparse.Name
         tables.append(table)
     envs = "; ".join(f"{p}: " + " ".join(f"{k}={v}" for k, v in omp_wait_env(p).items()) for p in policies)
     command = (f"python benchmarks/omp_wait_policy.py --engines {args.engines} --variants {args.variants} "
-               f"--threads {args.threads} --policies {','.join(policies)} --under-load {','.join(map(str, args.under_load))} "
+               f"--threads {args.threads} --policies {','.join(policies)} "
+               f"--under-load {','.join(map(str, args.under_load))} "
                f"--rounds {args.rounds} --new-tokens {args.new_tokens} --repeats {args.repeats}")
     setup = (f"{conditions} `{command}`: {args.model}, batch 1, greedy, prompt {args.prompt_len}, "
              f"{args.new_tokens} new tokens, {args.rounds} generations after a warm-up one, the median of "
