@@ -16,30 +16,65 @@ import os
 import sys
 import warnings
 
+from cinq.errors import InvalidParameterError
+
 DEFAULT_OMP_WAIT_POLICY = "PASSIVE"
+# Every variable a wait policy sets: one of them already in the environment is the user's choice, and then cinq sets
+# neither (GOMP_SPINCOUNT alone overrides OMP_WAIT_POLICY's spin in libgomp, so adding one beside the user's other
+# would change what the user asked for).
+OMP_WAIT_ENV_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+MAX_SPIN_COUNT = 30_000_000_000  # libgomp's own count for OMP_WAIT_POLICY=ACTIVE (minutes of spinning)
+
+
+def omp_wait_env(policy: str) -> dict[str, str]:
+    """The environment that gives OpenMP worker threads ``policy``, one of:
+
+    - ``PASSIVE``: ``OMP_WAIT_POLICY=PASSIVE``; a worker with no work sleeps at once (libgomp spin count 0).
+    - ``ACTIVE``: ``OMP_WAIT_POLICY=ACTIVE``; it spins until the next parallel region (libgomp: 30 billion spins).
+    - ``SPIN=n`` (n an integer, 0 to 30 billion): ``OMP_WAIT_POLICY=PASSIVE`` and ``GOMP_SPINCOUNT=n``. libgomp
+      (torch's and llama.cpp's OpenMP) takes a set GOMP_SPINCOUNT over the policy's count, so a worker spins n
+      times (libgomp's estimate: about 100,000 a millisecond) and then sleeps; with PASSIVE, libgomp's throttled
+      count (used when a process runs more OpenMP threads than it has CPUs) stays 0, so an oversubscribed process
+      never spins, and OpenMP runtimes that ignore GOMP_SPINCOUNT (LLVM's, Intel's) sleep at once.
+
+    Raises ``InvalidParameterError`` (field ``policy``) for anything else."""
+    name = policy.strip().upper()
+    if name in ("PASSIVE", "ACTIVE"):
+        return {"OMP_WAIT_POLICY": name}
+    if name.startswith("SPIN="):
+        count = name.removeprefix("SPIN=").replace("_", "")
+        if count.isdigit() and int(count) <= MAX_SPIN_COUNT:
+            return {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": str(int(count))}
+    raise InvalidParameterError(f"OpenMP wait policy must be PASSIVE, ACTIVE or SPIN=n with n an integer from 0 to "
+                                f"{MAX_SPIN_COUNT}, got {policy!r}", "policy")
 
 
 def set_omp_wait_policy(policy: str = DEFAULT_OMP_WAIT_POLICY, *, warn: bool = True) -> bool:
-    """Set ``OMP_WAIT_POLICY`` (default PASSIVE) for this process and the processes it starts; a value already in
-    the environment wins and is left as it is.
+    """Give this process and the processes it starts the OpenMP wait ``policy`` (default PASSIVE; the forms and
+    the variables each sets: ``omp_wait_env``); an ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` already in the
+    environment wins, and then nothing is set.
 
-    OpenMP reads the variable once, when torch loads it: spinning worker threads make every parallel op many times
+    OpenMP reads the variables once, when torch loads it: spinning worker threads make every parallel op many times
     slower whenever the cores are shared with other processes (measured 4-25x on a busy 2-core machine), while
-    sleeping ones cost a few microseconds per op on an idle one. ``benchmarks/omp_wait_policy.py`` measures both
+    sleeping ones cost a few microseconds per op on an idle one. ``benchmarks/omp_wait_policy.py`` measures the
     policies for cinq and for llama.cpp, each engine in its own process: on an idle 2-core machine spinning makes
     cinq's 2-thread decode 1.50x faster (llama.cpp's 1.58x) and its 1-thread decode 0.92x; on a shared one (a
     draft run at load 11-14) it made cinq's 2-thread decode 0.02x. PASSIVE stays the default (a server shares its
-    cores with its front end and clients); set ``OMP_WAIT_POLICY=ACTIVE`` on a machine given to cinq alone.
+    cores with its front end and clients); set ``OMP_WAIT_POLICY=ACTIVE`` on a machine given to cinq alone. A
+    bounded spin (``SPIN=n``: spin n times, then sleep) is there to measure: a draft on a shared machine found
+    10,000 spins already halved 2-thread decode under load, and 100,000 as bad as ACTIVE.
 
-    Returns True when this process runs with the value now in the environment, False when torch was imported
-    before this call set it (then only child processes get it; ``warn`` says so with a ``RuntimeWarning``)."""
-    if "OMP_WAIT_POLICY" in os.environ:
+    Returns True when this process runs with the values now in the environment, False when torch was imported
+    before this call set them (then only child processes get them; ``warn`` says so with a ``RuntimeWarning``)."""
+    wanted = omp_wait_env(policy)  # a bad policy is an error even where the user's variables would win
+    if any(var in os.environ for var in OMP_WAIT_ENV_VARS):
         return True  # the user's (or a parent's) choice; whoever set it did so before torch could read it here
-    os.environ["OMP_WAIT_POLICY"] = policy
+    os.environ.update(wanted)
     if "torch" not in sys.modules:
         return True
     if warn:
+        settings = " ".join(f"{k}={v}" for k, v in wanted.items())
         warnings.warn("OMP_WAIT_POLICY was set after torch was imported: this process keeps OpenMP's default, only "
-                      "child processes get " + policy + "; call cinq.process_env.set_omp_wait_policy() before "
+                      "child processes get " + settings + "; call cinq.process_env.set_omp_wait_policy() before "
                       "importing torch", RuntimeWarning, stacklevel=2)
     return False

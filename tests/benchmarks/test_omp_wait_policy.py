@@ -1,26 +1,84 @@
-"""The OMP_WAIT_POLICY A/B's report: one row per (engine, threads) with both policies side by side and their ratio,
-the headline on cinq's rows only."""
+"""The OpenMP wait-policy A/B: policies parsed to one spelling each and mapped to exactly their variables, and its
+report: one table per load condition, a row per (engine, threads) with every policy side by side and each one's
+ratio to PASSIVE, the headline on cinq's rows only."""
 
 from __future__ import annotations
 
 import argparse
 
+import pytest
+
+from benchmarks.omp_wait_policy import child_env, name_failed_rows, parse_loads, parse_policies, report
 from cinq.bench.report import markdown
-from benchmarks.omp_wait_policy import report
 
 
-def _row(engine: str, threads: int, policy: str, tok_s: float) -> dict:
-    return {"engine": engine, "threads": threads, "policy": policy, "tok_s": tok_s}
+def _row(engine: str, threads: int, policy: str, tok_s: float | None, load: int = 0) -> dict:
+    return {"engine": engine, "threads": threads, "policy": policy, "tok_s": tok_s, "under_load": load}
+
+
+def _args(**kw: object) -> argparse.Namespace:
+    return argparse.Namespace(**{"variants": "int4", "threads": "1,2", "model": "m", "prompt_len": 128,
+                                 "new_tokens": 32, "rounds": 1, "under_load": [0], "repeats": 1,
+                                 "engines": "cinq,llama.cpp", **kw})
+
+
+def test_policies_get_one_spelling_each_in_the_order_given() -> None:
+    assert parse_policies("passive, SPIN=10_000,ACTIVE,spin=10000") == ["PASSIVE", "SPIN=10000", "ACTIVE"]
+    with pytest.raises(argparse.ArgumentTypeError, match="SPIN=n"):
+        parse_policies("PASSIVE,SPIN=fast")
+
+
+def test_load_conditions_are_counts_of_zero_or_more() -> None:
+    assert parse_loads("0,2,2") == [0, 2]
+    with pytest.raises(argparse.ArgumentTypeError, match="--under-load"):
+        parse_loads("-1")
+
+
+def test_a_child_gets_exactly_its_policys_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GOMP_SPINCOUNT", "7")  # this shell's own: must not leak into a PASSIVE child
+    env = child_env("PASSIVE")
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE" and "GOMP_SPINCOUNT" not in env
+    assert child_env("SPIN=300000")["GOMP_SPINCOUNT"] == "300000"
 
 
 def test_report_pairs_each_engine_and_thread_count_across_the_policies() -> None:
     rows = [_row("cinq int4", 1, "PASSIVE", 60.0), _row("cinq int4", 1, "ACTIVE", 66.0),
+            _row("cinq int4", 1, "SPIN=100000", 63.0),
             _row("llama.cpp q4_0", 1, "PASSIVE", 100.0), _row("llama.cpp q4_0", 1, "ACTIVE", 80.0),
-            _row("cinq int4", 2, "PASSIVE", 70.0)]  # its ACTIVE run missing: no ratio
-    args = argparse.Namespace(variants="int4", threads="1,2", model="m", prompt_len=128, new_tokens=32, rounds=1)
-    result = report(rows, 0.5, args)
-    table = result.tables[0].rows
-    assert table == [["cinq int4", 1, 60.0, 66.0, 1.1], ["llama.cpp q4_0", 1, 100.0, 80.0, 0.8],
-                     ["cinq int4", 2, 70.0, None, None]]
-    assert result.headline == "cinq ACTIVE / PASSIVE decode tok/s: 1.10x (cinq int4, 1 thr)"
-    assert "Quiet machine" in markdown(result)
+            _row("cinq int4", 2, "PASSIVE", 70.0),  # its other runs missing: no ratios
+            _row("cinq int4", 1, "PASSIVE", 30.0, load=2), _row("cinq int4", 1, "ACTIVE", 3.0, load=2),
+            _row("cinq int4", 1, "SPIN=100000", None, load=2)]  # a failed child: no speed, no ratio
+    result = report(rows, 0.5, _args(under_load=[0, 2]))
+    quiet, loaded = result.tables
+    assert quiet.columns == ["engine", "threads", "PASSIVE tok/s", "ACTIVE tok/s", "SPIN=100000 tok/s",
+                             "ACTIVE / PASSIVE", "SPIN=100000 / PASSIVE"]
+    assert quiet.rows == [["cinq int4", 1, 60.0, 66.0, 63.0, 1.1, 1.05],
+                          ["llama.cpp q4_0", 1, 100.0, 80.0, None, 0.8, None],
+                          ["cinq int4", 2, 70.0, None, None, None, None]]
+    assert "under load (2 busy processes" in loaded.title
+    assert loaded.rows == [["cinq int4", 1, 30.0, 3.0, None, 0.1, None]]
+    assert result.headline == ("cinq decode tok/s vs PASSIVE: cinq int4 1 thr: ACTIVE 1.10x, SPIN=100000 1.05x; "
+                               "cinq int4 1 thr under load 2: ACTIVE 0.10x")
+    text = markdown(result)
+    assert "Quiet machine" in text and "SPIN=100000: OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=100000" in text
+    assert "n/a for a speed: that child failed" in text
+
+
+def test_without_passive_the_ratios_are_to_the_first_policy() -> None:
+    rows = [_row("cinq int4", 2, "SPIN=1000", 50.0), _row("cinq int4", 2, "ACTIVE", 75.0)]
+    table = report(rows, 0.5, _args()).tables[0]
+    assert table.columns[-1] == "ACTIVE / SPIN=1000" and table.rows[0][-1] == 1.5
+
+
+def test_repeats_give_the_median_speed_and_a_failed_repeat_is_left_out() -> None:
+    rows = [_row("cinq int4", 2, "PASSIVE", 40.0), _row("cinq int4", 2, "PASSIVE", 44.0),
+            _row("cinq int4", 2, "PASSIVE", 90.0), _row("cinq int4", 2, "ACTIVE", None),
+            _row("cinq int4", 2, "ACTIVE", 66.0)]
+    assert report(rows, 0.5, _args(repeats=3)).tables[0].rows == [["cinq int4", 2, 44.0, 66.0, 1.5]]
+
+
+def test_a_failed_child_takes_the_name_its_engine_measured_under() -> None:
+    rows = [{"engine_kind": "llama.cpp", "variant": "int4", "engine": "llama.cpp int4", "tok_s": None},
+            {"engine_kind": "llama.cpp", "variant": "int4", "engine": "llama.cpp q4_0", "tok_s": 80.0},
+            {"engine_kind": "cinq", "variant": "bf16", "engine": "cinq bf16", "tok_s": None}]  # nothing to copy
+    assert [r["engine"] for r in name_failed_rows(rows)] == ["llama.cpp q4_0", "llama.cpp q4_0", "cinq bf16"]

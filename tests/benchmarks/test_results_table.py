@@ -54,3 +54,14 @@ def test_the_run_label_comes_from_what_the_run_recorded(tmp_path: Path, monkeypa
 
 def test_a_figure_typed_from_a_log_says_so() -> None:
     assert rt.label("gpu", rt.load("gpu")) == "from a log"
+
+
+def test_the_wait_policy_figure_leaves_out_the_benchmark_made_load_and_failed_runs() -> None:
+    def row(engine: str, policy: str, tok_s: float | None, load: int = 0) -> dict:
+        return {"engine": engine, "threads": 2, "policy": policy, "tok_s": tok_s, "under_load": load}
+    rows = [row("cinq int4", "PASSIVE", 40.0), row("cinq int4", "ACTIVE", 60.0), row("cinq int4", "SPIN=1000", None),
+            row("llama.cpp q4_0", "PASSIVE", 80.0), row("llama.cpp q4_0", "ACTIVE", 120.0),
+            row("llama.cpp q4_0", "PASSIVE", 500.0, load=2)]  # not a quiet figure: left out of best vs best
+    figure = rt.wait_policy({"rows": rows})
+    assert "cinq int4 2 thr PASSIVE 40.0 / ACTIVE 60.0 tok/s" in figure
+    assert figure.endswith("best vs best: 60.0 vs 120.0 tok/s (**0.50x**)")
