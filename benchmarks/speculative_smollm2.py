@@ -17,6 +17,8 @@ mean.
     python benchmarks/speculative_smollm2.py --head runs/eagle3-smollm2/head --no-languages       # sweep, ~8 min
     python benchmarks/speculative_smollm2.py --workload copy --batch-sizes 1,4                  # copy, ~5 min
     python benchmarks/speculative_smollm2.py --batch-sizes 1 --max-tokens 16 --no-languages   # smoke
+    python benchmarks/speculative_smollm2.py --weights bf16 --out benchmarks/results/speculative_smollm2_bf16
+                                                        # the same on bf16 weights (verify rows cost less there)
 
 Writes benchmarks/results/speculative_smollm2.{json,md} (``copy``: speculative_smollm2_copy.{json,md}).
 """
@@ -128,6 +130,9 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=None, help="new tokens per request (default: 48 chat, "
                     "128 copy: a renamed function is answered whole)")
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--weights", choices=("file", "bf16"), default="file",
+                    help="the target's weights: its Q4_1 file (int8-activation kernels) or the file dequantized to a "
+                         "bf16 folder (the skinny bf16 kernel; cinq bench latency's 'bf16' variant)")
     ap.add_argument("--no-languages", action="store_true", help="skip the per-language tau table")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -152,7 +157,12 @@ def main() -> int:
     k_max = max(sc["num_speculative_tokens"] for sc in specs.values())
     longest = max(len(p) for p in prompts) + args.max_tokens + k_max + 1
     blocks = max(batches + [int(b) for b in args.sample_batches.split(",") if b]) * -(-longest // 16) + 16
-    plain_config = EngineConfig(model=MODEL, dtype=args.dtype, num_kv_blocks=blocks)
+    model = MODEL
+    if args.weights == "bf16":
+        from cinq.bench.latency_engines import dense_folder
+        from cinq.cache import cache_dir
+        model = str(dense_folder(EngineConfig(model=MODEL), cache_dir() / "bench-latency"))
+    plain_config = EngineConfig(model=model, dtype=args.dtype, num_kv_blocks=blocks)
     # each engine loads once: an adaptive one keeps what it learned at other batch sizes, as a server would
     plain = engine(plain_config)
     configs = {name: engine(dataclasses.replace(plain_config, speculative_config=dict(sc)))
@@ -179,7 +189,8 @@ def main() -> int:
                 f"slowest adaptive per batch: " + ", ".join(f"{v:.2f}x (b{b})" for b, v in worst.items()))
     result = BenchResult(
         out.name, f"Speculative decoding on SmolLM2-135M-Instruct ({args.workload} workload)",
-        f"{note} Target {MODEL} ({args.dtype}), {what}, {args.max_tokens} new tokens each, ignore_eos; greedy "
+        f"{note} Target {MODEL} ({'its Q4_1 file' if args.weights == 'file' else 'the file dequantized to bf16 weights'}, "
+        f"{args.dtype} compute), {what}, {args.max_tokens} new tokens each, ignore_eos; greedy "
         f"rows, and sampled rows (T={SAMPLED[0]}, top-p {SAMPLED[1]}, request i seeded with i in both runs). "
         f"Verify/decode step cost: the adaptive run's measured step time per k over plain's (same batch bucket; "
         f"arms it never measured there are absent). Head: {args.head or 'none'}. Commit {commit}.", tables, headline,
