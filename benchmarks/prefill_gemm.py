@@ -19,6 +19,7 @@ weights random (speed does not depend on them).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -96,6 +97,15 @@ def cells(n: int, k: int, m: int) -> dict[str, float]:
     return out
 
 
+def headline(rows: list[dict[str, object]]) -> str:
+    """The 1-thread 128-row int4 / int8 / dense layers: the emulated bf16 GEMM they ran before over the float32 one."""
+    at = [r for r in rows if r["threads"] == 1 and r["rows"] == 128]
+    parts = [f"{r['model']} {r['proj']}: int4 {r['int4 before'] / r['int4 fp32']:.1f}x, "
+             f"int8 {r['int8 before'] / r['int8 fp32']:.1f}x, dense {r['dense bf16'] / r['dense fp32']:.1f}x"
+             for r in at]
+    return "128 rows, 1 thread, before (bf16 F.linear) / after (float32 GEMM): " + "; ".join(parts)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", default="1,2")
@@ -109,6 +119,7 @@ def main() -> int:
     draft, conditions = run_conditions(os.getloadavg()[0])
     lines = ["# Prefill-sized linears: native kernels vs float32 GEMM (ms per call)", "", conditions, "",
              __doc__.split("\n\n")[0].replace("\n", " "), ""]
+    rows: list[dict[str, object]] = []
     for threads in (int(t) for t in args.threads.split(",")):
         torch.set_num_threads(threads)
         lines += [f"## {threads} thread(s)", "", "| model | proj | N x K | rows | " + " | ".join(COLUMNS) + " |",
@@ -116,6 +127,7 @@ def main() -> int:
         for model, proj, n, k in SHAPES:
             for m in (int(r) for r in args.rows.split(",")):
                 c = cells(n, k, m)
+                rows.append({"threads": threads, "model": model, "proj": proj, "n": n, "k": k, "rows": m, **c})
                 line = (f"| {model} | {proj} | {n} x {k} | {m} | "
                         + " | ".join(f"{c[col]:.2f}" for col in COLUMNS) + " |")
                 print(line, flush=True)
@@ -125,6 +137,9 @@ def main() -> int:
     if not args.no_write:
         RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / "prefill_gemm.md").write_text("\n".join(lines) + "\n")
+        (RESULTS / "prefill_gemm.json").write_text(json.dumps(
+            {"kind": "prefill_gemm", "title": lines[0].lstrip("# "), "headline": headline(rows), "draft": draft,
+             "rows": rows, "loadavg_at_end": os.getloadavg()[0]}, indent=1) + "\n")
     print("\n".join(lines[:3]))
     return 0
 

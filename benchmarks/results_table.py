@@ -44,7 +44,7 @@ SCRIPTS = {
     "interactions_quant_spec": "benchmarks/quant_spec.py",
     "interactions_smoothquant_mix": "benchmarks/interactions.py --only smoothquant-mix",
     "interactions_spec_rate": "benchmarks/interactions.py --only spec-rate",
-    "latency": "benchmarks/latency.py", "latency_hf": "cinq bench latency", "latency_smollm2": "cinq bench latency",
+    "latency": "benchmarks/latency.py", "prefill_gemm": "benchmarks/prefill_gemm.py", "latency_hf": "cinq bench latency", "latency_smollm2": "cinq bench latency",
     "latency_smollm2_bf16": "benchmarks/latency.py", "omp_wait_policy": "benchmarks/omp_wait_policy.py",
     "omp_wait_policy_draft": "benchmarks/omp_wait_policy.py --out omp_wait_policy_draft",
     "omp_wait_policy_draft_small_spin": "benchmarks/omp_wait_policy.py --out omp_wait_policy_draft_small_spin",
@@ -65,6 +65,7 @@ SCRIPTS = {
     "int8_activations": "benchmarks/int8_activations.py", "offline_engine_core": "benchmarks/offline_engine_core.py",
     "serving_smollm2": "scripts/bench_real_model.sh serve", "speculative_smollm2": "benchmarks/speculative_smollm2.py",
     "speculative_smollm2_copy": "benchmarks/speculative_smollm2.py --workload copy",
+    "speculative_smollm2_bf16": "benchmarks/speculative_smollm2.py --weights bf16",
     "speculative_draft_vocab": "benchmarks/speculative_draft_vocab.py",
     "eagle3_smollm2_head": "cinq distill --heads eagle3 --target smollm2-135m-instruct",
     "decode_kernels_int8_activations": "benchmarks/decode_kernels.py",
@@ -146,9 +147,13 @@ def _latency_rows(rows: list[dict[str, Any]], threads: int, prompt: int) -> dict
 
 
 def smollm2_decode(d: dict[str, Any]) -> str:
-    rows = _latency_rows(d["rows"], 2, 128)
-    parts = [f"{name} {rows['cinq ' + v]['tok_s']:.1f} vs {rows['llama.cpp ' + base]['tok_s']:.1f} tok/s "
-             f"({_x(rows['cinq ' + v]['tok_s'], rows['llama.cpp ' + base]['tok_s'])})"
+    """cinq vs llama.cpp per variant at 2 threads, and at 1 thread where measured."""
+    rows, one = _latency_rows(d["rows"], 2, 128), _latency_rows(d["rows"], 1, 128)
+
+    def pair(r: dict[str, Any], v: str, base: str) -> str:
+        return f"{r['cinq ' + v]['tok_s']:.1f} vs {r['llama.cpp ' + base]['tok_s']:.1f} tok/s " \
+               f"({_x(r['cinq ' + v]['tok_s'], r['llama.cpp ' + base]['tok_s'])})"
+    parts = [f"{name} {pair(rows, v, base)}" + (f", 1 thr {pair(one, v, base)}" if f"cinq {v}" in one else "")
              for name, v, base in (("bf16", "bf16", "bf16"), ("q8_0", "int8", "q8_0"), ("q4_0", "int4", "q4_0"),
                                    ("the Q4_1 file", "file", "file")) if f"cinq {v}" in rows]
     hf = rows.get("HF bf16")
@@ -287,7 +292,8 @@ FIGURES: dict[str, Callable[[dict[str, Any]], str]] = {
     "latency_smollm2": smollm2_decode, "omp_wait_policy": wait_policy, "latency_smollm2_bf16": smollm2_bf16, "gemma3": gemma3_decode,
     "throughput_gemma3": throughput, "throughput": throughput, "throughput_smollm2": throughput,
     "quant_study_float_codes": quant_quality, "speculative": speculation, "speculative_smollm2": speculation_real,
-    "speculative_smollm2_copy": speculation_real, "serving_split": server,
+    "speculative_smollm2_copy": speculation_real, "speculative_smollm2_bf16": speculation_real,
+    "serving_split": server,
     "serving_smollm2": server, "structured_outputs": structured,
     "reliability": reliability, "gpu": gpu,
 }
@@ -304,19 +310,20 @@ class Headline:
 
 
 HEADLINES = [
-    Headline("SmolLM2-135M-Instruct batch-1 decode, the same GGUF weights, 2 threads (prompt 128)", "latency_smollm2",
-             "llama.cpp on the same file, same run"),
+    Headline("SmolLM2-135M-Instruct batch-1 decode, the same GGUF weights, 2 threads (and 1), prompt 128",
+             "latency_smollm2", "llama.cpp on the same file, same run, one process"),
     Headline("SmolLM2 int4 batch-1 decode, each engine in its own process, OpenMP workers sleeping / spinning",
              "omp_wait_policy", "llama.cpp q4_0 on the same weights, both policies, same run"),
     Headline("Gemma 3 270M (Q4_K_M GGUF) batch-1 decode, 2 threads", "gemma3", "llama.cpp on the same file, HF"),
     Headline("offline throughput, SmolLM2-135M-Instruct, 64 requests", "throughput_smollm2",
              "HF generate on the same weights at its best batch, same run"),
-    Headline("speculative decoding on SmolLM2 (n-gram; an undertrained EAGLE-3 head)", "speculative_smollm2",
-             "plain decoding, same run"),
+    Headline("speculative decoding on SmolLM2's Q4_1 file (n-gram; an EAGLE-3 head trained on 92k tokens it wrote)",
+             "speculative_smollm2", "plain decoding, same run"),
+    Headline("speculative decoding on SmolLM2, the file dequantized to bf16 weights (same methods, same head)",
+             "speculative_smollm2_bf16", "plain decoding, same run"),
     Headline("quantization quality, SmolLM2 (NF4 / FP8 / int4 / int8 rows)", "quant_study_float_codes",
              "dense bf16 from the same file"),
     Headline("OpenAI server, rate = inf, SmolLM2", "serving_smollm2", "the offline engine, same run"),
-    Headline("OpenAI server, rate = inf, cinq-tiny", "serving_split", "the offline engine, same run"),
     Headline("prefix caching, 64 requests sharing a 1024-token prefix", "prefix", "caching off, same run"),
     Headline("structured outputs (xgrammar), 60 schemas", "structured_outputs", "unconstrained requests, same engine"),
     Headline("server under soak / overload / disconnects", "reliability", "RSS bound +15%"),

@@ -217,8 +217,12 @@ def measure(model: str, threads: int, steps: int, repeats: int,
     counter.run(engine.step)
     # The clean steps above ran the fused decode step (cinq/model/decode_layers.py) where it applies; its layers
     # have no Python phases, so the phases below time the Python layers it replaces.
-    from cinq.model.decode_layers import set_fused_decode
-    fused_steps = set_fused_decode(engine.executor.runner.model, False)
+    try:
+        from cinq.model.decode_layers import set_fused_decode
+    except ImportError:  # a baseline from before the fused step
+        fused_steps = 0
+    else:
+        fused_steps = set_fused_decode(engine.executor.runner.model, False)
     timers = _instrument(engine)
     per_repeat: list[dict[str, float]] = []
     instrumented_ms = []
@@ -295,7 +299,11 @@ def _child(code_root: Path, model: str, threads: int, steps: int, repeats: int,
     env = dict(os.environ, PYTHONPATH=str(code_root), OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--measure-only", "--model", model, "--threads",
            str(threads), "--steps", str(steps), "--repeats", str(repeats), "--config", json.dumps(compilation)]
-    out = subprocess.run(cmd, env=env, cwd=code_root, check=True, capture_output=True, text=True).stdout
+    proc = subprocess.run(cmd, env=env, cwd=code_root, capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"measurement of {model} ({threads} threads) under {code_root} failed:\n"
+                           + "\n".join(proc.stderr.strip().splitlines()[-15:]))
+    out = proc.stdout
     result = json.loads(out.strip().splitlines()[-1])
     if not Path(result["cinq"]).resolve().is_relative_to(Path(code_root).resolve()):
         raise RuntimeError(f"measured {result['cinq']}, not the code under {code_root}")
