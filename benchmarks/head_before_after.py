@@ -1,0 +1,81 @@
+"""Two EAGLE-3 heads for SmolLM2 on one held-out set: per-language greedy acceptance (tau, k = 4) before and after a
+training change, the same measure as the heads' cards (cinq/eval/spec_acceptance.py ``measure``), in float32.
+
+Default: the head of 90 training prompts (runs/eagle3-smollm2) against the one of 1,350 (runs/eagle3-smollm2-v3,
+both language-balanced, 8,192-token draft vocabulary), on the held-out sequences the second run generated (108 chat
+turns on test topics, greedy). This script only evaluates; the training commands are in each head's card.
+
+    python benchmarks/head_before_after.py    # writes benchmarks/results/eagle3_smollm2_head_before_after.{md,json}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from cinq.process_env import set_omp_wait_policy  # noqa: E402
+
+set_omp_wait_policy()
+
+import torch  # noqa: E402
+
+from cinq.eval.spec_acceptance import measure  # noqa: E402
+from cinq.real_models import REAL_MODELS  # noqa: E402
+from cinq.spec.eagle import load_eagle_head  # noqa: E402
+from cinq.train.distill import load_teacher  # noqa: E402
+from cinq.train.spec_head_data import TargetSequences  # noqa: E402
+from cinq.train.spec_heads import held_out_batches  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--before", default="runs/eagle3-smollm2", help="run folder of the earlier head")
+    ap.add_argument("--after", default="runs/eagle3-smollm2-v3", help="run folder of the later head")
+    ap.add_argument("--held-out", default=None, help="held-out target sequences (.npz; default: --after's)")
+    ap.add_argument("--out", default=str(RESULTS / "eagle3_smollm2_head_before_after"))
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    held = Path(args.held_out) if args.held_out else next((ROOT / args.after).glob("target-test-*.npz"))
+    seqs = TargetSequences.load(held)
+    batches = held_out_batches(seqs)
+    target = load_teacher(REAL_MODELS["smollm2-135m-instruct"].path())
+    res = {}
+    for label, run in (("before", args.before), ("after", args.after)):
+        summary = json.loads((ROOT / run / "summary.json").read_text())
+        head = load_eagle_head(ROOT / run / "head", target, torch.float32, "cpu", "sdpa")
+        acc = measure(head, target, batches, 4)
+        res[label] = {"run": run, "train_prompts": summary["job"]["train_prompts"],
+                      "train_tokens": summary["train_data"]["tokens"], "steps": summary["step"],
+                      "tau": acc["all"]["tau"], "per_language": {k: v["tau"] for k, v in acc["per_language"].items()}}
+    langs = sorted(res["after"]["per_language"])
+    spread = {k: min(r["per_language"].values()) / max(r["per_language"].values()) for k, r in res.items()}
+    headline = (f"tau (k = 4) {res['before']['tau']:.3f} -> {res['after']['tau']:.3f}; worst/best language "
+                f"{spread['before']:.2f} -> {spread['after']:.2f}; every language up: "
+                f"{all(res['after']['per_language'][x] > res['before']['per_language'][x] for x in langs)}")
+    lines = ["# EAGLE-3 heads for SmolLM2: per-language acceptance before / after", "",
+             f"`python benchmarks/head_before_after.py`: {len(seqs)} held-out sequences ({held.name}), greedy drafts "
+             "of k = 4 in float32, tau = tokens per target forward (cinq/eval/spec_acceptance.py).", "",
+             "| head | training prompts | training tokens | steps | tau | " + " | ".join(langs) + " | worst/best |",
+             "|---|---:|---:|---:|---:|" + "---:|" * len(langs) + "---:|"]
+    for label, r in res.items():
+        lines.append(f"| {label} ({r['run']}) | {r['train_prompts']} | {r['train_tokens']:,} | {r['steps']} | "
+                     f"{r['tau']:.3f} | " + " | ".join(f"{r['per_language'][x]:.3f}" for x in langs)
+                     + f" | {spread[label]:.2f} |")
+    lines += ["", f"**{headline}**", ""]
+    Path(args.out + ".md").write_text("\n".join(lines))
+    Path(args.out + ".json").write_text(json.dumps({"kind": "head_before_after", "headline": headline,
+                                                    "held_out": held.name, "sequences": len(seqs), "heads": res},
+                                                   indent=1) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
