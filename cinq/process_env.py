@@ -57,12 +57,12 @@ def set_omp_wait_policy(policy: str = DEFAULT_OMP_WAIT_POLICY, *, warn: bool = T
     OpenMP reads the variables once, when torch loads it: spinning worker threads make every parallel op many times
     slower whenever the cores are shared with other processes (measured 4-25x on a busy 2-core machine), while
     sleeping ones cost a few microseconds per op on an idle one. ``benchmarks/omp_wait_policy.py`` measures the
-    policies for cinq and for llama.cpp, each engine in its own process: on an idle 2-core machine spinning makes
-    cinq's 2-thread decode 1.50x faster (llama.cpp's 1.58x) and its 1-thread decode 0.92x; on a shared one (a
-    draft run at load 11-14) it made cinq's 2-thread decode 0.02x. PASSIVE stays the default (a server shares its
-    cores with its front end and clients); set ``OMP_WAIT_POLICY=ACTIVE`` on a machine given to cinq alone. A
-    bounded spin (``SPIN=n``: spin n times, then sleep) is there to measure: a draft on a shared machine found
-    10,000 spins already halved 2-thread decode under load, and 100,000 as bad as ACTIVE.
+    policies for cinq and for llama.cpp, each engine in its own process. Since the fused decode step opens one
+    parallel region per step (cinq/model/decode_layers.py), cinq no longer needs its workers to spin: on an idle
+    2-core machine its 2-thread SmolLM2 int4 decode ran 127.7 tok/s PASSIVE, 125.1 ACTIVE and 111 with 3,000 spins
+    (llama.cpp q4_0: 73.4, 127.9 and 135), while on a shared machine spinning made cinq's 2-thread decode 0.02-0.1x
+    (drafts at load 6-14). PASSIVE stays the default. A bounded spin (``SPIN=n``: spin n times, then sleep) can be
+    asked for; a draft on a shared machine found 10,000 spins already halved 2-thread decode under load.
 
     Returns True when this process runs with the values now in the environment, False when torch was imported
     before this call set them (then only child processes get them; ``warn`` says so with a ``RuntimeWarning``)."""
