@@ -89,14 +89,14 @@ def build_decode_layers(model: Any) -> DecodeLayers | None:
     bound."""
     if not enabled():
         return None
+    layers = list(model.layers)
+    if not layers or _layer_specs(None, layers[0]) is None:  # cheap checks before the extension loads (or builds)
+        return None
     mod = native_module("decode_layers")
     if mod is None:
         return None
     from cinq.kernels import custom_ops  # noqa: F401  (loads the extensions that register torch.ops.cinq.*)
 
-    layers = list(model.layers)
-    if not layers:
-        return None
     first = layers[0]
     attn = first.self_attn
     program = mod.DecodeLayers(attn.num_heads, attn.num_kv_heads, attn.head_dim, first.mlp.intermediate_size,
@@ -142,7 +142,10 @@ def _layer_specs(mod: Any, layer: Any) -> tuple[list[Any], int] | None:
 
 
 def _linear_spec(mod: Any, linear: Any) -> tuple[Any, int] | None:
-    """(the program's Linear, the most rows the eager layer sends to the same kernel) for one linear, or None."""
+    """(the program's Linear, the most rows the eager layer sends to the same kernel) for one linear, or None.
+    With ``mod`` None only whether the linear is covered is decided (the Linear is None)."""
+    if mod is None:
+        mod = _CoverageOnly()
     from cinq.layers.linear import DenseLinear
     from cinq.layers.quantization.gguf_linear import DEQUANT_ROWS, GGUFLinear
     from cinq.layers.quantization.int8_activations import int8_activations
@@ -186,6 +189,16 @@ def _linear_spec(mod: Any, linear: Any) -> tuple[Any, int] | None:
     spec = mod.Linear(mod.INT4_AFFINE, [t["codes"], t["scales"], t["mins"]], [group]) if int4 \
         else mod.Linear(mod.INT8_GROUPED, [t["codes"], t["scales"], t.get("mins", f32)], [group])
     return spec, INT4_NATIVE_MAX_ROWS if int4 else NATIVE_MAX_ROWS
+
+
+class _CoverageOnly:
+    """Stands in for the extension while only coverage is checked: its Linear builds nothing."""
+
+    DENSE = INT4_I8 = INT8_I8 = INT4_AFFINE = INT8_GROUPED = 0
+
+    @staticmethod
+    def Linear(*_: Any) -> None:  # noqa: N802  (the extension's class name)
+        return None
 
 
 def _has_hooks(layer: torch.nn.Module) -> bool:

@@ -116,6 +116,26 @@ def test_linears_split_across_threads_are_bit_identical(tiny_llama, tmp_path, mo
         torch.set_num_threads(threads)
 
 
+def test_a_wrong_kernel_argument_is_caught(tiny_llama, tmp_path, monkeypatch):
+    # the comparison is sharp: Q4_0's code offset dropped (8 -> 0) in the fused step's specs must fail it
+    from cinq.export.gguf import export_gguf
+    real = decode_layers._linear_spec
+
+    def broken(mod, linear):
+        spec = real(mod, linear)
+        if spec is None or mod is None or getattr(linear, "kind", "") != "gguf_q4_0_i8":
+            return spec
+        t = linear._buffers
+        return mod.Linear(mod.INT4_I8, [t["codes"], t["scales"], torch.empty(0, dtype=torch.float16)], [32, 0]), \
+            spec[1]
+    path = export_gguf(tiny_llama, tmp_path / "m.gguf", "q4_0").path
+    eager, _ = generate(path, monkeypatch, fused=False)
+    monkeypatch.setattr(decode_layers, "_linear_spec", broken)
+    fused, engine = generate(path, monkeypatch, fused=True)
+    assert fused_of(engine) is not None and fused_of(engine).steps > 0
+    assert fused != eager
+
+
 def test_forward_hooks_keep_the_python_layers(tiny_llama, monkeypatch):
     from cinq.model.loader import load_model
     model = load_model(tiny_llama, "bfloat16")
