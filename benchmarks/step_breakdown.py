@@ -20,6 +20,8 @@ torch profiler.
     python benchmarks/step_breakdown.py --model-110m         # + the ~110M random Llama of throughput.py
     python benchmarks/step_breakdown.py --model-110m --int4  # + its int4 versions (LM head int4 / bf16)
     python benchmarks/step_breakdown.py --baseline none      # this checkout only
+    python benchmarks/step_breakdown.py --smollm2-only --prompt-len 1024 --batch 4 --baseline 61d4a1a \
+        --out benchmarks/results/step_breakdown_context  # long contexts, several sequences (attention's share)
     python benchmarks/step_breakdown.py --render             # the .md again from the saved .json
     python benchmarks/step_breakdown.py --measure-only ...   # one measurement as JSON (what the parent runs)
 """
@@ -146,8 +148,9 @@ class _Counter:
             torch.Tensor.tolist = tolist
 
 
-def _engine(model: str, threads: int, **engine_args: Any) -> Any:
-    """An engine (``engine_args``: further EngineConfig fields) with one greedy request past its prefill."""
+def _engine(model: str, threads: int, prompt_len: int = 32, batch: int = 1, **engine_args: Any) -> Any:
+    """An engine (``engine_args``: further EngineConfig fields) with ``batch`` greedy requests of ``prompt_len``
+    prompt tokens each, past their prefill."""
     import torch
 
     from cinq.config import EngineConfig
@@ -155,11 +158,13 @@ def _engine(model: str, threads: int, **engine_args: Any) -> Any:
     from cinq.sampling_params import SamplingParams
 
     torch.set_num_threads(threads)
-    engine = LLMEngine(EngineConfig(model=model, dtype="bfloat16", kv_cache_memory=0.5, seed=0, max_num_seqs=4,
-                                    **engine_args))
-    engine.add_request("b1", list(range(10, 42)), SamplingParams(temperature=0, max_tokens=100_000 // 100,
-                                                                 ignore_eos=True))
-    engine.step()  # prefill
+    engine = LLMEngine(EngineConfig(model=model, dtype="bfloat16", kv_cache_memory=0.5, seed=0,
+                                    max_num_seqs=max(4, batch), **engine_args))
+    for i in range(batch):
+        engine.add_request(f"b{i}", list(range(10 + i, 10 + i + prompt_len)),
+                           SamplingParams(temperature=0, max_tokens=100_000 // 100, ignore_eos=True))
+    while engine.scheduler.waiting or any(not r.output_token_ids for r in engine.scheduler.running):
+        engine.step()  # prefill (in chunks when the prompts exceed a step's token budget)
     return engine
 
 
@@ -194,13 +199,14 @@ _HOST_OPS = frozenset(("empty", "empty_strided", "empty_like", "view", "select",
 
 
 def measure(model: str, threads: int, steps: int, repeats: int,
-            compilation: dict[str, Any] | None = None) -> dict[str, Any]:
+            compilation: dict[str, Any] | None = None, prompt_len: int = 32, batch: int = 1) -> dict[str, Any]:
     """One code version's numbers (runs in a child process whose ``cinq`` is the version measured)."""
     import torch
 
     import cinq
 
-    engine = _engine(model, threads, **({"compilation_config": compilation} if compilation else {}))
+    engine = _engine(model, threads, prompt_len, batch,
+                     **({"compilation_config": compilation} if compilation else {}))
     step_ms, cpu_ms = clean_steps(engine, steps, repeats)
     kernels, profiled_ops = kernel_ms(engine) if hasattr(torch.ops, "cinq") else (float("nan"), 0.0)
     tokens = engine.scheduler.running[0].output_token_ids if engine.scheduler.running else []
@@ -295,10 +301,11 @@ def _int4_model(dense: Path, lm_head: bool) -> Path:
 
 
 def _child(code_root: Path, model: str, threads: int, steps: int, repeats: int,
-           compilation: dict[str, Any] | None = None) -> dict[str, Any]:
+           compilation: dict[str, Any] | None = None, prompt_len: int = 32, batch: int = 1) -> dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=str(code_root), OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--measure-only", "--model", model, "--threads",
-           str(threads), "--steps", str(steps), "--repeats", str(repeats), "--config", json.dumps(compilation)]
+           str(threads), "--steps", str(steps), "--repeats", str(repeats), "--config", json.dumps(compilation),
+           "--prompt-len", str(prompt_len), "--batch", str(batch)]
     proc = subprocess.run(cmd, env=env, cwd=code_root, capture_output=True, text=True)
     if proc.returncode:
         raise RuntimeError(f"measurement of {model} ({threads} threads) under {code_root} failed:\n"
@@ -329,26 +336,31 @@ def main() -> None:
                     help="with --model-110m: also its RTN int4 (g128) versions, LM head int4 and bf16 (first "
                          "thread count only)")
     ap.add_argument("--smollm2", action="store_true", help="also SmolLM2-135M-Instruct (bf16)")
+    ap.add_argument("--smollm2-only", action="store_true", help="SmolLM2-135M-Instruct alone (no cinq-tiny)")
     ap.add_argument("--compiled", action="store_true",
                     help=f"also this checkout's compiled decode step ({json.dumps(COMPILED)}) beside its eager one")
     ap.add_argument("--config", default="null", help=argparse.SUPPRESS)
     ap.add_argument("--model", default="cinq-tiny")
+    ap.add_argument("--prompt-len", type=int, default=32, help="prompt tokens per request (the context decoded over)")
+    ap.add_argument("--batch", type=int, default=1, help="requests decoding together")
+    ap.add_argument("--out", default=str(RESULTS / "step_breakdown"), help="results prefix (.json and .md)")
     ap.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--no-write", action="store_true", help="print only")
     ap.add_argument("--render", action="store_true", help="rewrite the .md from the saved .json (no measuring)")
     args = ap.parse_args()
     if args.render:
-        write(json.loads((RESULTS / "step_breakdown.json").read_text()))
+        write(json.loads(Path(args.out + ".json").read_text()), Path(args.out))
         return
     if args.measure_only:
         sys.path.insert(0, os.getcwd())
         from cinq.process_env import set_omp_wait_policy
         set_omp_wait_policy()
-        print(json.dumps(measure(args.model, int(args.threads), args.steps, args.repeats, json.loads(args.config))))
+        print(json.dumps(measure(args.model, int(args.threads), args.steps, args.repeats, json.loads(args.config),
+                                 args.prompt_len, args.batch)))
         return
 
-    models = {"cinq-tiny": "cinq-tiny"}
-    if args.smollm2:
+    models = {} if args.smollm2_only else {"cinq-tiny": "cinq-tiny"}
+    if args.smollm2 or args.smollm2_only:
         models["smollm2-135m-instruct"] = "smollm2-135m-instruct"
     if args.model_110m:
         from benchmarks.random_model import LLAMA_110M, build_random_llama
@@ -370,7 +382,8 @@ def main() -> None:
                 samples: dict[str, list[dict[str, Any]]] = defaultdict(list)
                 for _ in range(args.rounds):  # alternate, so drifting machine load hits both alike
                     for label, root, compilation in versions:
-                        r = _child(root, model, threads, args.steps, args.repeats, compilation)
+                        r = _child(root, model, threads, args.steps, args.repeats, compilation, args.prompt_len,
+                                   args.batch)
                         samples[label].append(r)
                         print(f"{name} t={threads} {label}: {r['step_ms_median']:.3f} ms/step "
                               f"({r['cpu_ms_median']:.3f} CPU ms), "
@@ -378,7 +391,7 @@ def main() -> None:
                               f"load {r['loadavg'][0]:.2f}",
                               flush=True)
                 runs.append({"model": name, "threads": threads, **{k: _merge(v) for k, v in samples.items()}})
-    result = {"baseline": args.baseline, "runs": runs}
+    result = {"baseline": args.baseline, "prompt_len": args.prompt_len, "batch": args.batch, "runs": runs}
     for run in runs:
         if "before" in run:
             same = run["before"]["first_tokens"] == run["after"]["first_tokens"]
@@ -389,7 +402,7 @@ def main() -> None:
                   f"{b['step_ms_median'] / a['step_ms_median']:.2f}x, CPU {b['cpu_ms_median'] / a['cpu_ms_median']:.2f}x"
                   f"; tokens identical: {same}")
     if not args.no_write:
-        write(result)
+        write(result, Path(args.out))
 
 
 def _merge(samples: list[dict[str, Any]]) -> dict[str, Any]:
@@ -443,11 +456,13 @@ def _goals(runs: list[dict[str, Any]]) -> list[str]:
         "what is left of a step.", ""]
 
 
-def write(result: dict[str, Any]) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "step_breakdown.json").write_text(json.dumps(result, indent=2) + "\n")
-    lines = ["# Batch-1 decode step breakdown (before / after, same run)", "",
-             f"`python benchmarks/step_breakdown.py`: greedy batch 1 after a 32-token prompt, bf16, medians over "
+def write(result: dict[str, Any], out: Path = RESULTS / "step_breakdown") -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    batch, prompt_len = result.get("batch", 1), result.get("prompt_len", 32)
+    lines = [f"# Batch-{batch} decode step breakdown (before / after, same run)", "",
+             f"`python benchmarks/step_breakdown.py`: greedy batch {batch} after a {prompt_len}-token prompt, bf16, "
+             f"medians over "
              f"repeats; 'before' is commit {result['baseline']} ('none': not measured) run back to back with this "
              "checkout ('after', or 'eager' without a 'before'; "
              f"'compiled': this checkout's compiled decode step, `{json.dumps(COMPILED)}`), alternating "
@@ -497,8 +512,8 @@ def write(result: dict[str, Any]) -> None:
                           f"{y['host_ms']:.3f} ms; greedy tokens identical: "
                           f"{o['first_tokens'] == a['first_tokens']}", ""]
     lines += _goals(result["runs"])
-    (RESULTS / "step_breakdown.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {RESULTS / 'step_breakdown.md'}")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out.with_suffix('.md')}")
 
 
 if __name__ == "__main__":

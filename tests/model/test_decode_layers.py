@@ -116,6 +116,45 @@ def test_linears_split_across_threads_are_bit_identical(tiny_llama, tmp_path, mo
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("max_num_seqs, spec, splits", [
+    (3, None, True),  # three sequences: whole sequences per thread
+    (3, {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}, True),  # verify rows (ql > 1)
+    (1, None, False),  # one sequence stays whole (see decode_layers.cpp)
+])
+def test_attention_split_across_threads_is_bit_identical(tiny_llama, monkeypatch, max_num_seqs, spec, splits):
+    mod = native_module("decode_layers")
+    before = mod.min_attention_split_bytes()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    mod.set_min_attention_split_bytes(1)
+    try:
+        program = check_same(tiny_llama, monkeypatch, max_tokens=16, max_num_seqs=max_num_seqs,
+                             **({"speculative_config": spec} if spec else {}))
+        assert (program.program.split_attention_calls() > 0) == splits
+    finally:
+        mod.set_min_attention_split_bytes(before)
+        torch.set_num_threads(threads)
+
+
+def test_paged_decode_seqs_write_what_the_whole_call_returns():
+    # sequences run in any cut write exactly what the whole call returns; a range outside the call is refused
+    assert native_module("paged_decode") is not None  # registers torch.ops.cinq.paged_decode*
+    torch.manual_seed(0)
+    nd, ql, hq, hkv, d, bs = 3, 2, 6, 2, 16, 4
+    cache = torch.randn(2, 12, bs, hkv, d).to(torch.bfloat16)
+    tables = torch.arange(12, dtype=torch.int32).view(nd, 4).flip(1).contiguous()
+    lens = torch.tensor([9, 11, 16], dtype=torch.int32)
+    q = torch.randn(nd * ql, hq, d).to(torch.bfloat16)
+    no_tree = torch.empty(0, dtype=torch.bool)
+    whole = torch.ops.cinq.paged_decode(q, cache, tables, lens, 0.25, ql, no_tree)
+    out = torch.full_like(q, float("nan"))
+    for begin, end in ((0, 1), (1, 1), (1, 3)):
+        torch.ops.cinq.paged_decode_seqs(q, cache, tables, lens, 0.25, ql, no_tree, out, begin, end)
+    assert torch.equal(out, whole)
+    with pytest.raises(RuntimeError, match="outside"):
+        torch.ops.cinq.paged_decode_seqs(q, cache, tables, lens, 0.25, ql, no_tree, out, 2, 4)
+
+
 def test_a_wrong_kernel_argument_is_caught(tiny_llama, tmp_path, monkeypatch):
     # the comparison is sharp: Q4_0's code offset dropped (8 -> 0) in the fused step's specs must fail it
     from cinq.export.gguf import export_gguf

@@ -32,6 +32,9 @@ namespace {
 // Weight bytes from which a linear is split across the team (below it, a part's call and the concatenation cost
 // more than the second core saves); settable for tests, whose tiny weights would never split.
 int64_t min_split_bytes = 128 << 10;
+// K/V bytes a layer's attention reads (all sequences) from which its sequences are split across the team (a part
+// costs a dispatcher call, ~1-2 us). Settable for tests.
+int64_t min_attention_split_bytes = 16 << 10;
 constexpr int kMaxTeam = 8;
 // Spins before a waiting thread starts yielding its core: a few hundred microseconds, longer than any wait inside
 // a step on an idle machine, short enough not to starve another process of a shared core for long.
@@ -140,6 +143,8 @@ using Result = std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>>;
 // others' kernels are lambdas over const references): a typed handle must name them exactly.
 using IntLinear6 = at::Tensor(at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t);
 using IntLinear5 = at::Tensor(at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t);
+using PagedSeqs = void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double, int64_t,
+                       const at::Tensor&, const at::Tensor&, int64_t, int64_t);
 
 template <typename Sig>
 c10::TypedOperatorHandle<Sig> op(const char* name) {
@@ -157,6 +162,7 @@ class DecodeLayers {
             op<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&)>("cinq::write_kv")),
         paged_decode_(op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
                                     int64_t, const at::Tensor&)>("cinq::paged_decode")),
+        paged_seqs_(op<PagedSeqs>("cinq::paged_decode_seqs")),
         dense_(op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>("cinq::small_m_linear")),
         int4_i8_(op<IntLinear6>("cinq::int4_affine_linear_i8")),
         int8_i8_(op<IntLinear5>("cinq::int8_grouped_linear_i8")),
@@ -174,6 +180,7 @@ class DecodeLayers {
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
   int64_t split_calls() const { return split_calls_.load(); }
+  int64_t split_attention_calls() const { return split_attention_calls_.load(); }
 
   // hidden [M, H] bf16 (the embeddings), residual [M, H] or empty (none yet); the step's rotary table, positions
   // [M], slot mapping [M], block tables [nd, max_blocks] int32, seq lens [nd] int32, query rows per sequence and
@@ -216,6 +223,14 @@ class DecodeLayers {
                     const at::Tensor& slot_mapping, const at::Tensor& block_tables, const at::Tensor& seq_lens,
                     int64_t ql, const at::Tensor& tree, bool capture, Team* team) {
     const int64_t m = hidden.size(0), q_size = hq_ * d_, kv_size = hkv_ * d_;
+    int64_t cached = 0;  // tokens every layer's attention reads, over all sequences
+    for (int64_t s = 0; s < seq_lens.size(0); ++s) cached += seq_lens.data_ptr<int32_t>()[s];
+    // one sequence stays whole: cut by kv heads, its pages were read in strided pieces (SmolLM2's 3 kv heads at a
+    // context of 1024: two heads alone took as long as all three in one pass), and cut by query heads, its K/V
+    // was widened once per part (no faster either)
+    const bool split_attention = team != nullptr && m % ql == 0 && m / ql > 1 &&
+                                 cached * kv_size * 2 * layers_.front().kv_cache.element_size() >=
+                                     min_attention_split_bytes;
     std::vector<at::Tensor> states;
     for (Layer& layer : layers_) {
       if (capture)  // each layer's input, as the Python stack's output_hidden_states (EAGLE-3's features)
@@ -233,7 +248,8 @@ class DecodeLayers {
       const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({m, hkv_, d_});
       rotary_.call(q, k, positions, cos_sin);
       write_kv_.call(k, v, layer.kv_cache, slot_mapping);
-      const at::Tensor o = paged_decode_.call(q, layer.kv_cache, block_tables, seq_lens, scale_, ql, tree);
+      const at::Tensor o = split_attention ? attention(q, layer.kv_cache, block_tables, seq_lens, ql, tree, *team)
+                                           : paged_decode_.call(q, layer.kv_cache, block_tables, seq_lens, scale_, ql, tree);
       const at::Tensor attn = linear(layer.o, o.view({m, q_size}), team);
       std::tie(h, residual) = rms_norm_.call(attn, residual, layer.post_norm, eps_);
       const at::Tensor gu = linear(layer.gate_up, h, team);
@@ -249,6 +265,21 @@ class DecodeLayers {
     for (const at::Tensor& t : l.t)  // rows split across threads: each tensor must be [N, ...] (or empty)
       TORCH_CHECK(t.numel() == 0 || (t.dim() >= 1 && t.size(0) == l.t[0].size(0) && t.is_contiguous()),
                   "decode_layers: a linear's tensors must be contiguous with one row per output");
+  }
+
+  // paged_decode with the sequences cut into one contiguous range per thread (whole sequences: each reads its pages
+  // front to back, every kv head at once, as the whole call does).
+  at::Tensor attention(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& block_tables,
+                       const at::Tensor& seq_lens, int64_t ql, const at::Tensor& tree, Team& team) const {
+    const int64_t nd = q.size(0) / ql;
+    const int parts = static_cast<int>(std::min<int64_t>(team.size(), nd));
+    at::Tensor out = at::empty({q.size(0), hq_, d_}, q.options());
+    split_attention_calls_.fetch_add(1, std::memory_order_relaxed);
+    team.run(parts, [&](int p) {
+      paged_seqs_.call(q, kv_cache, block_tables, seq_lens, scale_, ql, tree, out, nd * p / parts,
+                       nd * (p + 1) / parts);
+    });
+    return out;
   }
 
   // y = x W^T; with a team, large weights in one range of output rows per thread (every kernel computes an output
@@ -283,12 +314,14 @@ class DecodeLayers {
   at::Tensor empty_ = at::empty({0}, at::kBFloat16);
   std::vector<Layer> layers_;
   mutable std::atomic<int64_t> split_calls_{0};  // linears run split across a team (tests check the path)
+  mutable std::atomic<int64_t> split_attention_calls_{0};  // attentions run split across a team
   c10::TypedOperatorHandle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
                                                               const at::Tensor&, double)> rms_norm_;
   c10::TypedOperatorHandle<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&)> rotary_,
       write_kv_;
   c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                       double, int64_t, const at::Tensor&)> paged_decode_;
+  c10::TypedOperatorHandle<PagedSeqs> paged_seqs_;
   c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)> dense_;
   c10::TypedOperatorHandle<IntLinear6> int4_i8_;
   c10::TypedOperatorHandle<IntLinear5> int8_i8_, int4_, int8_;
@@ -307,6 +340,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("add_layer", &DecodeLayers::add_layer)
       .def("num_layers", &DecodeLayers::num_layers)
       .def("split_calls", &DecodeLayers::split_calls)
+      .def("split_attention_calls", &DecodeLayers::split_attention_calls)
       .def("run", &DecodeLayers::run);
   m.attr("DENSE") = static_cast<int64_t>(kDense);
   m.attr("INT4_I8") = static_cast<int64_t>(kInt4I8);
@@ -315,5 +349,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("INT8_GROUPED") = static_cast<int64_t>(kInt8Grouped);
   m.def("set_min_split_bytes", [](int64_t bytes) { min_split_bytes = bytes; }, py::arg("bytes"));
   m.def("min_split_bytes", [] { return min_split_bytes; });
+  m.def("set_min_attention_split_bytes", [](int64_t bytes) { min_attention_split_bytes = bytes; }, py::arg("bytes"));
+  m.def("min_attention_split_bytes", [] { return min_attention_split_bytes; });
   m.def("has_fast_path", [] { return true; });
 }

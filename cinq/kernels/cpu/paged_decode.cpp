@@ -30,17 +30,24 @@ struct PagedRows {
   int64_t run(int64_t t) const { return block_size - t % block_size; }  // tokens from t in t's block
 };
 
-}  // namespace
+// A call's checked arguments: the query with a token's heads contiguous, the sequences, the masks.
+struct Checked {
+  torch::Tensor query;
+  int64_t nd;
+  const bool* tree;
+  int64_t tree_stride;
+  cinq_decode::Shape sh;
+};
 
 // query [nd * ql, hq, d] float32 or bf16 (sequence s owns rows s * ql ...); kv_cache [2, num_blocks, block_size, hkv, d]
 // (float32 / bf16 / fp16, contiguous); block_tables [>= nd, max_blocks] int32; seq_lens [>= nd] int32 (>= ql);
 // tree_mask: empty (causal among the new rows), or contiguous bool [ql, ql] (shared by all sequences) or
-// [nd, ql, ql] (one per sequence). Returns [nd * ql, hq, d] in the query's dtype (computed in float32; a bf16
+// [nd, ql, ql] (one per sequence). The output is [nd * ql, hq, d] in the query's dtype (computed in float32; a bf16
 // query and output convert here, in one call, rather than as two more ops per layer in Python).
 // window: > 0 for a sliding-window layer (row at position p sees keys > p - window), 0 for none.
-torch::Tensor paged_decode_window(torch::Tensor query_in, torch::Tensor kv_cache, torch::Tensor block_tables,
-                                  torch::Tensor seq_lens, double scale, int64_t ql, torch::Tensor tree_mask,
-                                  int64_t window) {
+Checked check_call(const torch::Tensor& query_in, const torch::Tensor& kv_cache, const torch::Tensor& block_tables,
+                   const torch::Tensor& seq_lens, double scale, int64_t ql, const torch::Tensor& tree_mask,
+                   int64_t window) {
   TORCH_CHECK(query_in.dim() == 3 && (query_in.scalar_type() == torch::kFloat32 ||
                                       query_in.scalar_type() == torch::kBFloat16),
               "paged_decode: query must be float32 or bf16 [nd * ql, hq, d]");
@@ -61,25 +68,65 @@ torch::Tensor paged_decode_window(torch::Tensor query_in, torch::Tensor kv_cache
                    (tdim == 2 || tree_mask.size(0) == nd) && tree_mask.size(tdim - 2) == ql &&
                    tree_mask.size(tdim - 1) == ql),
               "paged_decode: tree_mask must be empty or contiguous bool [ql, ql] or [nd, ql, ql]");
-  const bool* tree = tree_mask.numel() ? tree_mask.data_ptr<bool>() : nullptr;
-  const int64_t tree_stride = tdim == 3 ? ql * ql : 0;  // the shared mask: every sequence reads slice 0
   const int64_t hkv = kv_cache.size(3);
   TORCH_CHECK(kv_cache.size(4) == d && hq % hkv == 0, "paged_decode: head shapes do not match");
-  auto out = torch::empty({query.size(0), hq, d}, query.options());
-  const cinq_decode::Shape sh{ql, hq, hkv, d, query.stride(0), static_cast<float>(scale), window};
+  return Checked{query, nd, tree_mask.numel() ? tree_mask.data_ptr<bool>() : nullptr,
+                 tdim == 3 ? ql * ql : 0,  // the shared mask: every sequence reads slice 0
+                 cinq_decode::Shape{ql, hq, hkv, d, query.stride(0), static_cast<float>(scale), window}};
+}
+
+// f(cache, query, out, rows_of) with the call's element types; rows_of(s) locates sequence s's K/V rows.
+template <typename F>
+void with_rows(const Checked& c, const torch::Tensor& kv_cache, const torch::Tensor& block_tables,
+               const torch::Tensor& out, const F& f) {
   const int32_t* tables = block_tables.data_ptr<int32_t>();
-  const int64_t max_blocks = block_tables.size(1), block_size = kv_cache.size(2), row = hkv * d;
+  const int64_t max_blocks = block_tables.size(1), block_size = kv_cache.size(2), row = c.sh.hkv * c.sh.d;
   const int64_t value_offset = kv_cache.numel() / 2;  // kv_cache[1], without a select op per call
-  cinq_decode::dispatch_types(kv_cache.scalar_type(), query.scalar_type(), "paged_decode", [&](auto c, auto qz) {
-    using T = decltype(c);
+  cinq_decode::dispatch_types(kv_cache.scalar_type(), c.query.scalar_type(), "paged_decode", [&](auto cz, auto qz) {
+    using T = decltype(cz);
     using Q = decltype(qz);
     const T* cache = reinterpret_cast<const T*>(kv_cache.data_ptr());
-    cinq_decode::attend_all<T>(reinterpret_cast<const Q*>(query.data_ptr()), reinterpret_cast<Q*>(out.data_ptr()),
-                               seq_lens.data_ptr<int32_t>(), nd, tree, tree_stride, sh, [&](int64_t s) {
+    f(T{}, reinterpret_cast<const Q*>(c.query.data_ptr()), reinterpret_cast<Q*>(out.data_ptr()), [=](int64_t s) {
       return PagedRows<T>{cache, tables + s * max_blocks, block_size, block_size * row, row, value_offset};
     });
   });
+}
+
+}  // namespace
+
+// Attention of every decode-like sequence over its pages (see check_call for the arguments); returns the output.
+torch::Tensor paged_decode_window(torch::Tensor query_in, torch::Tensor kv_cache, torch::Tensor block_tables,
+                                  torch::Tensor seq_lens, double scale, int64_t ql, torch::Tensor tree_mask,
+                                  int64_t window) {
+  const Checked c = check_call(query_in, kv_cache, block_tables, seq_lens, scale, ql, tree_mask, window);
+  auto out = torch::empty({c.query.size(0), c.sh.hq, c.sh.d}, c.query.options());
+  with_rows(c, kv_cache, block_tables, out, [&](auto t, auto q, auto o, const auto& rows_of) {
+    cinq_decode::attend_all<decltype(t)>(q, o, seq_lens.data_ptr<int32_t>(), c.nd, c.tree, c.tree_stride, c.sh,
+                                         rows_of);
+  });
   return out;
+}
+
+// Sequences [begin, end) of paged_decode (no window), on the calling thread, written into `out` (the caller's
+// [nd * ql, hq, d] of the query's dtype). The fused decode step runs a layer's sequences across its thread team
+// (inside the step's one parallel region the whole call would run on one thread); each sequence is computed
+// exactly as in the whole call.
+void paged_decode_seqs(const torch::Tensor& query_in, const torch::Tensor& kv_cache, const torch::Tensor& block_tables,
+                       const torch::Tensor& seq_lens, double scale, int64_t ql, const torch::Tensor& tree_mask,
+                       const torch::Tensor& out, int64_t begin, int64_t end) {
+  const Checked c = check_call(query_in, kv_cache, block_tables, seq_lens, scale, ql, tree_mask, 0);
+  TORCH_CHECK(begin >= 0 && begin <= end && end <= c.nd, "paged_decode_seqs: sequences [", begin, ", ", end,
+              ") are outside the call's ", c.nd);
+  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == c.query.scalar_type() && out.dim() == 3 &&
+                  out.size(0) == c.query.size(0) && out.size(1) == c.sh.hq && out.size(2) == c.sh.d,
+              "paged_decode_seqs: out must be contiguous [nd * ql, hq, d] of the query's dtype");
+  thread_local cinq_decode::Scratch buf;
+  with_rows(c, kv_cache, block_tables, out, [&](auto t, auto q, auto o, const auto& rows_of) {
+    for (int64_t s = begin; s < end; ++s)
+      cinq_decode::attend<decltype(t)>(q + s * ql * c.sh.q_token_stride, o + s * ql * c.sh.hq * c.sh.d, rows_of(s),
+                                       seq_lens.data_ptr<int32_t>()[s], 0, c.sh.hkv,
+                                       c.tree == nullptr ? nullptr : c.tree + s * c.tree_stride, c.sh, buf);
+  });
 }
 
 torch::Tensor paged_decode(torch::Tensor query_in, torch::Tensor kv_cache, torch::Tensor block_tables,
@@ -94,6 +141,8 @@ TORCH_LIBRARY_FRAGMENT(cinq, m) {
         "int query_len, Tensor tree_mask) -> Tensor");
   m.def("paged_decode_window(Tensor query, Tensor kv_cache, Tensor block_tables, Tensor seq_lens, float scale, "
         "int query_len, Tensor tree_mask, int window) -> Tensor");
+  m.def("paged_decode_seqs(Tensor query, Tensor kv_cache, Tensor block_tables, Tensor seq_lens, float scale, "
+        "int query_len, Tensor tree_mask, Tensor(a!) out, int begin, int end) -> ()");
 }
 TORCH_LIBRARY_IMPL(cinq, CPU, m) {
   m.impl("paged_decode", [](const at::Tensor& q, const at::Tensor& cache, const at::Tensor& tables,
@@ -105,16 +154,24 @@ TORCH_LIBRARY_IMPL(cinq, CPU, m) {
                                    int64_t window) {
     return paged_decode_window(q, cache, tables, lens, scale, ql, tree, window);
   });
+  m.impl("paged_decode_seqs", [](const at::Tensor& q, const at::Tensor& cache, const at::Tensor& tables,
+                                 const at::Tensor& lens, double scale, int64_t ql, const at::Tensor& tree,
+                                 const at::Tensor& out, int64_t begin, int64_t end) {
+    paged_decode_seqs(q, cache, tables, lens, scale, ql, tree, out, begin, end);
+  });
 }
 TORCH_LIBRARY_IMPL(cinq, Meta, m) {
   m.impl("paged_decode", [](const at::Tensor& q, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
                             int64_t, const at::Tensor&) { return at::empty_like(q); });
   m.impl("paged_decode_window", [](const at::Tensor& q, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                    double, int64_t, const at::Tensor&, int64_t) { return at::empty_like(q); });
+  m.impl("paged_decode_seqs", [](const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+                                 int64_t, const at::Tensor&, const at::Tensor&, int64_t, int64_t) {});
 }
 #endif
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "paged decode attention (CPU)");
   m.def("paged_decode_window", &paged_decode_window, "paged decode attention (CPU), sliding window");
+  m.def("paged_decode_seqs", &paged_decode_seqs, "sequences [begin, end) of paged_decode, into out");
 }
