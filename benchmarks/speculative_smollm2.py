@@ -10,9 +10,10 @@ Two workloads (``--workload``):
   adaptive run measured (what caps the speedup).
 
 Outputs are compared with plain decoding's: the mismatch rate is the fraction of greedy outputs that differ (in
-bf16 a near-tie can flip under the verify step's other row count; in float32 none may). Plain decoding is
-measured before and after each method's runs at each batch size (once for all methods); the baseline is their
-mean.
+bf16 a near-tie can flip under the verify step's other row count; in float32 none may). At each batch size,
+``--rounds`` rounds of plain decoding then every method (rotated), and plain once more: a method's speedup is the
+median over rounds of its rate over the plain runs either side; "baseline drift" is the last plain run's rate over
+the first's.
 
     python benchmarks/speculative_smollm2.py --head runs/eagle3-smollm2/head --no-languages       # sweep, ~8 min
     python benchmarks/speculative_smollm2.py --workload copy --batch-sizes 1,4                  # copy, ~5 min
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -78,22 +80,36 @@ def verify_ratios(row: dict[str, Any]) -> str | None:
 
 
 def sweep(plain: Any, configs: dict[str, Any], prompts: list[list[int]], batches: list[int],
-          max_tokens: int, sampling: tuple[float, float], table: Table) -> list[dict[str, Any]]:
-    """Plain before and after every method at each batch size (one shared baseline), one row per method;
-    ``plain`` and ``configs`` are engines (cinq/bench/spec.py ``engine``)."""
+          max_tokens: int, sampling: tuple[float, float], table: Table, rounds: int = 1) -> list[dict[str, Any]]:
+    """At each batch size, ``rounds`` rounds of plain decoding then every method (in an order rotated each round),
+    and plain decoding once more at the end; one row per method. A method's speedup is the median over rounds of
+    its tokens/s over the mean of the plain runs either side of its round (on this shared 2-core machine two plain
+    runs minutes apart differ by up to ~10%, more than the effect an adaptive method must show); its other columns
+    are its last round's. ``plain`` and ``configs`` are engines (cinq/bench/spec.py ``engine``)."""
     rows = []
     mode = "greedy" if sampling[0] == 0 else f"T={sampling[0]}, top-p {sampling[1]}"
+    names = list(configs)
     for b in batches:
-        first = measure(plain, prompts, b, max_tokens, *sampling)
-        specs = {name: measure(cfg, prompts, b, max_tokens, *sampling) for name, cfg in configs.items()}
-        last = measure(plain, prompts, b, max_tokens, *sampling)
-        drift = round(last["tok_s"] / first["tok_s"], 3)
-        first["tok_s"] = (first["tok_s"] + last["tok_s"]) / 2
-        for name, spec in specs.items():
-            row = compare({"method": name, "batch": b, "sampling": mode, "baseline_drift": drift}, first, spec)
+        plains, specs = [], {name: [] for name in names}
+        for r in range(rounds):
+            plains.append(measure(plain, prompts, b, max_tokens, *sampling))
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                specs[name].append(measure(configs[name], prompts, b, max_tokens, *sampling))
+        plains.append(measure(plain, prompts, b, max_tokens, *sampling))
+        rates = [p["tok_s"] for p in plains]
+        drift = round(rates[-1] / rates[0], 3)
+        base = dict(plains[0], tok_s=statistics.median(rates))
+        for name, runs in specs.items():
+            ratios = [run["tok_s"] * 2 / (rates[i] + rates[i + 1]) for i, run in enumerate(runs)]
+            spec = dict(runs[-1], tok_s=statistics.median(run["tok_s"] for run in runs))
+            row = compare({"method": name, "batch": b, "sampling": mode, "baseline_drift": drift}, base, spec)
+            row["speedup"] = statistics.median(ratios)
+            row["speedup_per_round"] = [round(x, 3) for x in ratios]
+            row["plain_tok_s_runs"] = [round(x, 1) for x in rates]
             row["verify_cost_ratio"] = verify_ratios(row)
             rows.append(row)
-            table.rows.append([name, b, mode, row["plain_tok_s"], row["spec_tok_s"], row["speedup"], row["tau"],
+            table.rows.append([name, b, mode, row["plain_tok_s"], row["spec_tok_s"], row["speedup"],
+                               ", ".join(f"{x:.2f}" for x in ratios) if rounds > 1 else None, row["tau"],
                                ", ".join(f"{a:.2f}" for a in row["accept_per_pos"]), 100 * row["draft_share"],
                                ", ".join(f"{100 * a:.0f}" for a in row["k_share"]) or None,
                                row["verify_cost_ratio"], row["mismatch_rate"] if sampling[0] == 0 else None, drift])
@@ -134,6 +150,8 @@ def main() -> int:
                     help="the target's weights: its Q4_1 file (int8-activation kernels) or the file dequantized to a "
                          "bf16 folder (the skinny bf16 kernel; cinq bench latency's 'bf16' variant)")
     ap.add_argument("--no-languages", action="store_true", help="skip the per-language tau table")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="rounds of plain + every method per batch size (speedup: the median over rounds)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     args.max_tokens = args.max_tokens or (128 if args.workload == "copy" else 48)
@@ -168,14 +186,15 @@ def main() -> int:
     configs = {name: engine(dataclasses.replace(plain_config, speculative_config=dict(sc)))
                for name, sc in specs.items()}
     table = Table("Plain decoding vs speculation", [
-        "method", "batch", "sampling", "plain tok/s", "spec tok/s", "speedup", "tau", "acceptance per position",
+        "method", "batch", "sampling", "plain tok/s", "spec tok/s", "speedup", "per round", "tau",
+        "acceptance per position",
         "draft share (%)", "adaptive: steps at k = 0, 1, .. (%)", "verify/decode step cost",
         "greedy mismatch rate", "baseline drift"])
-    rows = sweep(plain, configs, prompts, batches, args.max_tokens, (0.0, 1.0), table)
+    rows = sweep(plain, configs, prompts, batches, args.max_tokens, (0.0, 1.0), table, args.rounds)
     sampled = [c for c in configs if c in ("ngram k=4", "eagle3 adaptive k<=4")] if args.workload == "chat" else []
     if args.sample_batches and sampled:
         rows += sweep(plain, {c: configs[c] for c in sampled}, prompts,
-                      [int(b) for b in args.sample_batches.split(",")], args.max_tokens, SAMPLED, table)
+                      [int(b) for b in args.sample_batches.split(",")], args.max_tokens, SAMPLED, table, args.rounds)
     tables, langs = [table], {}
     if args.workload == "chat" and not args.no_languages:
         lt, langs = language_table(plain, configs, pairs, args.max_tokens)
@@ -192,6 +211,9 @@ def main() -> int:
         f"{note} Target {MODEL} ({'its Q4_1 file' if args.weights == 'file' else 'the file dequantized to bf16 weights'}, "
         f"{args.dtype} compute), {what}, {args.max_tokens} new tokens each, ignore_eos; greedy "
         f"rows, and sampled rows (T={SAMPLED[0]}, top-p {SAMPLED[1]}, request i seeded with i in both runs). "
+        f"{args.rounds} round(s) per batch size: plain, then every method in an order rotated each round, and plain "
+        f"again at the end; speedup = the median over rounds of a method's rate over the mean of the plain runs "
+        f"either side of its round ('per round': each round's ratio). "
         f"Verify/decode step cost: the adaptive run's measured step time per k over plain's (same batch bucket; "
         f"arms it never measured there are absent). Head: {args.head or 'none'}. Commit {commit}.", tables, headline,
         {"draft": draft, "machine": machine_info(), "commit": commit, "head": args.head, "rows": rows,
