@@ -4,7 +4,10 @@ cover."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -99,21 +102,27 @@ def test_off_switch_and_float32_take_the_python_layers(tiny_llama, monkeypatch):
     assert program is None or program.steps == 0
 
 
+@contextlib.contextmanager
+def two_threads(setting: str) -> Iterator[Any]:
+    """2 torch threads and the decode_layers module's ``set_<setting>`` at 1 (every call splits), restored after."""
+    mod = native_module("decode_layers")
+    before, threads = getattr(mod, setting)(), torch.get_num_threads()
+    torch.set_num_threads(2)
+    getattr(mod, f"set_{setting}")(1)
+    try:
+        yield mod
+    finally:
+        getattr(mod, f"set_{setting}")(before)
+        torch.set_num_threads(threads)
+
+
 def test_linears_split_across_threads_are_bit_identical(tiny_llama, tmp_path, monkeypatch):
     # every linear split into one range of output rows per thread (the team path), GGUF and dense
     from cinq.export.gguf import export_gguf
-    mod = native_module("decode_layers")
-    before = mod.min_split_bytes()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    mod.set_min_split_bytes(1)
-    try:
+    with two_threads("min_split_bytes"):
         for model in (tiny_llama, export_gguf(tiny_llama, tmp_path / "m.gguf", "q4_0").path):
             program = check_same(model, monkeypatch)
             assert program.program.split_calls() > 0
-    finally:
-        mod.set_min_split_bytes(before)
-        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("max_num_seqs, spec, splits", [
@@ -122,18 +131,10 @@ def test_linears_split_across_threads_are_bit_identical(tiny_llama, tmp_path, mo
     (1, None, False),  # one sequence stays whole (see decode_layers.cpp)
 ])
 def test_attention_split_across_threads_is_bit_identical(tiny_llama, monkeypatch, max_num_seqs, spec, splits):
-    mod = native_module("decode_layers")
-    before = mod.min_attention_split_bytes()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    mod.set_min_attention_split_bytes(1)
-    try:
+    with two_threads("min_attention_split_bytes"):
         program = check_same(tiny_llama, monkeypatch, max_tokens=16, max_num_seqs=max_num_seqs,
                              **({"speculative_config": spec} if spec else {}))
         assert (program.program.split_attention_calls() > 0) == splits
-    finally:
-        mod.set_min_attention_split_bytes(before)
-        torch.set_num_threads(threads)
 
 
 def test_paged_decode_seqs_write_what_the_whole_call_returns():

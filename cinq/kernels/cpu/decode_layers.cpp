@@ -129,6 +129,10 @@ struct Linear {
   int64_t kind;
   std::vector<at::Tensor> t;  // dense: weight, bias (may be empty); int: codes, scales, mins (may be empty)
   std::vector<int64_t> ints;  // int kinds: group (, q_offset for kInt4I8)
+  // t cut into `cut_parts` ranges of rows (part p: [N p / parts, N (p + 1) / parts)), made at the first split into
+  // that many parts and kept: made per call, the views cost ~1 us each, three per part of every split linear.
+  mutable int cut_parts = 0;
+  mutable std::vector<std::vector<at::Tensor>> cuts;
 };
 
 struct Layer {
@@ -289,23 +293,28 @@ class DecodeLayers {
     int64_t bytes = 0;
     for (const at::Tensor& t : l.t) bytes += t.numel() * t.element_size();
     const int parts = team == nullptr ? 1 : static_cast<int>(std::min<int64_t>(team->size(), bytes / std::max<int64_t>(min_split_bytes, 1)));
-    if (parts <= 1) return call(l, x, 0, n);
+    if (parts <= 1) return call(l, l.t, x);
     split_calls_.fetch_add(1, std::memory_order_relaxed);
+    if (l.cut_parts != parts) {  // only thread 0 gets here (the team's parts run inside team->run below)
+      l.cuts.assign(parts, {});
+      for (int p = 0; p < parts; ++p)
+        for (const at::Tensor& t : l.t)
+          l.cuts[p].push_back(t.numel() == 0 ? t : t.narrow(0, n * p / parts, n * (p + 1) / parts - n * p / parts));
+      l.cut_parts = parts;
+    }
     std::vector<at::Tensor> out(parts);
-    team->run(parts, [&](int p) { out[p] = call(l, x, n * p / parts, n * (p + 1) / parts); });
+    team->run(parts, [&](int p) { out[p] = call(l, l.cuts[p], x); });
     return at::cat(out, 1);
   }
 
-  // The kernel on output rows [n0, n1) (views of the weight's rows: every tensor of a linear is [N, ...]).
-  at::Tensor call(const Linear& l, const at::Tensor& x, int64_t n0, int64_t n1) const {
-    const bool whole = n0 == 0 && n1 == l.t[0].size(0);
-    auto rows = [&](const at::Tensor& t) { return whole || t.numel() == 0 ? t : t.narrow(0, n0, n1 - n0); };
+  // The kernel on `t`: the linear's tensors, or one part's rows of them (every tensor of a linear is [N, ...]).
+  at::Tensor call(const Linear& l, const std::vector<at::Tensor>& t, const at::Tensor& x) const {
     switch (l.kind) {
-      case kDense: return dense_.call(x, rows(l.t[0]), rows(l.t[1]));
-      case kInt4I8: return int4_i8_.call(x, rows(l.t[0]), rows(l.t[1]), rows(l.t[2]), l.ints[0], l.ints[1]);
-      case kInt8I8: return int8_i8_.call(x, rows(l.t[0]), rows(l.t[1]), rows(l.t[2]), l.ints[0]);
-      case kInt4Affine: return int4_.call(x, rows(l.t[0]), rows(l.t[1]), rows(l.t[2]), l.ints[0]);
-      default: return int8_.call(x, rows(l.t[0]), rows(l.t[1]), rows(l.t[2]), l.ints[0]);
+      case kDense: return dense_.call(x, t[0], t[1]);
+      case kInt4I8: return int4_i8_.call(x, t[0], t[1], t[2], l.ints[0], l.ints[1]);
+      case kInt8I8: return int8_i8_.call(x, t[0], t[1], t[2], l.ints[0]);
+      case kInt4Affine: return int4_.call(x, t[0], t[1], t[2], l.ints[0]);
+      default: return int8_.call(x, t[0], t[1], t[2], l.ints[0]);
     }
   }
 
