@@ -58,7 +58,10 @@ SCRIPTS = {
     "scale": "benchmarks/scale.py", "scale_dp": "benchmarks/scale_dp.py", "serving": "benchmarks/serving.py",
     "serving_inproc-core": "benchmarks/serving.py", "serving_llama23m": "benchmarks/serving.py",
     "serving_split": "cinq bench serve", "speculative": "benchmarks/speculative.py", "stack": "cinq bench stack",
-    "step_breakdown": "benchmarks/step_breakdown.py", "structured_backends": "benchmarks/structured_backends.py",
+    "step_breakdown": "benchmarks/step_breakdown.py",
+    "step_breakdown_context_b1": "benchmarks/step_breakdown.py --smollm2-only --prompt-len 1024 --batch 1",
+    "step_breakdown_context_b4": "benchmarks/step_breakdown.py --smollm2-only --prompt-len 1024 --batch 4",
+    "structured_backends": "benchmarks/structured_backends.py",
     "structured_outputs": "benchmarks/structured_outputs.py", "throughput": "benchmarks/throughput.py",
     "throughput_gemma3": "benchmarks/throughput.py", "throughput_smollm2": "benchmarks/throughput.py --smollm2",
     "train_sizing": "cinq train --measure",
@@ -67,6 +70,7 @@ SCRIPTS = {
     "serving_smollm2": "scripts/bench_real_model.sh serve", "speculative_smollm2": "benchmarks/speculative_smollm2.py",
     "speculative_smollm2_copy": "benchmarks/speculative_smollm2.py --workload copy",
     "speculative_smollm2_bf16": "benchmarks/speculative_smollm2.py --weights bf16",
+    "speculative_smollm2_copy_bf16": "benchmarks/speculative_smollm2.py --workload copy --weights bf16",
     "speculative_draft_vocab": "benchmarks/speculative_draft_vocab.py",
     "eagle3_smollm2_head": "cinq distill --heads eagle3 --target smollm2-135m-instruct",
     "decode_kernels_int8_activations": "benchmarks/decode_kernels.py",
@@ -266,6 +270,17 @@ def speculation_real(d: dict[str, Any]) -> str:
             + f"; batch {most}: {at_most}")
 
 
+def step_breakdown(d: dict[str, Any]) -> str:
+    """The clean decode step per (model, threads): before -> after and the speed-up, or after alone."""
+    parts = []
+    for r in d["runs"]:
+        after = r["after"]["step_ms_median"]
+        before = r.get("before", {}).get("step_ms_median")
+        parts.append(f"{r['model']} {r['threads']} thr " + (f"{before:.2f} -> {after:.2f} ms ({_x(before, after)})"
+                                                              if before else f"{after:.2f} ms"))
+    return f"batch {d.get('batch', 1)}, prompt {d.get('prompt_len', 32)}: " + "; ".join(parts)
+
+
 def structured(d: dict[str, Any]) -> str:
     valid = ", ".join(f"{v['model']} {v['speculation']}: {v['valid']}/{d['schemas']}" for v in d["validity"])
     cost = ", ".join(f"{c['model']} b{c['batch']} {100 * c['overhead']:+.1f}%" for c in d["step_cost"])
@@ -294,9 +309,11 @@ FIGURES: dict[str, Callable[[dict[str, Any]], str]] = {
     "throughput_gemma3": throughput, "throughput": throughput, "throughput_smollm2": throughput,
     "quant_study_float_codes": quant_quality, "speculative": speculation, "speculative_smollm2": speculation_real,
     "speculative_smollm2_copy": speculation_real, "speculative_smollm2_bf16": speculation_real,
+    "speculative_smollm2_copy_bf16": speculation_real,
     "serving_split": server,
     "serving_smollm2": server, "structured_outputs": structured,
-    "reliability": reliability, "gpu": gpu,
+    "reliability": reliability, "gpu": gpu, "step_breakdown": step_breakdown,
+    "step_breakdown_context_b1": step_breakdown, "step_breakdown_context_b4": step_breakdown,
 }
 
 

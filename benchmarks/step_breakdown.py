@@ -371,6 +371,7 @@ def main() -> None:
                 name = "llama-110m-int4" + ("" if head else "-bf16-head")
                 models[name] = str(_int4_model(Path(models["llama-110m"]), head))
     first_threads = args.threads.split(",")[0]
+    load_at_start = os.getloadavg()[0]
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         base = _baseline_tree(args.baseline, Path(tmp)) if args.baseline != "none" else None
@@ -391,7 +392,8 @@ def main() -> None:
                               f"load {r['loadavg'][0]:.2f}",
                               flush=True)
                 runs.append({"model": name, "threads": threads, **{k: _merge(v) for k, v in samples.items()}})
-    result = {"baseline": args.baseline, "prompt_len": args.prompt_len, "batch": args.batch, "runs": runs}
+    result = {"baseline": args.baseline, "prompt_len": args.prompt_len, "batch": args.batch,
+              "load_at_start": load_at_start, "runs": runs}
     for run in runs:
         if "before" in run:
             same = run["before"]["first_tokens"] == run["after"]["first_tokens"]
