@@ -18,6 +18,9 @@ the first's.
     python benchmarks/speculative_smollm2.py --head runs/eagle3-smollm2/head --no-languages       # sweep, ~8 min
     python benchmarks/speculative_smollm2.py --workload copy --batch-sizes 1,4                  # copy, ~5 min
     python benchmarks/speculative_smollm2.py --batch-sizes 1 --max-tokens 16 --no-languages   # smoke
+    python benchmarks/speculative_smollm2.py --weights bf16 --head runs/eagle3-smollm2-v3/head --trees \
+        --batch-sizes 1,4 --sample-batches "" --no-languages --rounds 3 \
+        --out benchmarks/results/speculative_smollm2_trees_bf16        # chain vs static vs dynamic tree
     python benchmarks/speculative_smollm2.py --weights bf16 --out benchmarks/results/speculative_smollm2_bf16
                                                         # the same on bf16 weights (verify rows cost less there)
 
@@ -58,7 +61,22 @@ def ngram(k: int, adaptive: bool = False) -> dict[str, Any]:
             "adaptive": adaptive}
 
 
-def methods(workload: str, head: str | None) -> dict[str, dict[str, Any]]:
+# EAGLE's trees against the chain, at one budget of 4 drafts (5 verify rows): a static tree (two candidates for the
+# next token, then the best path two deeper) and EAGLE-2's dynamic tree (the 2 best children of the 2 best nodes
+# per level, 3 levels, the 4 most likely nodes verified)
+STATIC_TREE = [[0], [1], [0, 0], [0, 0, 0]]
+DYNAMIC_TREE = {"tree_topk": 2, "tree_depth": 3}
+
+
+def methods(workload: str, head: str | None, trees: bool = False) -> dict[str, dict[str, Any]]:
+    if trees:
+        if not head:
+            raise SystemExit("--trees needs --head (an EAGLE-3 head folder)")
+        e3 = {"method": "eagle3", "model": head}
+        return {"eagle3 chain k=4": {**e3, "num_speculative_tokens": 4},
+                "eagle3 static tree (4 nodes)": {**e3, "num_speculative_tokens": len(STATIC_TREE),
+                                                 "speculative_token_tree": STATIC_TREE},
+                "eagle3 dynamic tree (top-2, depth 3, 4 nodes)": {**e3, "num_speculative_tokens": 4, **DYNAMIC_TREE}}
     if workload == "copy":
         return {**{f"ngram k={k}": ngram(k) for k in (2, 4, 6, 8)}, "ngram adaptive k<=8": ngram(8, True)}
     out = {"ngram k=4": ngram(4), "ngram adaptive k<=4": ngram(4, True)}
@@ -150,6 +168,9 @@ def main() -> int:
                     help="the target's weights: its Q4_1 file (int8-activation kernels) or the file dequantized to a "
                          "bf16 folder (the skinny bf16 kernel; cinq bench latency's 'bf16' variant)")
     ap.add_argument("--no-languages", action="store_true", help="skip the per-language tau table")
+    ap.add_argument("--trees", action="store_true",
+                    help="EAGLE-3's chain against a static and EAGLE-2's dynamic tree (same draft budget) instead of "
+                         "the n-gram / EAGLE-3 chain set")
     ap.add_argument("--rounds", type=int, default=1,
                     help="rounds of plain + every method per batch size (speedup: the median over rounds)")
     ap.add_argument("--out", default=None)
@@ -170,7 +191,7 @@ def main() -> int:
         what = f"{len(pairs)} held-out chat prompts ({args.per_language} per language: {', '.join(CHAT_LANGUAGES)})"
     prompts = [p for _, p in pairs]
     batches = [int(b) for b in args.batch_sizes.split(",")]
-    specs = methods(args.workload, args.head)
+    specs = methods(args.workload, args.head, args.trees)
     # a KV pool for the largest wave (not the default share of memory: five engines stay loaded)
     k_max = max(sc["num_speculative_tokens"] for sc in specs.values())
     longest = max(len(p) for p in prompts) + args.max_tokens + k_max + 1

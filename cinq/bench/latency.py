@@ -66,6 +66,7 @@ class LatencyOptions:
 def run_latency(config: EngineConfig, options: LatencyOptions, progress: bool = True) -> BenchResult:
     """Measure every engine of ``options`` at each prompt length and thread count."""
     options.validate()
+    load_at_start = os.getloadavg()[0]  # before this run loads the cores: quiet or draft (results_table reads it)
     if config.max_model_len is not None:
         options.check_length(config.max_model_len)  # before any engine is built or model quantized
     from cinq.cache import cache_dir
@@ -82,7 +83,7 @@ def run_latency(config: EngineConfig, options: LatencyOptions, progress: bool = 
             "rows": measure(engines, latency_prompts(options, first.vocab_size), options, progress),
             "missing": missing, "new_tokens": options.output_len, "rounds": options.rounds,
             "llama_cpp_absent": next((m.split(": ", 1)[1] for m in missing if m.startswith("llama.cpp")), None),
-            "machine": {**machine_info(), "llama_cpp": llama_cpp_version(),
+            "machine": {**machine_info(load_at_start), "llama_cpp": llama_cpp_version(),
                         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}}
     for row in data["rows"]:
         row["model"] = data["config"]["model"]
