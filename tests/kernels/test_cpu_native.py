@@ -82,6 +82,29 @@ def test_paged_decode_reads_a_query_split_from_the_merged_qkv_output_as_its_copy
     assert torch.equal(out, paged_decode_native(view.contiguous(), cache, meta.block_tables, meta.seq_lens, 0.125))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_decode_results_do_not_depend_on_its_key_tile(dtype):
+    """K/V are widened a tile of keys at a time (decode_attention.h): tiles of 8 keys, a few dozen, or one past every
+    context give the same bits (the 8-key score groups never move). Contexts up to 199 tokens, windows and query
+    rows of k + 1 tokens included."""
+    mod = native_module("paged_decode")
+    before = mod.tile_floats()
+    q, cache, meta = decode_step(5, 8, 2, 64, dtype, seed=11)
+    q3 = torch.cat([q, q.flip(0), q * 0.5]).view(3, 5, 8, 64).transpose(0, 1).reshape(15, 8, 64)  # ql = 3
+    lens = meta.seq_lens.clamp(min=3)
+    cache = torch.nan_to_num(cache)  # the clamped contexts read 2 unwritten slots
+    no_tree, runs = torch.empty(0, dtype=torch.bool), {}
+    try:
+        for floats in (1, 3000, 1 << 30):
+            mod.set_tile_floats(floats)
+            runs[floats] = (mod.paged_decode(q, cache, meta.block_tables, meta.seq_lens, 0.125, 1, no_tree),
+                            mod.paged_decode_window(q3, cache, meta.block_tables, lens, 0.125, 3, no_tree, 37))
+    finally:
+        mod.set_tile_floats(before)
+    for floats in (3000, 1 << 30):
+        assert all(torch.equal(a, b) for a, b in zip(runs[1], runs[floats]))
+
+
 def test_a_kernel_build_is_keyed_by_the_headers_it_includes_only():
     """Editing one header rebuilds the kernels that include it (directly or through another header), not all."""
     from cinq.kernels import cpu_native

@@ -190,8 +190,9 @@ inline void weighted_sum(const float* p, const float* values, int64_t stride, in
 }
 
 // Floats of widened K/V rows per tile of keys (16 KB: half of a 32 KB L1 data cache, the rest for the query rows,
-// their scores and the accumulators).
-constexpr int64_t kTileFloats = 4096;
+// their scores and the accumulators). Settable (paged_decode's set_tile_floats) so that a test can show results do
+// not depend on it.
+inline int64_t tile_floats = 4096;
 
 // Per-thread buffers, reused across the work items of a call.
 struct Scratch {
@@ -259,7 +260,7 @@ void attend(const Q* q, O* out, const Rows& rows, int64_t len, int64_t h0, int64
   // scores_of groups keys exactly as over the whole span and every result is the same to the bit; a run of
   // tokens whose rows follow each other (a page) is widened in one call when every kv head is read.
   const int64_t row = nh * d, full = sh.hkv * d;
-  const int64_t tile = std::max<int64_t>(8, (kTileFloats / row) / 8 * 8);
+  const int64_t tile = std::max<int64_t>(8, (tile_floats / row) / 8 * 8);
   buf.row.resize(std::min(tile, span) * row);
   auto widen_tile = [&](bool values, int64_t ta, int64_t tb) {
     for (int64_t t = ta; t < tb;) {

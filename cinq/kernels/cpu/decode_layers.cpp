@@ -252,8 +252,9 @@ class DecodeLayers {
       const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({m, hkv_, d_});
       rotary_.call(q, k, positions, cos_sin);
       write_kv_.call(k, v, layer.kv_cache, slot_mapping);
-      const at::Tensor o = split_attention ? attention(q, layer.kv_cache, block_tables, seq_lens, ql, tree, *team)
-                                           : paged_decode_.call(q, layer.kv_cache, block_tables, seq_lens, scale_, ql, tree);
+      const at::Tensor o =
+          split_attention ? attention(q, layer.kv_cache, block_tables, seq_lens, ql, tree, *team)
+                          : paged_decode_.call(q, layer.kv_cache, block_tables, seq_lens, scale_, ql, tree);
       const at::Tensor attn = linear(layer.o, o.view({m, q_size}), team);
       std::tie(h, residual) = rms_norm_.call(attn, residual, layer.post_norm, eps_);
       const at::Tensor gu = linear(layer.gate_up, h, team);

@@ -174,4 +174,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "paged decode attention (CPU)");
   m.def("paged_decode_window", &paged_decode_window, "paged decode attention (CPU), sliding window");
   m.def("paged_decode_seqs", &paged_decode_seqs, "sequences [begin, end) of paged_decode, into out");
+  m.def("set_tile_floats", [](int64_t floats) { cinq_decode::tile_floats = floats; }, py::arg("floats"));
+  m.def("tile_floats", [] { return cinq_decode::tile_floats; });
 }
