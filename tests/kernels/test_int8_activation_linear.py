@@ -132,7 +132,9 @@ def gguf_form(form: str, n: int, k: int, gen: torch.Generator) -> tuple[dict[str
 
 
 @pytest.mark.parametrize("form", GGUF_FORMS)
-@pytest.mark.parametrize("k", [64, 352, 576])  # 2, 11 and 18 blocks of 32: never whole vectors of 8 blocks
+# 2, 7, 11, 13 and 18 blocks of 32: never whole vectors of 8 blocks (the int4 kernel pairs block p with p + 4 of
+# each 8, so a last vector of 5-7 blocks has pairs with both halves and pairs with one)
+@pytest.mark.parametrize("k", [64, 224, 352, 416, 576])
 def test_every_row_count_and_odd_shapes(available, threads, form, k):
     """1-9 activation rows (the decode and verify sizes, and one past the kernel's 8-row block) on N = 3001 outputs
     (odd; at K = 352 the call streams > 512 KB and splits over 2 threads), against the same quantized math."""

@@ -7,10 +7,10 @@
 // float32 scale + min made it 24). g = k / group, group a multiple of 32. Codes laid out as grouped_int_linear.cpp's.
 //
 // Why a second kernel: grouped_int_linear.cpp keeps the activations at int16, so every 4-bit code is widened to
-// int16 first (~8 vector ops per 16 bytes of weights: compute-bound on AVX2). Here a block's 32 codes stay bytes:
-// one 16-byte broadcast load, one variable shift and one and unpack them; per activation row one vpmaddubsw
-// (unsigned codes x signed activations, pairs into int16: 2 * 15 * 127 and 2 * 128 * 127 fit) and one vpmaddwd by
-// ones into int32; eight blocks' int32 sums are reduced together and scaled in one FMA by scale * xs. Every row is
+// int16 first (~8 vector ops per 16 bytes of weights: compute-bound on AVX2). Here codes stay bytes: per activation
+// row one vpmaddubsw (unsigned codes x signed activations, pairs into int16: 2 * 15 * 127 and 2 * 128 * 127 fit)
+// and one vpmaddwd by ones into int32 (4-bit codes: two blocks share one unpack and one vpmaddwd, see
+// row_kernel_m1_int4); eight blocks' int32 sums are reduced together and scaled in one FMA by scale * xs. Every row is
 // computed the same way whatever the row count (batch-invariant). The cost is numeric: an activation carries up to
 // 2^-8 of its block's largest |x| of rounding instead of 2^-16 (the quality cost on the real model is measured in
 // benchmarks/int8_activations.py). The offset and min terms use the quantized blocks' sums, once per output row.
@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "bf16.h"
+#include "int8_activations.h"
 #include "small_m.h"
 
 namespace {
@@ -27,91 +28,14 @@ namespace {
 using cinq_bf16::bf16_to_float;
 using cinq_bf16::float_to_bf16;
 using cinq_small_m::split_outputs;
+using namespace cinq_i8;
 
 constexpr int kMaxRows = 8;
-constexpr int64_t kBlock = 32;
-
-// One block of 32 activations to int8: q = round(x * 127 / amax) (nearest even), s = amax / 127, sum = s * sum(q).
-inline void quantize_block(const uint16_t* xb, int8_t* qb, float* s, float* sum) {
 #if defined(CINQ_SMALL_M_AVX2)
-  // at batch 1 this runs once per linear on K values: scalar, it was a few percent of a decode step
-  __m256 v[4];
-  __m256 mx = _mm256_setzero_ps();
-  for (int i = 0; i < 4; ++i) {
-    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xb + 8 * i)));
-    v[i] = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-    mx = _mm256_max_ps(mx, _mm256_andnot_ps(_mm256_set1_ps(-0.f), v[i]));
-  }
-  __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-  const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
-  const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
-  __m256i r[4];
-  for (int i = 0; i < 4; ++i) r[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));  // MXCSR: nearest even
-  // packs work within 128-bit lanes: the dwords come out as (0-3 of r0, r1, r2, r3, then 4-7 of each)
-  const __m256i p = _mm256_permutevar8x32_epi32(
-      _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3])),
-      _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb), p);
-  const __m256i t = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), p), _mm256_set1_epi16(1));
-  const __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
-  const __m128i t2 = _mm_add_epi32(t4, _mm_unpackhi_epi64(t4, t4));
-  const int32_t total = _mm_cvtsi128_si32(_mm_add_epi32(t2, _mm_shuffle_epi32(t2, 1)));
-#else
-  float amax = 0.f;
-  for (int64_t j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(bf16_to_float(xb[j])));
-  const float inv = amax > 0.f ? 127.f / amax : 0.f;
-  int32_t total = 0;
-  for (int64_t j = 0; j < kBlock; ++j) {
-    const int32_t c = static_cast<int32_t>(std::nearbyint(bf16_to_float(xb[j]) * inv));
-    qb[j] = static_cast<int8_t>(std::max(-127, std::min(127, c)));
-    total += qb[j];
-  }
-#endif
-  *s = amax / 127.f;
-  *sum = *s * static_cast<float>(total);
-}
-
-// Activation rows to int8 blocks: q [M, K], s [M, ld] (the scale of block b at [m, b]), sum [M, ld] = s * (sum of
-// the block's q); ld >= K / 32, the entries past K / 32 set to 0.
-void quantize_rows_int8(const uint16_t* x, int64_t M, int64_t K, int64_t ld, int8_t* q, float* s, float* sum) {
-  const int64_t B = K / kBlock;
-  for (int64_t m = 0; m < M; ++m) {
-    for (int64_t b = 0; b < B; ++b)
-      quantize_block(x + (m * B + b) * kBlock, q + (m * B + b) * kBlock, s + m * ld + b, sum + m * ld + b);
-    for (int64_t b = B; b < ld; ++b) s[m * ld + b] = sum[m * ld + b] = 0.f;
-  }
-}
-
-inline float to_float(float v) { return v; }
-inline float to_float(at::Half v) { return static_cast<float>(v); }
-
-// What every call shares.
-template <typename S>
-struct Call {
-  const int8_t* xq;      // [M, K]
-  const float* xs;       // [M, B]
-  const float* xsum;     // [M, B]
-  const uint8_t* codes;  // [N, row_bytes]
-  const S* scales;       // [N, G]
-  const S* mins;         // [N, G] or null
-  uint16_t* y;           // [M, N] bf16 bits
-  int64_t M, N, K, group, offset;
-  int64_t Bp;            // K / 32 rounded up to whole vectors of 8: the row length of xs and xsum
-  const int32_t* lanes;  // group > 32: [Bp / 8 chunks][9], a chunk's first group, then lane j's group after it
-};
-
-#if defined(CINQ_SMALL_M_AVX2)
-// A block's 32 codes as bytes: `u` what vpmaddubsw takes unsigned, `s` whose signs the activations take (int8).
+// Which codes a call reads: 4-bit (row_kernel_*_int4) or 8-bit, whose 32 codes per block load as bytes: `u` what
+// vpmaddubsw takes unsigned, `s` whose signs the activations take.
 struct Int4Codes {
   static constexpr int64_t kBytes = 16;  // per 32 channels
-  static inline void load(const uint8_t* p, __m256i& u, __m256i&) {
-    // both halves get the 16 bytes; the upper 128 bits shift right by 4 (its 64-bit lanes: the bits that cross
-    // from the next byte land in the high nibble, which the and drops): low nibbles = channels 0-15, high = 16-31
-    const __m256i w = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    u = _mm256_and_si256(_mm256_srlv_epi64(w, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(15));
-  }
-  static inline __m256i dot16(__m256i u, __m256i, __m256i x) { return _mm256_maddubs_epi16(u, x); }
 };
 
 struct Int8Codes {
@@ -126,77 +50,27 @@ struct Int8Codes {
   }
 };
 
-// 8 consecutive scales as floats
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const at::Half* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-
-// 8 factors from p, of which `avail` (>= 1) may be read: fewer only at the tensor's end, where a copy pads them
-template <typename S>
-__attribute__((always_inline)) inline __m256 load8_within(const S* p, int64_t avail) {
-  if (avail >= 8) return load8(p);
-  S tmp[8] = {};
-  for (int64_t i = 0; i < avail; ++i) tmp[i] = p[i];
-  return load8(tmp);
-}
-
-// The factors of blocks b8 .. b8 + 7 of output row n as float lanes: `sv` the scales, `zv` = min - offset * scale
-// (what multiplies a block's activation sum); lanes past the row's last block are 0 (the loads may reach into the
-// next row's factors, which must add nothing). Forced inline: GCC called it out of line, with a vzeroupper and the
-// two vectors spilled to the stack on every call, which cost the M = 1 kernel ~1.5x.
-template <typename S>
-__attribute__((always_inline)) inline void block_factors(const Call<S>& c, int64_t n, int64_t b8, __m256& sv, __m256& zv) {
-  const int64_t B = c.K / kBlock, G = c.K / c.group, per = c.group / kBlock;
-  // block b8 + j has group (b8 + j) / per: lane j of the groups loaded from g0 (from the call's table: a division
-  // per block here cost more than the blocks' dot products)
-  const int32_t* lanes = per > 1 ? c.lanes + b8 / 8 * 9 : nullptr;
-  const int64_t g0 = per > 1 ? lanes[0] : b8, at = n * G + g0, avail = c.N * G - at;
-  sv = load8_within(c.scales + at, avail);
-  __m256 mv = c.mins ? load8_within(c.mins + at, avail) : _mm256_setzero_ps();
-  if (per > 1) {
-    const __m256i iv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lanes + 1));
-    sv = _mm256_permutevar8x32_ps(sv, iv);
-    mv = _mm256_permutevar8x32_ps(mv, iv);
-  }
-  if (b8 + 8 > B) {
-    const __m256 keep = _mm256_castsi256_ps(
-        _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(B - b8)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
-    sv = _mm256_and_ps(sv, keep);
-    mv = _mm256_and_ps(mv, keep);
-  }
-  zv = _mm256_fmadd_ps(_mm256_set1_ps(-static_cast<float>(c.offset)), sv, mv);
-}
-
-// Lane j of the result: the sum of the 8 int32 lanes of s[j] (6 horizontal adds, 2 lane moves, 1 add).
-inline __m256i reduce8(const __m256i (&s)[8]) {
-  const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
-  const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
-  // h0's low 128 bits: s0..s3 over their low halves, high 128 bits: over their high halves (h1 likewise: s4..s7)
-  return _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
-}
-
 // Output row n for the one activation row m0 (a batch-1 decode step, the hottest call). Eight blocks at a time:
 // each block's integer dot product stays in int32 lanes, the eight are reduced into one vector (lane j: block
 // b8 + j) and scaled by their eight factors in one FMA. Per block that leaves the unpack and two multiply-adds; the
 // earlier kernel's per-block conversion, broadcast and FMA (with its latency chain, and the factors' round trip
 // through memory) measured ~1.15x slower at M = 1.
-template <typename Codes, typename S>
-void row_kernel_m1(const Call<S>& c, int64_t m0, int64_t n) {
+template <typename S>
+void row_kernel_m1_int8(const Call<S>& c, int64_t m0, int64_t n) {
   const int64_t K = c.K, B = K / kBlock;
-  const uint8_t* row = c.codes + n * (B * Codes::kBytes);
+  const uint8_t* row = c.codes + n * (B * Int8Codes::kBytes);
   const int8_t* xq = c.xq + m0 * K;
   const float* xs = c.xs + m0 * c.Bp;
   const float* xsum = c.xsum + m0 * c.Bp;
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc = _mm256_setzero_ps();
   auto dot = [&](int64_t b) __attribute__((always_inline)) {
-    const int64_t at = b * Codes::kBytes;
-    if ((at & 63) == 0) cinq_small_m::prefetch_ahead(row + at);
+    const int64_t at = b * Int8Codes::kBytes;
+    if ((at & 63) == 0) cinq_small_m::prefetch_ahead(row + at, kStreamAhead);
     __m256i u, s;
-    Codes::load(row + at, u, s);
+    Int8Codes::load(row + at, u, s);
     const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * kBlock));
-    return _mm256_madd_epi16(Codes::dot16(u, s, xv), ones);
+    return _mm256_madd_epi16(Int8Codes::dot16(u, s, xv), ones);
   };
   for (int64_t b8 = 0; b8 < B; b8 += 8) {
     __m256 sv, zv;
@@ -215,15 +89,15 @@ void row_kernel_m1(const Call<S>& c, int64_t m0, int64_t n) {
   c.y[m0 * c.N + n] = float_to_bf16(cinq_small_m::hsum(acc));
 }
 
-// Output row n for activation rows m0 .. m0 + MB - 1, each computed exactly as row_kernel_m1 computes one row (the
+// Output row n for activation rows m0 .. m0 + MB - 1, each computed exactly as row_kernel_m1_int8 computes one row (the
 // same integer sums, the same reduction, the same float operations in the same order), so a row's result does not
 // depend on how many rows share the call: a sequence decodes the same tokens alone, beside others, or as a
 // speculative verify of k + 1 rows. Eight blocks' codes are unpacked once into L1 and reread per row (one load
 // where the unpack took three operations).
-template <typename Codes, typename S, int MB>
-void row_kernel_rows(const Call<S>& c, int64_t m0, int64_t n) {
+template <typename S, int MB>
+void row_kernel_rows_int8(const Call<S>& c, int64_t m0, int64_t n) {
   const int64_t K = c.K, B = K / kBlock;
-  const uint8_t* row = c.codes + n * (B * Codes::kBytes);
+  const uint8_t* row = c.codes + n * (B * Int8Codes::kBytes);
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[MB];
 #pragma GCC unroll 8
@@ -234,9 +108,9 @@ void row_kernel_rows(const Call<S>& c, int64_t m0, int64_t n) {
     block_factors(c, n, b8, sv, zv);
     const int nb = static_cast<int>(std::min<int64_t>(8, B - b8));
     for (int j = 0; j < nb; ++j) {
-      const int64_t at = (b8 + j) * Codes::kBytes;
-      if ((at & 63) == 0) cinq_small_m::prefetch_ahead(row + at);
-      Codes::load(row + at, ub[j], sb[j]);
+      const int64_t at = (b8 + j) * Int8Codes::kBytes;
+      if ((at & 63) == 0) cinq_small_m::prefetch_ahead(row + at, kStreamAhead);
+      Int8Codes::load(row + at, ub[j], sb[j]);
     }
     // rows one at a time (not unrolled): eight int32 sums per row plus every row's accumulator would not fit in
     // the sixteen vector registers (unrolled, the spills made 8 rows 1.4x slower)
@@ -245,7 +119,7 @@ void row_kernel_rows(const Call<S>& c, int64_t m0, int64_t n) {
       const int8_t* xq = c.xq + (m0 + m) * K + b8 * kBlock;
       auto dot = [&](int j) __attribute__((always_inline)) {
         const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + j * kBlock));
-        return _mm256_madd_epi16(Codes::dot16(ub[j], sb[j], xv), ones);
+        return _mm256_madd_epi16(Int8Codes::dot16(ub[j], sb[j], xv), ones);
       };
       __m256i s[8];
       if (nb == 8) {
@@ -263,10 +137,112 @@ void row_kernel_rows(const Call<S>& c, int64_t m0, int64_t n) {
   for (int m = 0; m < MB; ++m) c.y[(m0 + m) * c.N + n] = float_to_bf16(cinq_small_m::hsum(acc[m]));
 }
 
+// row_kernel_m1_int8's computation for 4-bit codes, with the same integer block sums and float operations (bit-identical), in fewer
+// instructions: blocks p and p + 4 of a chunk of 8 are loaded side by side (one 256-bit register, low 128 bits
+// block p), so one shift and two ands unpack 64 codes, and their two vpmaddubsw products are added as int16 (each
+// sum of 4 products within 4 * 15 * 127) before one vpmaddwd: lanes 0-3 of the int32 result sum block p, 4-7 block
+// p + 4. Three horizontal adds then leave lane j = block j of the chunk, where reduce8 took six and a permute.
+template <typename S>
+void row_kernel_m1_int4(const Call<S>& c, int64_t n) {
+  const int64_t K = c.K, B = K / kBlock;
+  const uint8_t* row = c.codes + n * (B * Int4Codes::kBytes);
+  const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(15);
+  __m256 acc = _mm256_setzero_ps();
+  // blocks p and p + 4 of the chunk from w, as far as the row has them (a missing block reads nothing: its
+  // activations are zero in xpair, so whatever its lane holds adds nothing)
+  auto pair = [&](const uint8_t* w, const int8_t* xp, int p, int64_t nb) __attribute__((always_inline)) {
+    const __m128i* a = reinterpret_cast<const __m128i*>(w + p * 16);
+    const __m256i q = p + 4 < nb ? _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(w + (p + 4) * 16), a)
+                                 : _mm256_zextsi128_si256(_mm_loadu_si128(a));
+    const __m256i lo = _mm256_and_si256(q, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+    const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + p * 64));
+    const __m256i xh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + p * 64 + 32));
+    return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh)), ones);
+  };
+  for (int64_t b8 = 0; b8 < B; b8 += 8) {
+    __m256 sv, zv;
+    block_factors(c, n, b8, sv, zv);
+    const uint8_t* w = row + b8 * Int4Codes::kBytes;
+    const int8_t* xp = c.xpair + b8 * kBlock;
+    cinq_small_m::prefetch_ahead(w, kStreamAhead);
+    cinq_small_m::prefetch_ahead(w + 64, kStreamAhead);
+    __m256i v[4];
+    const int64_t nb = B - b8;
+    if (nb >= 8) {
+#pragma GCC unroll 4
+      for (int p = 0; p < 4; ++p) v[p] = pair(w, xp, p, 8);
+    } else {
+      for (int p = 0; p < 4; ++p) v[p] = p < nb ? pair(w, xp, p, nb) : _mm256_setzero_si256();
+    }
+    const __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    // xs and xsum are zero past the last block (Bp pads them), so the missing blocks add nothing
+    acc = _mm256_fmadd_ps(zv, _mm256_loadu_ps(c.xsum + b8), acc);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(sv, _mm256_loadu_ps(c.xs + b8)), acc);
+  }
+  c.y[n] = float_to_bf16(cinq_small_m::hsum(acc));
+}
+
+// row_kernel_rows_int8 for 4-bit codes (as row_kernel_m1_int4 is row_kernel_m1_int8): a chunk's 64 codes per pair are
+// unpacked once, into low and high nibbles, and every activation row meets them with the pair kernel's operations.
+template <typename S, int MB>
+void row_kernel_rows_int4(const Call<S>& c, int64_t m0, int64_t n) {
+  const int64_t K = c.K, B = K / kBlock;
+  const uint8_t* row = c.codes + n * (B * Int4Codes::kBytes);
+  const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(15);
+  __m256 acc[MB];
+#pragma GCC unroll 8
+  for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
+  alignas(32) __m256i lo[4], hi[4];
+  for (int64_t b8 = 0; b8 < B; b8 += 8) {
+    __m256 sv, zv;
+    block_factors(c, n, b8, sv, zv);
+    const uint8_t* w = row + b8 * Int4Codes::kBytes;
+    cinq_small_m::prefetch_ahead(w, kStreamAhead);
+    cinq_small_m::prefetch_ahead(w + 64, kStreamAhead);
+    const int64_t nb = std::min<int64_t>(8, B - b8);
+    for (int p = 0; p < 4; ++p) {
+      const __m128i* a = reinterpret_cast<const __m128i*>(w + p * 16);
+      const __m256i q = p >= nb ? _mm256_setzero_si256()
+                        : p + 4 < nb ? _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(w + (p + 4) * 16), a)
+                                     : _mm256_zextsi128_si256(_mm_loadu_si128(a));
+      lo[p] = _mm256_and_si256(q, low4);
+      hi[p] = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+    }
+#pragma GCC unroll 1
+    for (int m = 0; m < MB; ++m) {
+      const int8_t* xp = c.xpair + (m0 + m) * c.Bp * kBlock + b8 * kBlock;
+      __m256i v[4];
+#pragma GCC unroll 4
+      for (int p = 0; p < 4; ++p) {
+        const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + p * 64));
+        const __m256i xh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + p * 64 + 32));
+        v[p] = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo[p], xl), _mm256_maddubs_epi16(hi[p], xh)),
+                                 ones);
+      }
+      const __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+      const int64_t xb = (m0 + m) * c.Bp + b8;
+      acc[m] = _mm256_fmadd_ps(zv, _mm256_loadu_ps(c.xsum + xb), acc[m]);
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(sv, _mm256_loadu_ps(c.xs + xb)), acc[m]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int m = 0; m < MB; ++m) c.y[(m0 + m) * c.N + n] = float_to_bf16(cinq_small_m::hsum(acc[m]));
+}
+
+// Output row n of activation rows m0 .. m0 + MB - 1 by the kernel for Codes.
+template <typename Codes, typename S, int MB>
+void rows(const Call<S>& c, int64_t m0, int64_t n) {
+  if constexpr (Codes::kBytes == Int4Codes::kBytes) row_kernel_rows_int4<S, MB>(c, m0, n);
+  else row_kernel_rows_int8<S, MB>(c, m0, n);
+}
+
 template <typename Codes, typename S>
 void run(const Call<S>& c, int64_t n0, int64_t n1) {
   if (c.M == 1) {
-    for (int64_t n = n0; n < n1; ++n) row_kernel_m1<Codes, S>(c, 0, n);
+    for (int64_t n = n0; n < n1; ++n) {
+      if constexpr (Codes::kBytes == Int4Codes::kBytes) row_kernel_m1_int4<S>(c, n);
+      else row_kernel_m1_int8<S>(c, 0, n);
+    }
     return;
   }
   // past kMaxRows rows (a prefill), 64 outputs at a time stay in cache across the row blocks
@@ -277,14 +253,14 @@ void run(const Call<S>& c, int64_t n0, int64_t n1) {
       const int64_t mb = std::min<int64_t>(kMaxRows, c.M - m0);
       for (int64_t n = a; n < e; ++n) {
         switch (mb) {
-          case 1: row_kernel_rows<Codes, S, 1>(c, m0, n); break;
-          case 2: row_kernel_rows<Codes, S, 2>(c, m0, n); break;
-          case 3: row_kernel_rows<Codes, S, 3>(c, m0, n); break;
-          case 4: row_kernel_rows<Codes, S, 4>(c, m0, n); break;
-          case 5: row_kernel_rows<Codes, S, 5>(c, m0, n); break;
-          case 6: row_kernel_rows<Codes, S, 6>(c, m0, n); break;
-          case 7: row_kernel_rows<Codes, S, 7>(c, m0, n); break;
-          default: row_kernel_rows<Codes, S, 8>(c, m0, n); break;
+          case 1: rows<Codes, S, 1>(c, m0, n); break;
+          case 2: rows<Codes, S, 2>(c, m0, n); break;
+          case 3: rows<Codes, S, 3>(c, m0, n); break;
+          case 4: rows<Codes, S, 4>(c, m0, n); break;
+          case 5: rows<Codes, S, 5>(c, m0, n); break;
+          case 6: rows<Codes, S, 6>(c, m0, n); break;
+          case 7: rows<Codes, S, 7>(c, m0, n); break;
+          default: rows<Codes, S, 8>(c, m0, n); break;
         }
       }
     }
@@ -308,10 +284,16 @@ torch::Tensor linear_typed(const torch::Tensor& x, const torch::Tensor& codes, c
       for (int64_t j = 0; j < 8; ++j)
         lanes.push_back(static_cast<int32_t>(std::min<int64_t>((b8 + j) / (group / kBlock) - g0, 7)));
     }
+  std::vector<int8_t> xpair;
+  if (Codes::kBytes == Int4Codes::kBytes) {
+    xpair.resize(static_cast<size_t>(M * Bp * kBlock));
+    for (int64_t m = 0; m < M; ++m) pair_chunks(xq.data() + m * K, K, Bp, xpair.data() + m * Bp * kBlock);
+  }
   auto y = torch::empty({M, N}, x.options());
   const Call<S> c{xq.data(), xs.data(), xsum.data(), static_cast<const uint8_t*>(codes.data_ptr()),
                   scales.data_ptr<S>(), mins.numel() ? mins.data_ptr<S>() : nullptr,
-                  reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), M, N, K, group, offset, Bp, lanes.data()};
+                  reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), M, N, K, group, offset, Bp, lanes.data(),
+                  xpair.empty() ? nullptr : xpair.data()};
   const int64_t bytes = N * (K / kBlock * Codes::kBytes + G * static_cast<int64_t>(sizeof(S)) * (mins.numel() ? 2 : 1));
 #if defined(CINQ_SMALL_M_AVX2)
   split_outputs(N, 4, bytes, [&](int64_t n0, int64_t n1) { run<Codes, S>(c, n0, n1); });
