@@ -104,25 +104,32 @@ def make_weight(kernel: str, n: int, k: int, group: int, gen: torch.Generator) -
     return native.pack_int4_affine(codes, scales, -8 * scales, group)
 
 
-def call_for(kernel: str, group: int, x: torch.Tensor) -> Callable[[dict[str, torch.Tensor]], Any]:
-    """The kernel's direct extension call for activations x (no Python wrapper: the stream is what is timed)."""
+def module_name(kernel: str) -> str:
+    """The ``cinq/kernels/cpu/<name>.cpp`` whose extension runs ``kernel``."""
     if kernel == "bf16":
-        mod, none = cpu_native.native_module("small_m_gemm"), torch.empty(0)
-        return lambda t: mod.small_m_linear(x, t["w"], none)
+        return "small_m_gemm"
     if kernel.startswith(("nf4", "fp8")):
-        fmod, none = cpu_native.native_module("float_code_linear"), torch.empty(0)
-        if kernel.startswith("nf4"):
-            return lambda t: fmod.nf4_linear(x, t["codes"], t["absmax"], t["levels"], group)
-        return lambda t: fmod.fp8_linear(x, t["codes"], t["scale"], none)
+        return "float_code_linear"
+    return "int8_activation_linear" if kernel.endswith(" i8") else "grouped_int_linear"
+
+
+def call_for(kernel: str, group: int, x: torch.Tensor, module: Any = None) -> Callable[[dict[str, torch.Tensor]], Any]:
+    """The kernel's direct extension call for activations x (no Python wrapper: the stream is what is timed), in
+    ``module`` (another build of ``module_name(kernel)``'s source) or this checkout's build."""
+    mod = module or cpu_native.native_module(module_name(kernel))
+    none, f16 = torch.empty(0), torch.empty(0, dtype=torch.float16)
+    if kernel == "bf16":
+        return lambda t: mod.small_m_linear(x, t["w"], none)
+    if kernel.startswith("nf4"):
+        return lambda t: mod.nf4_linear(x, t["codes"], t["absmax"], t["levels"], group)
+    if kernel.startswith("fp8"):
+        return lambda t: mod.fp8_linear(x, t["codes"], t["scale"], none)
     if kernel.endswith(" i8"):
-        from cinq.layers.quantization.int8_activations import i8_module
-        imod, f32, f16 = i8_module(), torch.empty(0), torch.empty(0, dtype=torch.float16)
         if kernel.startswith(("int8", "q8")):
-            return lambda t: imod.int8_grouped_linear_i8(x, t["codes"], t["scales"], f16 if kernel[0] == "q" else f32,
-                                                         group)
+            return lambda t: mod.int8_grouped_linear_i8(x, t["codes"], t["scales"], f16 if kernel[0] == "q" else none,
+                                                        group)
         offset = 8 if kernel.startswith("q4_0") else 0
-        return lambda t: imod.int4_affine_linear_i8(x, t["codes"], t["scales"], t.get("mins", f16), group, offset)
-    mod, none = native.grouped_module(), torch.empty(0)
+        return lambda t: mod.int4_affine_linear_i8(x, t["codes"], t["scales"], t.get("mins", f16), group, offset)
     if kernel.startswith("int8"):
         return lambda t: mod.int8_grouped_linear(x, t["codes"], t["scales"], none, group)
     return lambda t: mod.int4_affine_linear(x, t["codes"], t["scales"], t["mins"], group)

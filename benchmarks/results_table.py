@@ -75,6 +75,8 @@ SCRIPTS = {
     "speculative_draft_vocab": "benchmarks/speculative_draft_vocab.py",
     "eagle3_smollm2_head": "cinq distill --heads eagle3 --target smollm2-135m-instruct",
     "decode_kernels_int8_activations": "benchmarks/decode_kernels.py",
+    "decode_kernels_int8_activations_5d401d7": "benchmarks/decode_kernels.py (at 5d401d7)",
+    "kernel_ab": "benchmarks/kernel_ab.py",
 }
 # results whose JSON was typed in from a run's log, not written by the script that measured them
 FROM_A_LOG = {"gpu": "typed from the H200 run's log (benchmarks/gpu.py has no section writing kernel_tests and "

@@ -75,7 +75,7 @@ def native_module(name: str) -> Any | None:
     return module
 
 
-def _build_or_load(name: str) -> Any:
+def _build_or_load(name: str, sources: Path = _SOURCES, register_ops: bool = True) -> Any:
     """Load ``cpu/<name>.cpp``'s extension from the cache, compiling it first when this source (by content), Python
     environment, torch version and CPU have no build yet. The source is compiled from a copy inside its build
     folder, so every checkout of the same source using one environment shares one build instead of recompiling
@@ -86,12 +86,13 @@ def _build_or_load(name: str) -> Any:
     from torch.utils.cpp_extension import load
 
     from cinq.cache import cache_dir
-    source = (_SOURCES / f"{name}.cpp").read_bytes()
-    headers = _included_headers(source)
+    source = (sources / f"{name}.cpp").read_bytes()
+    headers = _included_headers(source, sources)
+    cflags = _CFLAGS if register_ops else [f for f in _CFLAGS if f != "-DCINQ_REGISTER_OPS"]
     # The build command holds this interpreter's include paths: two environments sharing one build folder would
     # each see the other's command and recompile every time, so the environment is part of the key.
     key = hashlib.sha256(source + b"".join(headers.values()) + sys.prefix.encode()
-                         + " ".join(_CFLAGS + _LDFLAGS).encode()).hexdigest()[:12]
+                         + " ".join(cflags + _LDFLAGS).encode()).hexdigest()[:12]
     build = cache_dir() / "torch_extensions" / f"torch-{torch.__version__}-{_cpu_key()}" / f"{name}-{key}"
     build.mkdir(parents=True, exist_ok=True)
     for file_name, data in [(f"{name}.cpp", source), *headers.items()]:
@@ -106,16 +107,24 @@ def _build_or_load(name: str) -> Any:
     module = load(name=f"cinq_{name}_{key}", sources=[str(copy)], build_directory=str(build),
                   # copies: torch's load() appends its own flags to the lists it is given, which changed the next
                   # kernel's cache key in the same process (a rebuild whenever kernels loaded in another order)
-                  extra_cflags=list(_CFLAGS), extra_ldflags=list(_LDFLAGS), verbose=False)
+                  extra_cflags=list(cflags), extra_ldflags=list(_LDFLAGS), verbose=False)
     if fresh:
         log.warning("built the native CPU kernel %s in %.0f s", name, time.perf_counter() - t0)
     return module
 
 
-def _included_headers(source: bytes) -> dict[str, bytes]:
+def module_from(name: str, sources: Path) -> Any:
+    """``cpu/<name>.cpp``'s extension built from another copy of the kernel sources (a folder holding that file
+    and the headers it includes, e.g. an earlier commit's ``cinq/kernels/cpu``): what a benchmark times this
+    checkout's kernel against in the same process. Cached by content as native_module's builds are; built without
+    the torch.ops.cinq registrations, which a process holds once (this checkout's)."""
+    return _build_or_load(name, sources, register_ops=False)
+
+
+def _included_headers(source: bytes, sources: Path = _SOURCES) -> dict[str, bytes]:
     """The ``cpu/*.h`` files ``source`` includes (as ``"name.h"``), directly or through another: only they are part
     of its build key, so editing one header rebuilds the kernels that use it, not all of them."""
-    available = {h.name: h.read_bytes() for h in sorted(_SOURCES.glob("*.h"))}
+    available = {h.name: h.read_bytes() for h in sorted(sources.glob("*.h"))}
     found: dict[str, bytes] = {}
     pending = [source]
     while pending:
