@@ -170,21 +170,29 @@ def smollm2_decode(d: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+# cinq's variant -> llama.cpp's engine on the same weights
+_PAIRS = {"cinq int4": "llama.cpp q4_0", "cinq int8": "llama.cpp q8_0", "cinq bf16": "llama.cpp bf16"}
+
+
 def wait_policy(d: dict[str, Any]) -> str:
-    """Each engine's tok/s under PASSIVE and ACTIVE, and cinq's best against llama.cpp's best (any policy, threads),
-    from the runs without a benchmark-made load (those are a separate condition) that gave a speed."""
+    """Per variant, cinq's best against llama.cpp's best (any policy; at any thread count, and at 1 thread), and
+    cinq's int4 over its bf16, from the runs without a benchmark-made load (a separate condition) that gave a speed."""
     tok = {(r["engine"], r["threads"], r["policy"]): r["tok_s"] for r in d["rows"]
            if not r.get("under_load") and r.get("tok_s") is not None}
-    engines = sorted({e for e, _, _ in tok})
-    parts = [f"{e} {t} thr PASSIVE {tok[(e, t, 'PASSIVE')]:.1f} / ACTIVE {tok[(e, t, 'ACTIVE')]:.1f} tok/s"
-             for e in engines for t in sorted({t for x, t, _ in tok if x == e})
-             if (e, t, "PASSIVE") in tok and (e, t, "ACTIVE") in tok]
-    best = {e: max(v for (x, _, _), v in tok.items() if x == e) for e in engines}
-    cinq = [e for e in engines if e.startswith("cinq")]
-    other = [e for e in engines if not e.startswith("cinq")]
-    if cinq and other:
-        parts.append(f"best vs best: {best[cinq[0]]:.1f} vs {best[other[0]]:.1f} tok/s "
-                     f"(**{_x(best[cinq[0]], best[other[0]])}**)")
+
+    def best(engine: str, threads: int | None = None) -> float | None:
+        v = [x for (e, t, _), x in tok.items() if e == engine and threads in (None, t)]
+        return max(v) if v else None
+
+    parts = []
+    for cinq, other in _PAIRS.items():
+        if best(cinq) and best(other):
+            part = f"{cinq.split()[1]}: {best(cinq):.1f} vs {best(other):.1f} tok/s (**{_x(best(cinq), best(other))}**)"
+            if best(cinq, 1) and best(other, 1):
+                part += f", 1 thr {best(cinq, 1):.1f} vs {best(other, 1):.1f} ({_x(best(cinq, 1), best(other, 1))})"
+            parts.append(part)
+    if best("cinq int4") and best("cinq bf16"):
+        parts.append(f"cinq int4 / bf16: {_x(best('cinq int4'), best('cinq bf16'))}")
     return "; ".join(parts)
 
 
@@ -333,8 +341,8 @@ class Headline:
 HEADLINES = [
     Headline("SmolLM2-135M-Instruct batch-1 decode, the same GGUF weights, 2 threads (and 1), prompt 128",
              "latency_smollm2", "llama.cpp on the same file, same run, one process"),
-    Headline("SmolLM2 int4 batch-1 decode, each engine in its own process, OpenMP workers sleeping / spinning",
-             "omp_wait_policy", "llama.cpp q4_0 on the same weights, both policies, same run"),
+    Headline("SmolLM2 batch-1 decode, each engine in its own process at its best OpenMP wait policy and thread count",
+             "omp_wait_policy", "llama.cpp on the same weights, every policy, same run"),
     Headline("Gemma 3 270M (Q4_K_M GGUF) batch-1 decode, 2 threads", "gemma3", "llama.cpp on the same file, HF"),
     Headline("offline throughput, SmolLM2-135M-Instruct, 64 requests", "throughput_smollm2",
              "HF generate on the same weights at its best batch, same run"),

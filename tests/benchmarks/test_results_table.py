@@ -57,11 +57,14 @@ def test_a_figure_typed_from_a_log_says_so() -> None:
 
 
 def test_the_wait_policy_figure_leaves_out_the_benchmark_made_load_and_failed_runs() -> None:
-    def row(engine: str, policy: str, tok_s: float | None, load: int = 0) -> dict:
-        return {"engine": engine, "threads": 2, "policy": policy, "tok_s": tok_s, "under_load": load}
+    def row(engine: str, policy: str, tok_s: float | None, load: int = 0, threads: int = 2) -> dict:
+        return {"engine": engine, "threads": threads, "policy": policy, "tok_s": tok_s, "under_load": load}
     rows = [row("cinq int4", "PASSIVE", 40.0), row("cinq int4", "ACTIVE", 60.0), row("cinq int4", "SPIN=1000", None),
             row("llama.cpp q4_0", "PASSIVE", 80.0), row("llama.cpp q4_0", "ACTIVE", 120.0),
             row("llama.cpp q4_0", "PASSIVE", 500.0, load=2)]  # not a quiet figure: left out of best vs best
-    figure = rt.wait_policy({"rows": rows})
-    assert "cinq int4 2 thr PASSIVE 40.0 / ACTIVE 60.0 tok/s" in figure
-    assert figure.endswith("best vs best: 60.0 vs 120.0 tok/s (**0.50x**)")
+    assert rt.wait_policy({"rows": rows}) == "int4: 60.0 vs 120.0 tok/s (**0.50x**)"
+    # each cinq variant against llama.cpp on the same weights, at any thread count and at 1; int4 over bf16
+    rows += [row("cinq int4", "ACTIVE", 50.0, threads=1), row("llama.cpp q4_0", "ACTIVE", 25.0, threads=1),
+             row("cinq bf16", "PASSIVE", 20.0), row("llama.cpp bf16", "PASSIVE", 10.0)]
+    assert rt.wait_policy({"rows": rows}) == ("int4: 60.0 vs 120.0 tok/s (**0.50x**), 1 thr 50.0 vs 25.0 (2.00x); "
+                                              "bf16: 20.0 vs 10.0 tok/s (**2.00x**); cinq int4 / bf16: 3.00x")
