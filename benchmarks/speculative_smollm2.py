@@ -98,7 +98,8 @@ def verify_ratios(row: dict[str, Any]) -> str | None:
 
 
 def sweep(plain: Any, configs: dict[str, Any], prompts: list[list[int]], batches: list[int],
-          max_tokens: int, sampling: tuple[float, float], table: Table, rounds: int = 1) -> list[dict[str, Any]]:
+          max_tokens: int, sampling: tuple[float, float], table: Table, rounds: int = 1,
+          ignore_eos: bool = True) -> list[dict[str, Any]]:
     """At each batch size, ``rounds`` rounds of plain decoding then every method (in an order rotated each round),
     and plain decoding once more at the end; one row per method. A method's speedup is the median over rounds of
     its tokens/s over the mean of the plain runs either side of its round (on this shared 2-core machine two plain
@@ -110,10 +111,10 @@ def sweep(plain: Any, configs: dict[str, Any], prompts: list[list[int]], batches
     for b in batches:
         plains, specs = [], {name: [] for name in names}
         for r in range(rounds):
-            plains.append(measure(plain, prompts, b, max_tokens, *sampling))
+            plains.append(measure(plain, prompts, b, max_tokens, *sampling, ignore_eos=ignore_eos))
             for name in names[r % len(names):] + names[:r % len(names)]:
-                specs[name].append(measure(configs[name], prompts, b, max_tokens, *sampling))
-        plains.append(measure(plain, prompts, b, max_tokens, *sampling))
+                specs[name].append(measure(configs[name], prompts, b, max_tokens, *sampling, ignore_eos=ignore_eos))
+        plains.append(measure(plain, prompts, b, max_tokens, *sampling, ignore_eos=ignore_eos))
         rates = [p["tok_s"] for p in plains]
         drift = round(rates[-1] / rates[0], 3)
         base = dict(plains[0], tok_s=statistics.median(rates))
@@ -128,6 +129,7 @@ def sweep(plain: Any, configs: dict[str, Any], prompts: list[list[int]], batches
             rows.append(row)
             table.rows.append([name, b, mode, row["plain_tok_s"], row["spec_tok_s"], row["speedup"],
                                ", ".join(f"{x:.2f}" for x in ratios) if rounds > 1 else None, row["tau"],
+                               row["tokens_per_step"],
                                ", ".join(f"{a:.2f}" for a in row["accept_per_pos"]), 100 * row["draft_share"],
                                ", ".join(f"{100 * a:.0f}" for a in row["k_share"]) or None,
                                row["verify_cost_ratio"], row["mismatch_rate"] if sampling[0] == 0 else None, drift])
@@ -173,6 +175,10 @@ def main() -> int:
                          "the n-gram / EAGLE-3 chain set")
     ap.add_argument("--rounds", type=int, default=1,
                     help="rounds of plain + every method per batch size (speedup: the median over rounds)")
+    ap.add_argument("--stop-at-eos", action="store_true",
+                    help="end each request at its end of text (default: ignore it and write --max-tokens). For the "
+                         "copy workload the answer is the work: what the 135M model writes after it (new chat turns "
+                         "of its own) copies nothing, and n-gram lookup cannot draft it")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     args.max_tokens = args.max_tokens or (128 if args.workload == "copy" else 48)
@@ -207,15 +213,17 @@ def main() -> int:
     configs = {name: engine(dataclasses.replace(plain_config, speculative_config=dict(sc)))
                for name, sc in specs.items()}
     table = Table("Plain decoding vs speculation", [
-        "method", "batch", "sampling", "plain tok/s", "spec tok/s", "speedup", "per round", "tau",
+        "method", "batch", "sampling", "plain tok/s", "spec tok/s", "speedup", "per round", "tau", "tokens per step",
         "acceptance per position",
         "draft share (%)", "adaptive: steps at k = 0, 1, .. (%)", "verify/decode step cost",
         "greedy mismatch rate", "baseline drift"])
-    rows = sweep(plain, configs, prompts, batches, args.max_tokens, (0.0, 1.0), table, args.rounds)
+    eos = {"ignore_eos": not args.stop_at_eos}
+    rows = sweep(plain, configs, prompts, batches, args.max_tokens, (0.0, 1.0), table, args.rounds, **eos)
     sampled = [c for c in configs if c in ("ngram k=4", "eagle3 adaptive k<=4")] if args.workload == "chat" else []
     if args.sample_batches and sampled:
         rows += sweep(plain, {c: configs[c] for c in sampled}, prompts,
-                      [int(b) for b in args.sample_batches.split(",")], args.max_tokens, SAMPLED, table, args.rounds)
+                      [int(b) for b in args.sample_batches.split(",")], args.max_tokens, SAMPLED, table, args.rounds,
+                      **eos)
     tables, langs = [table], {}
     if args.workload == "chat" and not args.no_languages:
         lt, langs = language_table(plain, configs, pairs, args.max_tokens)
@@ -225,16 +233,19 @@ def main() -> int:
              if any("adaptive" in r["method"] for r in greedy if r["batch"] == b)}
     best = max(greedy, key=lambda r: r["speedup"])
     headline = (f"best: {best['method']} at batch {best['batch']}: {best['speedup']:.2f}x "
-                f"(tau {best['tau'] or 1:.2f}); "
+                f"(tau {best['tau'] or 1:.2f}, {best['tokens_per_step']:.2f} tokens per step); "
                 f"slowest adaptive per batch: " + ", ".join(f"{v:.2f}x (b{b})" for b, v in worst.items()))
     result = BenchResult(
         out.name, f"Speculative decoding on SmolLM2-135M-Instruct ({args.workload} workload)",
         f"{note} Target {MODEL} ({'its Q4_1 file' if args.weights == 'file' else 'the file dequantized to bf16 weights'}, "
-        f"{args.dtype} compute), {what}, {args.max_tokens} new tokens each, ignore_eos; greedy "
+        f"{args.dtype} compute), {what}, "
+        f"{'up to ' if args.stop_at_eos else ''}{args.max_tokens} new tokens each, "
+        f"{'ending at end of text' if args.stop_at_eos else 'ignore_eos'}; greedy "
         f"rows, and sampled rows (T={SAMPLED[0]}, top-p {SAMPLED[1]}, request i seeded with i in both runs). "
         f"{args.rounds} round(s) per batch size: plain, then every method in an order rotated each round, and plain "
         f"again at the end; speedup = the median over rounds of a method's rate over the mean of the plain runs "
-        f"either side of its round ('per round': each round's ratio). "
+        f"either side of its round ('per round': each round's ratio). Tau: 1 + the accepted drafts per step that "
+        f"drafted; tokens per step: the tokens a request got per forward, steps without a draft included. "
         f"Verify/decode step cost: the adaptive run's measured step time per k over plain's (same batch bucket; "
         f"arms it never measured there are absent). Head: {args.head or 'none'}. Commit {commit}.", tables, headline,
         {"draft": draft, "machine": machine_info(), "commit": commit, "head": args.head, "rows": rows,

@@ -69,17 +69,19 @@ def engine(config: EngineConfig) -> Any:
 
 
 def measure(config: EngineConfig | Any, prompts: list[list[int]], batch: int, max_tokens: int,
-            temperature: float = 0.0, top_p: float = 1.0) -> dict[str, Any]:
+            temperature: float = 0.0, top_p: float = 1.0, ignore_eos: bool = True) -> dict[str, Any]:
     """Generation of ``max_tokens`` for every prompt (at least ``batch`` requests, prompts reused), in waves of
     ``batch`` requests decoding together, in a fresh engine after a short warm-up: tokens/s, tau, acceptance per
     position, the share of time spent drafting, and the outputs (to compare). Greedy by default; with a
     ``temperature``, request i is seeded with i, so plain and speculative runs draw with the same seeds.
     ``config``: an EngineConfig (a fresh engine), or an ``engine(config)`` to measure again (loading once; an
-    adaptive engine keeps what it learned at other batch sizes, as a serving engine would)."""
+    adaptive engine keeps what it learned at other batch sizes, as a serving engine would). ``ignore_eos`` False:
+    a request ends at its end of text (a task whose answer is the work, not what the model writes after it);
+    ``tokens_per_step`` counts every forward of a request, with drafts or without (tau only the drafted ones)."""
     from cinq.sampling_params import SamplingParams
     llm = engine(config) if isinstance(config, EngineConfig) else config
     todo = [prompts[i % len(prompts)] for i in range(max(batch, len(prompts)))]
-    params = [SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens, ignore_eos=True,
+    params = [SamplingParams(temperature=temperature, top_p=top_p, max_tokens=max_tokens, ignore_eos=ignore_eos,
                              seed=i if temperature > 0 else None) for i in range(len(todo))]
     llm.generate(todo[:1], SamplingParams(temperature=0, max_tokens=4))  # warm-up: kernels, allocator
     timer = DraftTimer(llm)
@@ -105,6 +107,8 @@ def measure(config: EngineConfig | Any, prompts: list[list[int]], batch: int, ma
             "step_seconds": {f"{b},{k}": s for (b, k), s in sorted(adaptive.step_seconds.items())} if adaptive else {},
             "tok_s": tokens / elapsed, "seconds": elapsed, "tokens": tokens,
             "tau": mean_acceptance_length(accepted, drafts),
+            # each forward of a request gives one token plus those of its drafts it accepted
+            "tokens_per_step": tokens / max(tokens - accepted, 1),
             "accept_per_pos": [round(a / drafts, 3) for a in per_pos] if drafts else [],
             "draft_share": timer.seconds / elapsed, "outputs": [o.outputs[0].token_ids for o in outs]}
 
@@ -116,6 +120,7 @@ def compare(label: dict[str, Any], base: dict[str, Any], spec: dict[str, Any]) -
     differ = sum(a != b for a, b in zip(spec["outputs"], base["outputs"]))
     return {**label, "plain_tok_s": base["tok_s"], "spec_tok_s": spec["tok_s"],
             "speedup": spec["tok_s"] / base["tok_s"], "tau": spec["tau"], "accept_per_pos": spec["accept_per_pos"],
+            "tokens_per_step": spec.get("tokens_per_step"),
             "draft_share": spec["draft_share"], "greedy_identical": differ == 0, "step_seconds": spec["step_seconds"],
             "k_share": spec["k_share"],
             "mismatch_rate": differ / max(len(base["outputs"]), 1)}

@@ -18,3 +18,17 @@ def test_a_setting_out_of_its_limits_is_refused_by_name(change):
 
 def test_the_defaults_pass():
     SpecOptions().validate()
+
+
+def test_tokens_per_step_counts_every_forward_and_eos_can_end_a_request(tiny_llama):
+    """A repetitive prompt (n-gram lookup drafts from its copies): tau counts the drafting steps only, tokens per
+    step every forward, so it is at most tau; plain decoding gets exactly one token per forward."""
+    from cinq.bench.spec import measure
+    from cinq.config import EngineConfig
+    prompts = [[5, 6, 7, 8] * 6, [9, 10, 11] * 8]
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    spec = measure(EngineConfig(model=str(tiny_llama), speculative_config=ngram), prompts, 1, 12)
+    assert spec["tokens"] == 24
+    assert 1.0 <= spec["tokens_per_step"] <= spec["tau"]
+    plain = measure(EngineConfig(model=str(tiny_llama)), prompts, 1, 12)
+    assert plain["tokens_per_step"] == 1.0
