@@ -32,149 +32,140 @@ using namespace cinq_i8;
 
 constexpr int kMaxRows = 8;
 #if defined(CINQ_SMALL_M_AVX2)
-// Which codes a call reads: 4-bit (row_kernel_*_int4) or 8-bit, whose 32 codes per block load as bytes: `u` what
-// vpmaddubsw takes unsigned, `s` whose signs the activations take.
-struct Int4Codes {
-  static constexpr int64_t kBytes = 16;  // per 32 channels
-};
+// What a kernel needs of its codes, per chunk of 8 blocks (nb <= 8 of them in the row), with lane j of a chunk's
+// sums = block j's integer dot product (0 past nb):
+//   Chunk, unpack(w, nb, chunk): the chunk's codes from w (prefetching ahead), as every activation row reads them;
+//   x(c, m, b8): activation row m's int8 values for the chunk, in the layout sums() reads;
+//   sums(chunk, x, nb), chunk_sums(w, x, nb): one row's sums from an unpacked chunk, or straight from the codes
+//   (one row: the unpack stays in registers, where a round trip through L1 cost the M = 1 kernel ~1.15x).
+// Both give the same integers, so a row's result never depends on how many rows share the call.
 
+// 8-bit codes (GGUF Q8_0): a block's 32 codes are one vector; `u` what vpmaddubsw takes unsigned (|q|; -128 stays
+// 0x80, read unsigned as 128), `s` whose signs the activations take (x is within +-127: negating it cannot
+// overflow).
 struct Int8Codes {
   static constexpr int64_t kBytes = 32;
-  static inline void load(const uint8_t* p, __m256i& u, __m256i& s) {
-    s = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    u = _mm256_sign_epi8(s, s);  // |q|; -128 stays 0x80, read unsigned as 128
+  struct Chunk {
+    __m256i u[8], s[8];
+  };
+  static inline __m256i dot(__m256i u, __m256i s, const int8_t* x) {
+    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_sign_epi8(xv, s)), _mm256_set1_epi16(1));
   }
-  // x takes the sign of q (x is within +-127, so negating it cannot overflow)
-  static inline __m256i dot16(__m256i u, __m256i s, __m256i x) {
-    return _mm256_maddubs_epi16(u, _mm256_sign_epi8(x, s));
+  static inline void load(const uint8_t* w, int j, __m256i& u, __m256i& s) {
+    if ((j & 1) == 0) cinq_small_m::prefetch_ahead(w + j * kBytes, kStreamAhead);
+    s = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + j * kBytes));
+    u = _mm256_sign_epi8(s, s);
+  }
+  template <typename S>
+  static inline const int8_t* x(const Call<S>& c, int64_t m, int64_t b8) { return c.xq + m * c.K + b8 * kBlock; }
+  __attribute__((always_inline)) static inline void unpack(const uint8_t* w, int nb, Chunk& ch) {
+    for (int j = 0; j < nb; ++j) load(w, j, ch.u[j], ch.s[j]);
+  }
+  __attribute__((always_inline)) static inline __m256i sums(const Chunk& ch, const int8_t* x, int nb) {
+    __m256i s[8];
+    if (nb == 8) {
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) s[j] = dot(ch.u[j], ch.s[j], x + j * kBlock);
+    } else {
+      for (int j = 0; j < 8; ++j) s[j] = j < nb ? dot(ch.u[j], ch.s[j], x + j * kBlock) : _mm256_setzero_si256();
+    }
+    return reduce8(s);
+  }
+  __attribute__((always_inline)) static inline __m256i chunk_sums(const uint8_t* w, const int8_t* x, int nb) {
+    __m256i s[8];
+    auto one = [&](int j) __attribute__((always_inline)) {
+      __m256i u, sg;
+      load(w, j, u, sg);
+      return dot(u, sg, x + j * kBlock);
+    };
+    if (nb == 8) {
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) s[j] = one(j);
+    } else {
+      for (int j = 0; j < 8; ++j) s[j] = j < nb ? one(j) : _mm256_setzero_si256();
+    }
+    return reduce8(s);
+  }
+};
+
+// 4-bit codes, two blocks per register: blocks p and p + 4 of a chunk load side by side (low 128 bits block p), so
+// one shift and two ands unpack 64 codes, and their two vpmaddubsw products add as int16 (each a sum of 4 products
+// within 4 * 15 * 127) before one vpmaddwd: lanes 0-3 of the int32 result sum block p, 4-7 block p + 4. Three
+// horizontal adds then leave lane j = block j, where reduce8 took six and a permute (the one-block kernel this
+// replaced: 1.3x slower at M = 1, 1.4x at M = 5, benchmarks/results/kernel_ab.md). The activations are in pair
+// order (pair_chunks), zero past the row's last block, so a missing block's lane adds nothing whatever it holds.
+struct Int4Codes {
+  static constexpr int64_t kBytes = 16;
+  struct Chunk {
+    __m256i lo[4], hi[4];
+  };
+  static inline void pair(const uint8_t* w, int p, int nb, __m256i& lo, __m256i& hi) {
+    const __m256i low4 = _mm256_set1_epi8(15);
+    const __m128i* a = reinterpret_cast<const __m128i*>(w + p * kBytes);
+    const __m256i q = p >= nb ? _mm256_setzero_si256()
+                      : p + 4 < nb ? _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(w + (p + 4) * kBytes), a)
+                                   : _mm256_zextsi128_si256(_mm_loadu_si128(a));
+    lo = _mm256_and_si256(q, low4);
+    hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+  }
+  static inline __m256i dot(__m256i lo, __m256i hi, const int8_t* x, int p) {
+    const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + p * 64));
+    const __m256i xh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + p * 64 + 32));
+    return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh)),
+                             _mm256_set1_epi16(1));
+  }
+  static inline void prefetch(const uint8_t* w) {
+    cinq_small_m::prefetch_ahead(w, kStreamAhead);
+    cinq_small_m::prefetch_ahead(w + 64, kStreamAhead);
+  }
+  template <typename S>
+  static inline const int8_t* x(const Call<S>& c, int64_t m, int64_t b8) {
+    return c.xpair + m * c.Bp * kBlock + b8 * kBlock;
+  }
+  __attribute__((always_inline)) static inline void unpack(const uint8_t* w, int nb, Chunk& ch) {
+    prefetch(w);
+    for (int p = 0; p < 4; ++p) pair(w, p, nb, ch.lo[p], ch.hi[p]);
+  }
+  __attribute__((always_inline)) static inline __m256i sums(const Chunk& ch, const int8_t* x, int) {
+    __m256i v[4];
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) v[p] = dot(ch.lo[p], ch.hi[p], x, p);
+    return _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+  }
+  __attribute__((always_inline)) static inline __m256i chunk_sums(const uint8_t* w, const int8_t* x, int nb) {
+    prefetch(w);
+    __m256i v[4];
+    auto one = [&](int p, int n) __attribute__((always_inline)) {
+      __m256i lo, hi;
+      pair(w, p, n, lo, hi);
+      return dot(lo, hi, x, p);
+    };
+    if (nb == 8) {
+#pragma GCC unroll 4
+      for (int p = 0; p < 4; ++p) v[p] = one(p, 8);
+    } else {
+      for (int p = 0; p < 4; ++p) v[p] = p < nb ? one(p, nb) : _mm256_setzero_si256();
+    }
+    return _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
   }
 };
 
 // Output row n for the one activation row m0 (a batch-1 decode step, the hottest call). Eight blocks at a time:
 // each block's integer dot product stays in int32 lanes, the eight are reduced into one vector (lane j: block
-// b8 + j) and scaled by their eight factors in one FMA. Per block that leaves the unpack and two multiply-adds; the
+// b8 + j) and scaled by their eight factors in one FMA. Per block that leaves the unpack and the multiply-adds; the
 // earlier kernel's per-block conversion, broadcast and FMA (with its latency chain, and the factors' round trip
 // through memory) measured ~1.15x slower at M = 1.
-template <typename S>
-void row_kernel_m1_int8(const Call<S>& c, int64_t m0, int64_t n) {
-  const int64_t K = c.K, B = K / kBlock;
-  const uint8_t* row = c.codes + n * (B * Int8Codes::kBytes);
-  const int8_t* xq = c.xq + m0 * K;
-  const float* xs = c.xs + m0 * c.Bp;
-  const float* xsum = c.xsum + m0 * c.Bp;
-  const __m256i ones = _mm256_set1_epi16(1);
+template <typename Codes, typename S>
+void row_kernel_m1(const Call<S>& c, int64_t n) {
+  const int64_t B = c.K / kBlock;
+  const uint8_t* row = c.codes + n * (B * Codes::kBytes);
   __m256 acc = _mm256_setzero_ps();
-  auto dot = [&](int64_t b) __attribute__((always_inline)) {
-    const int64_t at = b * Int8Codes::kBytes;
-    if ((at & 63) == 0) cinq_small_m::prefetch_ahead(row + at, kStreamAhead);
-    __m256i u, s;
-    Int8Codes::load(row + at, u, s);
-    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * kBlock));
-    return _mm256_madd_epi16(Int8Codes::dot16(u, s, xv), ones);
-  };
-  for (int64_t b8 = 0; b8 < B; b8 += 8) {
-    __m256 sv, zv;
-    block_factors(c, n, b8, sv, zv);
-    __m256i s[8];
-    if (b8 + 8 <= B) {
-#pragma GCC unroll 8
-      for (int j = 0; j < 8; ++j) s[j] = dot(b8 + j);
-    } else {
-      for (int j = 0; j < 8; ++j) s[j] = b8 + j < B ? dot(b8 + j) : _mm256_setzero_si256();
-    }
-    // xs and xsum are zero past the last block (Bp pads them), so the missing blocks add nothing
-    acc = _mm256_fmadd_ps(zv, _mm256_loadu_ps(xsum + b8), acc);
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(s)), _mm256_mul_ps(sv, _mm256_loadu_ps(xs + b8)), acc);
-  }
-  c.y[m0 * c.N + n] = float_to_bf16(cinq_small_m::hsum(acc));
-}
-
-// Output row n for activation rows m0 .. m0 + MB - 1, each computed exactly as row_kernel_m1_int8 computes one row (the
-// same integer sums, the same reduction, the same float operations in the same order), so a row's result does not
-// depend on how many rows share the call: a sequence decodes the same tokens alone, beside others, or as a
-// speculative verify of k + 1 rows. Eight blocks' codes are unpacked once into L1 and reread per row (one load
-// where the unpack took three operations).
-template <typename S, int MB>
-void row_kernel_rows_int8(const Call<S>& c, int64_t m0, int64_t n) {
-  const int64_t K = c.K, B = K / kBlock;
-  const uint8_t* row = c.codes + n * (B * Int8Codes::kBytes);
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[MB];
-#pragma GCC unroll 8
-  for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
-  alignas(32) __m256i ub[8], sb[8];
   for (int64_t b8 = 0; b8 < B; b8 += 8) {
     __m256 sv, zv;
     block_factors(c, n, b8, sv, zv);
     const int nb = static_cast<int>(std::min<int64_t>(8, B - b8));
-    for (int j = 0; j < nb; ++j) {
-      const int64_t at = (b8 + j) * Int8Codes::kBytes;
-      if ((at & 63) == 0) cinq_small_m::prefetch_ahead(row + at, kStreamAhead);
-      Int8Codes::load(row + at, ub[j], sb[j]);
-    }
-    // rows one at a time (not unrolled): eight int32 sums per row plus every row's accumulator would not fit in
-    // the sixteen vector registers (unrolled, the spills made 8 rows 1.4x slower)
-#pragma GCC unroll 1
-    for (int m = 0; m < MB; ++m) {
-      const int8_t* xq = c.xq + (m0 + m) * K + b8 * kBlock;
-      auto dot = [&](int j) __attribute__((always_inline)) {
-        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + j * kBlock));
-        return _mm256_madd_epi16(Int8Codes::dot16(ub[j], sb[j], xv), ones);
-      };
-      __m256i s[8];
-      if (nb == 8) {
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; ++j) s[j] = dot(j);
-      } else {
-        for (int j = 0; j < 8; ++j) s[j] = j < nb ? dot(j) : _mm256_setzero_si256();
-      }
-      const int64_t xb = (m0 + m) * c.Bp + b8;
-      acc[m] = _mm256_fmadd_ps(zv, _mm256_loadu_ps(c.xsum + xb), acc[m]);
-      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce8(s)), _mm256_mul_ps(sv, _mm256_loadu_ps(c.xs + xb)), acc[m]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int m = 0; m < MB; ++m) c.y[(m0 + m) * c.N + n] = float_to_bf16(cinq_small_m::hsum(acc[m]));
-}
-
-// row_kernel_m1_int8's computation for 4-bit codes, with the same integer block sums and float operations (bit-identical), in fewer
-// instructions: blocks p and p + 4 of a chunk of 8 are loaded side by side (one 256-bit register, low 128 bits
-// block p), so one shift and two ands unpack 64 codes, and their two vpmaddubsw products are added as int16 (each
-// sum of 4 products within 4 * 15 * 127) before one vpmaddwd: lanes 0-3 of the int32 result sum block p, 4-7 block
-// p + 4. Three horizontal adds then leave lane j = block j of the chunk, where reduce8 took six and a permute.
-template <typename S>
-void row_kernel_m1_int4(const Call<S>& c, int64_t n) {
-  const int64_t K = c.K, B = K / kBlock;
-  const uint8_t* row = c.codes + n * (B * Int4Codes::kBytes);
-  const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(15);
-  __m256 acc = _mm256_setzero_ps();
-  // blocks p and p + 4 of the chunk from w, as far as the row has them (a missing block reads nothing: its
-  // activations are zero in xpair, so whatever its lane holds adds nothing)
-  auto pair = [&](const uint8_t* w, const int8_t* xp, int p, int64_t nb) __attribute__((always_inline)) {
-    const __m128i* a = reinterpret_cast<const __m128i*>(w + p * 16);
-    const __m256i q = p + 4 < nb ? _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(w + (p + 4) * 16), a)
-                                 : _mm256_zextsi128_si256(_mm_loadu_si128(a));
-    const __m256i lo = _mm256_and_si256(q, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
-    const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + p * 64));
-    const __m256i xh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + p * 64 + 32));
-    return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh)), ones);
-  };
-  for (int64_t b8 = 0; b8 < B; b8 += 8) {
-    __m256 sv, zv;
-    block_factors(c, n, b8, sv, zv);
-    const uint8_t* w = row + b8 * Int4Codes::kBytes;
-    const int8_t* xp = c.xpair + b8 * kBlock;
-    cinq_small_m::prefetch_ahead(w, kStreamAhead);
-    cinq_small_m::prefetch_ahead(w + 64, kStreamAhead);
-    __m256i v[4];
-    const int64_t nb = B - b8;
-    if (nb >= 8) {
-#pragma GCC unroll 4
-      for (int p = 0; p < 4; ++p) v[p] = pair(w, xp, p, 8);
-    } else {
-      for (int p = 0; p < 4; ++p) v[p] = p < nb ? pair(w, xp, p, nb) : _mm256_setzero_si256();
-    }
-    const __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    const __m256i sums = Codes::chunk_sums(row + b8 * Codes::kBytes, Codes::x(c, 0, b8), nb);
     // xs and xsum are zero past the last block (Bp pads them), so the missing blocks add nothing
     acc = _mm256_fmadd_ps(zv, _mm256_loadu_ps(c.xsum + b8), acc);
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(sv, _mm256_loadu_ps(c.xs + b8)), acc);
@@ -182,44 +173,28 @@ void row_kernel_m1_int4(const Call<S>& c, int64_t n) {
   c.y[n] = float_to_bf16(cinq_small_m::hsum(acc));
 }
 
-// row_kernel_rows_int8 for 4-bit codes (as row_kernel_m1_int4 is row_kernel_m1_int8): a chunk's 64 codes per pair are
-// unpacked once, into low and high nibbles, and every activation row meets them with the pair kernel's operations.
-template <typename S, int MB>
-void row_kernel_rows_int4(const Call<S>& c, int64_t m0, int64_t n) {
-  const int64_t K = c.K, B = K / kBlock;
-  const uint8_t* row = c.codes + n * (B * Int4Codes::kBytes);
-  const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(15);
+// Output row n for activation rows m0 .. m0 + MB - 1, each computed exactly as row_kernel_m1 computes one row (the
+// same integer sums, the same float operations in the same order), so a row's result does not depend on how many
+// rows share the call: a sequence decodes the same tokens alone, beside others, or as a speculative verify of
+// k + 1 rows. A chunk's codes are unpacked once into L1 and reread per row.
+template <typename Codes, typename S, int MB>
+void row_kernel_rows(const Call<S>& c, int64_t m0, int64_t n) {
+  const int64_t B = c.K / kBlock;
+  const uint8_t* row = c.codes + n * (B * Codes::kBytes);
   __m256 acc[MB];
 #pragma GCC unroll 8
   for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
-  alignas(32) __m256i lo[4], hi[4];
+  alignas(32) typename Codes::Chunk chunk;
   for (int64_t b8 = 0; b8 < B; b8 += 8) {
     __m256 sv, zv;
     block_factors(c, n, b8, sv, zv);
-    const uint8_t* w = row + b8 * Int4Codes::kBytes;
-    cinq_small_m::prefetch_ahead(w, kStreamAhead);
-    cinq_small_m::prefetch_ahead(w + 64, kStreamAhead);
-    const int64_t nb = std::min<int64_t>(8, B - b8);
-    for (int p = 0; p < 4; ++p) {
-      const __m128i* a = reinterpret_cast<const __m128i*>(w + p * 16);
-      const __m256i q = p >= nb ? _mm256_setzero_si256()
-                        : p + 4 < nb ? _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(w + (p + 4) * 16), a)
-                                     : _mm256_zextsi128_si256(_mm_loadu_si128(a));
-      lo[p] = _mm256_and_si256(q, low4);
-      hi[p] = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
-    }
+    const int nb = static_cast<int>(std::min<int64_t>(8, B - b8));
+    Codes::unpack(row + b8 * Codes::kBytes, nb, chunk);
+    // rows one at a time (not unrolled): a row's sums plus every row's accumulator would not fit in the sixteen
+    // vector registers (unrolled, the spills made 8 rows 1.4x slower)
 #pragma GCC unroll 1
     for (int m = 0; m < MB; ++m) {
-      const int8_t* xp = c.xpair + (m0 + m) * c.Bp * kBlock + b8 * kBlock;
-      __m256i v[4];
-#pragma GCC unroll 4
-      for (int p = 0; p < 4; ++p) {
-        const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + p * 64));
-        const __m256i xh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xp + p * 64 + 32));
-        v[p] = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo[p], xl), _mm256_maddubs_epi16(hi[p], xh)),
-                                 ones);
-      }
-      const __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+      const __m256i sums = Codes::sums(chunk, Codes::x(c, m0 + m, b8), nb);
       const int64_t xb = (m0 + m) * c.Bp + b8;
       acc[m] = _mm256_fmadd_ps(zv, _mm256_loadu_ps(c.xsum + xb), acc[m]);
       acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(sv, _mm256_loadu_ps(c.xs + xb)), acc[m]);
@@ -229,20 +204,10 @@ void row_kernel_rows_int4(const Call<S>& c, int64_t m0, int64_t n) {
   for (int m = 0; m < MB; ++m) c.y[(m0 + m) * c.N + n] = float_to_bf16(cinq_small_m::hsum(acc[m]));
 }
 
-// Output row n of activation rows m0 .. m0 + MB - 1 by the kernel for Codes.
-template <typename Codes, typename S, int MB>
-void rows(const Call<S>& c, int64_t m0, int64_t n) {
-  if constexpr (Codes::kBytes == Int4Codes::kBytes) row_kernel_rows_int4<S, MB>(c, m0, n);
-  else row_kernel_rows_int8<S, MB>(c, m0, n);
-}
-
 template <typename Codes, typename S>
 void run(const Call<S>& c, int64_t n0, int64_t n1) {
   if (c.M == 1) {
-    for (int64_t n = n0; n < n1; ++n) {
-      if constexpr (Codes::kBytes == Int4Codes::kBytes) row_kernel_m1_int4<S>(c, n);
-      else row_kernel_m1_int8<S>(c, 0, n);
-    }
+    for (int64_t n = n0; n < n1; ++n) row_kernel_m1<Codes, S>(c, n);
     return;
   }
   // past kMaxRows rows (a prefill), 64 outputs at a time stay in cache across the row blocks
@@ -253,14 +218,14 @@ void run(const Call<S>& c, int64_t n0, int64_t n1) {
       const int64_t mb = std::min<int64_t>(kMaxRows, c.M - m0);
       for (int64_t n = a; n < e; ++n) {
         switch (mb) {
-          case 1: rows<Codes, S, 1>(c, m0, n); break;
-          case 2: rows<Codes, S, 2>(c, m0, n); break;
-          case 3: rows<Codes, S, 3>(c, m0, n); break;
-          case 4: rows<Codes, S, 4>(c, m0, n); break;
-          case 5: rows<Codes, S, 5>(c, m0, n); break;
-          case 6: rows<Codes, S, 6>(c, m0, n); break;
-          case 7: rows<Codes, S, 7>(c, m0, n); break;
-          default: rows<Codes, S, 8>(c, m0, n); break;
+          case 1: row_kernel_rows<Codes, S, 1>(c, m0, n); break;
+          case 2: row_kernel_rows<Codes, S, 2>(c, m0, n); break;
+          case 3: row_kernel_rows<Codes, S, 3>(c, m0, n); break;
+          case 4: row_kernel_rows<Codes, S, 4>(c, m0, n); break;
+          case 5: row_kernel_rows<Codes, S, 5>(c, m0, n); break;
+          case 6: row_kernel_rows<Codes, S, 6>(c, m0, n); break;
+          case 7: row_kernel_rows<Codes, S, 7>(c, m0, n); break;
+          default: row_kernel_rows<Codes, S, 8>(c, m0, n); break;
         }
       }
     }
