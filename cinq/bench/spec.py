@@ -77,7 +77,8 @@ def measure(config: EngineConfig | Any, prompts: list[list[int]], batch: int, ma
     ``config``: an EngineConfig (a fresh engine), or an ``engine(config)`` to measure again (loading once; an
     adaptive engine keeps what it learned at other batch sizes, as a serving engine would). ``ignore_eos`` False:
     a request ends at its end of text (a task whose answer is the work, not what the model writes after it);
-    ``tokens_per_step`` counts every forward of a request, with drafts or without (tau only the drafted ones)."""
+    ``tokens_per_step`` counts every forward of a request, with drafts or without (tau only the drafted ones);
+    ``decode_tok_s`` the tokens after each request's first over the time after each wave's last first token."""
     from cinq.sampling_params import SamplingParams
     llm = engine(config) if isinstance(config, EngineConfig) else config
     todo = [prompts[i % len(prompts)] for i in range(max(batch, len(prompts)))]
@@ -88,10 +89,14 @@ def measure(config: EngineConfig | Any, prompts: list[list[int]], batch: int, ma
     adaptive = getattr(llm.engine.scheduler.drafter, "adaptive", None)
     chosen_before = list(adaptive.times_chosen) if adaptive else []
     before = llm.engine.get_stats()
-    outs, t0 = [], time.perf_counter()
+    outs, t0, to_first = [], time.perf_counter(), 0.0
     try:
         for at in range(0, len(todo), batch):
-            outs += llm.generate(todo[at:at + batch], params[at:at + batch])
+            start = time.time()  # the clock of the outputs' metrics
+            wave = llm.generate(todo[at:at + batch], params[at:at + batch])
+            firsts = [o.metrics.first_token_time for o in wave if o.metrics and o.metrics.first_token_time]
+            to_first += max(firsts) - start if firsts else 0.0
+            outs += wave
     finally:
         timer.close()
     elapsed = time.perf_counter() - t0
@@ -106,6 +111,8 @@ def measure(config: EngineConfig | Any, prompts: list[list[int]], batch: int, ma
     return {"k_share": [round(c / max(sum(chosen), 1), 3) for c in chosen],
             "step_seconds": {f"{b},{k}": s for (b, k), s in sorted(adaptive.step_seconds.items())} if adaptive else {},
             "tok_s": tokens / elapsed, "seconds": elapsed, "tokens": tokens,
+            # after every request of a wave has its first token: what speculation can speed up (prefill it cannot)
+            "decode_tok_s": (tokens - len(outs)) / max(elapsed - to_first, 1e-9),
             "tau": mean_acceptance_length(accepted, drafts),
             # each forward of a request gives one token plus those of its drafts it accepted
             "tokens_per_step": tokens / max(tokens - accepted, 1),
@@ -120,6 +127,7 @@ def compare(label: dict[str, Any], base: dict[str, Any], spec: dict[str, Any]) -
     differ = sum(a != b for a, b in zip(spec["outputs"], base["outputs"]))
     return {**label, "plain_tok_s": base["tok_s"], "spec_tok_s": spec["tok_s"],
             "speedup": spec["tok_s"] / base["tok_s"], "tau": spec["tau"], "accept_per_pos": spec["accept_per_pos"],
+            "decode_speedup": spec["decode_tok_s"] / base["decode_tok_s"] if "decode_tok_s" in base else None,
             "tokens_per_step": spec.get("tokens_per_step"),
             "draft_share": spec["draft_share"], "greedy_identical": differ == 0, "step_seconds": spec["step_seconds"],
             "k_share": spec["k_share"],
