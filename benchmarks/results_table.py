@@ -280,8 +280,11 @@ def speculation_real(d: dict[str, Any]) -> str:
             best[r["method"]] = r
     most = max(r["batch"] for r in rows)
     at_most = ", ".join(f"{r['method']} {r['speedup']:.2f}x" for r in rows if r["batch"] == most)
-    return ("batch 1: " + ", ".join(f"{m} **{r['speedup']:.2f}x** (tau {r['tau'] or 1:.2f})" for m, r in best.items())
-            + f"; batch {most}: {at_most}")
+    def one(m: str, r: dict[str, Any]) -> str:
+        decode = f", decode {r['decode_speedup']:.2f}x" if r.get("decode_speedup") else ""
+        per_step = f", {r['tokens_per_step']:.2f} tokens per step" if r.get("tokens_per_step") else ""
+        return f"{m} **{r['speedup']:.2f}x** (tau {r['tau'] or 1:.2f}{per_step}{decode})"
+    return "batch 1: " + ", ".join(one(m, r) for m, r in best.items()) + f"; batch {most}: {at_most}"
 
 
 def step_breakdown(d: dict[str, Any]) -> str:
