@@ -127,8 +127,11 @@ def main() -> int:
     if args.rounds < 2:
         raise SystemExit(f"--rounds: at least 2 (got {args.rounds}): the order alternates between rounds")
     rows, threads = [int(v) for v in args.rows.split(",")], [int(v) for v in args.threads.split(",")]
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.before], capture_output=True,
-                            text=True, check=True).stdout.strip()
+    found = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "--verify", "--quiet",
+                            f"{args.before}^{{commit}}"], capture_output=True, text=True)
+    if found.returncode:
+        raise SystemExit(f"--before: {args.before!r} is not a commit of this repository")
+    commit = found.stdout.strip()
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True).stdout.strip()
     load_start = os.getloadavg()[0]

@@ -59,3 +59,12 @@ def test_a_commits_build_loads_beside_this_checkouts_and_computes_the_same(head_
     # results as the checkout's build, which is what makes the ratio a kernel's
     assert name == "gate_up_proj"
     assert torch.equal(call_for("q4_0 i8", 32, x, before)(w), call_for("q4_0 i8", 32, x)(w))
+
+
+def test_a_before_that_is_not_a_commit_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from benchmarks.kernel_ab import main
+    monkeypatch.setattr(sys, "argv", ["kernel_ab.py", "--before", "no-such-commit"])
+    with pytest.raises(SystemExit, match="--before: 'no-such-commit' is not a commit"):
+        main()
