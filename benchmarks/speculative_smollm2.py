@@ -118,9 +118,9 @@ def sweep(plain: Any, configs: dict[str, Any], prompts: list[list[int]], batches
         rates = [p["tok_s"] for p in plains]
         drift = round(rates[-1] / rates[0], 3)
         base = dict(plains[0], tok_s=statistics.median(rates))
+        decode = [p["decode_tok_s"] for p in plains]
         for name, runs in specs.items():
             ratios = [run["tok_s"] * 2 / (rates[i] + rates[i + 1]) for i, run in enumerate(runs)]
-            decode = [p["decode_tok_s"] for p in plains]
             decode_ratios = [run["decode_tok_s"] * 2 / (decode[i] + decode[i + 1]) for i, run in enumerate(runs)]
             spec = dict(runs[-1], tok_s=statistics.median(run["tok_s"] for run in runs))
             row = compare({"method": name, "batch": b, "sampling": mode, "baseline_drift": drift}, base, spec)
@@ -238,8 +238,8 @@ def main() -> int:
              if any("adaptive" in r["method"] for r in greedy if r["batch"] == b)}
     best = max(greedy, key=lambda r: r["speedup"])
     headline = (f"best: {best['method']} at batch {best['batch']}: {best['speedup']:.2f}x "
-                f"(decode {best['decode_speedup']:.2f}x) "
-                f"(tau {best['tau'] or 1:.2f}, {best['tokens_per_step']:.2f} tokens per step); "
+                f"(decode {best['decode_speedup']:.2f}x, tau {best['tau'] or 1:.2f}, "
+                f"{best['tokens_per_step']:.2f} tokens per step); "
                 f"slowest adaptive per batch: " + ", ".join(f"{v:.2f}x (b{b})" for b, v in worst.items()))
     result = BenchResult(
         out.name, f"Speculative decoding on SmolLM2-135M-Instruct ({args.workload} workload)",

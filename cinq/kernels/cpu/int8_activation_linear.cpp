@@ -10,7 +10,7 @@
 // int16 first (~8 vector ops per 16 bytes of weights: compute-bound on AVX2). Here codes stay bytes: per activation
 // row one vpmaddubsw (unsigned codes x signed activations, pairs into int16: 2 * 15 * 127 and 2 * 128 * 127 fit)
 // and one vpmaddwd by ones into int32 (4-bit codes: two blocks share one unpack and one vpmaddwd, see
-// row_kernel_m1_int4); eight blocks' int32 sums are reduced together and scaled in one FMA by scale * xs. Every row is
+// Int4Codes); eight blocks' int32 sums are reduced together and scaled in one FMA by scale * xs. Every row is
 // computed the same way whatever the row count (batch-invariant). The cost is numeric: an activation carries up to
 // 2^-8 of its block's largest |x| of rounding instead of 2^-16 (the quality cost on the real model is measured in
 // benchmarks/int8_activations.py). The offset and min terms use the quantized blocks' sums, once per output row.

@@ -93,10 +93,10 @@ struct Call {
   const int8_t* xpair;   // int4, M = 1: xq in pair order (pair_chunks), else null
 };
 
-// One row of xq rearranged for Int4Codes' pair kernel, per chunk of 8 blocks (the last one padded with zeros): for
-// p = 0..3, channels 0-15 of block p, 0-15 of block p + 4, 16-31 of block p, 16-31 of block p + 4 (64 bytes), so
-// that each 32 bytes are what one vpmaddubsw meets against the low or high nibbles of blocks p and p + 4 loaded
-// side by side. out: Bp * 32 bytes.
+// One row of xq rearranged for Int4Codes (two blocks per register), per chunk of 8 blocks (the last one padded
+// with zeros): for p = 0..3, channels 0-15 of block p, 0-15 of block p + 4, 16-31 of block p, 16-31 of block
+// p + 4 (64 bytes), so that each 32 bytes are what one vpmaddubsw meets against the low or high nibbles of blocks p
+// and p + 4 loaded side by side. out: Bp * 32 bytes.
 void pair_chunks(const int8_t* xq, int64_t K, int64_t Bp, int8_t* out) {
   const int64_t B = K / kBlock;
   for (int64_t c = 0; c < Bp / 8; ++c)
