@@ -196,6 +196,24 @@ def paged_decode_native(query: torch.Tensor, kv_cache: torch.Tensor, block_table
     return out if q is query else out.to(query.dtype)
 
 
+def paged_decode_varlen_native(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                               seq_lens: torch.Tensor, scale: float, query_start_loc: torch.Tensor
+                               ) -> torch.Tensor | None:
+    """Decode attention with ragged rows, [T, Hq, D] (query dtype), straight from the pages, or None if the kernel is
+    unavailable: sequence s owns query rows ``query_start_loc[s] ..< query_start_loc[s + 1]`` (at least one, at most
+    its ``seq_lens[s]``), row r of its q seeing keys up to seq_len - q + r. No tree, no window. Each sequence comes
+    out exactly as ``paged_decode_native`` computes it with its own row count."""
+    if query.device.type != "cpu" or not kv_cache.is_contiguous():
+        return None
+    mod = native_module("paged_decode")
+    if mod is None:
+        return None
+    q = query if query.dtype in (torch.float32, torch.bfloat16) else query.float()
+    out = call_native(mod, "paged_decode_varlen", q, kv_cache, _int32(block_tables), _int32(seq_lens), float(scale),
+                      _int32(query_start_loc))
+    return out if q is query else out.to(query.dtype)
+
+
 def _int32(t: torch.Tensor) -> torch.Tensor:
     """``t`` as contiguous int32, without an op when it already is."""
     return t if t.dtype == torch.int32 and t.is_contiguous() else t.to(torch.int32).contiguous()

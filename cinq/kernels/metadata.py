@@ -41,6 +41,11 @@ class AttentionMetadata:
     max_seq_len: int
     block_size: int
     decode_query_len: int = 1  # query rows of each decode-like sequence
+    # True when the sequences after the first num_decodes are decode-like too, with other row counts (requests of a
+    # speculative step verifying different numbers of drafts, or none; the padding sequence), each at most
+    # RAGGED_MAX_ROWS rows: the CPU kernels then attend every sequence from the pages with its own row count
+    # (query_start_loc), in the fused decode step as in the layers' tail path
+    ragged_decodes: bool = False
     # bool on the step's device, [q, q] (shared) or [num_decodes, q, q] (per sequence), or None (causal among the
     # rows): tree_mask[(s,) i, j] = row i of decode-like sequence s sees its row j
     tree_mask: torch.Tensor | None = None

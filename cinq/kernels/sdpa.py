@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from cinq.kernels.cpu_native import paged_decode_native
+from cinq.kernels.cpu_native import paged_decode_native, paged_decode_varlen_native
 from cinq.kernels.metadata import AttentionMetadata
 from cinq.kernels.paged import causal_mask, gather_context, window_mask
 
@@ -34,6 +34,8 @@ def sdpa_paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     if nd:
         out[:meta.num_decode_tokens] = sdpa_decode(query[:meta.num_decode_tokens], kv_cache, meta, scale)
     if meta.num_seqs == nd:
+        return out
+    if meta.ragged_decodes and meta.sliding_window is None and _ragged_tail(query, kv_cache, meta, scale, out):
         return out
     starts = meta.query_start_loc.tolist()
     for i in range(nd, meta.num_seqs):
@@ -58,6 +60,20 @@ def sdpa_paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
                                                attn_mask=mask, scale=scale, enable_gqa=True)
         out[s:e] = o[0].transpose(0, 1)
     return out
+
+
+def _ragged_tail(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+                 out: torch.Tensor) -> bool:
+    """The sequences after the decode group, decode-like with their own row counts (``meta.ragged_decodes``), in
+    one native call from the pages, into ``out``; False (nothing written) where the kernel is unavailable."""
+    nd, first = meta.num_decodes, meta.num_decode_tokens
+    starts = meta.query_start_loc[nd:meta.num_seqs + 1]
+    tail = paged_decode_varlen_native(query[first:], kv_cache, meta.block_tables[nd:],
+                                      meta.seq_lens[nd:meta.num_seqs], scale, starts - first)
+    if tail is None:
+        return False
+    out[first:first + tail.shape[0]] = tail
+    return True
 
 
 def _windowed_chunk(query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: int, window: int,

@@ -6,7 +6,7 @@ Python-level calls (module calls, shape checks, the kernel wrappers) of 5-15 us 
 runs the same kernels (the ``torch.ops.cinq`` ops the eager layers call through their extensions) in the same order
 on the same tensors from C++, so its output is bit-identical to the eager layers' (tests/model/test_decode_layers.py
 checks this per linear kind). It covers decode steps (every sequence decode-like, speculative verify rows
-included) of at most ``max_rows`` rows, and layers whose every linear is one of: dense bf16 without autograd, GGUF
+included, with one row count or ragged: ``AttentionMetadata.ragged_decodes``) of at most ``max_rows`` rows, and layers whose every linear is one of: dense bf16 without autograd, GGUF
 Q4_0 / Q4_1 / Q8_0 with int8 activations, cinq's grouped int4 / int8 (no act-order permutation) without bias; it
 also returns every layer's input when asked (EAGLE-3's features), so a speculating step is fused too.
 Anything else (prefill chunks, other linears, Qwen3's q/k norms, sliding windows) runs the Python layers, as does every step with ``CINQ_FUSED_DECODE=0`` (A/B measurements, debugging).
@@ -28,6 +28,7 @@ ENV = "CINQ_FUSED_DECODE"
 _NO_TREE = torch.empty(0, dtype=torch.bool)
 _NO_BIAS = torch.empty(0)
 _NO_RESIDUAL = torch.empty(0, dtype=torch.bfloat16)
+_NO_STARTS = torch.empty(0, dtype=torch.int32)
 
 
 def enabled() -> bool:
@@ -46,6 +47,7 @@ class DecodeLayers:
         self._first_cache = layers[0].self_attn.attn.kv_cache
         self._first_layer = layers[0]
         self.steps = 0  # decode steps run fused (tests check that the path is taken)
+        self.ragged_steps = 0  # of which with ragged rows per sequence
 
     def stale(self) -> bool:
         """True when the runner bound new KV caches since the build (the program holds the old ones)."""
@@ -56,8 +58,10 @@ class DecodeLayers:
         """(hidden, residual, every layer's input when ``capture``) after the stack, or None: run the Python
         layers."""
         rows = hidden.shape[0]
+        ragged = meta.num_decodes != meta.num_seqs
         if (hidden.dim() != 2 or rows > self.max_rows or hidden.dtype != torch.bfloat16
-                or meta.num_decodes != meta.num_seqs or meta.sliding_window is not None
+                or (ragged and (not meta.ragged_decodes or meta.tree_mask is not None))
+                or meta.sliding_window is not None
                 or meta.group_block_tables is not None or torch.is_grad_enabled() or torch.compiler.is_compiling()):
             return None
         tree = _NO_TREE
@@ -65,9 +69,11 @@ class DecodeLayers:
             tm = meta.tree_mask
             tree = (tm[:meta.num_decodes] if tm.dim() == 3 else tm).to(torch.bool).contiguous()
         self.steps += 1
+        self.ragged_steps += ragged
         return self.program.run(hidden, _NO_RESIDUAL, positions, self.cos_sin,
                                 meta.slot_mapping, _int32(meta.block_tables), _int32(meta.seq_lens),
-                                meta.decode_query_len, tree, capture)
+                                meta.decode_query_len, tree, capture,
+                                _int32(meta.query_start_loc) if ragged else _NO_STARTS)
 
 
 def set_fused_decode(model: torch.nn.Module, on: bool) -> int:

@@ -18,6 +18,9 @@ from cinq.kernels.metadata import AttentionMetadata, depths, tree_mask_from_pare
 from cinq.step.scheduler_output import ScheduledSeq
 from cinq.step.shape_buckets import bucket_rows
 
+# The most query rows of a decode-like sequence outside the step's decode group that the CPU kernels attend from the
+# pages (a verify of up to 31 drafts); longer chunks take the backends' chunk path (SDPA over a gathered context).
+RAGGED_MAX_ROWS = 32
 PAD_ID = "\x00pad"  # the padding sequence's id: no request has it, no state, never sampled
 
 
@@ -118,6 +121,8 @@ def prepare_inputs(seqs: list[ScheduledSeq], ql: int, block_size: int, device: t
     width = max(table_width, *(len(s.block_ids) for s in seqs))
     tables = [list(s.block_ids) + [0] * (width - len(s.block_ids)) for s in seqs]
     num_decodes = next((i for i, n in enumerate(q_lens) if n != ql), len(q_lens))
+    ragged = num_decodes < len(seqs) and max(q_lens) <= RAGGED_MAX_ROWS and all(
+        s.num_logit_rows == len(s.token_ids) or s.request_id == PAD_ID for s in seqs[num_decodes:])
     i64, i32 = torch.long, torch.int32
     meta = AttentionMetadata(
         slot_mapping=torch.tensor(slots, dtype=i64, device=device),
@@ -126,7 +131,7 @@ def prepare_inputs(seqs: list[ScheduledSeq], ql: int, block_size: int, device: t
         block_tables=torch.tensor(tables, dtype=i32, device=device),
         query_lens_cpu=q_lens, seq_lens_cpu=seq_lens, num_decodes=num_decodes,
         max_query_len=max(q_lens), max_seq_len=max(seq_lens), block_size=block_size,
-        decode_query_len=ql)
+        decode_query_len=ql, ragged_decodes=ragged)
     input_ids = torch.tensor(list(itertools.chain.from_iterable(s.token_ids for s in seqs)), dtype=i64,
                              device=device)
     return meta, input_ids, torch.tensor(positions, dtype=i64, device=device)

@@ -184,3 +184,38 @@ def test_chunked_small_m_linear_equals_a_float32_linear_past_the_small_m_rows(ro
         # each output rounded once to bf16 from a float32 sum: within one bf16 ulp of the float32 result
         assert ((y.float() - ref).abs() <= ref.abs() * 2 ** -8 + 1e-3).all()
         assert chunked_small_m_linear(x[:, :small_m_rows()], w, b) is None  # decode-sized: the plain kernel's job
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_ragged_rows_give_each_sequence_what_its_own_row_count_gives(dtype):
+    """paged_decode_varlen (sequences verifying different numbers of drafts, or none): each sequence's rows are bit
+    for bit a uniform call's with its row count alone, at 1 and 2 threads and in any cut of the sequences; starts
+    that do not cover the query, or give a sequence no rows or more than its context, are refused by name."""
+    mod = native_module("paged_decode")
+    q1, cache, meta = decode_step(4, 8, 2, 64, dtype, seed=5)
+    rows = [1, 3, 2, 5]
+    lens = meta.seq_lens.clamp(min=5)
+    cache = torch.nan_to_num(cache)  # the clamped contexts read unwritten slots
+    starts = torch.tensor([0, 1, 4, 6, 11], dtype=torch.int32)
+    q = torch.randn(11, 8, 64).to(dtype)
+    no_tree = torch.empty(0, dtype=torch.bool)
+    whole = mod.paged_decode_varlen(q, cache, meta.block_tables, lens, 0.125, starts)
+    for s, n in enumerate(rows):
+        a, b = int(starts[s]), int(starts[s + 1])
+        alone = mod.paged_decode(q[a:b], cache, meta.block_tables[s:s + 1], lens[s:s + 1], 0.125, n, no_tree)
+        assert torch.equal(whole[a:b], alone), s
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert torch.equal(mod.paged_decode_varlen(q, cache, meta.block_tables, lens, 0.125, starts), whole)
+    finally:
+        torch.set_num_threads(threads)
+    out = torch.full_like(q, float("nan"))
+    for begin, end in ((0, 2), (2, 2), (2, 4)):
+        mod.paged_decode_varlen_seqs(q, cache, meta.block_tables, lens, 0.125, starts, out, begin, end)
+    assert torch.equal(out, whole)
+    for bad, says in (([0, 1, 1, 6, 11], "sequence 1 needs 1 to seq_len"), ([0, 1, 4, 6, 10], "from 0 to"),
+                      ([0, 1, 4, 11], "sequence 2 needs 1 to seq_len")):
+        with pytest.raises(RuntimeError, match=says):
+            mod.paged_decode_varlen(q, cache, meta.block_tables, lens.clamp(max=6), 0.125,
+                                    torch.tensor(bad, dtype=torch.int32))

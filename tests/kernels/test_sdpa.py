@@ -55,3 +55,20 @@ def test_multi_row_decode_differs_from_attending_to_everything(paged_case, rel_e
     ref, _ = paged_attention_reference(case.query, case.kv_cache, case.meta, case.scale)
     sees_all = sdpa.sdpa_decode(case.query, case.kv_cache, one_row_meta, case.scale)
     assert rel_err(sees_all, ref) > 1e-2
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+def test_ragged_decodes_after_the_decode_group_attend_from_the_pages_in_one_call(dtype, tol, paged_case, rel_err,
+                                                                                 monkeypatch) -> None:
+    # a speculative step whose requests verify 2, 2, 0, 4 and 1 drafts: the three after the decode group (rows 3)
+    # take one native call with their own row counts (no gathered context), causal among each one's rows
+    case = paged_case([3, 3, 1, 5, 2], [40, 3, 17, 20, 9], 8, 2, 32, dtype, seed=7, decode_query_len=3)
+    assert case.meta.num_decodes == 2
+    case.meta.ragged_decodes = True
+    calls, real = [], sdpa.paged_decode_varlen_native
+    monkeypatch.setattr(sdpa, "paged_decode_varlen_native", lambda *a: calls.append(a) or real(*a))
+    monkeypatch.setattr(sdpa, "gather_context", None)  # the chunk path would call it
+    ref, _ = paged_attention_reference(case.query, case.kv_cache, case.meta, case.scale)
+    out = sdpa.sdpa_paged_attention(case.query, case.key, case.value, case.kv_cache, case.meta, case.scale)
+    assert len(calls) == 1 and calls[0][0].shape[0] == 8
+    assert rel_err(out, ref) <= tol

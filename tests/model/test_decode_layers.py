@@ -23,12 +23,12 @@ pytestmark = pytest.mark.skipif(native_module("decode_layers") is None, reason="
 
 
 def generate(model: Path | str, monkeypatch: pytest.MonkeyPatch, fused: bool, max_tokens: int = 10,
-             max_num_seqs: int = 3, **kw) -> tuple[dict[str, tuple], LLMEngine]:
+             max_num_seqs: int = 3, prompts: list[list[int]] = PROMPTS, **kw) -> tuple[dict[str, tuple], LLMEngine]:
     """Greedy tokens and top-3 logprobs per request, with the fused step on or off."""
     monkeypatch.setenv(decode_layers.ENV, "1" if fused else "0")
     engine = LLMEngine(EngineConfig(model=str(model), dtype="bfloat16", num_kv_blocks=64, seed=0,
                                     max_num_seqs=max_num_seqs, max_num_batched_tokens=64, **kw))
-    for i, prompt in enumerate(PROMPTS):
+    for i, prompt in enumerate(prompts):
         engine.add_request(f"r{i}", prompt, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True,
                                                            logprobs=3))
     out = {}
@@ -75,9 +75,14 @@ def test_grouped_int_weights_are_bit_identical(tiny_llama, tmp_path, monkeypatch
 
 
 def test_speculative_verify_rows_are_bit_identical(tiny_llama, monkeypatch):
-    # n-gram drafts: verify steps of k + 1 rows per sequence go through the fused step too
+    # n-gram drafts: verify steps of k + 1 rows per sequence go through the fused step too, and so do the ragged
+    # ones (a request without a match beside one verifying drafts), which the Python layers attend with the same
+    # kernel (sdpa.py's ragged tail)
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
-    check_same(tiny_llama, monkeypatch, max_tokens=16, speculative_config=spec)
+    looping = [5, 6, 7, 8] * 4 + [5, 6]  # drafts from its first decode step on; the others only once they repeat
+    program = check_same(tiny_llama, monkeypatch, max_tokens=16, speculative_config=spec,
+                         prompts=[looping, *PROMPTS[1:]])
+    assert 0 < program.ragged_steps < program.steps
 
 
 def test_eagle3_steps_capture_every_layers_input_bit_identically(tiny_llama, tmp_path, monkeypatch):

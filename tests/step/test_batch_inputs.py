@@ -8,7 +8,7 @@ import random
 import torch
 
 from cinq.kernels.metadata import AttentionMetadata
-from cinq.step.batch_inputs import PAD_ID, TreeGroup, build_batch, decode_query_len, prepare_inputs
+from cinq.step.batch_inputs import PAD_ID, RAGGED_MAX_ROWS, TreeGroup, build_batch, decode_query_len, prepare_inputs
 from cinq.step.scheduler_output import ScheduledSeq
 
 BS = 4
@@ -33,6 +33,22 @@ def test_decode_query_len_is_the_most_common_verify_length() -> None:
     seqs = [ScheduledSeq(str(i), [1] * q, 5, [0, 1], q) for i, q in enumerate([4, 4, 1, 2, 2, 2])]
     assert decode_query_len(seqs) == 2
     assert decode_query_len([ScheduledSeq("p", [1] * 8, 0, [0, 1], 1)]) == 1  # no decode-like sequence
+
+
+def test_a_step_of_verifies_of_several_lengths_is_ragged_one_with_a_prompt_chunk_is_not() -> None:
+    # requests verifying 3, 0 and 1 drafts (and the padding to 9 rows): every sequence is decode-like, so the CPU
+    # kernels attend all of them from the pages (ragged_decodes); a prompt chunk, or a verify past
+    # RAGGED_MAX_ROWS rows, keeps the chunk path
+    verify = [ScheduledSeq("a", [1] * 4, 8, [2, 3, 4], 4), ScheduledSeq("b", [6], 3, [5], 1),
+              ScheduledSeq("c", [7, 8], 5, [6, 7], 2)]
+    b = build_batch(verify, BS, PAD_BLOCKS, torch.device("cpu"))
+    assert b.meta.num_decodes < b.meta.num_seqs and b.meta.ragged_decodes
+    prompt = ScheduledSeq("p", list(range(7)), 0, [0, 1], 1)
+    assert not build_batch([*verify, prompt], BS, PAD_BLOCKS, torch.device("cpu")).meta.ragged_decodes
+    long = ScheduledSeq("l", [1] * (RAGGED_MAX_ROWS + 1), 40, list(range(20, 40)), RAGGED_MAX_ROWS + 1)
+    assert not build_batch([*verify, long], BS, PAD_BLOCKS, torch.device("cpu")).meta.ragged_decodes
+    uniform = build_batch(verify[:1], BS, PAD_BLOCKS, torch.device("cpu")).meta
+    assert uniform.num_decodes == uniform.num_seqs and not uniform.ragged_decodes
 
 
 def test_a_tree_group_gets_masks_depth_positions_and_row_order_slots() -> None:

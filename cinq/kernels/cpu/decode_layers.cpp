@@ -149,11 +149,20 @@ using IntLinear6 = at::Tensor(at::Tensor, at::Tensor, at::Tensor, at::Tensor, in
 using IntLinear5 = at::Tensor(at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t);
 using PagedSeqs = void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double, int64_t,
                        const at::Tensor&, const at::Tensor&, int64_t, int64_t);
+using VarlenSeqs = void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+                        const at::Tensor&, const at::Tensor&, int64_t, int64_t);
 
 template <typename Sig>
 c10::TypedOperatorHandle<Sig> op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
 }
+
+// A step's query rows per sequence: `ql` each, or ragged (`starts`: int32 [nd + 1] row offsets, non-empty).
+struct Rows {
+  int64_t ql;
+  const at::Tensor& starts;
+  bool ragged() const { return starts.numel() > 0; }
+};
 
 class DecodeLayers {
  public:
@@ -167,6 +176,9 @@ class DecodeLayers {
         paged_decode_(op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
                                     int64_t, const at::Tensor&)>("cinq::paged_decode")),
         paged_seqs_(op<PagedSeqs>("cinq::paged_decode_seqs")),
+        paged_varlen_(op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+                                    const at::Tensor&)>("cinq::paged_decode_varlen")),
+        varlen_seqs_(op<VarlenSeqs>("cinq::paged_decode_varlen_seqs")),
         dense_(op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>("cinq::small_m_linear")),
         int4_i8_(op<IntLinear6>("cinq::int4_affine_linear_i8")),
         int8_i8_(op<IntLinear5>("cinq::int8_grouped_linear_i8")),
@@ -188,15 +200,17 @@ class DecodeLayers {
 
   // hidden [M, H] bf16 (the embeddings), residual [M, H] or empty (none yet); the step's rotary table, positions
   // [M], slot mapping [M], block tables [nd, max_blocks] int32, seq lens [nd] int32, query rows per sequence and
-  // tree mask (empty: causal among a sequence's new rows). Returns (hidden, residual) after the last layer and,
-  // with `capture`, every layer's input.
+  // tree mask (empty: causal among a sequence's new rows), or, when rows are ragged (requests verifying different
+  // numbers of drafts), query_start_loc int32 [nd + 1] (empty: ql rows each). Returns (hidden, residual) after the
+  // last layer and, with `capture`, every layer's input.
   Result run(at::Tensor hidden, at::Tensor residual, const at::Tensor& positions, const at::Tensor& cos_sin,
              const at::Tensor& slot_mapping, const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t ql,
-             const at::Tensor& tree, bool capture) {
+             const at::Tensor& tree, bool capture, const at::Tensor& query_start_loc) {
+    const Rows rows{ql, query_start_loc};
     const int threads = std::min<int>(at::get_num_threads(), kMaxTeam);
     auto layers = [&](Team* team) {
-      return run_layers(hidden, residual, positions, cos_sin, slot_mapping, block_tables, seq_lens, ql, tree, capture,
-                        team);
+      return run_layers(hidden, residual, positions, cos_sin, slot_mapping, block_tables, seq_lens, rows, tree,
+                        capture, team);
     };
     if (threads <= 1 || at::in_parallel_region()) return layers(nullptr);
     Team team(threads);
@@ -225,14 +239,15 @@ class DecodeLayers {
  private:
   Result run_layers(at::Tensor hidden, at::Tensor residual, const at::Tensor& positions, const at::Tensor& cos_sin,
                     const at::Tensor& slot_mapping, const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                    int64_t ql, const at::Tensor& tree, bool capture, Team* team) {
+                    const Rows& rows, const at::Tensor& tree, bool capture, Team* team) {
     const int64_t m = hidden.size(0), q_size = hq_ * d_, kv_size = hkv_ * d_;
     int64_t cached = 0;  // tokens every layer's attention reads, over all sequences
     for (int64_t s = 0; s < seq_lens.size(0); ++s) cached += seq_lens.data_ptr<int32_t>()[s];
     // one sequence stays whole: cut by kv heads, its pages were read in strided pieces (SmolLM2's 3 kv heads at a
     // context of 1024: two heads alone took as long as all three in one pass), and cut by query heads, its K/V
     // was widened once per part (no faster either)
-    const bool split_attention = team != nullptr && m % ql == 0 && m / ql > 1 &&
+    const int64_t nd = rows.ragged() ? rows.starts.numel() - 1 : m / rows.ql;
+    const bool split_attention = team != nullptr && nd > 1 &&
                                  cached * kv_size * 2 * layers_.front().kv_cache.element_size() >=
                                      min_attention_split_bytes;
     std::vector<at::Tensor> states;
@@ -253,8 +268,9 @@ class DecodeLayers {
       rotary_.call(q, k, positions, cos_sin);
       write_kv_.call(k, v, layer.kv_cache, slot_mapping);
       const at::Tensor o =
-          split_attention ? attention(q, layer.kv_cache, block_tables, seq_lens, ql, tree, *team)
-                          : paged_decode_.call(q, layer.kv_cache, block_tables, seq_lens, scale_, ql, tree);
+          split_attention ? attention(q, layer.kv_cache, block_tables, seq_lens, rows, nd, tree, *team)
+          : rows.ragged() ? paged_varlen_.call(q, layer.kv_cache, block_tables, seq_lens, scale_, rows.starts)
+                          : paged_decode_.call(q, layer.kv_cache, block_tables, seq_lens, scale_, rows.ql, tree);
       const at::Tensor attn = linear(layer.o, o.view({m, q_size}), team);
       std::tie(h, residual) = rms_norm_.call(attn, residual, layer.post_norm, eps_);
       const at::Tensor gu = linear(layer.gate_up, h, team);
@@ -275,14 +291,17 @@ class DecodeLayers {
   // paged_decode with the sequences cut into one contiguous range per thread (whole sequences: each reads its pages
   // front to back, every kv head at once, as the whole call does).
   at::Tensor attention(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& block_tables,
-                       const at::Tensor& seq_lens, int64_t ql, const at::Tensor& tree, Team& team) const {
-    const int64_t nd = q.size(0) / ql;
+                       const at::Tensor& seq_lens, const Rows& rows, int64_t nd, const at::Tensor& tree,
+                       Team& team) const {
     const int parts = static_cast<int>(std::min<int64_t>(team.size(), nd));
     at::Tensor out = at::empty({q.size(0), hq_, d_}, q.options());
     split_attention_calls_.fetch_add(1, std::memory_order_relaxed);
     team.run(parts, [&](int p) {
-      paged_seqs_.call(q, kv_cache, block_tables, seq_lens, scale_, ql, tree, out, nd * p / parts,
-                       nd * (p + 1) / parts);
+      const int64_t begin = nd * p / parts, end = nd * (p + 1) / parts;
+      if (rows.ragged())
+        varlen_seqs_.call(q, kv_cache, block_tables, seq_lens, scale_, rows.starts, out, begin, end);
+      else
+        paged_seqs_.call(q, kv_cache, block_tables, seq_lens, scale_, rows.ql, tree, out, begin, end);
     });
     return out;
   }
@@ -332,6 +351,9 @@ class DecodeLayers {
   c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                       double, int64_t, const at::Tensor&)> paged_decode_;
   c10::TypedOperatorHandle<PagedSeqs> paged_seqs_;
+  c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                      double, const at::Tensor&)> paged_varlen_;
+  c10::TypedOperatorHandle<VarlenSeqs> varlen_seqs_;
   c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)> dense_;
   c10::TypedOperatorHandle<IntLinear6> int4_i8_;
   c10::TypedOperatorHandle<IntLinear5> int8_i8_, int4_, int8_;
