@@ -80,6 +80,7 @@ SCRIPTS = {
     "decode_kernels_int8_activations": "benchmarks/decode_kernels.py",
     "decode_kernels_int8_activations_5d401d7": "benchmarks/decode_kernels.py (at 5d401d7)",
     "kernel_ab": "benchmarks/kernel_ab.py",
+    "verify_step_cost": "benchmarks/verify_step_cost.py",
 }
 # results whose JSON was typed in from a run's log, not written by the script that measured them
 FROM_A_LOG = {"gpu": "typed from the H200 run's log (benchmarks/gpu.py has no section writing kernel_tests and "

@@ -60,8 +60,10 @@ def ngram_matches(tokens: torch.Tensor, lengths: torch.Tensor, k: int, min_n: in
     out = torch.zeros(b, k, s, dtype=torch.bool)
     for r in range(b):
         row = tokens[r, :int(lengths[r])].tolist()
+        index = proposer.index()
         for t in range(len(row) - 2):
-            for j, d in enumerate(proposer.propose(row[:t + 2])):
+            index.extend(row[len(index):t + 2])
+            for j, d in enumerate(index.propose()):
                 if t + 2 + j >= len(row) or d != row[t + 2 + j]:
                     break
                 out[r, j, t] = True

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from cinq.spec.adaptive import AdaptiveK
 from cinq.spec.config import SpeculativeConfig
-from cinq.spec.ngram import NgramProposer
+from cinq.spec.ngram import NgramIndex, NgramProposer
 
 if TYPE_CHECKING:
     from cinq.step.request import Request
@@ -60,15 +60,26 @@ class NgramDrafter(_LengthChooser):
         super().__init__(config)
         self.proposer = NgramProposer(config.num_speculative_tokens,  # type: ignore[arg-type]
                                       config.prompt_lookup_min, config.prompt_lookup_max)  # type: ignore[arg-type]
+        # request id -> its n-gram index, for the requests of the last step (one that skips a step, preempted or
+        # finished, is dropped; it is indexed again if it comes back)
+        self.indexes: dict[str, NgramIndex] = {}
 
     def propose(self, requests: list[Request], max_model_len: int) -> None:
-        """Set ``spec_token_ids`` of the decoding ``requests`` (all of this step's decodes: they set k)."""
+        """Set ``spec_token_ids`` of the decoding ``requests`` (all of this step's decodes: they set k). A
+        request's index catches up with its tokens only when it drafts: with k = 0 nothing is searched."""
         k = self.choose_k(len(requests))
+        indexes: dict[str, NgramIndex] = {}
         for req in requests:
             req.spec_token_ids = []
+            idx = self.indexes.get(req.request_id)
+            if idx is None or len(idx) > len(req.all_token_ids):  # tokens only grow; anything else starts over
+                idx = self.proposer.index()
+            indexes[req.request_id] = idx
             limit = draft_limit(req, k, max_model_len)
             if limit > 0:
-                req.spec_token_ids = self.proposer.propose(req.all_token_ids)[:limit]
+                idx.extend(req.all_token_ids[len(idx):])
+                req.spec_token_ids = idx.propose()[:limit]
+        self.indexes = indexes
 
 
 class SlotDrafter(_LengthChooser):

@@ -119,6 +119,22 @@ def test_drafts_stay_inside_max_tokens_and_the_context() -> None:
     assert req.spec_token_ids == [3]  # 8 tokens of a 10-token context
 
 
+def test_each_request_keeps_its_index_while_it_decodes_and_loses_it_when_it_leaves() -> None:
+    drafter = NgramDrafter(SpeculativeConfig.from_dict(NGRAM))
+    a = Request("a", [1, 2, 3, 1, 2], SamplingParams(), max_tokens=50, arrival_time=0.0)
+    b = Request("b", [7, 8, 9], SamplingParams(), max_tokens=50, arrival_time=0.0)
+    drafter.propose([a, b], max_model_len=100)
+    index = drafter.indexes["a"]
+    assert a.spec_token_ids == [3, 1, 2] and len(index) == 5
+    a.all_token_ids += [3, 9, 1, 2]  # two steps' tokens
+    drafter.propose([a], max_model_len=100)
+    assert drafter.indexes["a"] is index and len(index) == 9  # extended, not rebuilt
+    assert a.spec_token_ids == [3, 9, 1, 2] and set(drafter.indexes) == {"a"}  # b left: its index dropped
+    a.all_token_ids = [4, 5, 4]  # not a continuation (never happens in the engine): indexed afresh
+    drafter.propose([a], max_model_len=100)
+    assert drafter.indexes["a"] is not index and a.spec_token_ids == [5, 4]
+
+
 def test_missing_heads_and_bad_configs_are_refused(tiny_llama) -> None:
     with pytest.raises(ModelLoadError, match="neither a model folder") as err:
         LLM(str(tiny_llama), speculative_config={"method": "eagle", "model": "x", "num_speculative_tokens": 2})

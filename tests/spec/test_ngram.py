@@ -32,7 +32,7 @@ def test_continuation_is_cut_at_the_end_of_the_history() -> None:
     assert prop.propose([4, 8, 4]) == [8, 4]  # [4] at 0 is followed by only two tokens
 
 
-def test_a_long_history_is_searched_without_a_python_loop_per_token() -> None:
+def test_a_match_far_back_in_a_long_history_is_found() -> None:
     prop = NgramProposer(3, 2, 8)
     tokens = list(range(1000, 6000)) + [7, 7, 42, 43, 44] + list(range(6000, 20000)) + [7, 7]
     assert prop.propose(tokens) == [42, 43, 44]
@@ -50,3 +50,30 @@ def test_a_loop_gets_a_full_draft_from_an_earlier_occurrence() -> None:
     assert NgramProposer(3, 1, 1).propose([7, 7, 7, 7]) == [7, 7, 7]
     assert NgramProposer(3, 2, 2).propose([1, 2, 3, 1, 2, 3, 1, 2]) == [3, 1, 2]
     assert NgramProposer(4, 2, 2).propose([5, 1, 2, 9, 1, 2]) == [9, 1, 2]  # none followed by 4: the longest
+
+
+def test_an_index_extended_step_by_step_drafts_what_a_fresh_search_drafts() -> None:
+    # the engine's drafter keeps one index per request and extends it with the tokens added since its last draft;
+    # at every length, and whatever the steps' sizes, it proposes what a search of the whole history proposes
+    import random
+    rng = random.Random(0)
+    prop = NgramProposer(3, 2, 4)
+    tokens = [rng.randrange(6) for _ in range(400)]  # a small vocabulary: many matches, loops, ties
+    index, at = prop.index(), 0
+    while at < len(tokens):
+        at = min(len(tokens), at + rng.choice((1, 1, 2, 5)))
+        index.extend(tokens[len(index):at])
+        assert index.propose() == reference(tokens[:at], 3, 2, 4), at
+
+
+def reference(t: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+    """The rule, by brute force: the longest n whose suffix occurs earlier; there the latest occurrence followed
+    by k tokens, else the earliest."""
+    length = len(t)
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        hits = [i for i in range(length - n) if t[i:i + n] == t[length - n:]]
+        if hits:
+            full = [i for i in hits if i + n + k <= length]
+            start = (full[-1] if full else hits[0]) + n
+            return t[start:start + k]
+    return []
