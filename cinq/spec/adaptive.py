@@ -24,8 +24,9 @@ when verify steps get cheaper, the measured costs say so.
 
 Arms are re-tried now and then (one every ``explore_every`` choices, the one most overdue: the best arm's
 neighbours, and arms that could still win) so that a change in acceptance or load is noticed; an arm that lost
-its re-try waits twice as long for the next one (up to ``2 ** max_backoff`` times), so a method that does not
-pay costs little more than plain decoding. A step time above twice the arm's estimate (the OS took the core)
+its re-try waits twice as long for the next one (up to ``2 ** max_backoff`` times), and an arm far behind the
+best waits (best rate / its rate)^2 times longer still (at most 16x), so a method that does not pay costs little
+more than plain decoding. A step time above twice the arm's estimate (the OS took the core)
 counts as twice the estimate: one preempted step must not turn an arm off.
 """
 
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 PRUNE_PRIOR = 2  # offers counted as accepted when judging whether an untried arm could win
+MAX_LAG = 16.0  # the most a re-try's wait stretches for an arm far behind the best (see AdaptiveK._lag)
 
 
 def batch_bucket(batch_size: int) -> int:
@@ -142,12 +144,23 @@ class AdaptiveK:
         re-tried: a hopeless arm is never paid for."""
         best_rate = self.expected_tokens(best) / self.cost(batch_size, best)
         due = {k: self.last_chosen[k] + (self.explore_every << min(self.losses[k], self.max_backoff))
+               * self._lag(batch_size, k, best_rate)
                for k in range(top + 1)
                if k != best and (abs(k - best) == 1 or self._could_win(batch_size, k, best_rate))}
         if not due:
             return None
         k = min(due, key=due.__getitem__)
         return k if due[k] <= self.num_choices else None
+
+    def _lag(self, batch_size: int, k: int, best_rate: float) -> float:
+        """How much longer than its backoff arm k waits for a re-try: (best rate / its rate)^2, at most
+        MAX_LAG. A close second is re-tried about as often as the backoff says; an arm far behind (EAGLE-3 on
+        SmolLM2's Q4_1 file at ~0.4x of plain, whose re-try also pays the head's catch-up over every position it
+        skipped) rarely, since its acceptance would have to more than double before it could win."""
+        if (batch_bucket(batch_size), k) not in self.step_seconds and self.cost_model() is None:
+            return 1.0  # neither measured nor priced: no rate to judge by
+        rate = self.expected_tokens(k) / self.cost(batch_size, k)
+        return min(MAX_LAG, max(1.0, (best_rate / rate) ** 2)) if rate > 0 else MAX_LAG
 
     def cost(self, batch_size: int, k: int) -> float:
         """Step seconds with ``k`` drafts at ``batch_size``: measured in its bucket, else the model's price."""

@@ -78,6 +78,18 @@ def test_re_tries_of_a_losing_arm_back_off() -> None:
     assert 2 <= chosen.count(1) <= 12
 
 
+def test_an_arm_far_behind_is_re_tried_less_often_than_a_close_one() -> None:
+    """Re-tries wait longer the further an arm trails: k = 1 at 0.4x of plain's rate (a 3x dearer step, as an
+    EAGLE-3 re-try with its catch-up measured on SmolLM2's file) is re-tried at most half as often as one at 0.9x,
+    under the same backoff; without the stretch (a broken _lag) both would be re-tried alike."""
+    counts = {}
+    for name, k1_cost in (("far", 3.0), ("close", 1.3)):
+        adaptive = AdaptiveK(k_max=1, explore_every=8, max_backoff=2)
+        chosen = simulate(adaptive, 1, lambda b, k, c=k1_cost: c if k else 1.0, accept_rate=0.2, steps=3000)
+        counts[name] = chosen[100:].count(1)
+    assert 0 < 2 * counts["far"] <= counts["close"], counts
+
+
 def test_speculation_turns_back_on_when_acceptance_rises() -> None:
     adaptive = AdaptiveK(k_max=4, explore_every=8, max_backoff=2)
     cost = lambda b, k: 1.0 + 0.3 * k  # noqa: E731
