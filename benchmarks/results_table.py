@@ -362,7 +362,8 @@ HEADLINES = [
     Headline("quantization quality, SmolLM2 (NF4 / FP8 / int4 / int8 rows)", "quant_study_float_codes",
              "dense bf16 from the same file"),
     Headline("OpenAI server, rate = inf, SmolLM2", "serving_smollm2", "the offline engine, same run"),
-    Headline("prefix caching, 64 requests sharing a 1024-token prefix", "prefix", "caching off, same run"),
+    Headline("speculative decoding on a copy workload (code edits, extractions; SmolLM2 on bf16 weights, n-gram, each "
+             "answer to its end of text)", "speculative_smollm2_copy_bf16_eos", "plain decoding, same run"),
     Headline("structured outputs (xgrammar), 60 schemas", "structured_outputs", "unconstrained requests, same engine"),
     Headline("server under soak / overload / disconnects", "reliability", "RSS bound +15%"),
     Headline("the CUDA path on one H200", "gpu", "HF generate on the same GPU"),
