@@ -81,6 +81,8 @@ SCRIPTS = {
     "decode_kernels_int8_activations_5d401d7": "benchmarks/decode_kernels.py (at 5d401d7)",
     "kernel_ab": "benchmarks/kernel_ab.py",
     "verify_step_cost": "benchmarks/verify_step_cost.py",
+    "verify_step_cost_bf16": "benchmarks/verify_step_cost.py --weights bf16",
+    "verify_step_cost_9117cfd": "benchmarks/verify_step_cost.py (copied into a checkout of 9117cfd)",
 }
 # results whose JSON was typed in from a run's log, not written by the script that measured them
 FROM_A_LOG = {"gpu": "typed from the H200 run's log (benchmarks/gpu.py has no section writing kernel_tests and "
