@@ -186,6 +186,10 @@ class DecodeLayers {
         int8_(op<IntLinear5>("cinq::int8_grouped_linear")) {}
 
   // One layer, in model order. A linear is (kind, tensors, ints) as the Linear struct above.
+  // Dense linears of more rows than this run the kernel on chunks of it, as the Python layers do where the bf16 GEMM
+  // is emulated (cpu_native.chunked_small_m_linear); 0: never (the caller keeps such steps off the program).
+  void set_dense_chunk_rows(int64_t rows) { dense_chunk_rows_ = rows; }
+
   void add_layer(at::Tensor in_norm, at::Tensor post_norm, at::Tensor kv_cache, const Linear& qkv, const Linear& o,
                  const Linear& gate_up, const Linear& down) {
     for (const Linear* l : {&qkv, &o, &gate_up, &down}) check(*l);
@@ -330,7 +334,13 @@ class DecodeLayers {
   // The kernel on `t`: the linear's tensors, or one part's rows of them (every tensor of a linear is [N, ...]).
   at::Tensor call(const Linear& l, const std::vector<at::Tensor>& t, const at::Tensor& x) const {
     switch (l.kind) {
-      case kDense: return dense_.call(x, t[0], t[1]);
+      case kDense: {
+        const int64_t m = x.size(0), chunk = dense_chunk_rows_;
+        if (chunk <= 0 || m <= chunk) return dense_.call(x, t[0], t[1]);
+        std::vector<at::Tensor> rows;
+        for (int64_t r = 0; r < m; r += chunk) rows.push_back(dense_.call(x.narrow(0, r, std::min(chunk, m - r)), t[0], t[1]));
+        return at::cat(rows, 0);
+      }
       case kInt4I8: return int4_i8_.call(x, t[0], t[1], t[2], l.ints[0], l.ints[1]);
       case kInt8I8: return int8_i8_.call(x, t[0], t[1], t[2], l.ints[0]);
       case kInt4Affine: return int4_.call(x, t[0], t[1], t[2], l.ints[0]);
@@ -338,7 +348,7 @@ class DecodeLayers {
     }
   }
 
-  int64_t hq_, hkv_, d_, inter_;
+  int64_t hq_, hkv_, d_, inter_, dense_chunk_rows_ = 0;
   double eps_, scale_;
   at::Tensor empty_ = at::empty({0}, at::kBFloat16);
   std::vector<Layer> layers_;
@@ -370,6 +380,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("intermediate_size"), py::arg("eps"),
            py::arg("scale"))
       .def("add_layer", &DecodeLayers::add_layer)
+      .def("set_dense_chunk_rows", &DecodeLayers::set_dense_chunk_rows)
       .def("num_layers", &DecodeLayers::num_layers)
       .def("split_calls", &DecodeLayers::split_calls)
       .def("split_attention_calls", &DecodeLayers::split_attention_calls)
