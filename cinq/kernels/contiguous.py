@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from cinq.kernels.cpu_native import _int32, native_module, write_kv_native
+from cinq.kernels.cpu_native import _int32, decode_attention_native, write_kv_native
 from cinq.kernels.metadata import AttentionMetadata
 from cinq.kernels.paged import causal_mask, check_inputs, write_kv_index_copy
 
@@ -27,14 +27,8 @@ def contiguous_decode_native(query: torch.Tensor, kv_cache: torch.Tensor, slots:
                              seq_lens: torch.Tensor, scale: float, query_len: int = 1) -> torch.Tensor | None:
     """[nd * query_len, Hq, D] decode attention read straight from each sequence's contiguous range, or None when
     the native kernel is unavailable (not CPU, no build)."""
-    if query.device.type != "cpu" or not kv_cache.is_contiguous():
-        return None
-    mod = native_module("contiguous_decode")
-    if mod is None:
-        return None
-    q = query if query.dtype in (torch.float32, torch.bfloat16) else query.float()
-    out = mod.contiguous_decode(q, kv_cache, _int32(slots), _int32(seq_lens), float(scale), int(query_len))
-    return out if q is query else out.to(query.dtype)
+    return decode_attention_native("contiguous_decode", query, kv_cache, lambda mod, q: mod.contiguous_decode(
+        q, kv_cache, _int32(slots), _int32(seq_lens), float(scale), int(query_len)))
 
 
 def contiguous_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,

@@ -29,6 +29,7 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +167,22 @@ def warm_native_kernels() -> None:
     small_m_rows()
 
 
+def decode_attention_native(module: str, query: torch.Tensor, kv_cache: torch.Tensor,
+                            call: Callable[[Any, torch.Tensor], torch.Tensor]) -> torch.Tensor | None:
+    """What every native decode attention shares: None off the CPU, for a non-contiguous cache or without the
+    ``module`` build; else ``call(module, q)`` with the query as float32 or bf16 (the kernels take a bf16 query
+    themselves: at batch 1 every Python-side op here would cost more than the attention), returned in the query's
+    dtype."""
+    if query.device.type != "cpu" or not kv_cache.is_contiguous():
+        return None
+    mod = native_module(module)
+    if mod is None:
+        return None
+    q = query if query.dtype in (torch.float32, torch.bfloat16) else query.float()
+    out = call(mod, q)
+    return out if q is query else out.to(query.dtype)
+
+
 def paged_decode_native(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                         seq_lens: torch.Tensor, scale: float, query_len: int = 1,
                         tree_mask: torch.Tensor | None = None, window: int | None = None) -> torch.Tensor | None:
@@ -174,26 +191,20 @@ def paged_decode_native(query: torch.Tensor, kv_cache: torch.Tensor, block_table
     or with ``tree_mask`` (tree verification: bool [query_len, query_len] shared by all sequences, or
     [>= nd, query_len, query_len] with sequence s using ``tree_mask[s]``) the cached context and the new rows
     its tree row marks. ``block_tables`` [>= nd, max_blocks] and ``seq_lens`` [>= nd]: the first nd rows are
-    read. ``window``: a sliding-window layer's window (a row at position p sees keys > p - window only)."""
-    if query.device.type != "cpu" or not kv_cache.is_contiguous():
-        return None
-    mod = native_module("paged_decode")
-    if mod is None:
-        return None
-    nd = query.shape[0] // query_len
+    read (by the kernel: no Python-side slice). ``window``: a sliding-window layer's window (a row at position p
+    sees keys > p - window only)."""
     tree = _NO_TREE
     if tree_mask is not None:  # [nd, ql, ql]: the kernel steps ql * ql per sequence; [ql, ql]: all read it
+        nd = query.shape[0] // query_len
         tree = (tree_mask[:nd] if tree_mask.dim() == 3 else tree_mask).to(torch.bool).contiguous()
-    # the kernel reads the first nd rows of the tables and lengths and takes a bf16 query itself: at batch 1 every
-    # Python-side op here would cost more than the attention
-    q = query if query.dtype in (torch.float32, torch.bfloat16) else query.float()
-    if window is None:
-        out = call_native(mod, "paged_decode", q, kv_cache, _int32(block_tables), _int32(seq_lens), float(scale),
-                          int(query_len), tree)
-    else:
-        out = call_native(mod, "paged_decode_window", q, kv_cache, _int32(block_tables), _int32(seq_lens),
-                          float(scale), int(query_len), tree, int(window))
-    return out if q is query else out.to(query.dtype)
+
+    def call(mod: Any, q: torch.Tensor) -> torch.Tensor:
+        if window is None:
+            return call_native(mod, "paged_decode", q, kv_cache, _int32(block_tables), _int32(seq_lens),
+                               float(scale), int(query_len), tree)
+        return call_native(mod, "paged_decode_window", q, kv_cache, _int32(block_tables), _int32(seq_lens),
+                           float(scale), int(query_len), tree, int(window))
+    return decode_attention_native("paged_decode", query, kv_cache, call)
 
 
 def paged_decode_varlen_native(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
@@ -203,15 +214,9 @@ def paged_decode_varlen_native(query: torch.Tensor, kv_cache: torch.Tensor, bloc
     unavailable: sequence s owns query rows ``query_start_loc[s] ..< query_start_loc[s + 1]`` (at least one, at most
     its ``seq_lens[s]``), row r of its q seeing keys up to seq_len - q + r. No tree, no window. Each sequence comes
     out exactly as ``paged_decode_native`` computes it with its own row count."""
-    if query.device.type != "cpu" or not kv_cache.is_contiguous():
-        return None
-    mod = native_module("paged_decode")
-    if mod is None:
-        return None
-    q = query if query.dtype in (torch.float32, torch.bfloat16) else query.float()
-    out = call_native(mod, "paged_decode_varlen", q, kv_cache, _int32(block_tables), _int32(seq_lens), float(scale),
-                      _int32(query_start_loc))
-    return out if q is query else out.to(query.dtype)
+    return decode_attention_native("paged_decode", query, kv_cache, lambda mod, q: call_native(
+        mod, "paged_decode_varlen", q, kv_cache, _int32(block_tables), _int32(seq_lens), float(scale),
+        _int32(query_start_loc)))
 
 
 def _int32(t: torch.Tensor) -> torch.Tensor:
