@@ -9,6 +9,7 @@ import torch
 from cinq.engine.kv_cache_virtual import VirtualKVRegion
 from cinq.kernels import contiguous
 from cinq.kernels.backends import get_backend
+from cinq.kernels.cpu_native import native_module
 from cinq.kernels.metadata import AttentionMetadata
 from cinq.kernels.paged import write_kv_index_copy
 from cinq.kernels.reference import paged_attention_reference
@@ -62,7 +63,7 @@ def test_matches_reference(native: bool, dtype: torch.dtype, query_lens, seq_len
 
 def test_native_decode_refuses_a_length_past_the_slot() -> None:
     q, _, _, cache, meta, scale = virtual_case([1], [10], 4, 2, 16, slot_tokens=32)
-    if contiguous.native_module("contiguous_decode") is None:
+    if native_module("contiguous_decode") is None:
         pytest.skip("native kernels unavailable")
     with pytest.raises(RuntimeError, match="seq_len 33"):
         contiguous.contiguous_decode_native(q, cache, torch.tensor([0]), torch.tensor([33]), scale)
