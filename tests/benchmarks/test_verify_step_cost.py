@@ -25,5 +25,4 @@ def test_steps_are_timed_by_shape_and_ragged_verifies_are_told_apart(tiny_llama)
     verify = [s for s in shapes(times["ngram"], 2, 1) if s["rows"] > s["seqs"]]
     assert any(s["ragged"] for s in verify)  # the looping prompt drafts beside ones without a match
     assert all(s["ragged"] == (s["rows"] != 3 * s["seqs"]) for s in verify)
-    assert all(s["median_ms"] > 0 for s in verify)
     assert any(k[0] == "prefill" for k in times["ngram"].times)  # prefill steps are kept apart
