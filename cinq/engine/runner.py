@@ -151,6 +151,7 @@ class ModelRunner:
             self.kv_region.check_step(seqs)  # no write past a request's own range
         if self.proposer is not None:
             proposals = self._propose(seqs)
+            out.catch_up_s = proposals.catch_up_s
             seqs = [dataclasses.replace(s, token_ids=s.token_ids + proposals.token_ids.get(s.request_id, []))
                     if s.num_draft_slots else s for s in seqs]
         # Decode-like sequences first: the attention backends batch them in their decode kernel. A padding

@@ -135,7 +135,8 @@ class Scheduler:
                     drafted.append(core.num_draft_tokens)
                     accepted.append(core.num_accepted_tokens)
         if self.drafter is not None and out.num_prompt_tokens == 0 and drafted:
-            self.drafter.observe(run.elapsed_s, drafted, accepted)  # a decode-only step: its cost is clean
+            # a decode-only step: its cost is clean, once the catch-up that paid for undrafted steps is left out
+            self.drafter.observe(run.elapsed_s - run.catch_up_s, drafted, accepted)
         return outputs
 
     def _update_seq(self, seq: ScheduledSeq, run: RunnerOutput) -> EngineCoreOutput | None:

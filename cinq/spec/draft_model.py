@@ -97,7 +97,9 @@ class DraftModelProposer(PagedKVProposer):
                 catch_up.append(ScheduledSeq(s.request_id, history[s.request_id][d:s.start_pos] + s.token_ids, d,
                                              s.block_ids, 1))
         batch = build_batch(catch_up, self.block_size, self.pad_block_ids, self.device)
-        hidden = self.model(batch.input_ids, batch.positions, batch.meta)
+        hidden, out.catch_up_s = self.catch_up(lambda: self.model(batch.input_ids, batch.positions, batch.meta),
+                                               [len(s.token_ids) for s in catch_up],
+                                               [want[s.request_id] for s in catch_up])
         live = list(zip(batch.seqs, batch.last_rows()))
         by_id = {s.request_id: s for s in seqs}
         positions = {s.request_id: s.start_pos + len(s.token_ids) for s, _ in live}  # where the next draft goes

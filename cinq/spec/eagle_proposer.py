@@ -113,7 +113,9 @@ class EagleProposer(PagedKVProposer):
         by_id = dict(zip(ids, feats))
         feature = _pad_rows(self._fused(torch.cat([by_id[s.request_id] for s in batch.seqs])),
                             batch.input_ids.shape[0])
-        next_feat, normed = self.head(batch.input_ids, feature, batch.positions, batch.meta)
+        (next_feat, normed), out.catch_up_s = self.catch_up(
+            lambda: self.head(batch.input_ids, feature, batch.positions, batch.meta),
+            [len(s.token_ids) for s in rows_in], [want[s.request_id] for s in rows_in])
         live = [(s, row) for s, row in zip(batch.seqs, batch.last_rows()) if s.request_id in want]
         block_ids = {s.request_id: s.block_ids for s in seqs}
         n_tree = self.tree_nodes or -1

@@ -10,9 +10,10 @@ EAGLE head's features) follows the committed tokens. Proposers write their K/V i
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import torch
 
@@ -20,6 +21,7 @@ from cinq.sampling_params import SamplingParams
 from cinq.step.batch_inputs import BatchInputs
 from cinq.step.scheduler_output import ScheduledSeq
 
+T = TypeVar("T")
 
 @dataclass(slots=True)
 class DraftSampling:
@@ -38,6 +40,9 @@ class Proposals:
     probs: dict[str, torch.Tensor] = field(default_factory=dict)
     # requests whose drafts form a tree: its parent array over [root] + drafts (one shape for the whole step)
     parents: dict[str, list[int]] = field(default_factory=dict)
+    # seconds of the catch-up spent on positions committed while their request did not draft (PagedKVProposer
+    # .catch_up): a one-time price of having been off, not what a step with drafts costs (adaptive k leaves it out)
+    catch_up_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -155,6 +160,22 @@ class PagedKVProposer:
     def kv_layers(self) -> tuple[list[torch.nn.Module], int, int]:
         """The proposer's attention layers, their KV heads and head size."""
         raise NotImplementedError
+
+    def catch_up(self, forward: Callable[[], T], rows: list[int], drafts: list[int]) -> tuple[T, float]:
+        """Run ``forward``, the catch-up over ``rows[i]`` positions of request i, which drafts ``drafts[i]``
+        tokens this step; also return the share of its wall time spent past ``drafts[i] + 1`` positions a request
+        (as much as a step that drafted k commits: its known token and accepted drafts). Those positions were
+        committed while the request did not draft (its prompt, or steps with speculation off): timed here so that
+        adaptive k prices an arm by what its steps cost from then on, not by the re-try that pays for the gap.
+        Apportioned by rows: a long catch-up is compute-bound, linear in them."""
+        stale = sum(max(0, r - d - 1) for r, d in zip(rows, drafts))
+        if not stale:
+            return forward(), 0.0
+        t0 = time.perf_counter()
+        out = forward()
+        if self.device.type == "cuda":  # the launches return at once: wait for the work they timed
+            torch.cuda.synchronize(self.device)
+        return out, (time.perf_counter() - t0) * stale / sum(rows)
 
     def kv_bytes_per_block(self, block_size: int) -> int:
         layers, num_kv_heads, head_dim = self.kv_layers()

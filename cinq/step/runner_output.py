@@ -26,6 +26,7 @@ class RunnerOutput:
     # prompt logprobs computed this step: request -> [(prompt position, TokenLogprobs)], position >= 1
     prompt_logprobs: dict[str, list[tuple[int, TokenLogprobs]]] = field(default_factory=dict)
     elapsed_s: float = 0.0  # wall time of the step's execution (adaptive speculation learns its costs from it)
+    catch_up_s: float = 0.0  # of which the proposer's catch-up over positions committed undrafted (Proposals)
 
     @property
     def num_sampled_tokens(self) -> int:

@@ -281,3 +281,30 @@ def test_pending_features_append_restart_and_cap(monkeypatch: pytest.MonkeyPatch
     for pos in range(12, 16):
         p.append_at(pos, rows(pos, pos + 1))
     assert p.rows().flatten().tolist() == list(range(p.first, p.end)) and p.end == 16 and p.length <= 5
+
+
+@pytest.mark.parametrize("method", ["eagle3", "draft_model"])
+def test_the_catch_up_over_undrafted_steps_is_reported_apart(tiny_llama: Path, heads, method: str) -> None:
+    """After decode steps at k = 0, the first step with drafts catches the proposer up over the prompt and those
+    steps: the share of its time spent past k + 1 positions a request is reported (Proposals.catch_up_s, which
+    adaptive k leaves out of the arm's cost); a step right after one that drafted catches up over at most k + 1
+    positions and reports none."""
+    k = 3
+    model = str(tiny_llama) if method == "draft_model" else str(heads[method])
+    llm = LLM(str(tiny_llama), dtype="float32",
+              speculative_config={"method": method, "model": model, "num_speculative_tokens": k})
+    drafter, proposer = llm.engine.scheduler.drafter, llm.engine.executor.proposer
+    choices: list[int] = []
+    drafter.choose_k = lambda batch_size: choices.append(batch_size) or (0 if len(choices) <= 6 else k)
+    reported: list[float] = []
+    real = proposer.propose
+
+    def propose(seqs, history, sampling):
+        out = real(seqs, history, sampling)
+        if any(s.num_draft_slots for s in seqs):
+            reported.append(out.catch_up_s)
+        return out
+
+    proposer.propose = propose
+    llm.generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+    assert len(reported) > 4 and reported[0] > 0 and reported[1:4] == [0.0] * 3
