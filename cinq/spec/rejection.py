@@ -64,6 +64,8 @@ def rejection_sample(target_probs: torch.Tensor, drafts: DraftBatch, greedy: tor
         raise ValueError(f"rejection_sample: target_probs has {target_probs.shape[0]} rows, need "
                          f"sum(k) + batch = {sum(ks) + b}")
     starts, bonus = target_rows(ks)
+    if bool(greedy.all()):  # the common case: one argmax over every row decides the whole step
+        return _greedy(target_probs, drafts, starts)
     dev = target_probs.device
     x = drafts.token_ids.to(dev, torch.long)
     firsts = [s - i for i, s in enumerate(starts)]  # request i's first draft in the flat [sum k] order
@@ -107,6 +109,23 @@ def rejection_sample(target_probs: torch.Tensor, drafts: DraftBatch, greedy: tor
     drafted = x.tolist()
     for i, a in enumerate(num_accepted):
         out.append(drafted[firsts[i]:firsts[i] + a] + [closing[i]])
+    return RejectionResult(out, num_accepted)
+
+
+def _greedy(target: torch.Tensor, drafts: DraftBatch, starts: list[int]) -> RejectionResult:
+    """All requests greedy: a draft is accepted while it is its row's argmax, and the step closes with the argmax
+    of the row after the last accepted one (the bonus row when all were): what the general path computes (an id
+    outside the vocabulary is never an argmax), without its copies of whole rows or a draw from the generator."""
+    best = target.argmax(-1).tolist()
+    drafted = drafts.token_ids.tolist()
+    out, num_accepted, at = [], [], 0
+    for k, row in zip(drafts.num_draft_tokens, starts):
+        a = 0
+        while a < k and drafted[at + a] == best[row + a]:
+            a += 1
+        out.append(drafted[at:at + a] + [best[row + a]])
+        num_accepted.append(a)
+        at += k
     return RejectionResult(out, num_accepted)
 
 

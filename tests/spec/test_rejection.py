@@ -167,3 +167,23 @@ def test_greedy_closes_with_argmax_even_when_the_draft_distribution_would_move_i
     for probs in (q, q2):
         res = one_request(p, [2], greedy=True, probs=probs)
         assert res.token_ids == [[0]] and res.num_accepted == [0]
+
+
+def test_an_all_greedy_step_decides_as_greedy_rows_beside_a_sampled_request() -> None:
+    """The all-greedy shortcut (one argmax over the rows) emits what the general path gives the same greedy
+    requests when a sampled one shares their step: ties, out-of-vocabulary ids, empty and fully accepted drafts."""
+    gen = torch.Generator().manual_seed(3)
+    for trial in range(50):
+        ks = [int(k) for k in torch.randint(0, 4, (3,), generator=gen)]
+        logits = torch.randint(0, 3, (sum(ks) + 3, V), generator=gen).float()  # many ties
+        best = logits.argmax(-1)
+        drafts = []
+        for row, k in zip(rejection.target_rows(ks)[0], ks):
+            for j in range(k):  # mostly the argmax (to reach the bonus row), sometimes another id or none at all
+                roll = int(torch.randint(0, 6, (), generator=gen))
+                drafts.append(int(best[row + j]) if roll < 4 else (V + 2 if roll == 4 else -1))
+        batch = DraftBatch(ks, torch.tensor(drafts, dtype=torch.long))
+        fast = rejection_sample(logits, batch, torch.ones(3, dtype=torch.bool))
+        mixed = rejection_sample(torch.cat([logits, torch.ones(1, V)]),
+                                 DraftBatch(ks + [0], batch.token_ids), torch.tensor([True, True, True, False]))
+        assert fast.token_ids == mixed.token_ids[:3] and fast.num_accepted == mixed.num_accepted[:3], trial
