@@ -9,10 +9,33 @@ over that set can reach, and N trades that bound against the head's cost.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
 from cinq.errors import InvalidParameterError
+
+
+@dataclass(frozen=True, slots=True)
+class DraftVocab:
+    """Logits over part of the target's vocabulary: column j is target token ``ids[j]``, ascending, of ``size``.
+    Ascending, the first of equal maxima is the same token whether one takes the argmax over these columns or over
+    the full vocabulary with -inf elsewhere, so greedy drafts need no full-width row."""
+
+    ids: torch.Tensor
+    size: int
+
+    def widen(self, logits: torch.Tensor) -> torch.Tensor:
+        """[..., size] float32 logits: these columns in their tokens' places, -inf elsewhere."""
+        small = logits.float()
+        out = small.new_full((*small.shape[:-1], self.size), float("-inf"))
+        out[..., self.ids] = small
+        return out
+
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """The target token of each row's largest logit."""
+        return self.ids[logits.argmax(-1)]
 
 
 def frequent_tokens(tokens: np.ndarray, n: int, vocab_size: int) -> torch.Tensor:

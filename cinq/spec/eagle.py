@@ -139,6 +139,10 @@ class EagleHead(HeadLayer):
             raise ValueError("EAGLE head built without the target's compute_logits")
         return self._target_logits[0](normed)
 
+    def draft_vocab(self) -> None:
+        """None: this head drafts over the target's whole vocabulary (``Eagle3Head.draft_vocab``)."""
+        return None
+
     def hf_config(self, dtype: torch.dtype | None = None) -> dict[str, Any]:
         """config.json of this head's folder."""
         cfg = hf_config_dict(self.config, dtype)

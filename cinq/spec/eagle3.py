@@ -40,6 +40,7 @@ from cinq.model.config import ModelConfig
 from cinq.model.llama import STACKED_PARAMS_MAPPING, _merged_linear
 from cinq.model.registry import ModelRegistry
 from cinq.model.saver import hf_config_dict
+from cinq.spec.draft_vocab import DraftVocab
 from cinq.spec.eagle_features import HeadLayer, check_feature_layers, default_feature_layers, head_layer_config
 from cinq.spec.head_folder import HeadSpec
 
@@ -71,6 +72,7 @@ class Eagle3Head(HeadLayer):
         self._target_logits = (target_logits,)
         self.vocab_size = config.vocab_size
         self.register_buffer("draft_ids", draft_ids.to(embed_tokens.weight.device, torch.long), persistent=False)
+        self._ascending = bool((draft_ids[1:] > draft_ids[:-1]).all())
         self.fc = make_linear(len(self.feature_layers) * target_hidden_size, hidden, False, None, "fc", dtype)
         layer = ModelRegistry.model_class(config.architecture).decoder_layer(config, "layers.0", attention_backend,
                                                                              dtype)
@@ -117,10 +119,12 @@ class Eagle3Head(HeadLayer):
 
     def compute_logits(self, normed: torch.Tensor) -> torch.Tensor:
         """[..., V] float32 logits over the target's vocabulary: the draft vocabulary's, -inf elsewhere."""
-        small = self.draft_logits(normed).float()
-        out = small.new_full((*small.shape[:-1], self.vocab_size), float("-inf"))
-        out[..., self.draft_ids] = small
-        return out
+        return DraftVocab(self.draft_ids, self.vocab_size).widen(self.draft_logits(normed))
+
+    def draft_vocab(self) -> DraftVocab | None:
+        """What ``draft_logits``' columns are, when their ids ascend (a folder's ``d2t`` need not: then None, and
+        drafts come from ``compute_logits``)."""
+        return DraftVocab(self.draft_ids, self.vocab_size) if self._ascending else None
 
     def hf_config(self, dtype: torch.dtype | None = None) -> dict[str, Any]:
         """config.json of this head's folder (vLLM's keys, plus ``cinq_spec``)."""

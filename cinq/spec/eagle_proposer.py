@@ -148,8 +148,11 @@ class EagleProposer(PagedKVProposer):
     def _draft_chains(self, ids: list[str], pos: dict[str, int], block_ids: dict[str, list[int]],
                       want: dict[str, int], sampling: dict[str, DraftSampling], cur_feat: torch.Tensor,
                       cur_norm: torch.Tensor, out: Proposals) -> None:
-        """One batched head step per draft, each fed its previous draft and the head's own feature."""
+        """One batched head step per draft, each fed its previous draft and the head's own feature; over the
+        head's draft vocabulary where it has one (no full-vocabulary row per greedy draft)."""
         feat = [cur_feat]
+        vocab = self.head.draft_vocab()
+        logits_of = self.head.draft_logits if vocab is not None else self.head.compute_logits
 
         def step(keep: list[int], ids: list[str], j: int) -> torch.Tensor:
             step_seqs = [ScheduledSeq(r, [out.token_ids[r][-1]], pos[r] + j, block_ids[r], 1) for r in ids]
@@ -158,10 +161,9 @@ class EagleProposer(PagedKVProposer):
             f, n = self.head(batch.input_ids, _pad_rows(feat[0][sel], batch.input_ids.shape[0]), batch.positions,
                              batch.meta)
             feat[0] = f[:len(ids)]
-            return self.head.compute_logits(n[:len(ids)])
+            return logits_of(n[:len(ids)])
 
-        draft_chains(ids, want, sampling, self.head.compute_logits(cur_norm), step, self.probabilistic,
-                     self.generator, out)
+        draft_chains(ids, want, sampling, logits_of(cur_norm), step, self.probabilistic, self.generator, out, vocab)
 
     def _tree_level(self, ids: list[str], pos: dict[str, int], block_ids: dict[str, list[int]],
                     tokens: dict[str, list[int]], parents: dict[str, list[int]],

@@ -18,6 +18,7 @@ from typing import Protocol, TypeVar
 import torch
 
 from cinq.sampling_params import SamplingParams
+from cinq.spec.draft_vocab import DraftVocab
 from cinq.step.batch_inputs import BatchInputs
 from cinq.step.scheduler_output import ScheduledSeq
 
@@ -86,12 +87,19 @@ class Proposer(Protocol):
 
 
 def draw_drafts(logits: torch.Tensor, sampling: list[DraftSampling], probabilistic: bool,
-                default_generator: torch.Generator) -> tuple[list[int], torch.Tensor | None]:
+                default_generator: torch.Generator, vocab: DraftVocab | None = None
+                ) -> tuple[list[int], torch.Tensor | None]:
     """One draft token per row of ``logits`` [n, V]: argmax (greedy drafting, or a greedy request), else a sample
     from softmax(logits / temperature) — then q, those rows' distributions, comes back for the rejection sampler
-    (rows of greedy requests hold a one-hot q, which the greedy acceptance rule ignores)."""
+    (rows of greedy requests hold a one-hot q, which the greedy acceptance rule ignores). ``vocab``: the logits
+    cover only its tokens (an EAGLE-3 draft vocabulary), widened to [n, V] only where a draft is sampled."""
+    greedy_only = not probabilistic or all(s.params.greedy for s in sampling)
+    if vocab is not None:
+        if greedy_only:
+            return vocab.argmax(logits).tolist(), None
+        logits = vocab.widen(logits)
     greedy_ids = logits.argmax(-1)
-    if not probabilistic or all(s.params.greedy for s in sampling):
+    if greedy_only:
         return greedy_ids.tolist(), None
     temps = torch.tensor([s.params.temperature if not s.params.greedy else 1.0 for s in sampling],
                          dtype=torch.float32, device=logits.device)
@@ -109,13 +117,14 @@ def draw_drafts(logits: torch.Tensor, sampling: list[DraftSampling], probabilist
 
 def draft_chains(ids: list[str], want: dict[str, int], sampling: dict[str, DraftSampling], logits: torch.Tensor,
                  step: Callable[[list[int], list[str], int], torch.Tensor], probabilistic: bool,
-                 generator: torch.Generator, out: Proposals) -> None:
-    """The chain loop every model proposer shares: draw one draft per request from ``logits`` [len(ids), V],
-    then ``step(keep, ids, j)`` (the indices of the requests that still want drafts, their ids, the step number)
-    feeds their newest drafts and returns their next logits. Drafts and q rows go into ``out``."""
+                 generator: torch.Generator, out: Proposals, vocab: DraftVocab | None = None) -> None:
+    """The chain loop every model proposer shares: draw one draft per request from ``logits`` [len(ids), V]
+    (or over ``vocab``'s tokens), then ``step(keep, ids, j)`` (the indices of the requests that still want drafts,
+    their ids, the step number) feeds their newest drafts and returns their next logits. Drafts and q rows go
+    into ``out``."""
     q_rows: dict[str, list[torch.Tensor]] = {}
     for j in range(max(want[r] for r in ids)):
-        tokens, q = draw_drafts(logits, [sampling[r] for r in ids], probabilistic, generator)
+        tokens, q = draw_drafts(logits, [sampling[r] for r in ids], probabilistic, generator, vocab)
         for i, (rid, tok) in enumerate(zip(ids, tokens)):
             out.token_ids.setdefault(rid, []).append(tok)
             if q is not None:
