@@ -11,9 +11,9 @@ moving average over decode-only steps (a prefill chunk in the step would blur it
 bucket is not counted (new shapes build kernels and caches then), nor is a proposer's catch-up over positions
 committed while a request did not draft (``Proposals.catch_up_s``: an EAGLE head's or a draft model's pass over
 the prompt, or over the steps spent at k = 0, paid once when speculation resumes; counted, each re-try of an
-arm after a stretch off would price it by the gap it closed, not by what its steps cost). Throughput is batch * tokens / cost; plain
-decoding (k = 0) is one of the arms, so the choice is never knowingly slower than it, and k = 0 proposes nothing
-(off costs nothing).
+arm after a stretch off would price it by the gap it closed, not by what its steps cost). Throughput is
+batch * tokens / cost; plain decoding (k = 0) is one of the arms, so the choice is never knowingly slower than
+it, and k = 0 proposes nothing (off costs nothing).
 
 Costs are modelled, not only explored: ``step cost = a + b * k + c * B * (k + 1)`` (a fixed dispatch cost, a
 draft cost per position, the target's cost per verified row), fitted by least squares to every measured arm of

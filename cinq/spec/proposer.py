@@ -24,6 +24,7 @@ from cinq.step.scheduler_output import ScheduledSeq
 
 T = TypeVar("T")
 
+
 @dataclass(slots=True)
 class DraftSampling:
     """How one request's drafts are drawn: greedy (argmax, one-hot q) or from the proposer's distribution."""
