@@ -6,6 +6,8 @@ both language-balanced, 8,192-token draft vocabulary), on the held-out sequences
 turns on test topics, greedy). This script only evaluates; the training commands are in each head's card.
 
     python benchmarks/head_before_after.py    # writes benchmarks/results/eagle3_smollm2_head_before_after.{md,json}
+    python benchmarks/head_before_after.py --before runs/eagle3-smollm2-v3 --after runs/eagle3-smollm2-v4 \
+        --out benchmarks/results/eagle3_smollm2_head_more_data    # twice the data (2,700 prompts, 187k tokens)
 """
 
 from __future__ import annotations

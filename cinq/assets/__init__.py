@@ -4,7 +4,9 @@ the shipped cinq-tiny when present, else a small random-weight Llama that cinq b
 Shipped here (each folder a Hugging Face model with its tokenizer and a model card, README.md):
 ``cinq-tiny`` (the teacher, ~11M parameters) and ``cinq-tiny-student`` (~1.8M, distilled from it);
 ``tokenizer/`` is the shared 8k byte-level BPE on its own. Speculative-decoding heads for cinq-tiny, each with
-its card: ``cinq-tiny-eagle``, ``cinq-tiny-eagle3``, ``cinq-tiny-medusa`` (cinq/spec/eagle.py, medusa.py)."""
+its card: ``cinq-tiny-eagle``, ``cinq-tiny-eagle3``, ``cinq-tiny-medusa`` (cinq/spec/eagle.py, medusa.py), and
+``smollm2-135m-instruct-eagle3``, an EAGLE-3 head for the real model (its 8,192-token draft vocabulary, trained on
+187k tokens the model wrote)."""
 
 from __future__ import annotations
 

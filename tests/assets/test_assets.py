@@ -60,7 +60,8 @@ def test_default_model_is_the_shipped_teacher():
 
 def test_assets_fit_the_size_budget():
     total = sum(p.stat().st_size for p in ASSETS_DIR.rglob("*") if p.is_file())
-    assert total <= 40 * 1024 * 1024, f"assets hold {total / 2**20:.1f} MiB (budget 40 MiB)"
+    # 64 MiB: the budget the real-model speculation issue set for shipping an EAGLE-3 head beside cinq-tiny's
+    assert total <= 64 * 1024 * 1024, f"assets hold {total / 2**20:.1f} MiB (budget 64 MiB)"
 
 
 def test_shipped_model_path():
@@ -88,3 +89,23 @@ def test_shipped_heads_load_onto_cinq_tiny_and_carry_a_card(name, method):
                     "training time", "## Held-out acceptance", "| **all** |"):
         assert section in card, section
     assert json.loads((folder / "config.json").read_text())["cinq_spec"]["target"]["name"] == "cinq-tiny"
+
+
+def test_the_smollm2_eagle3_head_loads_onto_its_target_only_and_carries_a_card():
+    """The EAGLE-3 head shipped for SmolLM2-135M-Instruct loads onto the real model's file by name, drafts over its
+    ascending 8,192-token vocabulary, is refused on cinq-tiny (naming the field that differs) and has its card."""
+    from cinq.errors import InvalidParameterError, ModelLoadError
+    from cinq.real_models import REAL_MODELS
+    from cinq.spec.eagle import load_eagle_head
+    folder = _folder("smollm2-135m-instruct-eagle3")
+    file = REAL_MODELS["smollm2-135m-instruct"].path()
+    if file is None:
+        pytest.skip("needs the real model: bash scripts/setup.sh")
+    head = load_eagle_head(folder, load_model(file, dtype="bfloat16"), torch.bfloat16, "cpu", "sdpa")
+    assert head.method == "eagle3" and head.draft_vocab_size == 8192 and head.draft_vocab() is not None
+    with pytest.raises((InvalidParameterError, ModelLoadError), match="target"):
+        load_eagle_head(folder, load_model(_folder("cinq-tiny"), dtype="bfloat16"), torch.bfloat16, "cpu", "sdpa")
+    card = (folder / "README.md").read_text()
+    for section in ("## Use", "## Reproduce", "--heads eagle3 --target smollm2-135m-instruct", "## Training",
+                    "training time", "## Held-out acceptance", "| **all** |"):
+        assert section in card, section
