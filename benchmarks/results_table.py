@@ -73,6 +73,8 @@ SCRIPTS = {
     "serving_smollm2": "scripts/bench_real_model.sh serve", "speculative_smollm2": "benchmarks/speculative_smollm2.py",
     "speculative_smollm2_copy": "benchmarks/speculative_smollm2.py --workload copy",
     "speculative_smollm2_bf16": "benchmarks/speculative_smollm2.py --weights bf16",
+    "speculative_smollm2_bf16_b1": "benchmarks/speculative_smollm2.py --weights bf16 --batch-sizes 1 --rounds 5 "
+                                   "--sample-batches '' --no-languages",
     "speculative_smollm2_copy_bf16": "benchmarks/speculative_smollm2.py --workload copy --weights bf16",
     "speculative_smollm2_trees_bf16": "benchmarks/speculative_smollm2.py --weights bf16 --trees",
     "speculative_smollm2_copy_bf16_eos": "benchmarks/speculative_smollm2.py --workload copy --weights bf16 --stop-at-eos",
