@@ -45,6 +45,7 @@ import torch.nn.functional as F  # noqa: E402
 from cinq.bench.report import run_conditions  # noqa: E402
 from cinq.kernels import cpu_native, custom_ops  # noqa: E402,F401  (custom_ops: torch.ops.cinq.*)
 from cinq.layers.quantization import native  # noqa: E402
+from cinq.plan.cpu import cpu_label  # noqa: E402
 from cinq.plan.probe import read_bandwidth  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -404,7 +405,7 @@ def main() -> None:
         before = {"file": str(path.resolve().relative_to(ROOT)) if path.resolve().is_relative_to(ROOT) else path.name,
                   "date": before["date"], "load_start": before["load_start"], "cells": before["cells"]}
     load_start = os.getloadavg()[0]
-    data: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": _cpu_name(),
+    data: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu_label(),
                             "repeats": 2 if args.quick else args.repeats, "load_start": load_start,
                             "region_us": region_costs(), "dispatch_us": dispatch_overhead_us()}
     kernels = tuple(k.strip() for k in args.kernels.split(",") if k.strip())
@@ -420,16 +421,6 @@ def main() -> None:
     out.with_suffix(".md").write_text(render(data))
     print(f"wrote {out}.json and .md")
 
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "CPU")
-    except OSError:
-        name = "CPU"
-    isa = ("AVX512-BF16" if "avx512_bf16" in Path("/proc/cpuinfo").read_text() else "AVX2 + FMA, no AVX512") \
-        if Path("/proc/cpuinfo").exists() else ""
-    return f"{name}, {os.cpu_count()} cores, {isa}"
 
 
 if __name__ == "__main__":

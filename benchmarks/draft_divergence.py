@@ -51,7 +51,7 @@ from cinq.model.loader import load_model  # noqa: E402
 from cinq.spec.head_folder import TargetFingerprint  # noqa: E402
 from cinq.train.distill import load_teacher  # noqa: E402
 from cinq.train.evaluate import kl_to_teacher, language_perplexities  # noqa: E402
-from cinq.train.model_card import _cpu_name  # noqa: E402
+from cinq.plan.cpu import cpu_label  # noqa: E402
 from cinq.train.spec_head_data import GenerationSettings, TargetSequences, target_sequences  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -383,7 +383,7 @@ def main() -> int:
                         "tokens": seqs.num_tokens, "generation": seqs.info},
            "ngram": ngram, "rows": rows, "verdict": verdict(rows, lrs),
            "language_note": language_note(rows, lrs, langs, ngram), "commands": [t["command"] for t in trained],
-           "machine": {"cpu": _cpu_name(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+           "machine": {"cpu": cpu_label(), "torch": torch.__version__, "threads": torch.get_num_threads(),
                        "load_average": os.getloadavg()}}
     print(res["verdict"])
     prefix = runs / "report" if args.quick else RESULTS / "draft_divergence"

@@ -33,7 +33,7 @@ from cinq.eval.spec_acceptance import measure  # noqa: E402
 from cinq.spec.eagle import load_eagle_head  # noqa: E402
 from cinq.spec.head_folder import TargetFingerprint  # noqa: E402
 from cinq.train.distill import load_teacher  # noqa: E402
-from cinq.train.model_card import _cpu_name  # noqa: E402
+from cinq.plan.cpu import cpu_label  # noqa: E402
 from cinq.train.spec_head_data import target_sequences  # noqa: E402
 from cinq.train.spec_heads import HeadJob, held_out_batches, held_out_settings  # noqa: E402
 
@@ -148,7 +148,7 @@ def render(res: dict[str, dict[str, Any]]) -> str:
         *(f"| {name} | {d['sequences']} | {d['tokens']:,} ({d['generated_tokens']:,}) | {r['steps']} x 16 | "
           f"{r['training_s'] / 60:.1f} min | {d['generation_s']:.0f} s | {r['final_loss']:.3f} |"
           for name, r in (("natural", nat), ("balanced", bal)) for d in [r["train_data"]]), "",
-        f"Machine: {_cpu_name()}, {torch.get_num_threads()} torch thread(s), shared with other jobs.", ""])
+        f"Machine: {cpu_label()}, {torch.get_num_threads()} torch thread(s), shared with other jobs.", ""])
 
 
 def main() -> None:

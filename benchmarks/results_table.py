@@ -106,6 +106,21 @@ def md_text(stem: str) -> str:
 
 
 def label(stem: str, data: dict[str, Any]) -> str:
+    """quiet / draft as the run recorded it (``conditions``), and the vector instruction set of the CPU it ran on
+    where the run recorded one (``cinq.plan.cpu.cpu_label``): "quiet, AVX512-BF16"."""
+    where = conditions(stem, data)
+    said = [json.dumps(data.get("machine", {})), str(data.get("cpu", "")),
+            *re.findall(r"CPU: ([^.]*)\.", md_text(stem))]  # the setup line run_conditions writes
+    said = [re.sub(r"no [\w-]+", "", text) for text in said]  # "AVX2 + FMA, no AVX512-BF16" names AVX2
+    isa = next((isa for isa in ISAS for text in said if isa in text), "")
+    return f"{where}, {isa}" if isa and where != "from a log" else where
+
+
+# What cinq.plan.cpu.vector_isa names, widest first (a label naming AVX2 says "no AVX512-BF16").
+ISAS = ("AMX", "AVX512-BF16", "AVX2 + FMA")
+
+
+def conditions(stem: str, data: dict[str, Any]) -> str:
     """quiet / draft as the run recorded it: the JSON's own flag or start load first, then the markdown's words;
     "not recorded" when neither says."""
     if stem in FROM_A_LOG:

@@ -50,7 +50,8 @@ def machine_info(load_at_start: float | None = None) -> dict[str, Any]:
     """Where the run happened (for the JSON and the setup line): CPU, torch threads, torch version, load; given
     the 1-minute load when the run began, also that and ``run_conditions``' verdict (the results table reads it)."""
     import torch
-    info = {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+    from cinq.plan.cpu import cpu_label
+    info = {"cpu": cpu_label(), "cpus": os.cpu_count(),
             "threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version(),
             "loadavg_at_end": [round(x, 2) for x in os.getloadavg()]}
     if load_at_start is not None:
@@ -63,11 +64,13 @@ QUIET_LOAD = 1.0  # 1-minute load average at a run's start below which nothing e
 
 def run_conditions(load_at_start: float) -> tuple[bool, str]:
     """Whether a run counts as measured alone (``True``: the cores were idle when it began) or as a draft, and the
-    line a report opens with to say so."""
+    line a report opens with to say so, naming the CPU (``cinq.plan.cpu.cpu_label``)."""
+    from cinq.plan.cpu import cpu_label
+    cpu = f" CPU: {cpu_label()}."
     if load_at_start <= QUIET_LOAD:
-        return False, f"Quiet machine: load average {load_at_start:.2f} when the run began (nothing else running)."
+        return False, f"Quiet machine: load average {load_at_start:.2f} when the run began (nothing else running).{cpu}"
     return True, (f"**DRAFT: the machine was shared (load average {load_at_start:.2f} when the run began); rerun "
-                  f"alone before quoting these timings.**")
+                  f"alone before quoting these timings.**{cpu}")
 
 
 def model_label(model: str) -> str:

@@ -6,14 +6,14 @@ which a request offered a draft position i (a step with k > i) got a draft there
 position and per offer, not per draft: an n-gram drafter finds no match for many requests, and a step that offers
 4 positions to requests that draft none emits one token each, which a per-draft rate would overstate.
 
-A step's cost is measured, as wall time of the runner's execute, per (batch-size bucket, k), as an exponential
-moving average over decode-only steps (a prefill chunk in the step would blur it); an arm's first step in a
-bucket is not counted (new shapes build kernels and caches then), nor is a proposer's catch-up over positions
-committed while a request did not draft (``Proposals.catch_up_s``: an EAGLE head's or a draft model's pass over
-the prompt, or over the steps spent at k = 0, paid once when speculation resumes; counted, each re-try of an
-arm after a stretch off would price it by the gap it closed, not by what its steps cost). Throughput is
-batch * tokens / cost; plain decoding (k = 0) is one of the arms, so the choice is never knowingly slower than
-it, and k = 0 proposes nothing (off costs nothing).
+A step's cost is measured, as wall time of the runner's execute, per (batch-size bucket, k), as the mean of its
+first 1 / ema steps and an exponential moving average after, over decode-only steps (a prefill chunk in the step
+would blur it); an arm's first step in a bucket is not counted (new shapes build kernels and caches then), nor is a
+proposer's catch-up over positions committed while a request did not draft (``Proposals.catch_up_s``: an EAGLE
+head's or a draft model's pass over the prompt, or over the steps spent at k = 0, paid once when speculation
+resumes; counted, each re-try of an arm after a stretch off would price it by the gap it closed, not by what its
+steps cost). Throughput is batch * tokens / cost; plain decoding (k = 0) is one of the arms, so the choice is never
+knowingly slower than it, and k = 0 proposes nothing (off costs nothing).
 
 Costs are modelled, not only explored: ``step cost = a + b * k + c * B * (k + 1)`` (a fixed dispatch cost, a
 draft cost per position, the target's cost per verified row), fitted by least squares to every measured arm of
@@ -58,6 +58,7 @@ class AdaptiveK:
     ema: float = 0.2  # weight of the newest step time
     margin: float = 0.03  # speculation is chosen only when expected to beat plain decoding by this much
     step_seconds: dict[tuple[int, int], float] = field(default_factory=dict)  # (bucket, k) -> EMA seconds
+    step_count: dict[tuple[int, int], int] = field(default_factory=dict)  # (bucket, k) -> steps in its EMA
     warmed: set[tuple[int, int]] = field(default_factory=set)  # arms whose warm-up step was seen
     offered_per_pos: list[int] = field(default_factory=list)  # requests in steps whose k reached the position
     accepted_per_pos: list[int] = field(default_factory=list)
@@ -208,4 +209,10 @@ class AdaptiveK:
         old = self.step_seconds.get(key)
         if old is not None:  # a step the OS took the core from counts as twice the estimate at most
             seconds = min(seconds, 2 * old)
-        self.step_seconds[key] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
+        # The mean of an arm's first 1 / ema steps, then the EMA: with the EMA from the first step on, one slow
+        # first step (a page fault, a descheduled core) held an arm that runs rarely (a re-try every few hundred
+        # steps) at up to 2x its cost for many re-tries, each moving it by only ema of the gap.
+        n = self.step_count.get(key, 0) + 1
+        self.step_count[key] = n
+        weight = max(self.ema, 1.0 / n)
+        self.step_seconds[key] = seconds if old is None else (1 - weight) * old + weight * seconds

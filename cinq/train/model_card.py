@@ -5,7 +5,6 @@ accuracy and the commands that reproduce it."""
 from __future__ import annotations
 
 import json
-import platform
 import shutil
 from pathlib import Path
 from typing import Any
@@ -13,20 +12,12 @@ from typing import Any
 import torch
 
 from cinq.markdown_table import markdown_table
+from cinq.plan.cpu import cpu_label
 from cinq.train.evaluate import evaluate_folder
 
 SHIPPED_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                  "tokenizer_config.json", "special_tokens_map.json")
 
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def ship_run(run_dir: str | Path, dest: str | Path, data_dir: str | Path, name: str, description: str,
@@ -52,7 +43,7 @@ def ship_run(run_dir: str | Path, dest: str | Path, data_dir: str | Path, name: 
         "final_train_loss": hist[-1]["loss"] if hist else None,
         "final_val": history["evals"][-1] if history["evals"] else None,
         "settings": {k: v for k, v in history["settings"].items() if k not in ("out_dir", "progress", "extra")},
-        "cpu": _cpu_name(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+        "cpu": cpu_label(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
         "commands": commands,
     }
     if continued_from is not None:

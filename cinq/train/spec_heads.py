@@ -46,7 +46,7 @@ from cinq.spec.head_folder import TargetFingerprint
 from cinq.spec.medusa import new_medusa_heads, save_medusa_heads
 from cinq.train.distill import load_teacher
 from cinq.train.losses import forward_kl
-from cinq.train.model_card import _cpu_name
+from cinq.plan.cpu import cpu_label
 from cinq.train.seqkd import PROMPT_MIXES
 from cinq.train.spec_head_data import (GenerationSettings, SequenceSampler, TargetSequences, sequences_identity,
                                        target_sequences)
@@ -287,7 +287,7 @@ class HeadTrainer:
             summary["head_dir"] = str(save(self.head, self.out / "head", torch.bfloat16))
         return run_training(trainer, {
             "head_parameters": n_params, "job": _jsonable(asdict(j)), "train_data": _describe(self.train_seqs),
-            "eval_data": _describe(self.eval_seqs), "cpu": _cpu_name(), "torch_threads": torch.get_num_threads(),
+            "eval_data": _describe(self.eval_seqs), "cpu": cpu_label(), "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__}, export)
 
 

@@ -44,6 +44,11 @@ def test_a_new_result_file_gets_its_row_by_itself(tmp_path: Path, monkeypatch: p
     ({}, "Setup. **Draft numbers**: shared.", "draft"),
     ({}, "Quiet machine: load average 0.52", "quiet"),
     ({}, "no word on the machine", "not recorded"),
+    # the CPU's instruction set where the run named it (cinq.plan.cpu.cpu_label), not where prose mentions one
+    ({"machine": {"load_at_start": 0.4, "cpu": "AMD EPYC, 2 cores, AVX512-BF16"}}, "", "quiet, AVX512-BF16"),
+    ({"draft": True, "cpu": "AMD EPYC, 2 cores, AVX2 + FMA, no AVX512-BF16"}, "", "draft, AVX2 + FMA"),
+    ({}, "Quiet machine: load average 0.5 (nothing else running). CPU: Xeon, 2 cores, AMX.", "quiet, AMX"),
+    ({}, "Quiet machine: load average 0.5. The AVX512-BF16 kernel is faster.", "quiet"),
 ])
 def test_the_run_label_comes_from_what_the_run_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                         data: dict, md: str, want: str) -> None:

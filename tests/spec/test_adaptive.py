@@ -145,3 +145,17 @@ def test_a_marginal_gain_stays_off() -> None:
         adaptive.observe(1, 1, 1.0, [1], [1])  # warm-up; acceptance 1.0 at position 0: 2 tokens per step
         adaptive.observe(1, 1, 2.0 / gain, [1], [1])
         assert adaptive.choose(1) == expect
+
+
+def test_one_slow_first_step_does_not_hold_an_arm_dear() -> None:
+    """An arm's first counted step at 2x its cost, then four at its cost: the estimate is their mean (1.2), where
+    an EMA seeded by the first step would still read 1 + 0.8^4 = 1.41 (what held plain decoding at ~1.8x its cost
+    in a sweep, its re-tries each moving it by a fifth of the gap)."""
+    adaptive = AdaptiveK(k_max=1)
+    adaptive.observe(1, 0, 5.0, [0], [0])  # warm-up: not counted
+    for seconds in (2.0, 1.0, 1.0, 1.0, 1.0):
+        adaptive.observe(1, 0, seconds, [0], [0])
+    assert adaptive.step_seconds[(1, 0)] == pytest.approx(1.2)
+    for _ in range(20):  # then the EMA: a lasting change in cost is followed
+        adaptive.observe(1, 0, 1.5, [0], [0])
+    assert adaptive.step_seconds[(1, 0)] == pytest.approx(1.5, rel=0.01)
