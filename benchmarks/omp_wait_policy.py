@@ -105,7 +105,12 @@ def child(engine: str, variant: str, threads: int, model: str, prompt_len: int, 
         runner = LlamaCppRunner(path, threads, prompt_len + new_tokens + 16)
         name, vocab = f"llama.cpp {GGUF_TYPE.get(variant, 'file')}", runner.greedy.llm.n_vocab()
     rows = measure([TimedEngine(name, threads, runner)], latency_prompts(options, vocab), options, progress=False)
-    return {**rows[0], "omp_env": {k: os.environ.get(k) for k in OMP_WAIT_ENV_VARS}, "loadavg": os.getloadavg()}
+    extra = {}
+    if engine == "cinq":  # the bandwidth roofline's two terms: bytes a token reads, and what this machine reads
+        from cinq.plan.probe import read_bandwidth
+        extra = {"weight_bytes": runner.engine.info.weight_bytes, "probe_gb_s": read_bandwidth() / 1e9}
+    return {**rows[0], **extra, "omp_env": {k: os.environ.get(k) for k in OMP_WAIT_ENV_VARS},
+            "loadavg": os.getloadavg()}
 
 
 def measure_one(args: argparse.Namespace, engine: str, variant: str, threads: int, policy: str) -> dict[str, Any]:
@@ -158,6 +163,39 @@ def load_title(load: int) -> str:
     return "" if load == 0 else f", under load ({load} busy processes started by the benchmark)"
 
 
+def roofline(rows: list[dict[str, Any]]) -> dict[tuple[str, int], dict[str, float]]:
+    """Per (cinq variant, threads), without a benchmark-made load: the bytes of weights a decode step reads (the
+    engine's weights; every one is read once per token at batch 1, a tied embedding once as the LM head), the
+    read probe (median over its children), the roofline (probe / bytes, tok/s) and each engine's best speed over
+    the policies as a share of it; llama.cpp's against the same roofline where it ran the same weights (bf16)."""
+    out = {}
+    for (variant, threads) in dict.fromkeys((r["variant"], r["threads"]) for r in rows if "weight_bytes" in r):
+        mine = [r for r in rows if r["variant"] == variant and r["threads"] == threads and not r["under_load"]]
+        probes = [r["probe_gb_s"] for r in mine if "probe_gb_s" in r]
+        if not probes:
+            continue
+        nbytes = next(r["weight_bytes"] for r in mine if "weight_bytes" in r)
+        tok_s = nbytes and statistics.median(probes) * 1e9 / nbytes
+        cell = {"weight_mb": nbytes / 1e6, "probe_gb_s": statistics.median(probes), "roofline_tok_s": tok_s}
+        for kind in ("cinq", "llama.cpp"):
+            speeds = [r["tok_s"] for r in mine if r["engine_kind"] == kind and r["tok_s"] is not None]
+            if speeds and tok_s and (kind == "cinq" or variant == "bf16"):
+                cell[f"{kind}_share"] = max(speeds) / tok_s
+        out[(variant, threads)] = cell
+    return out
+
+
+def roofline_table(rows: list[dict[str, Any]]) -> Any:
+    from cinq.bench.report import Table
+    table = Table("bandwidth roofline at batch 1 (read probe / weight bytes per token; best policy)",
+                  ["variant", "threads", "weights MB", "read probe GB/s", "roofline tok/s", "cinq % of it",
+                   "llama.cpp % of it"])
+    for (variant, threads), c in roofline(rows).items():
+        table.rows.append([variant, threads, c["weight_mb"], c["probe_gb_s"], c["roofline_tok_s"],
+                           *(100 * c[k] if k in c else None for k in ("cinq_share", "llama.cpp_share"))])
+    return table
+
+
 def report(rows: list[dict[str, Any]], load_at_start: float, args: argparse.Namespace) -> Any:
     """One table per load condition: a row per (engine, threads), a column per policy, then each policy / PASSIVE
     (or / the first policy when PASSIVE was not run), each speed the median over the repeats that gave one; the
@@ -187,6 +225,9 @@ def report(rows: list[dict[str, Any]], load_at_start: float, args: argparse.Name
                 headline.append(at + ": " + ", ".join(f"{p} {x:.2f}x" for p, x in zip(others, ratios)
                                                       if x is not None))
         tables.append(table)
+    roof = roofline_table(rows)
+    if roof.rows:
+        tables.append(roof)
     envs = "; ".join(f"{p}: " + " ".join(f"{k}={v}" for k, v in omp_wait_env(p).items()) for p in policies)
     command = (f"python benchmarks/omp_wait_policy.py --engines {args.engines} --variants {args.variants} "
                f"--threads {args.threads} --policies {','.join(policies)} "

@@ -8,7 +8,8 @@ import argparse
 
 import pytest
 
-from benchmarks.omp_wait_policy import child_env, name_failed_rows, parse_loads, parse_policies, report
+from benchmarks.omp_wait_policy import (child_env, name_failed_rows, parse_loads, parse_policies, report,
+                                        roofline)
 from cinq.bench.report import markdown
 
 
@@ -82,3 +83,20 @@ def test_a_failed_child_takes_the_name_its_engine_measured_under() -> None:
             {"engine_kind": "llama.cpp", "variant": "int4", "engine": "llama.cpp q4_0", "tok_s": 80.0},
             {"engine_kind": "cinq", "variant": "bf16", "engine": "cinq bf16", "tok_s": None}]  # nothing to copy
     assert [r["engine"] for r in name_failed_rows(rows)] == ["llama.cpp q4_0", "llama.cpp q4_0", "cinq bf16"]
+
+
+def test_the_roofline_is_the_probe_over_the_weight_bytes_and_each_engine_its_best_share() -> None:
+    def cinq(policy: str, tok_s: float, probe: float) -> dict:
+        return {**_row("cinq bf16", 2, policy, tok_s), "engine_kind": "cinq", "variant": "bf16",
+                "weight_bytes": 250_000_000, "probe_gb_s": probe}
+
+    llama = [{**_row("llama.cpp bf16", 2, p, t), "engine_kind": "llama.cpp", "variant": "bf16"}
+             for p, t in (("PASSIVE", 40.0), ("ACTIVE", 90.0))]
+    loaded = {**cinq("PASSIVE", 500.0, 1.0), "under_load": 2}  # a benchmark-made load: not in the roofline
+    rows = [cinq("PASSIVE", 80.0, 30.0), cinq("ACTIVE", 100.0, 20.0), cinq("SPIN=1000", 60.0, 25.0), *llama, loaded]
+    # probe: median of 30, 20, 25 GB/s = 25 GB/s over 250 MB a token = 100 tok/s
+    assert roofline(rows) == {("bf16", 2): pytest.approx({"weight_mb": 250.0, "probe_gb_s": 25.0,
+                                                          "roofline_tok_s": 100.0, "cinq_share": 1.0,
+                                                          "llama.cpp_share": 0.9})}
+    table = report(rows, 0.5, _args(under_load=[0, 2])).tables[-1]
+    assert table.rows == [["bf16", 2, 250.0, 25.0, pytest.approx(100.0), 100.0, 90.0]]
