@@ -75,6 +75,8 @@ SCRIPTS = {
     "speculative_smollm2_bf16": "benchmarks/speculative_smollm2.py --weights bf16",
     "speculative_smollm2_bf16_b1": "benchmarks/speculative_smollm2.py --weights bf16 --batch-sizes 1 --rounds 5 "
                                    "--sample-batches '' --no-languages",
+    "speculative_smollm2_bf16_batches": "benchmarks/speculative_smollm2.py --weights bf16 --batch-sizes 4,8,16 "
+                                        "--rounds 3 --sample-batches '' --no-languages",
     "speculative_smollm2_copy_bf16": "benchmarks/speculative_smollm2.py --workload copy --weights bf16",
     "speculative_smollm2_trees_bf16": "benchmarks/speculative_smollm2.py --weights bf16 --trees",
     "speculative_smollm2_copy_bf16_eos": "benchmarks/speculative_smollm2.py --workload copy --weights bf16 --stop-at-eos",
