@@ -48,14 +48,12 @@ constexpr int64_t kMinParallelBytes = 256 << 10;
 // round differently: with one path for every M, a row's result does not depend on how many rows share the call,
 // so a sequence decodes the same tokens alone, beside others, or as a speculative verify of k + 1 rows.
 constexpr int64_t kAmxMinRows = 1;
-// Without AMX, the most rows the engine sends to the vector tiles (with AMX: kMaxRows). Measured on an AMX CPU
-// against oneDNN's AMX kernels, their margin thins to ~1.1x at 7-8 rows on the largest weights (it was below 1
-// before the prefetch), and other CPUs' `vdpbf16ps` throughput is unmeasured: 7-8 rows stay with oneDNN there.
-#if defined(CINQ_SMALL_M_AVX2) && !defined(__AVX512BF16__)
-constexpr int kVectorFastRows = 8;  // AVX2 (Zen 3): oneDNN's bf16 path there widens on the fly, 2-4x slower at 1-8 rows
-#else
-constexpr int kVectorFastRows = 6;
-#endif
+// Without AMX, the most rows the engine sends to the vector tiles (with AMX: kMaxRows): all of them. On a Zen 4
+// (AVX512-BF16, no AMX), over SmolLM2's decode linears from memory, 8 rows in one call took 23.9 ms against
+// oneDNN's 39.4 on 1 thread and 21.0 against 26.8 on 2 (its 6-row cut-off, from an AMX CPU's comparison with
+// oneDNN's AMX kernels, sent batch-8 decoding to oneDNN and off the fused step: 3x slower per step than batch 4).
+// On AVX2 (Zen 3) oneDNN's bf16 path widens on the fly, 2-4x slower at 1-8 rows.
+constexpr int kVectorFastRows = kMaxRows;
 
 using cinq_bf16::bf16_to_float;
 
