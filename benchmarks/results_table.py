@@ -305,16 +305,17 @@ def server(d: dict[str, Any]) -> str:
 def speculation_real(d: dict[str, Any]) -> str:
     rows = [r for r in d["rows"] if r.get("sampling", "greedy") == "greedy"]
     best: dict[str, dict[str, Any]] = {}
+    least, most = min(r["batch"] for r in rows), max(r["batch"] for r in rows)
     for r in rows:
-        if r["batch"] == 1 and (r["method"] not in best or r["speedup"] > best[r["method"]]["speedup"]):
+        if r["batch"] == least and (r["method"] not in best or r["speedup"] > best[r["method"]]["speedup"]):
             best[r["method"]] = r
-    most = max(r["batch"] for r in rows)
     at_most = ", ".join(f"{r['method']} {r['speedup']:.2f}x" for r in rows if r["batch"] == most)
     def one(m: str, r: dict[str, Any]) -> str:
         decode = f", decode {r['decode_speedup']:.2f}x" if r.get("decode_speedup") else ""
         per_step = f", {r['tokens_per_step']:.2f} tokens per step" if r.get("tokens_per_step") else ""
         return f"{m} **{r['speedup']:.2f}x** (tau {r['tau'] or 1:.2f}{per_step}{decode})"
-    return "batch 1: " + ", ".join(one(m, r) for m, r in best.items()) + f"; batch {most}: {at_most}"
+    return (f"batch {least}: " + ", ".join(one(m, r) for m, r in best.items())
+            + (f"; batch {most}: {at_most}" if most != least else ""))
 
 
 def step_breakdown(d: dict[str, Any]) -> str:
@@ -358,7 +359,8 @@ FIGURES: dict[str, Callable[[dict[str, Any]], str]] = {
     "speculative_smollm2_copy": speculation_real, "speculative_smollm2_bf16": speculation_real,
     "speculative_smollm2_copy_bf16": speculation_real, "speculative_smollm2_trees_bf16": speculation_real,
     "speculative_smollm2_copy_bf16_eos": speculation_real, "speculative_smollm2_copy_eos": speculation_real,
-    "speculative_smollm2_greedy": speculation_real,
+    "speculative_smollm2_greedy": speculation_real, "speculative_smollm2_bf16_b1": speculation_real,
+    "speculative_smollm2_bf16_batches": speculation_real,
     "serving_split": server,
     "serving_smollm2": server, "structured_outputs": structured,
     "reliability": reliability, "gpu": gpu, "step_breakdown": step_breakdown,
@@ -386,8 +388,8 @@ HEADLINES = [
              "HF generate on the same weights at its best batch, same run"),
     Headline("speculative decoding on SmolLM2's Q4_1 file (n-gram; an EAGLE-3 head trained on 187k tokens it wrote)",
              "speculative_smollm2_greedy", "plain decoding, same run"),
-    Headline("speculative decoding on SmolLM2, the file dequantized to bf16 weights (same methods, same head)",
-             "speculative_smollm2_bf16", "plain decoding, same run"),
+    Headline("speculative decoding on SmolLM2, the file dequantized to bf16 weights (same methods, same head), batch 1, "
+             "5 rounds", "speculative_smollm2_bf16_b1", "plain decoding, same run"),
     Headline("quantization quality, SmolLM2 (NF4 / FP8 / int4 / int8 rows)", "quant_study_float_codes",
              "dense bf16 from the same file"),
     Headline("OpenAI server, rate = inf, SmolLM2", "serving_smollm2", "the offline engine, same run"),

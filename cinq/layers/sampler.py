@@ -138,7 +138,9 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: t
         ranks = torch.arange(vocab, device=logits.device)[None, :]
         sorted_logits = sorted_logits.masked_fill(ranks >= top_k[:, None], float("-inf"))
     if top_p is not None:
-        probs = sorted_logits.softmax(-1)
+        # float64 sums: a float32 cumsum over a flat 49k-token row (what reaches this full sort) drifts by ~1e-4,
+        # enough to move a p = 0.99 cutoff by a few tokens depending on the CPU's summation order
+        probs = (sorted_logits - sorted_logits.logsumexp(-1, keepdim=True)).double().exp()
         mass_before = probs.cumsum(-1) - probs
         drop = mass_before >= top_p[:, None]
         drop[:, 0] = False

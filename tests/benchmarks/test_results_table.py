@@ -73,3 +73,16 @@ def test_the_wait_policy_figure_leaves_out_the_benchmark_made_load_and_failed_ru
              row("cinq bf16", "PASSIVE", 20.0), row("llama.cpp bf16", "PASSIVE", 10.0)]
     assert rt.wait_policy({"rows": rows}) == ("int4: 60.0 vs 120.0 tok/s (**0.50x**), 1 thr 50.0 vs 25.0 (2.00x); "
                                               "bf16: 20.0 vs 10.0 tok/s (**2.00x**); cinq int4 / bf16: 3.00x")
+
+
+def test_a_speculation_figure_starts_at_the_smallest_batch_the_run_measured() -> None:
+    def row(method: str, batch: int, speedup: float) -> dict:
+        return {"method": method, "batch": batch, "sampling": "greedy", "speedup": speedup, "tau": 1.5,
+                "tokens_per_step": 1.4, "decode_speedup": speedup}
+
+    sweep = {"rows": [row("ngram k=4", 4, 0.9), row("ngram k=4", 16, 0.8), row("ngram k=4", 4, 0.7)]}
+    assert rt.speculation_real(sweep).startswith("batch 4: ngram k=4 **0.90x**")
+    assert rt.speculation_real(sweep).endswith("; batch 16: ngram k=4 0.80x")
+    single = {"rows": [row("eagle3 k=3", 1, 1.03), {**row("eagle3 k=3", 1, 2.0), "sampling": "sampled"}]}
+    assert rt.speculation_real(single) == ("batch 1: eagle3 k=3 **1.03x** (tau 1.50, 1.40 tokens per step, "
+                                           "decode 1.03x)")
