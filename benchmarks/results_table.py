@@ -86,6 +86,8 @@ SCRIPTS = {
     "eagle3_smollm2_head": "cinq distill --heads eagle3 --target smollm2-135m-instruct",
     "decode_kernels_int8_activations": "benchmarks/decode_kernels.py",
     "decode_kernels_int8_activations_5d401d7": "benchmarks/decode_kernels.py (at 5d401d7)",
+    "decode_kernels_bf16_6439ce9": "benchmarks/decode_kernels.py --kernels bf16 --repeats 10 (at 6439ce9, before the "
+                                   "row-streamed tiles)",
     "kernel_ab": "benchmarks/kernel_ab.py",
     "verify_step_cost": "benchmarks/verify_step_cost.py",
     "verify_step_cost_bf16": "benchmarks/verify_step_cost.py --weights bf16",
