@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from cinq.bench.throughput import peak_dtype
 from cinq.cli import main
 
 ENGINE = ["--dtype", "float32", "--num-threads", "1", "--max-model-len", "256", "--no-progress"]
@@ -38,7 +39,7 @@ def test_throughput_without_baseline_reports_the_compute_roofline(capsys, tmp_pa
                       "--output-len", "2", "--decode-tokens", "2", "--no-baseline")
     (run,) = data["variants"]
     assert data["hf"] is None and run is not None and data["cinq"]["engine"] == run["engine"] == "cinq"
-    assert data["roofline"]["total_flops"] > 0 and data["roofline"]["peak_dtype"] == "float32"
+    assert data["roofline"]["total_flops"] > 0 and data["roofline"]["peak_dtype"] == peak_dtype()
     assert run["fraction_of_peak"] == data["roofline"]["total_flops"] / run["seconds"] / data["roofline"]["peak_flop_s"]
     assert "of the compute roofline; baseline skipped" in out
 
@@ -156,3 +157,10 @@ def test_every_engine_flag_is_a_bench_flag(capsys):
     for f in dataclasses.fields(EngineConfig):
         if f.name != "model":
             assert f.metadata.get("flag", "--" + f.name.replace("_", "-")) in text
+
+
+def test_the_compute_peak_is_bf16_where_the_cpu_has_bf16_gemm_instructions(monkeypatch) -> None:
+    import cinq.kernels.cpu_native as cpu_native
+    for emulated, dtype in ((True, "float32"), (False, "bfloat16")):
+        monkeypatch.setattr(cpu_native, "bf16_gemm_is_emulated", lambda e=emulated: e)
+        assert peak_dtype() == dtype
