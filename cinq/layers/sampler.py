@@ -128,14 +128,21 @@ TOP_P_CANDIDATES = 1024
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
     """Keep the k most likely tokens and the smallest set whose probability reaches p (at least one token)."""
-    if top_p is not None and top_k is None and logits.shape[-1] > 2 * TOP_P_CANDIDATES:
+    vocab = logits.shape[-1]
+    if top_p is not None and top_k is None and vocab > 2 * TOP_P_CANDIDATES:
         kept = _top_p_among_candidates(logits, top_p)
         if kept is not None:
             return kept
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    vocab = logits.shape[-1]
+    # With top-k, only the k_max most likely can survive: sort those (topk), not the whole vocabulary (a 49k sort
+    # per row cost ~2.4 ms a row, 76 ms a step at batch 32, against 2.4 ms; on a GPU reading the max is one sync).
+    width = int(top_k.max()) if top_k is not None else vocab
+    if width <= vocab // 2:
+        sorted_logits, order = logits.topk(width, dim=-1)
+    else:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        width = vocab
     if top_k is not None:
-        ranks = torch.arange(vocab, device=logits.device)[None, :]
+        ranks = torch.arange(width, device=logits.device)[None, :]
         sorted_logits = sorted_logits.masked_fill(ranks >= top_k[:, None], float("-inf"))
     if top_p is not None:
         # float64 sums: a float32 cumsum over a flat 49k-token row (what reaches this full sort) drifts by ~1e-4,
@@ -145,6 +152,8 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: t
         drop = mass_before >= top_p[:, None]
         drop[:, 0] = False
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    if width < vocab:
+        return torch.full_like(logits, float("-inf")).scatter_(1, order, sorted_logits)
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 
 

@@ -116,3 +116,21 @@ def test_top_p_over_a_large_vocabulary_keeps_what_the_full_sort_keeps(peak: floa
     exact = sampler.apply_top_k_top_p(logits.double(), None, p.double())
     assert torch.equal(torch.isinf(fast), torch.isinf(exact))
     assert torch.equal(fast[~torch.isinf(fast)].double(), exact[~torch.isinf(exact)])
+
+
+@pytest.mark.parametrize("with_top_p", [False, True])
+def test_top_k_sorts_only_the_k_most_likely_with_the_full_sorts_result(with_top_p: bool) -> None:
+    """Rows whose largest k is small take topk(k_max); a batch mate with top-k off (k = vocab) sends the same rows
+    through the full sort: the kept tokens and their logits must agree."""
+    from cinq.layers.sampler import apply_top_k_top_p
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(4, 5000, generator=gen) * 3
+    k = torch.tensor([1, 7, 50, 300])
+    p = torch.tensor([1.0, 0.9, 0.5, 0.99]) if with_top_p else None
+    fast = apply_top_k_top_p(logits, k, p)
+    full = apply_top_k_top_p(torch.cat([logits, logits[:1]]), torch.cat([k, torch.tensor([5000])]),
+                             None if p is None else torch.cat([p, torch.tensor([1.0])]))[:4]
+    assert torch.equal(torch.isinf(fast), torch.isinf(full))
+    assert torch.equal(fast[~torch.isinf(fast)], full[~torch.isinf(full)])
+    kept = (~torch.isinf(fast)).sum(-1)
+    assert kept[0] == 1 and (kept <= k).all() and (not with_top_p or kept[3] < 300)
