@@ -224,8 +224,9 @@ def wait_policy(d: dict[str, Any]) -> str:
     if best("cinq int4") and best("cinq bf16"):
         parts.append(f"cinq int4 / bf16: {_x(best('cinq int4'), best('cinq bf16'))}")
     from benchmarks.omp_wait_policy import roofline
-    for (variant, threads), c in roofline(d["rows"]).items():
-        if variant == "bf16" and threads == max(t for v, t in roofline(d["rows"]) if v == variant):
+    roof = roofline(d["rows"])
+    for (variant, threads), c in roof.items():
+        if variant == "bf16" and threads == max(t for v, t in roof if v == variant):
             parts.append(f"bf16 at {threads} thr: {100 * c['cinq_share']:.0f}% of the read roofline "
                          f"({c['roofline_tok_s']:.0f} tok/s), llama.cpp {100 * c.get('llama.cpp_share', 0):.0f}%")
     return "; ".join(parts)
