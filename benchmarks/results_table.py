@@ -383,7 +383,8 @@ class Headline:
 
 HEADLINES = [
     Headline("SmolLM2-135M-Instruct batch-1 decode, the same GGUF weights, 2 threads (and 1), prompt 128",
-             "latency_smollm2", "llama.cpp on the same file, same run, one process"),
+             "latency_smollm2", "llama.cpp on the same file, same run, one process (under cinq's PASSIVE OpenMP "
+             "policy, which slows llama.cpp's 2-thread rows: the next row is the fair pair)"),
     Headline("SmolLM2 batch-1 decode, each engine in its own process at its best OpenMP wait policy and thread count",
              "omp_wait_policy", "llama.cpp on the same weights, every policy, same run"),
     Headline("Gemma 3 270M (Q4_K_M GGUF) batch-1 decode, 2 threads", "gemma3", "llama.cpp on the same file, HF"),
