@@ -108,7 +108,9 @@ def child(engine: str, variant: str, threads: int, model: str, prompt_len: int, 
     extra = {}
     if engine == "cinq":  # the bandwidth roofline's two terms: bytes a token reads, and what this machine reads
         from cinq.plan.probe import read_bandwidth
-        extra = {"weight_bytes": runner.engine.info.weight_bytes, "probe_gb_s": read_bandwidth() / 1e9}
+        info = runner.engine.info
+        extra = {"weight_bytes": info.weight_bytes, "step_read_bytes": info.step_read_bytes,
+                 "probe_gb_s": read_bandwidth() / 1e9}
     return {**rows[0], **extra, "omp_env": {k: os.environ.get(k) for k in OMP_WAIT_ENV_VARS},
             "loadavg": os.getloadavg()}
 
@@ -165,7 +167,8 @@ def load_title(load: int) -> str:
 
 def roofline(rows: list[dict[str, Any]]) -> dict[tuple[str, int], dict[str, float]]:
     """Per (cinq variant, threads), without a benchmark-made load: the bytes of weights a decode step reads (the
-    engine's weights; every one is read once per token at batch 1, a tied embedding once as the LM head), the
+    engine's ``step_read_bytes``: every weight once per token at batch 1, a tied embedding once as the LM head, an
+    untied one not at all; runs recorded before it existed give all the engine's weights), the
     read probe (median over its children), the roofline (probe / bytes, tok/s) and each engine's best speed over
     the policies as a share of it; llama.cpp's against the same roofline where it ran the same weights (bf16)."""
     out = {}
@@ -174,7 +177,7 @@ def roofline(rows: list[dict[str, Any]]) -> dict[tuple[str, int], dict[str, floa
         probes = [r["probe_gb_s"] for r in mine if "probe_gb_s" in r]
         if not probes:
             continue
-        nbytes = next(r["weight_bytes"] for r in mine if "weight_bytes" in r)
+        nbytes = next(r.get("step_read_bytes") or r["weight_bytes"] for r in mine if "weight_bytes" in r)
         tok_s = nbytes and statistics.median(probes) * 1e9 / nbytes
         cell = {"weight_mb": nbytes / 1e6, "probe_gb_s": statistics.median(probes), "roofline_tok_s": tok_s}
         for kind in ("cinq", "llama.cpp"):

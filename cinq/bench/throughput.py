@@ -173,7 +173,8 @@ def _batch1_decode(engine: Any, new_tokens: int, seed: int) -> dict[str, Any]:
     new_tokens = min(new_tokens, engine.max_model_len - 32)
     tok_s = time_greedy_request(engine, [rng.randrange(engine.vocab_size) for _ in range(32)],
                                 new_tokens).decode_tokens_per_s
-    weight_bytes = engine.info.weight_bytes  # parameters and buffers: a GGUF layer keeps its blocks as buffers
+    # what a step streams (a GGUF layer keeps its blocks as buffers; an untied embedding table is not read)
+    weight_bytes = engine.info.step_read_bytes or engine.info.weight_bytes
     bw = read_bandwidth()
     roofline = bw / weight_bytes
     return {"tok_s": tok_s, "weight_bytes": weight_bytes, "read_bandwidth_gb_s": bw / 1e9,

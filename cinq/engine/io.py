@@ -99,3 +99,4 @@ class EngineCoreInfo:
     pid: int = 0  # the core's process (the front end's own pid when in-process)
     kv_bytes_per_block: int = 0  # KV cache bytes of one block, all layers (and a draft model's), K and V
     weight_bytes: int = 0  # the target's weights plus its proposer's modules (benchmarks' memory column)
+    step_read_bytes: int = 0  # of which a decode step streams (no unshared embedding table: the roofline's bytes)

@@ -100,3 +100,12 @@ def test_the_roofline_is_the_probe_over_the_weight_bytes_and_each_engine_its_bes
                                                           "llama.cpp_share": 0.9})}
     table = report(rows, 0.5, _args(under_load=[0, 2])).tables[-1]
     assert table.rows == [["bf16", 2, 250.0, 25.0, pytest.approx(100.0), 100.0, 90.0]]
+
+
+def test_the_roofline_takes_the_bytes_a_step_reads_where_the_child_recorded_them() -> None:
+    # an int4 file whose untied bf16 embedding (56 MB) is not read per token: 90 MB a step, not 146
+    row = {**_row("cinq int4", 2, "PASSIVE", 200.0), "engine_kind": "cinq", "variant": "int4",
+           "weight_bytes": 146_000_000, "step_read_bytes": 90_000_000, "probe_gb_s": 36.0}
+    assert roofline([row])[("int4", 2)]["roofline_tok_s"] == pytest.approx(400.0)
+    old = {k: v for k, v in row.items() if k != "step_read_bytes"}  # a run from before the field: all the weights
+    assert roofline([old])[("int4", 2)]["weight_mb"] == pytest.approx(146.0)

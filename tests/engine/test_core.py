@@ -97,3 +97,31 @@ def test_start_up_errors_cross_as_themselves():
     assert isinstance(err, ModelLoadError) and str(err) == "config.json: bad" and err.param == "model"
     other = error_from_wire(CoreError("MemoryError", "out of memory"))
     assert isinstance(other, RuntimeError) and str(other) == "MemoryError: out of memory"
+
+
+def test_step_read_bytes_leaves_out_an_unshared_embedding_table():
+    """The roofline's bytes: a tied embedding is the LM head (read every step); an untied one is read a row per
+    token, so only the linears count; a proposer's modules count as the target's."""
+    import types
+
+    import torch
+
+    from cinq.engine.core import served_weight_bytes, step_read_bytes
+
+    def model(tied: bool) -> torch.nn.Module:
+        m = torch.nn.Module()
+        m.embed = torch.nn.Embedding(100, 8)  # 3,200 bytes
+        m.layer = torch.nn.Linear(8, 8, bias=False)  # 256 bytes
+        m.head = torch.nn.Linear(8, 100, bias=False)  # 3,200 bytes unless it is the embedding's
+        if tied:
+            m.head.weight = m.embed.weight
+        return m
+
+    tied = types.SimpleNamespace(model=model(True), proposer=None)
+    assert served_weight_bytes(tied) == step_read_bytes(tied) == 3200 + 256
+    untied = types.SimpleNamespace(model=model(False), proposer=None)
+    assert served_weight_bytes(untied) == 3200 + 256 + 3200
+    assert step_read_bytes(untied) == 256 + 3200
+    head = torch.nn.Linear(8, 8, bias=False)
+    with_head = types.SimpleNamespace(model=model(False), proposer=types.SimpleNamespace(head=head))
+    assert step_read_bytes(with_head) == 256 + 3200 + 256
