@@ -68,29 +68,6 @@ constexpr int64_t kTilePrefetchBytes = 128;
 
 #if defined(__AVX512BF16__)
 
-// r[t] = sum of the 16 lanes of a[t], for t < 16, in about 3 shuffle/add steps per input (vs ~8 for one
-// _mm512_reduce_add_ps each). Pairs of inputs interleave into one vector, halving the vector count per level,
-// first within 128-bit lanes, then across them; the result comes out in input order.
-__attribute__((always_inline)) inline __m512 reduce16(const __m512 (&a)[16]) {
-  __m512 g[4];
-#pragma GCC unroll 4
-  for (int q = 0; q < 4; ++q) {  // g[q]: 128-bit lane l, element i = partial sum of a[4q + i] over its lane l
-    const __m512* p = a + 4 * q;
-    const __m512 s01 = _mm512_add_ps(_mm512_unpacklo_ps(p[0], p[1]), _mm512_unpackhi_ps(p[0], p[1]));
-    const __m512 s23 = _mm512_add_ps(_mm512_unpacklo_ps(p[2], p[3]), _mm512_unpackhi_ps(p[2], p[3]));
-    g[q] = _mm512_add_ps(
-        _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(s01), _mm512_castps_pd(s23))),
-        _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(s01), _mm512_castps_pd(s23))));
-  }
-  // h01: lanes [g0 (l0+l1), g0 (l2+l3), g1 (l0+l1), g1 (l2+l3)]; the last step leaves lane q = all of g[q]
-  const __m512 h01 = _mm512_add_ps(_mm512_shuffle_f32x4(g[0], g[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                   _mm512_shuffle_f32x4(g[0], g[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  const __m512 h23 = _mm512_add_ps(_mm512_shuffle_f32x4(g[2], g[3], _MM_SHUFFLE(2, 0, 2, 0)),
-                                   _mm512_shuffle_f32x4(g[2], g[3], _MM_SHUFFLE(3, 1, 3, 1)));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(h01, h23, _MM_SHUFFLE(2, 0, 2, 0)),
-                       _mm512_shuffle_f32x4(h01, h23, _MM_SHUFFLE(3, 1, 3, 1)));
-}
-
 // Lane t of a tile's result vector holds output t % NB of its row: the bias index of each lane.
 template <int NB>
 struct LaneOutput {
@@ -149,7 +126,7 @@ void tile_avx512(const uint16_t* x, const uint16_t* w, const float* bias, uint16
   }
 #pragma GCC unroll 16
   for (int t = MB * NB; t < 16; ++t) acc[t] = _mm512_setzero_ps();  // MB * NB < 16 for MB = 3, 5, 6, 7
-  __m512 r = reduce16(acc);
+  __m512 r = cinq_small_m::sum_lanes16(acc);
   if (bias) {  // lane m * NB + j wants bias[n0 + j]
     const __m512 b = _mm512_maskz_loadu_ps(_cvtu32_mask16((1u << nvalid) - 1), bias + n0);
     r = _mm512_add_ps(r, _mm512_permutexvar_ps(_mm512_load_si512(kLaneOutput<NB>.j), b));

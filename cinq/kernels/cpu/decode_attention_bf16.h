@@ -1,0 +1,106 @@
+// Decode attention for a bf16 cache and a bf16 query on CPUs with AVX512-BF16 (attend() in decode_attention.h
+// takes this path there): K and V read from the pages as they are, no widened copy.
+#pragma once
+
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "decode_attention_ops.h"
+#include "small_m.h"
+
+namespace cinq_decode {
+
+#if defined(__AVX512BF16__)
+// Query rows a PV pass accumulates together: D / 16 float vectors each, within the 32 vector registers.
+template <int D>
+constexpr int kPvRows = D == 64 ? 6 : 3;
+
+// attend() for a bf16 cache and a bf16 query with AVX512-BF16, head_dim D (64 or 128): the K and V rows are read
+// from the pages as they are, with no widened copy. Scores: `vdpbf16ps` of the bf16 query against 16 keys at a
+// time (exact products, float32 sums), their 16 sums reduced together; V: each row widened in registers once for
+// the query rows of its kv head that a pass accumulates (the float sums in key order, as weighted_sum's). The
+// widening path measured ~2x slower per cached token at batch 1 (SmolLM2: 9 heads of 64 over 3 kv heads).
+template <int D, typename O, typename Rows>
+void attend_bf16(const c10::BFloat16* q, O* out, const Rows& rows, int64_t len, int64_t h0, int64_t h1,
+                 const bool* tree, const Shape& sh, Scratch& buf) {
+  const int64_t group = sh.hq / sh.hkv, nh = h1 - h0, nqh = nh * group, nq = sh.ql * nqh;
+  const int64_t t0 = sh.window > 0 ? std::max<int64_t>(0, len - sh.ql - sh.window + 1) : 0, span = len - t0;
+  buf.scores.resize(nq * span);
+  buf.inv.resize(nq);
+  const auto* qb = reinterpret_cast<const uint16_t*>(q);
+  // query row jq = r * nqh + j: token r, head h0 * group + j
+  auto q_row = [&](int64_t jq) { return qb + (jq / nqh) * sh.q_token_stride + (h0 * group + jq % nqh) * D; };
+  const __m512 scale = _mm512_set1_ps(sh.scale);
+  for (int64_t h = h0; h < h1; ++h) {
+    const int64_t j0 = (h - h0) * group;  // this kv head's query heads: j0 .. j0 + group - 1 of every token
+    for (int64_t ta = t0; ta < len; ta += 16) {
+      const int64_t n = std::min<int64_t>(16, len - ta);
+      const uint16_t* k[16];
+      for (int64_t i = 0; i < 16; ++i)  // past the span: the last key again, its score not stored
+        k[i] = reinterpret_cast<const uint16_t*>(rows.key(ta + std::min(i, n - 1))) + h * D;
+      for (int64_t r = 0; r < sh.ql; ++r) {
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t jq = r * nqh + j0 + g;
+          const uint16_t* qr = q_row(jq);
+          __m512bh qv[D / 32];
+#pragma GCC unroll 4
+          for (int c = 0; c < D / 32; ++c) qv[c] = (__m512bh)_mm512_loadu_si512(qr + 32 * c);
+          __m512 acc[16];
+#pragma GCC unroll 16
+          for (int i = 0; i < 16; ++i) {
+            acc[i] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+            for (int c = 0; c < D / 32; ++c)
+              acc[i] = _mm512_dpbf16_ps(acc[i], qv[c], (__m512bh)_mm512_loadu_si512(k[i] + 32 * c));
+          }
+          const __m512 sc = _mm512_mul_ps(cinq_small_m::sum_lanes16(acc), scale);
+          _mm512_mask_storeu_ps(buf.scores.data() + jq * span + (ta - t0), _cvtu32_mask16((1u << n) - 1), sc);
+        }
+      }
+    }
+  }
+  mask_scores(buf.scores.data(), span, t0, len, nqh, tree, sh);
+  for (int64_t jq = 0; jq < nq; ++jq) buf.inv[jq] = softmax_numerators(buf.scores.data() + jq * span, span);
+  constexpr int R = kPvRows<D>, V = D / 16;
+  for (int64_t h = h0; h < h1; ++h) {
+    const int64_t j0 = (h - h0) * group;
+    // this kv head's query rows, R at a time: (token r, head j0 + g) for r < ql, g < group
+    for (int64_t i0 = 0; i0 < sh.ql * group; i0 += R) {
+      const int rn = static_cast<int>(std::min<int64_t>(R, sh.ql * group - i0));
+      int64_t jq[R];
+      for (int i = 0; i < rn; ++i) jq[i] = (i0 + i) / group * nqh + j0 + (i0 + i) % group;
+      __m512 acc[R][V];
+#pragma GCC unroll 8
+      for (int i = 0; i < R; ++i)
+#pragma GCC unroll 8
+        for (int c = 0; c < V; ++c) acc[i][c] = _mm512_setzero_ps();
+      for (int64_t t = t0; t < len; ++t) {
+        const uint16_t* v = reinterpret_cast<const uint16_t*>(rows.value(t)) + h * D;
+        __m512 vf[V];
+#pragma GCC unroll 8
+        for (int c = 0; c < V; ++c)
+          vf[c] = _mm512_castsi512_ps(_mm512_slli_epi32(
+              _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 16 * c))), 16));
+#pragma GCC unroll 8
+        for (int i = 0; i < R; ++i) {
+          if (i < rn) {
+            const __m512 w = _mm512_set1_ps(buf.scores[jq[i] * span + (t - t0)]);
+#pragma GCC unroll 8
+            for (int c = 0; c < V; ++c) acc[i][c] = _mm512_fmadd_ps(w, vf[c], acc[i][c]);
+          }
+        }
+      }
+      for (int i = 0; i < rn; ++i) {
+        alignas(64) float row[D];
+        for (int c = 0; c < V; ++c) _mm512_store_ps(row + 16 * c, acc[i][c]);
+        const int64_t r = jq[i] / nqh, j = jq[i] % nqh;
+        narrow(row, out + (r * sh.hq + h0 * group + j) * D, D, buf.inv[jq[i]]);
+      }
+    }
+  }
+}
+#endif
+
+}  // namespace cinq_decode
