@@ -31,6 +31,8 @@ def hf_config(arch: str, vocab_size: int, bos: int, eos: int):
         return MistralConfig(**dict(kw, sliding_window=None))
     if arch == "qwen2":  # qkv bias, tied embeddings
         return Qwen2Config(**dict(kw, tie_word_embeddings=True))
+    if arch == "llama_d64":  # head_dim 64 (the bf16 decode attention's), 3 query heads over 1 kv head
+        return LlamaConfig(**dict(kw, hidden_size=192, num_attention_heads=3, num_key_value_heads=1))
     if arch == "qwen3":  # q/k norm, explicit head_dim different from hidden/heads
         return Qwen3Config(**dict(kw, head_dim=32))
     raise ValueError(arch)

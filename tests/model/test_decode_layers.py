@@ -145,13 +145,45 @@ def test_linears_split_across_threads_are_bit_identical(tiny_llama, tmp_path, mo
 @pytest.mark.parametrize("max_num_seqs, spec, splits", [
     (3, None, True),  # three sequences: whole sequences per thread
     (3, {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}, True),  # verify rows (ql > 1)
-    (1, None, False),  # one sequence stays whole (see decode_layers.cpp)
+    (1, None, False),  # one sequence stays whole off the bf16 attention path (head_dim 16 here)
 ])
 def test_attention_split_across_threads_is_bit_identical(tiny_llama, monkeypatch, max_num_seqs, spec, splits):
     with two_threads("min_attention_split_bytes"):
         program = check_same(tiny_llama, monkeypatch, max_tokens=16, max_num_seqs=max_num_seqs,
                              **({"speculative_config": spec} if spec else {}))
         assert (program.program.split_attention_calls() > 0) == splits
+
+
+def test_one_sequence_splits_its_query_heads_where_attention_reads_bf16_pages(tiny_models, monkeypatch):
+    # head_dim 64: at batch 1 each thread takes a range of query heads (the kv head's group of 3 cut in two) on an
+    # AVX512-BF16 CPU, bit-identical to the whole call; elsewhere the sequence stays whole
+    from cinq.plan.cpu import vector_isa
+    with two_threads("min_attention_split_bytes"):
+        program = check_same(tiny_models("llama_d64"), monkeypatch, max_tokens=16, max_num_seqs=1)
+        assert (program.program.split_attention_calls() > 0) == (vector_isa() in ("AVX512-BF16", "AMX"))
+
+
+def test_paged_decode_heads_write_what_the_whole_call_returns():
+    # query heads in any cut (bf16 path) or whole kv heads write exactly what the whole call returns
+    from cinq.plan.cpu import vector_isa
+    assert native_module("paged_decode") is not None
+    torch.manual_seed(0)
+    nd, ql, hq, hkv, d, bs = 2, 2, 6, 2, 64, 4
+    cache = torch.randn(2, 12, bs, hkv, d).to(torch.bfloat16)
+    tables = torch.arange(12, dtype=torch.int32).view(nd, 6).flip(1).contiguous()
+    lens = torch.tensor([9, 21], dtype=torch.int32)
+    q = torch.randn(nd * ql, hq, d).to(torch.bfloat16)
+    no_tree = torch.empty(0, dtype=torch.bool)
+    whole = torch.ops.cinq.paged_decode(q, cache, tables, lens, 0.125, ql, no_tree)
+    cuts = ((0, 1), (1, 4), (4, 6)) if vector_isa() in ("AVX512-BF16", "AMX") else ((0, 3), (3, 6))
+    out = torch.full_like(q, float("nan"))
+    for a, b in cuts:
+        torch.ops.cinq.paged_decode_heads(q, cache, tables, lens, 0.125, ql, no_tree, out, a, b)
+    assert torch.equal(out, whole)
+    with pytest.raises(RuntimeError, match="outside"):
+        torch.ops.cinq.paged_decode_heads(q, cache, tables, lens, 0.125, ql, no_tree, out, 4, 7)
+    with pytest.raises(RuntimeError, match="whole kv heads"):
+        torch.ops.cinq.paged_decode_heads(q.float(), cache, tables, lens, 0.125, ql, no_tree, out.float(), 0, 1)
 
 
 def test_paged_decode_seqs_write_what_the_whole_call_returns():

@@ -38,17 +38,37 @@
 
 namespace cinq_decode {
 
+// Whether attend() takes decode_attention_bf16.h's path: a bf16 cache and query on an AVX512-BF16 CPU, head_dim 64
+// or 128. There a sequence's query heads can be split at any head (attend_heads), elsewhere at whole kv heads.
+template <typename T, typename Q>
+bool bf16_path(const Shape& sh) {
+#if defined(__AVX512BF16__)
+  return std::is_same_v<T, c10::BFloat16> && std::is_same_v<Q, c10::BFloat16> && (sh.d == 64 || sh.d == 128);
+#else
+  return false;
+#endif
+}
+
+// Query heads a .. b-1 of one sequence on the bf16 path (bf16_path<T, Q>(sh) must hold).
+template <typename T, typename Q, typename O, typename Rows>
+void attend_heads(const Q* q, O* out, const Rows& rows, int64_t len, int64_t a, int64_t b, const bool* tree,
+                  const Shape& sh, Scratch& buf) {
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, c10::BFloat16> && std::is_same_v<Q, c10::BFloat16>) {
+    if (sh.d == 64) return attend_bf16<64>(q, out, rows, len, a, b, tree, sh, buf);
+    if (sh.d == 128) return attend_bf16<128>(q, out, rows, len, a, b, tree, sh, buf);
+  }
+#endif
+  TORCH_CHECK(false, "decode attention: no bf16 path for this cache, query and head_dim on this CPU");
+}
+
 // Attention of kv heads h0 .. h1-1 of one sequence of `len` cached tokens: q (this sequence's first query row,
 // type Q), out (same layout as q, contiguous [ql, hq, d], type O).
 template <typename T, typename Q, typename O, typename Rows>
 void attend(const Q* q, O* out, const Rows& rows, int64_t len, int64_t h0, int64_t h1, const bool* tree,
             const Shape& sh, Scratch& buf) {
-#if defined(__AVX512BF16__)
-  if constexpr (std::is_same_v<T, c10::BFloat16> && std::is_same_v<Q, c10::BFloat16>) {
-    if (sh.d == 64) return attend_bf16<64>(q, out, rows, len, h0, h1, tree, sh, buf);
-    if (sh.d == 128) return attend_bf16<128>(q, out, rows, len, h0, h1, tree, sh, buf);
-  }
-#endif
+  if (bf16_path<T, Q>(sh)) return attend_heads<T>(q, out, rows, len, h0 * (sh.hq / sh.hkv),
+                                                  h1 * (sh.hq / sh.hkv), tree, sh, buf);
   // Query rows jq = r * nqh + j: query token r, head h0 * group + j. Token t's K/V row of kv heads h0 .. h1-1 is
   // widened once for all the query rows that read it.
   const int64_t group = sh.hq / sh.hkv, d = sh.d, nh = h1 - h0, nqh = nh * group, nq = sh.ql * nqh;

@@ -22,26 +22,30 @@ constexpr int kPvRows = D == 64 ? 6 : 3;
 // time (exact products, float32 sums), their 16 sums reduced together; V: each row widened in registers once for
 // the query rows of its kv head that a pass accumulates (the float sums in key order, as weighted_sum's). The
 // widening path measured ~2x slower per cached token at batch 1 (SmolLM2: 9 heads of 64 over 3 kv heads).
+// Query heads a .. b-1 of one sequence (any range: a thread team splits one sequence's heads this way).
 template <int D, typename O, typename Rows>
-void attend_bf16(const c10::BFloat16* q, O* out, const Rows& rows, int64_t len, int64_t h0, int64_t h1,
+void attend_bf16(const c10::BFloat16* q, O* out, const Rows& rows, int64_t len, int64_t a, int64_t b,
                  const bool* tree, const Shape& sh, Scratch& buf) {
-  const int64_t group = sh.hq / sh.hkv, nh = h1 - h0, nqh = nh * group, nq = sh.ql * nqh;
+  const int64_t group = sh.hq / sh.hkv, nqh = b - a, nq = sh.ql * nqh;
   const int64_t t0 = sh.window > 0 ? std::max<int64_t>(0, len - sh.ql - sh.window + 1) : 0, span = len - t0;
   buf.scores.resize(nq * span);
   buf.inv.resize(nq);
   const auto* qb = reinterpret_cast<const uint16_t*>(q);
-  // query row jq = r * nqh + j: token r, head h0 * group + j
-  auto q_row = [&](int64_t jq) { return qb + (jq / nqh) * sh.q_token_stride + (h0 * group + jq % nqh) * D; };
+  // query row jq = r * nqh + j: token r, head a + j
+  auto q_row = [&](int64_t jq) { return qb + (jq / nqh) * sh.q_token_stride + (a + jq % nqh) * D; };
+  // kv head h serves the range's query heads h * group + g for g in [g_lo(h), g_hi(h))
+  auto g_lo = [&](int64_t h) { return std::max<int64_t>(a - h * group, 0); };
+  auto g_hi = [&](int64_t h) { return std::min<int64_t>(b - h * group, group); };
   const __m512 scale = _mm512_set1_ps(sh.scale);
-  for (int64_t h = h0; h < h1; ++h) {
-    const int64_t j0 = (h - h0) * group;  // this kv head's query heads: j0 .. j0 + group - 1 of every token
+  for (int64_t h = a / group; h * group < b; ++h) {
+    const int64_t j0 = h * group - a;  // query head h * group + g is row j0 + g of a token
     for (int64_t ta = t0; ta < len; ta += 16) {
       const int64_t n = std::min<int64_t>(16, len - ta);
       const uint16_t* k[16];
       for (int64_t i = 0; i < 16; ++i)  // past the span: the last key again, its score not stored
         k[i] = reinterpret_cast<const uint16_t*>(rows.key(ta + std::min(i, n - 1))) + h * D;
       for (int64_t r = 0; r < sh.ql; ++r) {
-        for (int64_t g = 0; g < group; ++g) {
+        for (int64_t g = g_lo(h); g < g_hi(h); ++g) {
           const int64_t jq = r * nqh + j0 + g;
           const uint16_t* qr = q_row(jq);
           __m512bh qv[D / 32];
@@ -64,13 +68,13 @@ void attend_bf16(const c10::BFloat16* q, O* out, const Rows& rows, int64_t len, 
   mask_scores(buf.scores.data(), span, t0, len, nqh, tree, sh);
   for (int64_t jq = 0; jq < nq; ++jq) buf.inv[jq] = softmax_numerators(buf.scores.data() + jq * span, span);
   constexpr int R = kPvRows<D>, V = D / 16;
-  for (int64_t h = h0; h < h1; ++h) {
-    const int64_t j0 = (h - h0) * group;
-    // this kv head's query rows, R at a time: (token r, head j0 + g) for r < ql, g < group
-    for (int64_t i0 = 0; i0 < sh.ql * group; i0 += R) {
-      const int rn = static_cast<int>(std::min<int64_t>(R, sh.ql * group - i0));
+  for (int64_t h = a / group; h * group < b; ++h) {
+    const int64_t j0 = h * group - a, gl = g_lo(h), gn = g_hi(h) - gl;
+    // this kv head's query rows, R at a time: (token r, row j0 + g) for r < ql, g in [gl, gl + gn)
+    for (int64_t i0 = 0; i0 < sh.ql * gn; i0 += R) {
+      const int rn = static_cast<int>(std::min<int64_t>(R, sh.ql * gn - i0));
       int64_t jq[R];
-      for (int i = 0; i < rn; ++i) jq[i] = (i0 + i) / group * nqh + j0 + (i0 + i) % group;
+      for (int i = 0; i < rn; ++i) jq[i] = (i0 + i) / gn * nqh + j0 + gl + (i0 + i) % gn;
       __m512 acc[R][V];
 #pragma GCC unroll 8
       for (int i = 0; i < R; ++i)
@@ -96,7 +100,7 @@ void attend_bf16(const c10::BFloat16* q, O* out, const Rows& rows, int64_t len, 
         alignas(64) float row[D];
         for (int c = 0; c < V; ++c) _mm512_store_ps(row + 16 * c, acc[i][c]);
         const int64_t r = jq[i] / nqh, j = jq[i] % nqh;
-        narrow(row, out + (r * sh.hq + h0 * group + j) * D, D, buf.inv[jq[i]]);
+        narrow(row, out + (r * sh.hq + a + j) * D, D, buf.inv[jq[i]]);
       }
     }
   }

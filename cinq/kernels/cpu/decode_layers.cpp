@@ -36,6 +36,11 @@ int64_t min_split_bytes = 128 << 10;
 // costs a dispatcher call, ~1-2 us). Settable for tests.
 int64_t min_attention_split_bytes = 16 << 10;
 constexpr int kMaxTeam = 8;
+#if defined(__AVX512BF16__)
+constexpr bool kBf16Attention = true;  // decode_attention.h's bf16_path for a bf16 cache and query, head_dim 64 / 128
+#else
+constexpr bool kBf16Attention = false;
+#endif
 // Spins before a waiting thread starts yielding its core: a few hundred microseconds, longer than any wait inside
 // a step on an idle machine, short enough not to starve another process of a shared core for long.
 constexpr int64_t kSpinsBeforeYield = 1 << 14;
@@ -176,6 +181,7 @@ class DecodeLayers {
         paged_decode_(op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
                                     int64_t, const at::Tensor&)>("cinq::paged_decode")),
         paged_seqs_(op<PagedSeqs>("cinq::paged_decode_seqs")),
+        paged_heads_(op<PagedSeqs>("cinq::paged_decode_heads")),
         paged_varlen_(op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
                                     const at::Tensor&)>("cinq::paged_decode_varlen")),
         varlen_seqs_(op<VarlenSeqs>("cinq::paged_decode_varlen_seqs")),
@@ -247,13 +253,16 @@ class DecodeLayers {
     const int64_t m = hidden.size(0), q_size = hq_ * d_, kv_size = hkv_ * d_;
     int64_t cached = 0;  // tokens every layer's attention reads, over all sequences
     for (int64_t s = 0; s < seq_lens.size(0); ++s) cached += seq_lens.data_ptr<int32_t>()[s];
-    // one sequence stays whole: cut by kv heads, its pages were read in strided pieces (SmolLM2's 3 kv heads at a
-    // context of 1024: two heads alone took as long as all three in one pass), and cut by query heads, its K/V
-    // was widened once per part (no faster either)
+    // Sequences split across the team; fewer sequences than threads (batch 1): their query heads, where attention
+    // reads the bf16 pages in place (any head range costs its share). On the widening path a part widened its K/V
+    // rows in strided pieces, or all of them again: SmolLM2's 3 kv heads at a context of 1024, two heads alone
+    // took as long as all three, so there one sequence stays whole.
     const int64_t nd = rows.ragged() ? rows.starts.numel() - 1 : m / rows.ql;
-    const bool split_attention = team != nullptr && nd > 1 &&
-                                 cached * kv_size * 2 * layers_.front().kv_cache.element_size() >=
-                                     min_attention_split_bytes;
+    const bool big = team != nullptr && cached * kv_size * 2 * layers_.front().kv_cache.element_size() >=
+                                            min_attention_split_bytes;
+    const bool split_heads =
+        big && nd < team->size() && !rows.ragged() && kBf16Attention && (d_ == 64 || d_ == 128);
+    const bool split_attention = big && !split_heads && nd > 1;
     std::vector<at::Tensor> states;
     for (Layer& layer : layers_) {
       if (capture)  // each layer's input, as the Python stack's output_hidden_states (EAGLE-3's features)
@@ -272,7 +281,8 @@ class DecodeLayers {
       rotary_.call(q, k, positions, cos_sin);
       write_kv_.call(k, v, layer.kv_cache, slot_mapping);
       const at::Tensor o =
-          split_attention ? attention(q, layer.kv_cache, block_tables, seq_lens, rows, nd, tree, *team)
+          split_attention || split_heads
+              ? attention(q, layer.kv_cache, block_tables, seq_lens, rows, split_heads ? 0 : nd, tree, *team)
           : rows.ragged() ? paged_varlen_.call(q, layer.kv_cache, block_tables, seq_lens, scale_, rows.starts)
                           : paged_decode_.call(q, layer.kv_cache, block_tables, seq_lens, scale_, rows.ql, tree);
       const at::Tensor attn = linear(layer.o, o.view({m, q_size}), team);
@@ -293,16 +303,18 @@ class DecodeLayers {
   }
 
   // paged_decode with the sequences cut into one contiguous range per thread (whole sequences: each reads its pages
-  // front to back, every kv head at once, as the whole call does).
+  // front to back, every kv head at once, as the whole call does), or with nd = 0 every sequence's query heads.
   at::Tensor attention(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& block_tables,
                        const at::Tensor& seq_lens, const Rows& rows, int64_t nd, const at::Tensor& tree,
                        Team& team) const {
-    const int parts = static_cast<int>(std::min<int64_t>(team.size(), nd));
+    const int parts = static_cast<int>(std::min<int64_t>(team.size(), nd > 0 ? nd : hq_));
     at::Tensor out = at::empty({q.size(0), hq_, d_}, q.options());
     split_attention_calls_.fetch_add(1, std::memory_order_relaxed);
     team.run(parts, [&](int p) {
-      const int64_t begin = nd * p / parts, end = nd * (p + 1) / parts;
-      if (rows.ragged())
+      const int64_t begin = (nd > 0 ? nd : hq_) * p / parts, end = (nd > 0 ? nd : hq_) * (p + 1) / parts;
+      if (nd == 0)
+        paged_heads_.call(q, kv_cache, block_tables, seq_lens, scale_, rows.ql, tree, out, begin, end);
+      else if (rows.ragged())
         varlen_seqs_.call(q, kv_cache, block_tables, seq_lens, scale_, rows.starts, out, begin, end);
       else
         paged_seqs_.call(q, kv_cache, block_tables, seq_lens, scale_, rows.ql, tree, out, begin, end);
@@ -360,7 +372,7 @@ class DecodeLayers {
       write_kv_;
   c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                       double, int64_t, const at::Tensor&)> paged_decode_;
-  c10::TypedOperatorHandle<PagedSeqs> paged_seqs_;
+  c10::TypedOperatorHandle<PagedSeqs> paged_seqs_, paged_heads_;
   c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                       double, const at::Tensor&)> paged_varlen_;
   c10::TypedOperatorHandle<VarlenSeqs> varlen_seqs_;

@@ -14,6 +14,7 @@
 #include <torch/extension.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "decode_attention.h"
 
@@ -166,6 +167,38 @@ void paged_decode_seqs(const torch::Tensor& query_in, const torch::Tensor& kv_ca
   attend_seqs(c, kv_cache, block_tables, seq_lens, out, begin, end);
 }
 
+// Query heads [head_begin, head_end) of every sequence of paged_decode (no window), on the calling thread, into `out`
+// (as paged_decode_seqs): how a thread team splits one sequence. Any head range where attention takes the bf16 path
+// (decode_attention.h's bf16_path), whole kv heads elsewhere; each head is computed exactly as in the whole call.
+void paged_decode_heads(const torch::Tensor& query_in, const torch::Tensor& kv_cache, const torch::Tensor& block_tables,
+                        const torch::Tensor& seq_lens, double scale, int64_t ql, const torch::Tensor& tree_mask,
+                        const torch::Tensor& out, int64_t head_begin, int64_t head_end) {
+  const Checked c = check_call(query_in, kv_cache, block_tables, seq_lens, scale, ql, tree_mask, 0);
+  const int64_t group = c.sh.hq / c.sh.hkv;
+  TORCH_CHECK(0 <= head_begin && head_begin < head_end && head_end <= c.sh.hq, "paged_decode_heads: heads [",
+              head_begin, ", ", head_end, ") are outside the query's ", c.sh.hq);
+  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == c.query.scalar_type() && out.sizes() == c.query.sizes(),
+              "paged_decode_heads: out must be contiguous [query rows, hq, d] of the query's dtype");
+  thread_local cinq_decode::Scratch buf;
+  with_rows(c, kv_cache, block_tables, out, [&](auto t, auto q, auto o, const auto& rows_of) {
+    using T = decltype(t);
+    using Q = std::remove_cv_t<std::remove_pointer_t<decltype(q)>>;
+    const bool any = cinq_decode::bf16_path<T, Q>(c.sh);
+    TORCH_CHECK(any || (head_begin % group == 0 && head_end % group == 0),
+                "paged_decode_heads: off the bf16 path heads split at whole kv heads (multiples of ", group, ")");
+    for (int64_t s = 0; s < c.nd; ++s) {
+      const int32_t len = seq_lens.data_ptr<int32_t>()[s];
+      const bool* tree = c.tree == nullptr ? nullptr : c.tree + s * c.tree_stride;
+      if (any)
+        cinq_decode::attend_heads<T>(q + s * c.sh.ql * c.sh.q_token_stride, o + s * c.sh.ql * c.sh.hq * c.sh.d,
+                                     rows_of(s), len, head_begin, head_end, tree, c.sh, buf);
+      else
+        cinq_decode::attend<T>(q + s * c.sh.ql * c.sh.q_token_stride, o + s * c.sh.ql * c.sh.hq * c.sh.d, rows_of(s),
+                               len, head_begin / group, head_end / group, tree, c.sh, buf);
+    }
+  });
+}
+
 torch::Tensor paged_decode(torch::Tensor query_in, torch::Tensor kv_cache, torch::Tensor block_tables,
                            torch::Tensor seq_lens, double scale, int64_t ql, torch::Tensor tree_mask) {
   return paged_decode_window(query_in, kv_cache, block_tables, seq_lens, scale, ql, tree_mask, 0);
@@ -211,6 +244,8 @@ TORCH_LIBRARY_FRAGMENT(cinq, m) {
         "int query_len, Tensor tree_mask, int window) -> Tensor");
   m.def("paged_decode_seqs(Tensor query, Tensor kv_cache, Tensor block_tables, Tensor seq_lens, float scale, "
         "int query_len, Tensor tree_mask, Tensor(a!) out, int begin, int end) -> ()");
+  m.def("paged_decode_heads(Tensor query, Tensor kv_cache, Tensor block_tables, Tensor seq_lens, float scale, "
+        "int query_len, Tensor tree_mask, Tensor(a!) out, int head_begin, int head_end) -> ()");
   m.def("paged_decode_varlen(Tensor query, Tensor kv_cache, Tensor block_tables, Tensor seq_lens, float scale, "
         "Tensor query_start_loc) -> Tensor");
   m.def("paged_decode_varlen_seqs(Tensor query, Tensor kv_cache, Tensor block_tables, Tensor seq_lens, float scale, "
@@ -231,6 +266,11 @@ TORCH_LIBRARY_IMPL(cinq, CPU, m) {
                                  const at::Tensor& out, int64_t begin, int64_t end) {
     paged_decode_seqs(q, cache, tables, lens, scale, ql, tree, out, begin, end);
   });
+  m.impl("paged_decode_heads", [](const at::Tensor& q, const at::Tensor& cache, const at::Tensor& tables,
+                                  const at::Tensor& lens, double scale, int64_t ql, const at::Tensor& tree,
+                                  const at::Tensor& out, int64_t head_begin, int64_t head_end) {
+    paged_decode_heads(q, cache, tables, lens, scale, ql, tree, out, head_begin, head_end);
+  });
   m.impl("paged_decode_varlen", [](const at::Tensor& q, const at::Tensor& cache, const at::Tensor& tables,
                                    const at::Tensor& lens, double scale, const at::Tensor& starts) {
     return paged_decode_varlen(q, cache, tables, lens, scale, starts);
@@ -248,6 +288,8 @@ TORCH_LIBRARY_IMPL(cinq, Meta, m) {
                                    double, int64_t, const at::Tensor&, int64_t) { return at::empty_like(q); });
   m.impl("paged_decode_seqs", [](const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
                                  int64_t, const at::Tensor&, const at::Tensor&, int64_t, int64_t) {});
+  m.impl("paged_decode_heads", [](const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+                                  int64_t, const at::Tensor&, const at::Tensor&, int64_t, int64_t) {});
   m.impl("paged_decode_varlen", [](const at::Tensor& q, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                    double, const at::Tensor&) { return at::empty_like(q); });
   m.impl("paged_decode_varlen_seqs", [](const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
@@ -259,6 +301,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "paged decode attention (CPU)");
   m.def("paged_decode_window", &paged_decode_window, "paged decode attention (CPU), sliding window");
   m.def("paged_decode_seqs", &paged_decode_seqs, "sequences [begin, end) of paged_decode, into out");
+  m.def("paged_decode_heads", &paged_decode_heads, "query heads [head_begin, head_end) of paged_decode, into out");
   m.def("paged_decode_varlen", &paged_decode_varlen, "paged decode attention (CPU), ragged query rows per sequence");
   m.def("paged_decode_varlen_seqs", &paged_decode_varlen_seqs, "sequences [begin, end) of paged_decode_varlen");
   m.def("set_tile_floats", [](int64_t floats) { cinq_decode::tile_floats = floats; }, py::arg("floats"));
