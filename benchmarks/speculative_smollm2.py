@@ -258,7 +258,7 @@ def main() -> int:
         f"arms it never measured there are absent). Head: {args.head or 'none'}. Commit {commit}.", tables, headline,
         {"draft": draft, "machine": machine_info(), "commit": commit, "head": args.head, "rows": rows,
          "languages": langs,
-         "options": {**vars(args), "out": str(out.relative_to(ROOT)) if out.is_relative_to(ROOT) else str(out)}})
+         "options": {**vars(args), "out": str(out.relative_to(ROOT)) if out.is_relative_to(ROOT) else out.name}})
     print_report(result)
     write_report(result, str(out))
     return 0

@@ -158,7 +158,7 @@ def _linear_spec(mod: Any, linear: Any) -> tuple[Any, int] | None:
         mod = _CoverageOnly()
     from cinq.layers.linear import DenseLinear
     from cinq.layers.quantization.gguf_linear import DEQUANT_ROWS, GGUFLinear
-    from cinq.layers.quantization.int8_activations import int8_activations
+    from cinq.layers.quantization.int8_activations import uses_int8_activations
     from cinq.layers.quantization.linear import QuantizedLinear
     from cinq.layers.quantization.native import I8_DEQUANT_ROWS, INT4_NATIVE_MAX_ROWS, NATIVE_MAX_ROWS
     from cinq.kernels.fp32_gemm import DENSE_MIN_ROWS
@@ -194,10 +194,10 @@ def _linear_spec(mod: Any, linear: Any) -> tuple[Any, int] | None:
         return None
     f32 = torch.empty(0)
     mins = t.get("mins", torch.empty(0, dtype=t["scales"].dtype))
-    # as native._grouped_linear routes them: the int8-activation kernel (groups of 32) below I8_DEQUANT_ROWS,
-    # else the int16-activation one up to its own rows
+    # as native._grouped_linear routes them: the int8-activation kernel (uses_int8_activations) below
+    # I8_DEQUANT_ROWS, else the int16-activation one up to its own rows
     int4 = kind == "int4_native"
-    if group == 32 and int8_activations():
+    if uses_int8_activations(group, 4 if int4 else 8):
         spec = mod.Linear(mod.INT4_I8, [t["codes"], t["scales"], mins], [group, 0]) if int4 else \
             mod.Linear(mod.INT8_I8, [t["codes"], t["scales"], mins], [group])
         return spec, I8_DEQUANT_ROWS - 1

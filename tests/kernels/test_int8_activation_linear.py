@@ -199,14 +199,19 @@ def test_knob_routes_the_native_linears(available, monkeypatch):
     assert torch.equal(on, i8.int4_affine_linear_i8(x, t, 32))
     assert torch.equal(off, native.grouped_module().int4_affine_linear(x, t["codes"], t["scales"], t["mins"], 32))
     assert not torch.equal(on, off)
-    codes, scales, mins = weights4(50, 128, 64, gen)  # group 64 stays on the int16 kernel (faster there)
+    # group 64: the int8 kernel where it has AVX512-VNNI (faster there at every group), the int16 one on AVX2
+    codes, scales, mins = weights4(50, 128, 64, gen)
     t = native.pack_int4_affine(codes, scales, mins, 64)
     i8.set_int8_activations(True)
     try:
         y64 = native.int4_affine_linear(x, t, 64)
+        assert i8.uses_int8_activations(64, 4) == bool(i8.i8_module().has_vnni())
+        assert not i8.uses_int8_activations(64, 8)  # 8-bit codes: group 32 only
     finally:
         i8.set_int8_activations(None)
-    assert torch.equal(y64, native.grouped_module().int4_affine_linear(x, t["codes"], t["scales"], t["mins"], 64))
+    want = i8.int4_affine_linear_i8(x, t, 64) if i8.i8_module().has_vnni() else \
+        native.grouped_module().int4_affine_linear(x, t["codes"], t["scales"], t["mins"], 64)
+    assert torch.equal(y64, want)
 
 
 def test_bad_knob_value_names_the_variable(monkeypatch):

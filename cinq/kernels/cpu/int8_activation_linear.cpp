@@ -379,4 +379,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_grouped_linear_i8", &int8_grouped_linear_i8, "x @ (scale * q + min)^T, int8 activations");
   m.def("quantize_activations_i8", &quantize_activations_i8, "x to int8 per 32-block, as the kernels do");
   m.def("has_fast_path", [] { return cinq_small_m::kFastPath; });
+#if defined(CINQ_I8_VNNI)
+  m.def("has_vnni", [] { return true; });
+#else
+  m.def("has_vnni", [] { return false; });
+#endif
 }

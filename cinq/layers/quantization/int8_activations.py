@@ -38,6 +38,19 @@ def int8_activations() -> bool:
     return _enabled and i8_module() is not None
 
 
+def uses_int8_activations(group: int, bits: int) -> bool:
+    """Whether a grouped linear of ``bits``-bit codes and ``group`` input channels per scale (a multiple of 32; per
+    channel: K) runs the int8-activation kernel: with the knob on, group 32 everywhere (GGUF's blocks), and 4-bit codes
+    of any group where the kernel has AVX512-VNNI. There the 4-bit kernel measured faster at every group (SmolLM2's
+    decode shapes: g64 1.42-1.49x the int16 kernel, benchmarks/results/decode_kernels.md; the ~110M random Llama's
+    GPTQ g128 decode 107 -> 168 tok/s on 1 thread, 185 -> 205 on 2, ad hoc), while 8-bit codes per channel were no
+    faster in a decode step (1.03x on 1 thread, 0.83x on 2, ad hoc) and stay on int16; on AVX2 group 64 measured
+    0.91x (decode_kernels_int8_activations.md)."""
+    if not int8_activations():
+        return False
+    return group == 32 or (bits == 4 and group % 32 == 0 and bool(i8_module().has_vnni()))
+
+
 def set_int8_activations(enabled: bool | None) -> None:
     """Override the knob for this process (None: read ``CINQ_INT8_ACTIVATIONS`` again). GGUF layers loaded before
     keep their choice."""

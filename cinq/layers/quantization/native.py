@@ -9,9 +9,9 @@ Two weight forms, each with float32 scales per (output row, group of ``group`` i
 * int8 grouped: ``W[n, k] = scale[n, g] * q[n, k]``, q in -128..127 (GGUF Q8_0: group 32; per channel: group K).
 
 With ``CINQ_INT8_ACTIVATIONS=1`` (the default; ``int8_activations``) the linears below quantize the activations to
-int8 and run cinq/kernels/cpu/int8_activation_linear.cpp on the same tensors for group 32; with 0, or another group,
-int16 activations here (the int8 kernel's per-row scale loop is vectorised for group 32 only: at group 64 it measured
-0.91x the int16 kernel, benchmarks/results/decode_kernels_int8_activations.md).
+int8 and run cinq/kernels/cpu/int8_activation_linear.cpp on the same tensors for group 32, and int4 of any group where
+that kernel has AVX512-VNNI (``uses_int8_activations``); with 0, or other groups, int16 activations here
+(at group 64 the AVX2 int8 kernel measured 0.91x the int16 one, benchmarks/results/decode_kernels_int8_activations.md).
 The kernels keep the scales and mins in float32; ``dequantize_int4_affine`` / ``dequantize_int8_grouped`` give the
 W they compute with, from the packed tensors, in float32 (``scale * q + min``, one rounding each).
 """
@@ -25,7 +25,8 @@ import torch
 
 from cinq.kernels.cpu_native import call_native, native_module
 from cinq.kernels.fp32_gemm import fp32_linear
-from cinq.layers.quantization.int8_activations import int4_affine_linear_i8, int8_activations, int8_grouped_linear_i8
+from cinq.layers.quantization.int8_activations import (int4_affine_linear_i8, int8_grouped_linear_i8,
+                                                        uses_int8_activations)
 from cinq.layers.quantization.qweight import QuantizedWeight
 
 _MODULE = "grouped_int_linear"
@@ -156,25 +157,25 @@ def int4_affine_linear(x: torch.Tensor, t: dict[str, torch.Tensor], group: int) 
     """y [..., N] bf16 = x [..., K] @ W^T with ``pack_int4_affine``'s tensors (past the kernel's rows, or without
     the native module: dequantize, then a float32 matmul)."""
     return _grouped_linear(x, t, group, "int4_affine_linear", t["mins"], dequantize_int4_affine,
-                           int4_affine_linear_i8, INT4_NATIVE_MAX_ROWS)
+                           int4_affine_linear_i8, INT4_NATIVE_MAX_ROWS, 4)
 
 
 def int8_grouped_linear(x: torch.Tensor, t: dict[str, torch.Tensor], group: int) -> torch.Tensor:
     """y [..., N] bf16 = x [..., K] @ W^T with ``pack_int8_grouped``'s tensors (past the kernel's rows, or without
     the native module: dequantize, then a float32 matmul)."""
     return _grouped_linear(x, t, group, "int8_grouped_linear", t.get("mins", _NO_MINS), dequantize_int8_grouped,
-                           int8_grouped_linear_i8, NATIVE_MAX_ROWS)
+                           int8_grouped_linear_i8, NATIVE_MAX_ROWS, 8)
 
 
 def _grouped_linear(x: torch.Tensor, t: dict[str, torch.Tensor], group: int, kernel: str, mins: torch.Tensor,
                     dequantize: Callable[[dict[str, torch.Tensor], int], torch.Tensor],
                     linear_i8: Callable[[torch.Tensor, dict[str, torch.Tensor], int], torch.Tensor],
-                    max_rows: int) -> torch.Tensor:
+                    max_rows: int, bits: int) -> torch.Tensor:
     """One grouped-int linear: the native ``kernel`` (up to ``max_rows`` rows), its int8-activation variant (up to
     I8_DEQUANT_ROWS - 1), or dequantize + float32 GEMM (more rows, or no native module)."""
     x2 = _flat_bf16(x)
     mod = grouped_module()
-    i8 = group == 32 and int8_activations()  # see the module docstring for why 32 only
+    i8 = uses_int8_activations(group, bits)  # which: the module docstring
     if mod is None or x2.shape[0] > (I8_DEQUANT_ROWS - 1 if i8 else max_rows):
         y = fp32_linear(x2, lambda n0, n1: dequantize(rows_of(t, n0, n1), group), t["codes"].shape[0],
                         out_dtype=torch.bfloat16)

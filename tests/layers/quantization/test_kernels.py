@@ -203,10 +203,20 @@ def _float32_product_bound(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tens
     return ref, ref.abs() * 2 ** -8 + 1e-5 * (x.float().abs() @ w.abs().t()) + 1e-6
 
 
+@pytest.fixture
+def int16_activations():
+    """The int16-activation kernels and their float32-GEMM crossover, whatever the CPU (with AVX512-VNNI every group
+    would take the int8-activation kernel, up to its own rows)."""
+    from cinq.layers.quantization import int8_activations as i8
+    i8.set_int8_activations(False)
+    yield
+    i8.set_int8_activations(None)
+
+
 @pytest.mark.parametrize("bits,group,act_order", [(4, 128, False), (4, 128, True), (4, 64, True), (8, -1, False),
                                                   (8, 64, False), (8, 64, True)])
 def test_native_prefill_rows_are_the_float32_product_of_the_dequantized_weight(bits, group, act_order,
-                                                                               monkeypatch):
+                                                                               monkeypatch, int16_activations):
     """Past its kernel's rows (INT4_NATIVE_MAX_ROWS / NATIVE_MAX_ROWS) an int4 / int8 native layer dequantizes (a
     block of output rows at a time) and runs a float32 GEMM: each output is the float32 product of the file's
     dequantized weight, rounded once to bf16 (not a bf16 GEMM on a bf16-rounded weight)."""
@@ -238,7 +248,7 @@ def test_native_prefill_rows_are_the_float32_product_of_the_dequantized_weight(b
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-def test_prefill_chunks_give_the_rows_of_one_call(bits):
+def test_prefill_chunks_give_the_rows_of_one_call(bits, int16_activations):
     """A prompt prefilled in chunks (one at its kernel's most rows: the kernel; the others over them: the float32
     GEMM) gives each row what one call over every row gives: the float32 product to one bf16 rounding, or the
     kernel's bf16 result for the decode-sized chunk."""
