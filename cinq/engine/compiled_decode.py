@@ -30,6 +30,7 @@ from cinq.engine.cuda_graph import CudaGraphStep
 from cinq.engine.step_buffers import StepBuffers
 from cinq.kernels import custom_ops  # noqa: F401  (registers torch.ops.cinq.*, which the traced kernels call)
 from cinq.kernels.cpu_native import warm_native_kernels
+from cinq.model.decode_layers import set_fused_decode
 from cinq.model.llama import LlamaForCausalLM
 from cinq.step.scheduler_output import ScheduledSeq
 
@@ -99,9 +100,15 @@ class CompiledDecode:
             for size in sorted(self.buffers, reverse=True):
                 buffers = self.buffers[size]
                 buffers.fill([])
-                # one eager step first fills the model's lazy caches (rope tables): traced empty, they would be
-                # guards that the first real step fails, a recompile
-                self._eager_step(buffers.input_ids, buffers.positions, buffers.meta)
+                # one eager step first fills the model's lazy caches (every layer's rope table): traced empty, they
+                # would be guards that the first real step fails (a recompile), or tables the compiled graph builds
+                # on every step. It runs the Python layers: the fused step reads one table for the whole stack, and
+                # left the others empty (SmolLM2's compiled step spent 27% of its time in sin / cos)
+                set_fused_decode(self.model, False)
+                try:
+                    self._eager_step(buffers.input_ids, buffers.positions, buffers.meta)
+                finally:
+                    set_fused_decode(self.model, True)
                 self.logits(size)
         self.steps = 0
         return dict(self.compile_times_s)

@@ -50,6 +50,23 @@ def test_step_over_persistent_buffers_is_taken_padded_and_gives_the_eager_tokens
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2  # one graph per size: no recompiles
 
 
+def test_the_warm_up_step_runs_the_python_layers(tiny_llama, monkeypatch):
+    # the fused eager step reads one rope table for the whole stack: had it run the warm-up step, the other layers'
+    # tables would be traced empty and built by the compiled graph (sin and cos of every position) on every step
+    from cinq.model import decode_layers
+    runs = []
+    real = decode_layers.DecodeLayers.run
+    monkeypatch.setattr(decode_layers.DecodeLayers, "run", lambda self, *a, **k: runs.append(1) or real(self, *a, **k))
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="bfloat16", num_kv_blocks=64, seed=0,
+                                    compilation_config={"mode": 3, "backend": "aot_eager", "compile_sizes": [1]}))
+    assert list(engine.executor.runner.compiled.compile_times_s) == [1] and not runs  # compiled at start-up
+    tables = [layer.self_attn.rotary_emb._cache for layer in engine.executor.runner.compiled.model.model.layers]
+    assert all((torch.device("cpu"), torch.bfloat16) in t for t in tables)
+    engine.add_request("r", PROMPTS[0], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    engine.step()  # the prefill, eager: the fused step is built again for the steps that are not compiled
+    assert engine.executor.runner.model.model._decode_layers is not None
+
+
 def test_enforce_eager_and_sizes_past_max_num_seqs(tiny_llama):
     _, compiled = generate(tiny_llama, {"mode": 3, "backend": "eager"}, max_tokens=2, enforce_eager=True)
     assert compiled is None
