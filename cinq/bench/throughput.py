@@ -35,7 +35,6 @@ from cinq.errors import InvalidParameterError
 from cinq.option_fields import bounded, check_bounds
 
 
-
 def peak_dtype() -> str:
     """The dtype of the compute peak a run is held against: bf16 where torch's bf16 GEMM has bf16 instructions
     (AVX512-BF16 / AMX; there it ran ~2x fp32 on a Zen 4, and an fp32 peak put cinq at "176%" of it), float32 where

@@ -288,7 +288,8 @@ class ModelRunner:
             greedy=torch.tensor(greedy, device=dev), all_greedy=all(greedy), generator=self.generator)
         if not meta.all_greedy:
             if any(p.top_k > 0 for p in params):
-                meta.top_k = torch.tensor([p.top_k if p.top_k > 0 else self.vocab_size for p in params], device=dev)
+                ks = [p.top_k if p.top_k > 0 else self.vocab_size for p in params]
+                meta.top_k, meta.max_top_k = torch.tensor(ks, device=dev), max(ks)
             if any(p.top_p < 1.0 for p in params):
                 meta.top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev)
             if any(p.min_p > 0.0 for p in params):

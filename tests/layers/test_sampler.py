@@ -134,3 +134,5 @@ def test_top_k_sorts_only_the_k_most_likely_with_the_full_sorts_result(with_top_
     assert torch.equal(fast[~torch.isinf(fast)], full[~torch.isinf(full)])
     kept = (~torch.isinf(fast)).sum(-1)
     assert kept[0] == 1 and (kept <= k).all() and (not with_top_p or kept[3] < 300)
+    # the runner passes the largest k it read on the host (no device sync): the same rows survive
+    assert torch.equal(apply_top_k_top_p(logits, k, p, max_top_k=300), fast)

@@ -12,6 +12,7 @@ once; ``set_int8_activations`` changes it (evaluations comparing both, tests). G
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -48,7 +49,14 @@ def uses_int8_activations(group: int, bits: int) -> bool:
     0.91x (decode_kernels_int8_activations.md)."""
     if not int8_activations():
         return False
-    return group == 32 or (bits == 4 and group % 32 == 0 and bool(i8_module().has_vnni()))
+    return group == 32 or (bits == 4 and group % 32 == 0 and _has_vnni())
+
+
+@functools.cache
+def _has_vnni() -> bool:
+    """Whether the built kernel has AVX512-VNNI (asked once: every linear call of the Python layers reads it)."""
+    mod = i8_module()
+    return mod is not None and bool(mod.has_vnni())
 
 
 def set_int8_activations(enabled: bool | None) -> None:
