@@ -80,7 +80,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 # before it, never from one after it (docs/architecture.md, "Imports run one way"). A new package takes its place
 # here; ``cinq`` is the package's own __init__ (LLM, SamplingParams: the offline API the tools above it use).
 PACKAGE_ORDER = [
-    "errors", "markdown_table", "option_fields", "process_env", "cache", "real_models", "compilation_config", "structured",
+    "errors", "markdown_table", "option_fields", "process_env", "host_memory", "cache", "real_models", "compilation_config", "structured",
     "sampling_params", "outputs", "kernels", "distributed", "layers", "model", "assets", "export", "plan", "step", "spec",
     "config", "config_argv", "engine", "cinq", "tasks", "quant", "eval", "train", "server", "dp", "bench", "tune", "commands", "cli",
 ]

@@ -26,6 +26,7 @@ import logging
 import torch
 
 
+from cinq.host_memory import kv_cache_tensor
 from cinq.engine.kv_cache import KVCacheBlock, KVCacheManager, PrefixCacheStats
 from cinq.engine.sliding_window import SlidingWindowKVCacheManager
 from cinq.model.config import ModelConfig
@@ -156,8 +157,8 @@ def allocate_group_caches(attention_layers: list, group_blocks: tuple[int, int],
     for attn in attention_layers:
         group = SLIDING if attn.sliding_window is not None else FULL
         attn.kv_group = group
-        caches.append(torch.zeros(2, group_blocks[group] + num_pad_blocks, block_size, num_kv_heads, head_dim,
-                                  dtype=dtype, device=device))
+        caches.append(kv_cache_tensor((2, group_blocks[group] + num_pad_blocks, block_size, num_kv_heads, head_dim),
+                                      dtype, device))
     return caches
 
 

@@ -18,6 +18,7 @@ import torch
 
 from cinq.compilation_config import CompilationConfig
 from cinq.engine.compiled_decode import CompiledDecode
+from cinq.host_memory import kv_cache_tensor
 from cinq.engine.kv_cache_groups import FULL, add_group_tables, allocate_group_caches
 from cinq.engine.kv_cache_virtual import VirtualKVRegion, VirtualKVSpec
 from cinq.errors import InvalidParameterError
@@ -102,11 +103,8 @@ class ModelRunner:
             self.kv_caches = allocate_group_caches(model.attention_layers(), group_blocks, npad, block_size,
                                                    num_kv_heads, cfg.head_dim, kv_dtype, device)
         else:
-            self.kv_caches = [
-                torch.zeros(2, num_blocks + len(self.pad_block_ids), block_size, num_kv_heads,
-                            cfg.head_dim, dtype=kv_dtype, device=device)
-                for _ in range(cfg.num_hidden_layers)
-            ]
+            shape = (2, num_blocks + len(self.pad_block_ids), block_size, num_kv_heads, cfg.head_dim)
+            self.kv_caches = [kv_cache_tensor(shape, kv_dtype, device) for _ in range(cfg.num_hidden_layers)]
         for attn, cache in zip(model.attention_layers(), self.kv_caches):
             attn.kv_cache = cache
         self.states: dict[str, _RequestState] = {}

@@ -14,9 +14,10 @@ import torch
 from cinq.compilation_config import CompilationConfig
 from cinq.config import EngineConfig
 from cinq.distributed.parallel_state import TPShard
-from cinq.engine.host_memory import keep_freed_memory
+from cinq.host_memory import keep_freed_memory
 from cinq.engine.kv_cache_virtual import VirtualKVSpec
 from cinq.engine.runner import ModelRunner
+from cinq.engine.weight_arena import PackedWeights, pack_weights
 from cinq.kernels.backends import default_backend_name
 from cinq.kernels.cpu_native import warm_native_kernels
 from cinq.model.config import ModelConfig
@@ -52,6 +53,10 @@ class UniProcExecutor:
         # a draft model or heads (speculative decoding) runs next to the target, over its block tables
         self.proposer: Proposer | None = load_proposer(config.speculative_config, config.model, self.model,
                                                        self.dtype, self.device, self.attention_backend, self.seed)
+        # the weights every decode step streams, in 2 MB pages (before any program or compile holds a tensor);
+        # with the proposer's modules, so the weights a head shares with its target are packed once
+        self.packed_weights: PackedWeights | None = (
+            pack_weights(self.model, *_modules_of(self.proposer)) if self.device.type == "cpu" else None)
         self.runner: ModelRunner | None = None
 
     def _init_device(self) -> None:
@@ -117,3 +122,8 @@ class UniProcExecutor:
 
     def shutdown(self) -> None:
         self.runner = None
+
+
+def _modules_of(proposer: Proposer | None) -> list[torch.nn.Module]:
+    """The modules a proposer runs (an EAGLE head, a draft model, Medusa heads): its attributes that are modules."""
+    return [v for v in vars(proposer).values() if isinstance(v, torch.nn.Module)] if proposer is not None else []

@@ -25,10 +25,10 @@ from cinq.kernels.metadata import AttentionMetadata
 
 log = logging.getLogger(__name__)
 ENV = "CINQ_FUSED_DECODE"
-_NO_TREE = torch.empty(0, dtype=torch.bool)
-_NO_BIAS = torch.empty(0)
-_NO_RESIDUAL = torch.empty(0, dtype=torch.bfloat16)
-_NO_STARTS = torch.empty(0, dtype=torch.int32)
+_NO_TREE = torch.empty(0, dtype=torch.bool, device="cpu")
+_NO_BIAS = torch.empty(0, dtype=torch.float32, device="cpu")
+_NO_RESIDUAL = torch.empty(0, dtype=torch.bfloat16, device="cpu")
+_NO_STARTS = torch.empty(0, dtype=torch.int32, device="cpu")
 
 
 def enabled() -> bool:

@@ -126,11 +126,15 @@ def build_empty_model(config: ModelConfig, dtype: torch.dtype, device: torch.dev
     folder or file it comes from), refuses first a model that cannot fit in the device's available memory.
     ``shard``: build only that tensor-parallel rank's part (None: the whole model). ``quant``: the linear factory
     (default: the one ``config.quantization_config`` describes)."""
+    # the family's module is imported (on a first load) outside the meta-device context: a module-level tensor it
+    # makes must be a real CPU tensor (a meta one passed to a kernel dispatches to its Meta kernel, which computes
+    # nothing: the fused decode step's empty tree mask did, and its attention returned uninitialised memory)
+    model_class = ModelRegistry.model_class(config.architecture)
     with default_dtype(dtype), torch.device("meta"), building_shard(shard):
         if quant is None:
             quant = quant_factory(config, path / "config.json" if path is not None and path.is_dir()
                                   else path or "config.json")
-        model = ModelRegistry.model_class(config.architecture)(config, quant, attention_backend, dtype=dtype)
+        model = model_class(config, quant, attention_backend, dtype=dtype)
     if path is not None:
         model.tie_weights()  # count a tied embedding once
         check_fits(model, dtype, device, path)

@@ -17,6 +17,7 @@ from typing import Protocol, TypeVar
 
 import torch
 
+from cinq.host_memory import kv_cache_tensor
 from cinq.sampling_params import SamplingParams
 from cinq.spec.draft_vocab import DraftVocab
 from cinq.step.batch_inputs import BatchInputs
@@ -146,8 +147,7 @@ def paged_kv_bytes(num_layers: int, num_kv_heads: int, head_dim: int, block_size
 def bind_paged_kv(layers: list[torch.nn.Module], num_kv_heads: int, head_dim: int, num_blocks: int, block_size: int,
                   dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
     """A proposer's own KV tensors, one per attention layer, over the target's block ids; bound to ``layers``."""
-    caches = [torch.zeros(2, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
-              for _ in layers]
+    caches = [kv_cache_tensor((2, num_blocks, block_size, num_kv_heads, head_dim), dtype, device) for _ in layers]
     for attn, cache in zip(layers, caches):
         attn.kv_cache = cache
     return caches

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-_SHIFTS = torch.arange(32, dtype=torch.int32)
+_SHIFTS = torch.arange(32, dtype=torch.int32, device="cpu")
 _BYTE_BITS = (torch.arange(256)[:, None] >> torch.arange(8)) & 1  # [256, 8]: bit j of each byte value
 _ADDITIVE = torch.where(_BYTE_BITS.bool(), 0.0, float("-inf")).float().contiguous()  # [256, 8]
 _tables: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}

@@ -134,3 +134,38 @@ def test_quantization_summary_says_method_bits_and_group(quant, expected):
     assert quantization_summary(ModelConfig.from_dict(base)) is None
     config = ModelConfig.from_dict({**base, "quantization_config": QuantFormat(**quant).to_hf()})
     assert quantization_summary(config) == expected
+
+
+_FIRST_LOAD = """
+import sys, torch
+from cinq.model.loader import load_model
+load_model(sys.argv[1], "bfloat16")  # the first import of the model's modules happens inside this load
+from cinq import LLM, SamplingParams
+meta = sorted(f"{name}.{attr}" for name, mod in list(sys.modules.items()) if name.startswith("cinq")
+              for attr, v in vars(mod).items() if isinstance(v, torch.Tensor) and v.device.type != "cpu")
+params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+outs = LLM(sys.argv[1], dtype="bfloat16").generate([[3, 14, 15, 92, 65], [35, 89, 79]], params)
+print(meta)
+print([o.outputs[0].token_ids for o in outs])
+"""
+
+
+def test_a_first_load_leaves_no_module_tensor_on_meta(tiny_llama) -> None:
+    # A model is built on the meta device; its family's modules, imported by the first load, used to make their
+    # module-level tensors there too, and the fused decode step's meta tree mask then ran the attention's Meta
+    # kernel (garbage tokens in every later bf16 engine of the process). A fresh interpreter: this one has them.
+    import os
+    import subprocess
+    import sys
+
+    from cinq import LLM, SamplingParams
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    want = [o.outputs[0].token_ids
+            for o in LLM(tiny_llama, dtype="bfloat16").generate([[3, 14, 15, 92, 65], [35, 89, 79]], params)]
+    env = {**os.environ, "CINQ_ENGINE_CORE": "inproc"}
+    run = subprocess.run([sys.executable, "-c", _FIRST_LOAD, str(tiny_llama)], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    meta, tokens = run.stdout.strip().splitlines()[-2:]
+    assert meta == "[]"
+    assert tokens == str(want)

@@ -22,8 +22,8 @@ from cinq.kernels.cpu_native import call_native, native_module
 
 ENV = "CINQ_INT8_ACTIVATIONS"
 _MODULE = "int8_activation_linear"
-_NO_MINS = torch.empty(0)
-_NO_MINS_HALF = torch.empty(0, dtype=torch.float16)
+_NO_MINS = torch.empty(0, dtype=torch.float32, device="cpu")
+_NO_MINS_HALF = torch.empty(0, dtype=torch.float16, device="cpu")
 _enabled: bool | None = None
 
 

@@ -12,7 +12,7 @@ import torch
 from cinq.kernels.cpu_native import call_native, native_module
 
 _MODULE = "float_code_linear"
-_NONE = torch.empty(0, device="cpu")
+_NONE = torch.empty(0, dtype=torch.float32, device="cpu")
 
 
 def float_module() -> Any | None:
