@@ -37,7 +37,7 @@ SCRIPTS = {
     "attention": "benchmarks/attention.py", "compile": "benchmarks/compile.py",
     "decode_kernels": "benchmarks/decode_kernels.py", "decode_kernels_float_codes": "benchmarks/decode_kernels.py",
     "distill": "cinq distill --report", "draft_divergence": "benchmarks/draft_divergence.py",
-    "gemma3": "benchmarks/gemma3.py", "gpu": "benchmarks/gpu.py",
+    "gemma3": "benchmarks/gemma3.py", "gpu": "benchmarks/gpu.py", "huge_pages": "benchmarks/huge_pages.py",
     "head_language_balance": "benchmarks/head_language_balance.py",
     "interactions_batch_mates": "benchmarks/interactions.py --only batch-mates",
     "interactions_chunked_prefill": "benchmarks/interactions.py --only chunked-prefill",

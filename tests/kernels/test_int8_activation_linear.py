@@ -247,3 +247,33 @@ def test_a_rows_result_does_not_depend_on_how_many_rows_share_the_call(available
         assert torch.equal(gguf_mm(kind, t, 32, x[m:m + 1].contiguous()), y[m:m + 1]), m
     for m in (2, 5, 8):
         assert torch.equal(gguf_mm(kind, t, 32, x[:m].contiguous()), y[:m]), m
+
+
+@pytest.mark.parametrize("form", GGUF_FORMS)
+def test_out_writes_its_columns_of_a_wider_output_and_nothing_else(available, form):
+    """The _out ops (the fused step's split linears) write into a column range of a wider output: bit-identical to
+    the returning op, at 1 and several rows, and the other columns untouched."""
+    gen = torch.Generator().manual_seed(3)
+    t, group, offset, _ = gguf_form(form, 96, 576, gen)
+    mod = i8.i8_module()
+    mins = t.get("mins", torch.empty(0, dtype=t["scales"].dtype))
+    for m in (1, 3, 9):
+        x = torch.randn(m, 576, generator=gen).bfloat16()
+        if form == "q8_0":
+            want = mod.int8_grouped_linear_i8(x, t["codes"], t["scales"], mins, group)
+        else:
+            want = mod.int4_affine_linear_i8(x, t["codes"], t["scales"], mins, group, offset)
+        wide = torch.full((m, 96 + 40), 7.0, dtype=torch.bfloat16)
+        out = wide.narrow(1, 25, 96)
+        if form == "q8_0":
+            mod.int8_grouped_linear_i8_out(x, t["codes"], t["scales"], mins, group, out)
+        else:
+            mod.int4_affine_linear_i8_out(x, t["codes"], t["scales"], mins, group, offset, out)
+        assert torch.equal(out, want)
+        assert bool((wide[:, :25] == 7).all()) and bool((wide[:, 25 + 96:] == 7).all())
+    with pytest.raises(RuntimeError, match="out bf16"):  # one column short
+        if form == "q8_0":
+            mod.int8_grouped_linear_i8_out(x, t["codes"], t["scales"], mins, group, torch.empty(m, 95).bfloat16())
+        else:
+            mod.int4_affine_linear_i8_out(x, t["codes"], t["scales"], mins, group, offset,
+                                          torch.empty(m, 95).bfloat16())

@@ -142,6 +142,21 @@ def test_linears_split_across_threads_are_bit_identical(tiny_llama, tmp_path, mo
             assert program.program.split_calls() > 0
 
 
+def test_split_linears_written_in_place_match_the_concatenated_parts(tiny_llama, tmp_path, monkeypatch):
+    # int8-activation linears split across the team write their columns of one output (the _out ops); with that
+    # off, the parts are concatenated as before: both bit-identical to the Python layers
+    from cinq.export.gguf import export_gguf
+    model = export_gguf(tiny_llama, tmp_path / "m.gguf", "q4_0").path
+    mod = native_module("decode_layers")
+    with two_threads("min_split_bytes"):
+        try:
+            for in_place in (False, True):
+                mod.set_write_parts_in_place(in_place)
+                assert check_same(model, monkeypatch).program.split_calls() > 0
+        finally:
+            mod.set_write_parts_in_place(True)
+
+
 @pytest.mark.parametrize("max_num_seqs, spec, splits", [
     (3, None, True),  # three sequences: whole sequences per thread
     (3, {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}, True),  # verify rows (ql > 1)

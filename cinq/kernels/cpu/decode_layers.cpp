@@ -37,6 +37,9 @@ int64_t min_split_bytes = 64 << 10;
 // K/V bytes a layer's attention reads (all sequences) from which its sequences are split across the team (a part
 // costs a dispatcher call, ~1-2 us). Settable for tests.
 int64_t min_attention_split_bytes = 16 << 10;
+// Split int8-activation linears write their parts into one output (the kernels' _out ops) rather than
+// concatenating part outputs; settable so that tests compare both (bit-identical) and A/Bs time them.
+bool write_parts_in_place = true;
 constexpr int kMaxTeam = 8;
 #if defined(__AVX512BF16__)
 constexpr bool kBf16Attention = true;  // decode_attention.h's bf16_path for a bf16 cache and query, head_dim 64 / 128
@@ -154,6 +157,8 @@ using Result = std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>>;
 // others' kernels are lambdas over const references): a typed handle must name them exactly.
 using IntLinear6 = at::Tensor(at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t);
 using IntLinear5 = at::Tensor(at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t);
+using IntLinear6Out = void(at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t, at::Tensor);
+using IntLinear5Out = void(at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t, at::Tensor);
 using PagedSeqs = void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double, int64_t,
                        const at::Tensor&, const at::Tensor&, int64_t, int64_t);
 using VarlenSeqs = void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
@@ -191,7 +196,9 @@ class DecodeLayers {
         int4_i8_(op<IntLinear6>("cinq::int4_affine_linear_i8")),
         int8_i8_(op<IntLinear5>("cinq::int8_grouped_linear_i8")),
         int4_(op<IntLinear5>("cinq::int4_affine_linear")),
-        int8_(op<IntLinear5>("cinq::int8_grouped_linear")) {}
+        int8_(op<IntLinear5>("cinq::int8_grouped_linear")),
+        int4_i8_out_(op<IntLinear6Out>("cinq::int4_affine_linear_i8_out")),
+        int8_i8_out_(op<IntLinear5Out>("cinq::int8_grouped_linear_i8_out")) {}
 
   // One layer, in model order. A linear is (kind, tensors, ints) as the Linear struct above.
   // Dense linears of more rows than this run the kernel on chunks of it, as the Python layers do where the bf16 GEMM
@@ -340,6 +347,20 @@ class DecodeLayers {
           l.cuts[p].push_back(t.numel() == 0 ? t : t.narrow(0, n * p / parts, n * (p + 1) / parts - n * p / parts));
       l.cut_parts = parts;
     }
+    if (write_parts_in_place && (l.kind == kInt4I8 || l.kind == kInt8I8)) {
+      // each part writes its columns of one output: no per-part tensors, no concatenation on thread 0 (4 per
+      // layer, each a dispatch and a copy between the team's parts)
+      at::Tensor y = at::empty({x.size(0), n}, x.options());
+      team->run(parts, [&](int p) {
+        const int64_t a = n * p / parts, b = n * (p + 1) / parts;
+        const std::vector<at::Tensor>& t = l.cuts[p];
+        if (l.kind == kInt4I8)
+          int4_i8_out_.call(x, t[0], t[1], t[2], l.ints[0], l.ints[1], y.narrow(1, a, b - a));
+        else
+          int8_i8_out_.call(x, t[0], t[1], t[2], l.ints[0], y.narrow(1, a, b - a));
+      });
+      return y;
+    }
     std::vector<at::Tensor> out(parts);
     team->run(parts, [&](int p) { out[p] = call(l, l.cuts[p], x); });
     return at::cat(out, 1);
@@ -381,6 +402,8 @@ class DecodeLayers {
   c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)> dense_;
   c10::TypedOperatorHandle<IntLinear6> int4_i8_;
   c10::TypedOperatorHandle<IntLinear5> int8_i8_, int4_, int8_;
+  c10::TypedOperatorHandle<IntLinear6Out> int4_i8_out_;
+  c10::TypedOperatorHandle<IntLinear5Out> int8_i8_out_;
 };
 
 }  // namespace
@@ -408,5 +431,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("min_split_bytes", [] { return min_split_bytes; });
   m.def("set_min_attention_split_bytes", [](int64_t bytes) { min_attention_split_bytes = bytes; }, py::arg("bytes"));
   m.def("min_attention_split_bytes", [] { return min_attention_split_bytes; });
+  m.def("set_write_parts_in_place", [](bool on) { write_parts_in_place = on; }, py::arg("on"));
   m.def("has_fast_path", [] { return true; });
 }

@@ -242,7 +242,7 @@ void row_kernel_rows(const Call<S>& c, int64_t m0, int64_t n) {
     }
   }
 #pragma GCC unroll 8
-  for (int m = 0; m < MB; ++m) c.y[(m0 + m) * c.N + n] = float_to_bf16(cinq_small_m::hsum(acc[m]));
+  for (int m = 0; m < MB; ++m) c.y[(m0 + m) * c.ldy + n] = float_to_bf16(cinq_small_m::hsum(acc[m]));
 }
 
 template <typename Codes, typename S>
@@ -276,7 +276,7 @@ void run(const Call<S>& c, int64_t n0, int64_t n1) {
 
 template <typename Codes, typename S>
 torch::Tensor linear_typed(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scales,
-                           const torch::Tensor& mins, int64_t group, int64_t offset) {
+                           const torch::Tensor& mins, int64_t group, int64_t offset, const torch::Tensor* out) {
   const int64_t M = x.size(0), K = x.size(1), N = codes.size(0), G = K / group, Bp = (K / kBlock + 7) / 8 * 8;
   std::vector<int8_t> xq(static_cast<size_t>(M * K));
   std::vector<float> xs(static_cast<size_t>(M * Bp)), xsum(static_cast<size_t>(M * Bp));
@@ -295,11 +295,11 @@ torch::Tensor linear_typed(const torch::Tensor& x, const torch::Tensor& codes, c
     xpair.resize(static_cast<size_t>(M * Bp * kBlock));
     for (int64_t m = 0; m < M; ++m) pair_chunks(xq.data() + m * K, K, Bp, xpair.data() + m * Bp * kBlock);
   }
-  auto y = torch::empty({M, N}, x.options());
+  auto y = out != nullptr ? *out : torch::empty({M, N}, x.options());
   const Call<S> c{xq.data(), xs.data(), xsum.data(), static_cast<const uint8_t*>(codes.data_ptr()),
                   scales.data_ptr<S>(), mins.numel() ? mins.data_ptr<S>() : nullptr,
                   reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), M, N, K, group,
-                  offset + Codes::kCodeOffset, Bp, lanes.data(), xpair.empty() ? nullptr : xpair.data()};
+                  offset + Codes::kCodeOffset, Bp, lanes.data(), xpair.empty() ? nullptr : xpair.data(), y.stride(0)};
   const int64_t bytes = N * (K / kBlock * Codes::kBytes + G * static_cast<int64_t>(sizeof(S)) * (mins.numel() ? 2 : 1));
 #if defined(CINQ_SMALL_M_AVX2)
   split_outputs(N, 4, bytes, [&](int64_t n0, int64_t n1) { run<Codes, S>(c, n0, n1); });
@@ -311,9 +311,13 @@ torch::Tensor linear_typed(const torch::Tensor& x, const torch::Tensor& codes, c
 
 template <typename Codes>
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scales,
-                     const torch::Tensor& mins, int64_t group, int64_t offset, const char* name) {
+                     const torch::Tensor& mins, int64_t group, int64_t offset, const char* name,
+                     const torch::Tensor* out = nullptr) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kBFloat16 && x.is_contiguous(), name, ": x bf16 [M, K]");
   const int64_t K = x.size(1), N = codes.size(0);
+  TORCH_CHECK(out == nullptr || (out->dim() == 2 && out->scalar_type() == torch::kBFloat16 &&
+                                 out->size(0) == x.size(0) && out->size(1) == N && out->stride(1) == 1),
+              name, ": out bf16 [M, N] with unit column stride (rows may be further apart)");
   TORCH_CHECK(group >= 32 && group % 32 == 0 && K % group == 0, name, ": group a multiple of 32 dividing K");
   TORCH_CHECK(codes.dim() == 2 && codes.is_contiguous() && codes.element_size() == 1 &&
                   codes.size(1) == K / kBlock * Codes::kBytes,
@@ -324,8 +328,8 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& codes, const t
               name, ": scales float32 or float16 [N, K / group]");
   TORCH_CHECK(mins.numel() == 0 || (mins.scalar_type() == st && mins.is_contiguous() && mins.numel() == scales.numel()),
               name, ": mins empty, or [N, K / group] of the scales' dtype");
-  if (st == torch::kFloat16) return linear_typed<Codes, at::Half>(x, codes, scales, mins, group, offset);
-  return linear_typed<Codes, float>(x, codes, scales, mins, group, offset);
+  if (st == torch::kFloat16) return linear_typed<Codes, at::Half>(x, codes, scales, mins, group, offset, out);
+  return linear_typed<Codes, float>(x, codes, scales, mins, group, offset, out);
 }
 
 #if !defined(CINQ_SMALL_M_AVX2)
@@ -346,6 +350,20 @@ torch::Tensor int8_grouped_linear_i8(torch::Tensor x, torch::Tensor codes, torch
                                      int64_t group) {
   TORCH_CHECK(codes.scalar_type() == torch::kInt8, "int8_grouped_linear_i8: codes int8");
   return linear<Int8Codes>(x, codes, scales, mins, group, 0, "int8_grouped_linear_i8");
+}
+
+// The same into `out`, a [M, N] view whose rows may be further apart (a column range of a wider output): what the
+// fused decode step's parts write, so that a split linear needs no concatenation afterwards.
+void int4_affine_linear_i8_out(torch::Tensor x, torch::Tensor codes, torch::Tensor scales, torch::Tensor mins,
+                               int64_t group, int64_t q_offset, torch::Tensor out) {
+  TORCH_CHECK(codes.scalar_type() == torch::kUInt8, "int4_affine_linear_i8_out: codes uint8");
+  linear<Int4Codes>(x, codes, scales, mins, group, q_offset, "int4_affine_linear_i8_out", &out);
+}
+
+void int8_grouped_linear_i8_out(torch::Tensor x, torch::Tensor codes, torch::Tensor scales, torch::Tensor mins,
+                                int64_t group, torch::Tensor out) {
+  TORCH_CHECK(codes.scalar_type() == torch::kInt8, "int8_grouped_linear_i8_out: codes int8");
+  linear<Int8Codes>(x, codes, scales, mins, group, 0, "int8_grouped_linear_i8_out", &out);
 }
 
 // The activations as this kernel quantizes them (codes int8 [M, K], scales float32 [M, K / 32]): what the tests'
@@ -371,12 +389,26 @@ TORCH_LIBRARY_FRAGMENT(cinq, m) {
   cinq_small_m::def_linear_op(
       m, "int8_grouped_linear_i8(Tensor x, Tensor codes, Tensor scales, Tensor mins, int group) -> Tensor",
       &int8_grouped_linear_i8);
+  m.def("int4_affine_linear_i8_out(Tensor x, Tensor codes, Tensor scales, Tensor mins, int group, int q_offset, "
+        "Tensor(a!) out) -> ()");
+  m.impl("int4_affine_linear_i8_out", torch::dispatch(c10::DispatchKey::CPU, &int4_affine_linear_i8_out));
+  m.impl("int4_affine_linear_i8_out",
+         torch::dispatch(c10::DispatchKey::Meta, [](at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t,
+                                                    at::Tensor) {}));
+  m.def("int8_grouped_linear_i8_out(Tensor x, Tensor codes, Tensor scales, Tensor mins, int group, "
+        "Tensor(a!) out) -> ()");
+  m.impl("int8_grouped_linear_i8_out", torch::dispatch(c10::DispatchKey::CPU, &int8_grouped_linear_i8_out));
+  m.impl("int8_grouped_linear_i8_out",
+         torch::dispatch(c10::DispatchKey::Meta, [](at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t,
+                                                    at::Tensor) {}));
 }
 #endif
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_affine_linear_i8", &int4_affine_linear_i8, "x @ (scale * (q - offset) + min)^T, int8 activations");
   m.def("int8_grouped_linear_i8", &int8_grouped_linear_i8, "x @ (scale * q + min)^T, int8 activations");
+  m.def("int4_affine_linear_i8_out", &int4_affine_linear_i8_out, "int4_affine_linear_i8 into out (rows may be strided)");
+  m.def("int8_grouped_linear_i8_out", &int8_grouped_linear_i8_out, "int8_grouped_linear_i8 into out");
   m.def("quantize_activations_i8", &quantize_activations_i8, "x to int8 per 32-block, as the kernels do");
   m.def("has_fast_path", [] { return cinq_small_m::kFastPath; });
 #if defined(CINQ_I8_VNNI)

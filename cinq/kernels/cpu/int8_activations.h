@@ -86,11 +86,12 @@ struct Call {
   const uint8_t* codes;  // [N, row_bytes]
   const S* scales;       // [N, G]
   const S* mins;         // [N, G] or null
-  uint16_t* y;           // [M, N] bf16 bits
+  uint16_t* y;           // [M, N] bf16 bits, rows ldy apart
   int64_t M, N, K, group, offset;
   int64_t Bp;            // K / 32 rounded up to whole vectors of 8: the row length of xs and xsum
   const int32_t* lanes;  // group > 32: [Bp / 8 chunks][9], a chunk's first group, then lane j's group after it
   const int8_t* xpair;   // int4, M = 1: xq in pair order (pair_chunks), else null
+  int64_t ldy;           // y's row stride: N, or wider where y is a column range of a larger output
 };
 
 // One row of xq rearranged for Int4Codes (two blocks per register), per chunk of 8 blocks (the last one padded
