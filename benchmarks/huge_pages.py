@@ -88,17 +88,27 @@ def streams(kernel: str, threads: int, passes: int) -> dict[str, Any]:
     return {"kernel": kernel, "threads": threads, "mb": total / 1e6, "gb_s": gbs}
 
 
-def probe(threads: int) -> dict[str, float]:
-    """The read probe's GB/s with its buffer in 4 KB and in 2 MB pages."""
+def probe(threads: int, mib: int = 256, repeats: int = 5) -> dict[str, float]:
+    """GB/s of the read probe's sum (cinq.plan.probe.read_bandwidth, which takes the better of the two) over a
+    buffer in 4 KB and in 2 MB pages."""
     import torch
 
-    from cinq.plan.probe import read_bandwidth
+    from cinq.host_memory import huge_page_tensor
     torch.set_num_threads(threads)
+    n = mib * (1 << 20) // 4
     out = {}
-    for label, env in (("4 KB pages", "0"), ("2 MB pages", "1")):
-        os.environ["CINQ_HUGE_PAGES"] = env
-        out[label] = read_bandwidth() / 1e9
-    os.environ.pop("CINQ_HUGE_PAGES")
+    for label, make in (("4 KB pages", lambda: torch.empty(n)),
+                        ("2 MB pages", lambda: huge_page_tensor(n * 4).view(torch.float32))):
+        x = make()
+        x.fill_(1.0)
+        x.sum()
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            x.sum()
+            best = min(best, time.perf_counter() - t)
+        out[label] = n * 4 / best / 1e9
+        del x
     return out
 
 

@@ -64,8 +64,9 @@ def huge_page_tensor(nbytes: int) -> torch.Tensor:
     mapping lives as long as the tensor and its views).
 
     Why: a decode step streams every weight once, ~100-300 MB, and with 4 KB pages each page of the stream misses
-    the TLB; in a VM each miss is a two-level walk. The same q4_0 and bf16 weight streams read 1.15-1.7x faster from
-    2 MB pages on the 2-core Zen 4 VM (ad hoc, benchmarks/results/huge_pages.md measures it). Memory from the heap
+    the TLB; in a VM each miss is a two-level walk. On the 2-core Zen 4 VM a decode step's q4_0 and bf16 weight
+    streams read 1.05-1.21x faster from 2 MB pages, and SmolLM2's batch-1 decode ran 1.11x (bf16) and 1.15x (int4,
+    2 threads) faster (benchmarks/results/huge_pages.md). Memory from the heap
     (keep_freed_memory() sends every allocation there) never gets them."""
     import torch
     mapping = mmap.mmap(-1, nbytes + HUGE_PAGE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)

@@ -21,22 +21,27 @@ def read_bandwidth(buffer_mib: int = 256, repeats: int = 5) -> float:
     """Bytes/s of a streaming read with torch's current thread count: a sum over a ``buffer_mib`` float32 tensor
     (float32: torch's bf16 sum is not vectorised), far larger than the caches, best of ``repeats``. The one read
     probe of cinq: ``cinq plan --measure``, the throughput benchmark's roofline and the decode kernels' benchmark
-    all use it. The buffer is in 2 MB pages where the machine gives them, as the engine's weights and KV caches
-    are (cinq.host_memory): in 4 KB pages the same sum read 0.75-0.9x as fast on the 2-core Zen 4 VM, which would
-    make a roofline the engine's own streams can beat."""
+    all use it. Where the machine gives 2 MB pages (as the engine's weights and KV caches get them,
+    cinq.host_memory) the buffer is read in 4 KB and in 2 MB pages and the better is the machine's: on the 2-core
+    Zen 4 VM either won by 1.1-1.4x depending on the thread count and the run (benchmarks/results/huge_pages.md)."""
     import torch
 
     from cinq.host_memory import huge_page_tensor, huge_pages_available
     n = buffer_mib * (1 << 20) // 4
-    x = huge_page_tensor(n * 4).view(torch.float32) if huge_pages_available() else torch.empty(n)
-    x.fill_(1.0)
-    x.sum()  # touch every page first: the first pass measures page faults, not reads
+    buffers = [lambda: torch.empty(n)]
+    if huge_pages_available():
+        buffers.append(lambda: huge_page_tensor(n * 4).view(torch.float32))
     best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
+    for make in buffers:
+        x = make()
+        x.fill_(1.0)  # touch every page first: the first pass would measure page faults, not reads
         x.sum()
-        best = min(best, time.perf_counter() - t)
-    return x.numel() * 4 / best
+        for _ in range(repeats):
+            t = time.perf_counter()
+            x.sum()
+            best = min(best, time.perf_counter() - t)
+        del x
+    return n * 4 / best
 
 
 def matmul_flops(n: int = 2048, dtype: str = "bfloat16", repeats: int = 5) -> float:
