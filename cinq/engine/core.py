@@ -319,11 +319,12 @@ def step_read_bytes(executor: Executor) -> int:
     tables: dict[int, int] = {}
     for root in modules:
         for m in root.modules():
+            # by the tensor's own address: packed weights (engine/weight_arena.py) all share one storage
             for t in m.parameters(recurse=False) if isinstance(m, torch.nn.Embedding) else ():
-                tables[t.untyped_storage().data_ptr()] = t.numel() * t.element_size()
+                tables[t.data_ptr()] = t.numel() * t.element_size()
             if not isinstance(m, torch.nn.Embedding):
                 for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)]:
-                    others.add(t.untyped_storage().data_ptr())
+                    others.add(t.data_ptr())
     return module_bytes(*modules) - sum(n for ptr, n in tables.items() if ptr not in others)
 
 

@@ -125,3 +125,11 @@ def test_step_read_bytes_leaves_out_an_unshared_embedding_table():
     head = torch.nn.Linear(8, 8, bias=False)
     with_head = types.SimpleNamespace(model=model(False), proposer=types.SimpleNamespace(head=head))
     assert step_read_bytes(with_head) == 256 + 3200 + 256
+    # packed into one arena (every tensor then shares one storage): the same bytes
+    from cinq.engine.weight_arena import pack_weights
+    from cinq.host_memory import huge_pages_available
+    for ex in (tied, untied):
+        before = step_read_bytes(ex), served_weight_bytes(ex)
+        if huge_pages_available():
+            assert pack_weights(ex.model, min_bytes=0) is not None
+            assert (step_read_bytes(ex), served_weight_bytes(ex)) == before
