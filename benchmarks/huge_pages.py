@@ -197,12 +197,9 @@ def main() -> int:
                 print(data["streams"][-1], flush=True)
     if "engine" in parts:
         data["engine"] = engine(args)
-    from cinq.bench.report import print_report, write_report
+    from cinq.bench.report import publish
     command = "python benchmarks/huge_pages.py " + " ".join(sys.argv[1:])
-    result = report(data, load_at_start, command.strip())
-    print_report(result)
-    if not args.no_write:
-        write_report(result, RESULTS / args.out)
+    publish(report(data, load_at_start, command.strip()), None if args.no_write else RESULTS / args.out)
     return 0
 
 

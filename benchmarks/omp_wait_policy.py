@@ -274,11 +274,8 @@ def main() -> int:
         return 0
     load_at_start = os.getloadavg()[0]
     rows = run(args)
-    from cinq.bench.report import print_report, write_report
-    result = report(rows, load_at_start, args)
-    print_report(result)
-    if not args.no_write:
-        write_report(result, RESULTS / args.out)
+    from cinq.bench.report import publish
+    publish(report(rows, load_at_start, args), None if args.no_write else RESULTS / args.out)
     return 0
 
 

@@ -137,6 +137,12 @@ def write_report(result: BenchResult, prefix: str | Path) -> list[Path]:
     return written
 
 
+def publish(result: BenchResult, prefix: str | Path | None) -> list[Path]:
+    """``print_report``, then ``write_report`` to ``prefix`` (None: print only, a benchmark's --no-write)."""
+    print_report(result)
+    return write_report(result, prefix) if prefix is not None else []
+
+
 def _write_plot(result: BenchResult, path: Path) -> Path | None:
     try:
         import matplotlib

@@ -101,6 +101,7 @@ def _build_or_load(name: str, sources: Path = _SOURCES, register_ops: bool = Tru
         if not copy.is_file() or copy.read_bytes() != data:
             copy.write_bytes(data)
     copy = build / f"{name}.cpp"
+    clear_stale_lock(build)
     fresh = not any(build.glob("*.so"))
     if fresh:
         log.warning("building the native CPU kernel %s (once per machine and source version, ~1 min)", name)
@@ -112,6 +113,29 @@ def _build_or_load(name: str, sources: Path = _SOURCES, register_ops: bool = Tru
     if fresh:
         log.warning("built the native CPU kernel %s in %.0f s", name, time.perf_counter() - t0)
     return module
+
+
+# A build takes 1-3 minutes on a 2-core machine; a lock file older than this is a killed build's.
+STALE_LOCK_S = 900.0
+
+
+def clear_stale_lock(build: Path, now: float | None = None) -> bool:
+    """Remove ``build``'s lock file when it is older than STALE_LOCK_S; True when one was removed.
+
+    torch's ``load()`` waits, without a limit, for a lock file another build holds; a build killed mid-way (Ctrl-C
+    during the first start, a test run stopped) leaves its file, and every later start of any cinq process then
+    hangs at this kernel's load."""
+    import time
+    lock = build / "lock"
+    try:
+        age = (time.time() if now is None else now) - lock.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age < STALE_LOCK_S:
+        return False
+    log.warning("removing %s, left %.0f s ago by a native kernel build that did not finish", lock, age)
+    lock.unlink(missing_ok=True)
+    return True
 
 
 def module_from(name: str, sources: Path) -> Any:

@@ -56,3 +56,11 @@ def test_run_conditions_label_a_loaded_start_as_a_draft():
     assert draft and "DRAFT" in text and f"{QUIET_LOAD + 0.5:.2f}" in text
     quiet, text = run_conditions(QUIET_LOAD / 2)
     assert not quiet and "Quiet" in text
+
+
+def test_publish_prints_then_writes_unless_told_not_to(tmp_path, capsys):
+    from cinq.bench.report import publish
+    assert publish(result(), None) == [] and not list(tmp_path.iterdir())
+    assert "cinq / baseline = 2.50x" in capsys.readouterr().out
+    assert [p.name for p in publish(result(), tmp_path / "y")] == ["y.json", "y.md"]
+    assert "cinq / baseline = 2.50x" in capsys.readouterr().out

@@ -55,6 +55,22 @@ def test_loading_kernels_leaves_the_build_flags_and_so_the_cache_keys_alone():
     assert (cpu_native._CFLAGS, cpu_native._LDFLAGS) == before
 
 
+def test_a_killed_builds_lock_is_removed_and_a_live_ones_kept(tmp_path):
+    """torch's load() waits forever on a build folder's lock file: a build killed mid-way left one, and every later
+    start hung at that kernel's load."""
+    import os
+    import time
+
+    from cinq.kernels.cpu_native import STALE_LOCK_S, clear_stale_lock
+    lock = tmp_path / "lock"
+    assert not clear_stale_lock(tmp_path)  # no lock
+    lock.touch()
+    assert not clear_stale_lock(tmp_path) and lock.exists()  # a build under way
+    old = time.time() - STALE_LOCK_S - 5
+    os.utime(lock, (old, old))
+    assert clear_stale_lock(tmp_path) and not lock.exists()
+
+
 @pytest.mark.parametrize("hq,hkv,d", [(4, 4, 64), (8, 2, 80), (16, 2, 128)])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
 def test_native_and_fallback_match_reference(hq, hkv, d, dtype, tol, monkeypatch):
