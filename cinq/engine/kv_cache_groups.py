@@ -26,9 +26,9 @@ import logging
 import torch
 
 
-from cinq.host_memory import kv_cache_tensor
 from cinq.engine.kv_cache import KVCacheBlock, KVCacheManager, PrefixCacheStats
 from cinq.engine.sliding_window import SlidingWindowKVCacheManager
+from cinq.host_memory import kv_cache_tensor
 from cinq.model.config import ModelConfig
 from cinq.step.batch_inputs import PAD_ID, BatchInputs, prepare_inputs
 from cinq.step.request import Request

@@ -18,10 +18,10 @@ import torch
 
 from cinq.compilation_config import CompilationConfig
 from cinq.engine.compiled_decode import CompiledDecode
-from cinq.host_memory import kv_cache_tensor
 from cinq.engine.kv_cache_groups import FULL, add_group_tables, allocate_group_caches
 from cinq.engine.kv_cache_virtual import VirtualKVRegion, VirtualKVSpec
 from cinq.errors import InvalidParameterError
+from cinq.host_memory import kv_cache_tensor
 from cinq.layers.sampler import Sampler, SamplingMetadata
 from cinq.model.interface import check_supported
 from cinq.model.llama import LlamaForCausalLM

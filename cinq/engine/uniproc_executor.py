@@ -14,10 +14,10 @@ import torch
 from cinq.compilation_config import CompilationConfig
 from cinq.config import EngineConfig
 from cinq.distributed.parallel_state import TPShard
-from cinq.host_memory import keep_freed_memory
 from cinq.engine.kv_cache_virtual import VirtualKVSpec
 from cinq.engine.runner import ModelRunner
 from cinq.engine.weight_arena import PackedWeights, pack_weights
+from cinq.host_memory import keep_freed_memory
 from cinq.kernels.backends import default_backend_name
 from cinq.kernels.cpu_native import warm_native_kernels
 from cinq.model.config import ModelConfig

@@ -41,7 +41,8 @@ _lock = threading.Lock()
 _modules: dict[str, Any] = {}
 SMALL_M_MAX_ROWS = 8  # the most rows small_m_gemm.cpp takes; its fast_rows() may say fewer for this CPU
 _small_m_rows: int | None = None  # small_m_rows(), once known
-_NO_TREE = torch.empty(0, dtype=torch.bool, device="cpu")  # "causal among the new rows": one shared tensor, nothing per call
+# "causal among the new rows": one shared tensor, nothing per call
+_NO_TREE = torch.empty(0, dtype=torch.bool, device="cpu")
 _NO_RESIDUAL = torch.empty(0, dtype=torch.bfloat16, device="cpu")  # rms_norm without a residual add
 _NO_BIAS = torch.empty(0, dtype=torch.float32, device="cpu")  # small_m_linear without a bias
 # -fopenmp: ``at::parallel_for`` is a header template that splits work only where the extension itself is compiled

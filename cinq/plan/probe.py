@@ -23,7 +23,8 @@ def read_bandwidth(buffer_mib: int = 256, repeats: int = 5) -> float:
     probe of cinq: ``cinq plan --measure``, the throughput benchmark's roofline and the decode kernels' benchmark
     all use it. Where the machine gives 2 MB pages (as the engine's weights and KV caches get them,
     cinq.host_memory) the buffer is read in 4 KB and in 2 MB pages and the better is the machine's: on the 2-core
-    Zen 4 VM either won by 1.1-1.4x depending on the thread count and the run (benchmarks/results/huge_pages.md)."""
+    Zen 4 VM 2 MB pages read 1.08x more at 1 thread and 4 KB pages 1.35x more at 2 in one run
+    (benchmarks/results/huge_pages.md), 2 MB pages 1.1-1.3x more at both in ad hoc runs the same day."""
     import torch
 
     from cinq.host_memory import huge_page_tensor, huge_pages_available

@@ -30,7 +30,8 @@ from cinq.layers.quantization.int8_activations import (int4_affine_linear_i8, in
 from cinq.layers.quantization.qweight import QuantizedWeight
 
 _MODULE = "grouped_int_linear"
-_NO_MINS = torch.empty(0, dtype=torch.float32, device="cpu")  # int8 without a min term: one shared empty tensor, nothing per call
+# int8 without a min term: one shared empty tensor, nothing per call
+_NO_MINS = torch.empty(0, dtype=torch.float32, device="cpu")
 # Rows up to which the bf16-activation kernels run; past them (a prefill chunk, a wide decode batch) the weight is
 # dequantized a block of rows at a time for BLAS's float32 GEMM (``fp32_linear``). Measured on the AVX2 EPYC
 # (1 thread, draft, benchmarks/prefill_gemm.py) on the 110M Llama's and SmolLM2's projections: the int8 kernel
