@@ -1,11 +1,13 @@
 """Two EAGLE-3 heads for SmolLM2 on one held-out set: per-language greedy acceptance (tau, k = 4) before and after a
 training change, the same measure as the heads' cards (cinq/eval/spec_acceptance.py ``measure``), in float32.
 
-Default: the head of 90 training prompts (runs/eagle3-smollm2) against the one of 1,350 (runs/eagle3-smollm2-v3,
-both language-balanced, 8,192-token draft vocabulary), on the held-out sequences the second run generated (108 chat
-turns on test topics, greedy). This script only evaluates; the training commands are in each head's card.
+Default: the shipped head (cinq/assets/smollm2-135m-instruct-eagle3, its figures from its training.json) against
+runs/eagle3-smollm2-v5, on the held-out sequences the second run generated (108 chat turns on test topics, greedy).
+Either side is a run folder or a shipped head folder. This script only evaluates; the training commands are in
+each head's card.
 
-    python benchmarks/head_before_after.py    # writes benchmarks/results/eagle3_smollm2_head_before_after.{md,json}
+    python benchmarks/head_before_after.py --after runs/eagle3-smollm2-v5 \
+        --out benchmarks/results/eagle3_smollm2_head_more_topics    # 3x the train topics, 4,500 prompts
     python benchmarks/head_before_after.py --before runs/eagle3-smollm2-v3 --after runs/eagle3-smollm2-v4 \
         --out benchmarks/results/eagle3_smollm2_head_more_data    # twice the data (2,700 prompts, 187k tokens)
 """
@@ -30,16 +32,26 @@ from cinq.eval.spec_acceptance import measure  # noqa: E402
 from cinq.real_models import REAL_MODELS  # noqa: E402
 from cinq.spec.eagle import load_eagle_head  # noqa: E402
 from cinq.train.distill import load_teacher  # noqa: E402
+from cinq.train.spec_head_card import TRAINING_FILE, training_record  # noqa: E402
 from cinq.train.spec_head_data import TargetSequences  # noqa: E402
 from cinq.train.spec_heads import held_out_batches  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 
 
+def head_and_training(path: Path) -> tuple[Path, dict]:
+    """(head folder, training figures) of a run folder (``head/`` and ``summary.json``) or of a shipped head folder
+    (its ``training.json``)."""
+    if (path / "summary.json").is_file():
+        return path / "head", training_record(json.loads((path / "summary.json").read_text()))
+    return path, json.loads((path / TRAINING_FILE).read_text())
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--before", default="runs/eagle3-smollm2", help="run folder of the earlier head")
-    ap.add_argument("--after", default="runs/eagle3-smollm2-v3", help="run folder of the later head")
+    ap.add_argument("--before", default="cinq/assets/smollm2-135m-instruct-eagle3",
+                    help="run folder or shipped head folder (with training.json) of the earlier head")
+    ap.add_argument("--after", default="runs/eagle3-smollm2-v5", help="run folder or shipped head folder of the later head")
     ap.add_argument("--held-out", default=None, help="held-out target sequences (.npz; default: --after's)")
     ap.add_argument("--out", default=str(RESULTS / "eagle3_smollm2_head_before_after"))
     args = ap.parse_args()
@@ -50,12 +62,12 @@ def main() -> int:
     target = load_teacher(REAL_MODELS["smollm2-135m-instruct"].path())
     res = {}
     for label, run in (("before", args.before), ("after", args.after)):
-        summary = json.loads((ROOT / run / "summary.json").read_text())
-        head = load_eagle_head(ROOT / run / "head", target, torch.float32, "cpu", "sdpa")
+        head_dir, info = head_and_training(ROOT / run)
+        head = load_eagle_head(head_dir, target, torch.float32, "cpu", "sdpa")
         acc = measure(head, target, batches, 4)
-        res[label] = {"run": run, "train_prompts": summary["job"]["train_prompts"],
-                      "train_tokens": summary["train_data"]["tokens"], "steps": summary["step"],
-                      "tau": acc["all"]["tau"], "per_language": {k: v["tau"] for k, v in acc["per_language"].items()}}
+        res[label] = {"run": run, "train_prompts": info["train_prompts"], "train_tokens": info["train_tokens"],
+                      "steps": info["steps"], "tau": acc["all"]["tau"],
+                      "per_language": {k: v["tau"] for k, v in acc["per_language"].items()}}
     langs = sorted(res["after"]["per_language"])
     spread = {k: min(r["per_language"].values()) / max(r["per_language"].values()) for k, r in res.items()}
     headline = (f"tau (k = 4) {res['before']['tau']:.3f} -> {res['after']['tau']:.3f}; worst/best language "

@@ -44,7 +44,18 @@ def ship_head(run_dir: str | Path, dest: str | Path, commands: list[str]) -> Pat
         shutil.copyfile(run_dir / "head" / name, dest / name)
     summary = json.loads((run_dir / "summary.json").read_text())
     (dest / "README.md").write_text(render_head_card(dest, summary, commands))
+    (dest / TRAINING_FILE).write_text(json.dumps(training_record(summary), indent=1) + "\n")
     return dest
+
+
+TRAINING_FILE = "training.json"  # a shipped head's training figures, machine-readable beside its card
+
+
+def training_record(summary: dict[str, Any]) -> dict[str, Any]:
+    """What a shipped head keeps of its run's summary: enough to compare heads without the run folder."""
+    return {"train_prompts": summary["job"]["train_prompts"], "train_tokens": summary["train_data"]["tokens"],
+            "steps": summary["step"], "elapsed_s": round(summary["elapsed_s"], 1),
+            "tau": summary["acceptance"]["all"]["tau"]}
 
 
 def _acceptance_table(acc: dict[str, Any]) -> list[str]:

@@ -5,8 +5,9 @@ are user messages, each rendered with the target's own chat template and tokeniz
 (DistillSpec: the target's own outputs) are the text the head sees in training. Every language gets the same
 number of prompts, written in that language (arXiv 2510.02128: a head trained on the target's mostly-English
 outputs drafts poorly in other languages). A prompt is one of a language's request templates filled with one of
-its topics; the first ``_TRAIN_TOPICS`` topics of each language make the train split and the rest the held-out
-(test) split, so held-out prompts ask about things no training prompt mentioned.
+its topics; the first ``_TRAIN_TOPICS`` topics of each language and ``_MORE_TRAIN_TOPICS`` make the train split and
+the rest of the first list the held-out (test) split, so held-out prompts ask about things no training prompt
+mentioned.
 """
 
 from __future__ import annotations
@@ -74,25 +75,64 @@ _TOPICS: dict[str, tuple[str, ...]] = {
 }
 
 
+# More train topics (v5 heads): 12 topics x 6 templates gave 72 distinct messages per language, so the v4 head saw
+# each one ~4 times and drafted for held-out topics from a narrow sample of the target's text. Appended to the train
+# split only: the held-out topics above stay the same, so heads trained before and after compare on one test set.
+_MORE_TRAIN_TOPICS: dict[str, tuple[str, ...]] = {
+    "en": ("mountains", "cats", "dogs", "the sun", "rivers", "trains", "gardening", "photography", "football",
+           "the human heart", "electricity", "recycling", "birds", "deserts", "airplanes", "mathematics", "painting",
+           "clocks", "salt", "glaciers", "the stars", "chocolate", "robots", "swimming"),
+    "fr": ("les montagnes", "les chats", "les chiens", "le soleil", "les rivières", "les trains", "le jardinage",
+           "la photographie", "le football", "le cœur humain", "l'électricité", "le recyclage", "les oiseaux",
+           "les déserts", "les avions", "les mathématiques", "la peinture", "les horloges", "le sel", "les glaciers",
+           "les étoiles", "le chocolat", "les robots", "la natation"),
+    "de": ("die Berge", "Katzen", "Hunde", "die Sonne", "Flüsse", "Züge", "die Gartenarbeit", "die Fotografie",
+           "den Fußball", "das menschliche Herz", "die Elektrizität", "das Recycling", "Vögel", "Wüsten",
+           "Flugzeuge", "die Mathematik", "die Malerei", "Uhren", "das Salz", "Gletscher", "die Sterne",
+           "die Schokolade", "Roboter", "das Schwimmen"),
+    "es": ("las montañas", "los gatos", "los perros", "el sol", "los ríos", "los trenes", "la jardinería",
+           "la fotografía", "el fútbol", "el corazón humano", "la electricidad", "el reciclaje", "los pájaros",
+           "los desiertos", "los aviones", "las matemáticas", "la pintura", "los relojes", "la sal", "los glaciares",
+           "las estrellas", "el chocolate", "los robots", "la natación"),
+    "it": ("le montagne", "i gatti", "i cani", "il sole", "i fiumi", "i treni", "il giardinaggio", "la fotografia",
+           "il calcio", "il cuore umano", "l'elettricità", "il riciclo", "gli uccelli", "i deserti", "gli aerei",
+           "la matematica", "la pittura", "gli orologi", "il sale", "i ghiacciai", "le stelle", "il cioccolato",
+           "i robot", "il nuoto"),
+    "ru": ("горы", "кошки", "собаки", "солнце", "реки", "поезда", "садоводство", "фотография", "футбол",
+           "человеческое сердце", "электричество", "переработка отходов", "птицы", "пустыни", "самолёты",
+           "математика", "живопись", "часы", "соль", "ледники", "звёзды", "шоколад", "роботы", "плавание"),
+    "zh": ("山脉", "猫", "狗", "太阳", "河流", "火车", "园艺", "摄影", "足球", "人类的心脏", "电", "回收利用", "鸟类",
+           "沙漠", "飞机", "数学", "绘画", "钟表", "盐", "冰川", "星星", "巧克力", "机器人", "游泳"),
+    "pl": ("góry", "koty", "psy", "słońce", "rzeki", "pociągi", "ogrodnictwo", "fotografia", "piłka nożna",
+           "ludzkie serce", "elektryczność", "recykling", "ptaki", "pustynie", "samoloty", "matematyka", "malarstwo",
+           "zegary", "sól", "lodowce", "gwiazdy", "czekolada", "roboty", "pływanie"),
+    "cs": ("hory", "kočky", "psi", "slunce", "řeky", "vlaky", "zahradničení", "fotografie", "fotbal", "lidské srdce",
+           "elektřina", "recyklace", "ptáci", "pouště", "letadla", "matematika", "malířství", "hodiny", "sůl",
+           "ledovce", "hvězdy", "čokoláda", "roboti", "plavání"),
+}
+
+
 def is_chat_source(data: str | Path) -> bool:
     """Whether a ``--data`` value asks for these prompts rather than a corpus folder."""
     return str(data) == CHAT_SOURCE
 
 
 def chat_messages(lang: str, split: str) -> list[str]:
-    """Every user message of ``lang`` in ``split`` (train: the first topics, test: the rest), topic-major."""
+    """Every user message of ``lang`` in ``split`` (train: the first topics and the more ones, test: the rest of
+    the first list), topic-major."""
     if lang not in _TEMPLATES:
         raise InvalidParameterError(f"chat prompt language must be one of {list(CHAT_LANGUAGES)}, got {lang!r}",
                                     "language")
     if split not in ("train", "test"):
         raise InvalidParameterError(f"chat prompt split must be train or test, got {split!r}", "split")
-    topics = _TOPICS[lang][:_TRAIN_TOPICS] if split == "train" else _TOPICS[lang][_TRAIN_TOPICS:]
+    topics = (_TOPICS[lang][:_TRAIN_TOPICS] + _MORE_TRAIN_TOPICS[lang] if split == "train"
+              else _TOPICS[lang][_TRAIN_TOPICS:])
     return [template.format(topic) for topic in topics for template in _TEMPLATES[lang]]
 
 
 def chat_identity() -> dict[str, Any]:
     """What names this prompt set in a cache key (a hash of every template and topic)."""
-    blob = json.dumps([_TEMPLATES, _TOPICS, _TRAIN_TOPICS], ensure_ascii=False, sort_keys=True)
+    blob = json.dumps([_TEMPLATES, _TOPICS, _TRAIN_TOPICS, _MORE_TRAIN_TOPICS], ensure_ascii=False, sort_keys=True)
     return {"chat_prompts": hashlib.sha256(blob.encode()).hexdigest()[:16]}
 
 
