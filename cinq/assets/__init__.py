@@ -42,6 +42,20 @@ def model_names() -> list[str]:
     return embedded_model_names() + sorted(REAL_MODELS)
 
 
+def model_reference(value: str | Path) -> str:
+    """``value`` (a resolved model path) as a record should name it: an embedded model's name for its shipped
+    folder, a named real model's name for its package's file (so a shipped head's metadata names its target the
+    same on every machine), anything else as given."""
+    path = Path(value)
+    if path.parent == ASSETS_DIR and shipped_model_path(path.name) is not None:
+        return path.name
+    from cinq.real_models import real_model_for_file
+    real = real_model_for_file(path)
+    if real is not None and real.path() is not None and real.path().resolve() == path.resolve():
+        return real.name
+    return str(value)
+
+
 def resolve_model_path(name: str | Path | None, field: str = "model") -> Path:
     """A model argument as a path: None is the default model, a folder holding config.json is itself, so are a GGUF
     file and a folder holding one; an embedded model's name ("cinq-tiny", ...) is its shipped folder, a named real

@@ -96,7 +96,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run_heads(args: argparse.Namespace) -> int:
     import json
-    from pathlib import Path
 
     from cinq.train.spec_heads import HeadJob, train_heads
 
@@ -120,14 +119,28 @@ def run_heads(args: argparse.Namespace) -> int:
     if not summary["finished"]:
         return 3
     if args.export:
-        from cinq.train.model_card import command_line, data_command
+        from cinq.train.model_card import command_line
         from cinq.train.spec_head_card import ship_head
-        commands = [data_command(args.data)]
-        info = Path(args.target) / "training.json"
-        if info.is_file():  # how the target itself was made, when it is a shipped cinq model
-            commands += json.loads(info.read_text()).get("commands", [])[1:]
-        ship_head(args.out, args.export, commands + [command_line()])
+        ship_head(args.out, args.export, head_data_commands(args.data, args.target) + [command_line()])
     return 0
+
+
+def head_data_commands(data: str, target: str) -> list[str]:
+    """The commands before ``cinq distill --heads`` that a head's card gives to reproduce its data: the corpus
+    build (with how the target itself was made, when it is a shipped cinq model), or for the chat prompts the
+    setup that installs the target (their text is in cinq/train/spec_head_prompts.py)."""
+    import json
+    from pathlib import Path
+
+    from cinq.train.spec_head_prompts import is_chat_source
+    if is_chat_source(data):
+        return ["bash scripts/setup.sh"]
+    from cinq.train.model_card import data_command
+    commands = [data_command(data)]
+    info = Path(target) / "training.json"
+    if info.is_file():
+        commands += json.loads(info.read_text()).get("commands", [])[1:]
+    return commands
 
 
 def model_folder(value: str | None, flag: str) -> str | None:

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from cinq.assets import model_reference
 from cinq.errors import InvalidParameterError
 from cinq.option_fields import bounded, check_bounds
 from cinq.kernels.cpu_native import bf16_gemm_is_emulated
@@ -283,6 +284,7 @@ class HeadTrainer:
                 "step", "tokens_seen", "elapsed_s", "final_loss", "train_data", "eval_data", "acceptance")}
             self.head.spec.training["job"] = {k: v for k, v in summary["job"].items()
                                               if k not in ("out_dir", "progress", "generated_dir")}
+            self.head.spec.training["job"]["target"] = model_reference(j.target)  # no path of this machine
             save = save_medusa_heads if j.method == "medusa" else save_eagle_head
             summary["head_dir"] = str(save(self.head, self.out / "head", torch.bfloat16))
         return run_training(trainer, {

@@ -109,3 +109,17 @@ def test_the_smollm2_eagle3_head_loads_onto_its_target_only_and_carries_a_card()
     for section in ("## Use", "## Reproduce", "--heads eagle3 --target smollm2-135m-instruct", "## Training",
                     "training time", "## Held-out acceptance", "| **all** |"):
         assert section in card, section
+
+
+def test_a_record_names_shipped_and_real_models_by_name_and_other_paths_as_given(tmp_path) -> None:
+    from cinq.assets import ASSETS_DIR, model_reference, resolve_model_path
+    from cinq.real_models import REAL_MODELS
+    assert model_reference(ASSETS_DIR / "cinq-tiny") == "cinq-tiny"
+    assert model_reference(str(tmp_path)) == str(tmp_path)
+    assert model_reference("runs/student") == "runs/student"
+    real = next((m for m in REAL_MODELS.values() if m.path() is not None), None)
+    if real is not None:  # an installed real model's file is named as the registry names it
+        assert model_reference(resolve_model_path(real.name)) == real.name
+        copy = tmp_path / real.file  # the same file name elsewhere is not that model
+        copy.write_bytes(b"")
+        assert model_reference(copy) == str(copy)
