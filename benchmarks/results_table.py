@@ -48,6 +48,7 @@ SCRIPTS = {
     "eagle3_smollm2_head_before_after": "benchmarks/head_before_after.py",
     "eagle3_smollm2_head_more_data": "benchmarks/head_before_after.py --before runs/eagle3-smollm2-v3 "
                                      "--after runs/eagle3-smollm2-v4",
+    "eagle3_smollm2_head_more_topics": "benchmarks/head_before_after.py --after runs/eagle3-smollm2-v5",
     "latency_hf": "cinq bench latency", "latency_smollm2": "cinq bench latency",
     "latency_smollm2_bf16": "benchmarks/latency.py", "omp_wait_policy": "benchmarks/omp_wait_policy.py",
     "omp_wait_policy_draft": "benchmarks/omp_wait_policy.py --out omp_wait_policy_draft",
@@ -392,8 +393,9 @@ HEADLINES = [
              "HF generate on the same weights at its best batch, same run"),
     Headline("speculative decoding on SmolLM2's Q4_1 file (n-gram; an EAGLE-3 head trained on 187k tokens it wrote)",
              "speculative_smollm2_greedy", "plain decoding, same run"),
-    Headline("speculative decoding on SmolLM2, the file dequantized to bf16 weights (same methods, same head), batch 1, "
-             "5 rounds", "speculative_smollm2_bf16_b1", "plain decoding, same run"),
+    Headline("speculative decoding on SmolLM2, the file dequantized to bf16 weights (same methods; the EAGLE-3 head "
+             "retrained on 315k tokens it wrote), batch 1, 5 rounds", "speculative_smollm2_bf16_b1",
+             "plain decoding, same run"),
     Headline("quantization quality, SmolLM2 (NF4 / FP8 / int4 / int8 rows)", "quant_study_float_codes",
              "dense bf16 from the same file"),
     Headline("OpenAI server, rate = inf, SmolLM2", "serving_smollm2", "the offline engine, same run"),

@@ -6,7 +6,7 @@ Shipped here (each folder a Hugging Face model with its tokenizer and a model ca
 ``tokenizer/`` is the shared 8k byte-level BPE on its own. Speculative-decoding heads for cinq-tiny, each with
 its card: ``cinq-tiny-eagle``, ``cinq-tiny-eagle3``, ``cinq-tiny-medusa`` (cinq/spec/eagle.py, medusa.py), and
 ``smollm2-135m-instruct-eagle3``, an EAGLE-3 head for the real model (its 8,192-token draft vocabulary, trained on
-187k tokens the model wrote)."""
+315k tokens the model wrote)."""
 
 from __future__ import annotations
 
