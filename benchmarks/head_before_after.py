@@ -6,8 +6,12 @@ runs/eagle3-smollm2-v5, on the held-out sequences the second run generated (108 
 Either side is a run folder or a shipped head folder. This script only evaluates; the training commands are in
 each head's card.
 
-    python benchmarks/head_before_after.py --after runs/eagle3-smollm2-v5 \
+    python benchmarks/head_before_after.py --before runs/eagle3-smollm2-v4-shipped --after runs/eagle3-smollm2-v5 \
         --out benchmarks/results/eagle3_smollm2_head_more_topics    # 3x the train topics, 4,500 prompts
+
+(runs/eagle3-smollm2-v4-shipped: the v4 head's folder as shipped before v5 replaced it, from git: `git show
+0c3dec3:cinq/assets/smollm2-135m-instruct-eagle3/<file>` for config.json and model.safetensors, and
+training.json from 8499556.)
     python benchmarks/head_before_after.py --before runs/eagle3-smollm2-v3 --after runs/eagle3-smollm2-v4 \
         --out benchmarks/results/eagle3_smollm2_head_more_data    # twice the data (2,700 prompts, 187k tokens)
 """
