@@ -55,7 +55,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--before", default="cinq/assets/smollm2-135m-instruct-eagle3",
                     help="run folder or shipped head folder (with training.json) of the earlier head")
-    ap.add_argument("--after", default="runs/eagle3-smollm2-v5", help="run folder or shipped head folder of the later head")
+    ap.add_argument("--after", default="runs/eagle3-smollm2-v5",
+                    help="run folder or shipped head folder of the later head")
     ap.add_argument("--held-out", default=None, help="held-out target sequences (.npz; default: --after's)")
     ap.add_argument("--out", default=str(RESULTS / "eagle3_smollm2_head_before_after"))
     args = ap.parse_args()
