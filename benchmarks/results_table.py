@@ -81,6 +81,8 @@ SCRIPTS = {
                                         "--rounds 3 --sample-batches '' --no-languages",
     "speculative_smollm2_copy_bf16": "benchmarks/speculative_smollm2.py --workload copy --weights bf16",
     "speculative_smollm2_trees_bf16": "benchmarks/speculative_smollm2.py --weights bf16 --trees",
+    "speculative_smollm2_bf16_languages": "benchmarks/speculative_smollm2.py --weights bf16 --batch-sizes 1 "
+                                          "--sample-batches '' --rounds 1",
     "speculative_smollm2_copy_bf16_eos": "benchmarks/speculative_smollm2.py --workload copy --weights bf16 --stop-at-eos",
     "speculative_smollm2_copy_eos": "benchmarks/speculative_smollm2.py --workload copy --stop-at-eos",
     "speculative_smollm2_greedy": "benchmarks/speculative_smollm2.py --no-languages --sample-batches ''",
