@@ -55,23 +55,20 @@ STREAM_BYTES = 16 << 20
 
 
 def load_revision_kernel(rev: str) -> tuple[Any | None, int]:
-    """The small-M extension built from ``rev``'s source (own module name and build folder), and the most rows
-    it takes; (None, 0) when that revision has no such file."""
-    try:
-        src = subprocess.run(["git", "show", f"{rev}:{KERNEL}"], cwd=ROOT, check=True, capture_output=True,
-                             text=True).stdout
-    except (subprocess.CalledProcessError, FileNotFoundError):
-        return None, 0
-    from torch.utils.cpp_extension import load
+    """The small-M extension built from ``rev``'s sources (its kernel and the headers it includes, as
+    benchmarks/kernel_ab.py extracts them), and the most rows it takes; (None, 0) when that revision has no such
+    file."""
+    import tempfile
 
-    from cinq.cache import cache_dir
-    build = cache_dir() / "torch_extensions" / f"torch-{torch.__version__}-{cpu_native._cpu_key()}" / "small_m_rev"
-    build.mkdir(parents=True, exist_ok=True)
-    path = build / "small_m_gemm_rev.cpp"
-    if not path.exists() or path.read_text() != src:  # rewriting an unchanged file would force a rebuild
-        path.write_text(src)
-    mod = load(name="cinq_small_m_gemm_rev", sources=[str(path)], build_directory=str(build),
-               extra_cflags=["-O3", "-march=native", "-ffast-math"], verbose=False)
+    from benchmarks.kernel_ab import commit_sources
+
+    try:
+        sources = commit_sources(rev, Path(tempfile.mkdtemp(prefix="small-m-rev-")))
+    except subprocess.CalledProcessError:
+        return None, 0
+    if not (sources / Path(KERNEL).name).exists():
+        return None, 0
+    mod = cpu_native.module_from("small_m_gemm", sources)
     return mod, kernel_rows(mod)
 
 

@@ -1,6 +1,7 @@
 """Speculative decoding on the real SmolLM2-135M-Instruct: plain decoding vs n-gram and an EAGLE-3 head (chain,
-fixed k and adaptive), same target, same prompts, one run; greedy and sampled (temperature 0.7, top-p 0.9, the
-same per-request seeds for plain and speculative runs); tau per language at batch 1.
+fixed k and adaptive; alone and behind prompt lookup), same target, same prompts, one run; greedy and sampled
+(temperature 0.7, top-p 0.9, the same per-request seeds for plain and speculative runs); tau per language at
+batch 1.
 
 Two workloads (``--workload``):
 - ``chat``: the held-out chat turns of cinq/train/spec_head_prompts.py (test topics, which no head trained on),
@@ -84,6 +85,11 @@ def methods(workload: str, head: str | None, trees: bool = False) -> dict[str, d
         out["eagle3 k=3"] = {"method": "eagle3", "model": head, "num_speculative_tokens": 3}
         out["eagle3 adaptive k<=4"] = {"method": "eagle3", "model": head, "num_speculative_tokens": 4,
                                        "adaptive": True}
+        # prompt lookup first (SpeculativeConfig.lookup_first): the n-gram rows' lookup where the text repeats,
+        # the head elsewhere
+        lookup = {key: ngram(4)[key] for key in ("prompt_lookup_max", "prompt_lookup_min")}
+        out["eagle3+lookup k=3"] = {**out["eagle3 k=3"], **lookup}
+        out["eagle3+lookup adaptive k<=4"] = {**out["eagle3 adaptive k<=4"], **lookup}
     return out
 
 
@@ -224,7 +230,8 @@ def main() -> int:
         "greedy mismatch rate", "baseline drift"])
     eos = {"ignore_eos": not args.stop_at_eos}
     rows = sweep(plain, configs, prompts, batches, args.max_tokens, (0.0, 1.0), table, args.rounds, **eos)
-    sampled = [c for c in configs if c in ("ngram k=4", "eagle3 adaptive k<=4")] if args.workload == "chat" else []
+    sampled = [c for c in configs if c in ("ngram k=4", "eagle3 adaptive k<=4", "eagle3+lookup adaptive k<=4")] \
+        if args.workload == "chat" else []
     if args.sample_batches and sampled:
         rows += sweep(plain, {c: configs[c] for c in sampled}, prompts,
                       [int(b) for b in args.sample_batches.split(",")], args.max_tokens, SAMPLED, table, args.rounds,

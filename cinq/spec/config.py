@@ -23,7 +23,9 @@ class SpeculativeConfig:
     """How requests speculate. ``method`` is inferred as ``draft_model`` when only ``model`` is given.
 
     ``num_speculative_tokens_per_batch_size``: inclusive ``(start, end, k)`` batch-size ranges, each overriding
-    ``num_speculative_tokens`` (k = 0 turns speculation off for that range)."""
+    ``num_speculative_tokens`` (k = 0 turns speculation off for that range). ``prompt_lookup_min`` /
+    ``prompt_lookup_max`` (vLLM's n-gram fields) given with a model method put prompt lookup first: see
+    ``lookup_first``."""
 
     method: str | None = None
     model: str | None = None
@@ -58,11 +60,15 @@ class SpeculativeConfig:
         if self.num_speculative_tokens is None:
             raise InvalidParameterError("speculative_config.num_speculative_tokens is required", "num_speculative_tokens")
         _check_int("num_speculative_tokens", self.num_speculative_tokens, 1, 64)
-        if self.method == "ngram":
-            if self.prompt_lookup_max is None:
-                raise InvalidParameterError("speculative_config: method 'ngram' needs prompt_lookup_max",
-                                            "prompt_lookup_max")
+        if self.method == "ngram" and self.prompt_lookup_max is None:
+            raise InvalidParameterError("speculative_config: method 'ngram' needs prompt_lookup_max",
+                                        "prompt_lookup_max")
+        if self.prompt_lookup_min is not None and self.prompt_lookup_max is None:
+            raise InvalidParameterError("speculative_config: prompt_lookup_min needs prompt_lookup_max",
+                                        "prompt_lookup_max")
+        if self.prompt_lookup_max is not None:
             if self.prompt_lookup_min is None:
+                _check_int("prompt_lookup_max", self.prompt_lookup_max, 1, 1024)
                 self.prompt_lookup_min = self.prompt_lookup_max
             _check_int("prompt_lookup_min", self.prompt_lookup_min, 1, 1024)
             _check_int("prompt_lookup_max", self.prompt_lookup_max, self.prompt_lookup_min, 1024)
@@ -75,6 +81,10 @@ class SpeculativeConfig:
             self._check_tree()
         if self.tree_topk is not None or self.tree_depth is not None:
             self._check_dynamic_tree()
+        if self.lookup_first and self.tree_draft_depth:
+            raise InvalidParameterError(
+                f"speculative_config.prompt_lookup_max: prompt lookup before the {self.method} drafts is for chain "
+                f"drafts; drop it or the draft tree", "prompt_lookup_max")
         if not isinstance(self.adaptive, bool):
             raise InvalidParameterError(f"speculative_config.adaptive must be true or false, got {self.adaptive!r}",
                                         "adaptive")
@@ -125,6 +135,12 @@ class SpeculativeConfig:
                 f"speculative_config.num_speculative_tokens ({self.num_speculative_tokens}): a dynamic tree with "
                 f"tree_topk {self.tree_topk} and tree_depth {self.tree_depth} generates only {pool} candidates",
                 "num_speculative_tokens")
+
+    @property
+    def lookup_first(self) -> bool:
+        """A model method with ``prompt_lookup_max``: each request drafts by prompt lookup (n-gram) where its own
+        tokens hold a match, and by the model (draft model, EAGLE, Medusa) where they do not."""
+        return self.method != "ngram" and self.prompt_lookup_max is not None
 
     @property
     def tree_draft_depth(self) -> int:

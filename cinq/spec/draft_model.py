@@ -120,8 +120,9 @@ class DraftModelProposer(PagedKVProposer):
     def commit(self, view: StepView) -> None:
         """After verification: the draft's KV stays valid through the drafts it fed that the target kept."""
         for s in view.batch.seqs:
-            if s.num_logit_rows > 1:
+            # a verify of drafts the draft model did not write (prompt lookup's) leaves its KV where it was
+            if s.num_logit_rows > 1 and s.request_id in self._drafted:
                 k = s.num_logit_rows - 1
-                fed = self._drafted.get(s.request_id, k - 1)
+                fed = self._drafted[s.request_id]
                 last = s.start_pos + len(s.token_ids) - k - 1  # the position of the verify's known token
                 self.valid[s.request_id] = last + 1 + min(view.num_accepted.get(s.request_id, 0), fed)

@@ -53,33 +53,47 @@ def draft_limit(req: Request, k: int, max_model_len: int) -> int:
     return max(0, min(k, req.max_tokens - req.num_output_tokens - 1, max_model_len - req.num_tokens - 1))
 
 
+class PromptLookup:
+    """Each decoding request's ``NgramIndex`` over its own tokens, kept for the requests of the last step (one
+    that skips a step, preempted or finished, is dropped, and indexed again if it comes back)."""
+
+    def __init__(self, config: SpeculativeConfig) -> None:
+        self.proposer = NgramProposer(config.num_speculative_tokens,  # type: ignore[arg-type]
+                                      config.prompt_lookup_min, config.prompt_lookup_max)  # type: ignore[arg-type]
+        self.indexes: dict[str, NgramIndex] = {}
+
+    def drafts(self, requests: list[Request], limits: list[int]) -> list[list[int]]:
+        """Up to ``limits[i]`` prompt-lookup drafts for ``requests[i]`` (empty: no match). A request's index
+        catches up with its tokens only when it may draft: with a limit of 0 nothing is searched."""
+        indexes: dict[str, NgramIndex] = {}
+        out: list[list[int]] = []
+        for req, limit in zip(requests, limits):
+            idx = self.indexes.get(req.request_id)
+            if idx is None or len(idx) > len(req.all_token_ids):  # tokens only grow; anything else starts over
+                idx = self.proposer.index()
+            indexes[req.request_id] = idx
+            if limit > 0:
+                idx.extend(req.all_token_ids[len(idx):])
+                out.append(idx.propose()[:limit])
+            else:
+                out.append([])
+        self.indexes = indexes
+        return out
+
+
 class NgramDrafter(_LengthChooser):
     """Prompt-lookup drafts from each request's own tokens (``method: ngram``)."""
 
     def __init__(self, config: SpeculativeConfig) -> None:
         super().__init__(config)
-        self.proposer = NgramProposer(config.num_speculative_tokens,  # type: ignore[arg-type]
-                                      config.prompt_lookup_min, config.prompt_lookup_max)  # type: ignore[arg-type]
-        # request id -> its n-gram index, for the requests of the last step (one that skips a step, preempted or
-        # finished, is dropped; it is indexed again if it comes back)
-        self.indexes: dict[str, NgramIndex] = {}
+        self.lookup = PromptLookup(config)
 
     def propose(self, requests: list[Request], max_model_len: int) -> None:
-        """Set ``spec_token_ids`` of the decoding ``requests`` (all of this step's decodes: they set k). A
-        request's index catches up with its tokens only when it drafts: with k = 0 nothing is searched."""
+        """Set ``spec_token_ids`` of the decoding ``requests`` (all of this step's decodes: they set k)."""
         k = self.choose_k(len(requests))
-        indexes: dict[str, NgramIndex] = {}
-        for req in requests:
-            req.spec_token_ids = []
-            idx = self.indexes.get(req.request_id)
-            if idx is None or len(idx) > len(req.all_token_ids):  # tokens only grow; anything else starts over
-                idx = self.proposer.index()
-            indexes[req.request_id] = idx
-            limit = draft_limit(req, k, max_model_len)
-            if limit > 0:
-                idx.extend(req.all_token_ids[len(idx):])
-                req.spec_token_ids = idx.propose()[:limit]
-        self.indexes = indexes
+        drafts = self.lookup.drafts(requests, [draft_limit(req, k, max_model_len) for req in requests])
+        for req, d in zip(requests, drafts):
+            req.spec_token_ids = d
 
 
 class SlotDrafter(_LengthChooser):
@@ -88,24 +102,32 @@ class SlotDrafter(_LengthChooser):
 
     With a draft tree of n nodes and depth d, a request gets n slots when it may still emit d + 1 tokens and its
     context holds n more; otherwise a chain of what it may take (the runner verifies a tree only when a request
-    got all n slots)."""
+    got all n slots). With prompt lookup first (``SpeculativeConfig.lookup_first``), a request whose own tokens
+    hold a match gets those drafts instead of slots, in the same step as the others: a copy costs no model call,
+    and when it matches it is accepted far more often than a small head's guess (SmolLM2's chat replies repeat
+    their own phrases). The proposer catches up over those positions when the request next wants its drafts."""
 
     def __init__(self, config: SpeculativeConfig) -> None:
         super().__init__(config)
         self.tree_depth = config.tree_draft_depth
         self.tree_nodes = config.num_speculative_tokens if self.tree_depth else 0
+        self.lookup = PromptLookup(config) if config.lookup_first else None
 
     def propose(self, requests: list[Request], max_model_len: int) -> None:
         k = self.choose_k(len(requests))
-        for req in requests:
-            req.spec_token_ids = []
-            if self.tree_nodes and k:
+        limits = [draft_limit(req, k, max_model_len) for req in requests]
+        copied = self.lookup.drafts(requests, limits) if self.lookup is not None else [[] for _ in requests]
+        for req, limit, drafts in zip(requests, limits, copied):
+            req.spec_token_ids = drafts
+            if drafts:
+                req.num_draft_slots = 0
+            elif self.tree_nodes and k:
                 depth_ok = draft_limit(req, self.tree_depth, max_model_len) == self.tree_depth
                 room_ok = max_model_len - req.num_tokens - 1 >= self.tree_nodes
                 req.num_draft_slots = self.tree_nodes if depth_ok and room_ok else \
                     draft_limit(req, self.tree_depth, max_model_len)
             else:
-                req.num_draft_slots = draft_limit(req, k, max_model_len)
+                req.num_draft_slots = limit
 
 
 def make_drafter(config: SpeculativeConfig | None) -> Drafter | None:

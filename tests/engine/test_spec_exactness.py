@@ -102,6 +102,9 @@ def methods(head: Path) -> dict[str, dict]:
                    "draft_sample_method": "probabilistic"},
         # greedy drafts: the verifier's one-hot q path
         "eagle3-greedy": {"method": "eagle3", "model": str(head), "num_speculative_tokens": 3},
+        # prompt lookup first: one step verifies lookup drafts (one-hot q) beside the head's sampled ones
+        "eagle3-lookup": {"method": "eagle3", "model": str(head), "num_speculative_tokens": 3,
+                          "draft_sample_method": "probabilistic", "prompt_lookup_max": 3, "prompt_lookup_min": 1},
     }
 
 
@@ -112,7 +115,7 @@ def test_the_bound_is_what_the_docstring_says() -> None:
     assert [cell(t) for t in (5, 9, 4, 7)] == [5, 9, "even", "odd"]
 
 
-@pytest.mark.parametrize("method", ["ngram", "eagle3", "eagle3-greedy"])
+@pytest.mark.parametrize("method", ["ngram", "eagle3", "eagle3-greedy", "eagle3-lookup"])
 def test_sampling_with_speculation_follows_the_plain_distribution(tiny_llama: Path, plain, cell, eagle3_head: Path,
                                                                   method: str) -> None:
     on = continuations(tiny_llama, methods(eagle3_head)[method], 20_000)
@@ -137,7 +140,7 @@ def _accept_every_draft(real):  # noqa: ANN001, ANN202
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["eagle3", "eagle3-greedy"])
+@pytest.mark.parametrize("method", ["eagle3", "eagle3-greedy", "eagle3-lookup"])
 def test_a_broken_verifier_fails_the_same_check(tiny_llama: Path, plain, cell, eagle3_head: Path, method: str,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(verifier, "rejection_sample", _accept_every_draft(verifier.rejection_sample))

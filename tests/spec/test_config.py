@@ -11,6 +11,16 @@ def test_vllm_style_dicts_parse() -> None:
     assert c.prompt_lookup_min == 3 and c.k_for_batch_size(1) == 4
     d = SpeculativeConfig.from_dict({"model": "draft-folder", "num_speculative_tokens": 2})
     assert d.method == "draft_model" and d.draft_sample_method == "greedy"
+    assert c.lookup_first is False and d.lookup_first is False and d.prompt_lookup_min is None
+
+
+def test_prompt_lookup_fields_with_a_model_method_put_lookup_first() -> None:
+    c = SpeculativeConfig.from_dict({"method": "eagle3", "model": "head", "num_speculative_tokens": 3,
+                                     "prompt_lookup_max": 4})
+    assert c.lookup_first and (c.prompt_lookup_min, c.prompt_lookup_max) == (4, 4)
+    d = SpeculativeConfig.from_dict({"model": "draft", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
+                                     "prompt_lookup_min": 1})
+    assert d.lookup_first and d.method == "draft_model" and d.prompt_lookup_min == 1
 
 
 def test_per_batch_size_ranges_override_k() -> None:
@@ -32,6 +42,12 @@ def test_per_batch_size_ranges_override_k() -> None:
     ({"model": "x", "num_speculative_tokens": 2, "num_speculative_tokens_per_batch_size": [[1, 8, 2], [8, 9, 1]]},
      "num_speculative_tokens_per_batch_size"),
     ({"model": "x", "num_speculative_tokens": 2, "k": 3}, "k"),
+    ({"method": "eagle3", "model": "x", "num_speculative_tokens": 2, "prompt_lookup_min": 2}, "prompt_lookup_max"),
+    ({"method": "eagle3", "model": "x", "num_speculative_tokens": 2, "prompt_lookup_max": 0}, "prompt_lookup_max"),
+    ({"method": "eagle3", "model": "x", "num_speculative_tokens": 3, "prompt_lookup_max": 2,
+      "speculative_token_tree": [[0], [1], [0, 0]]}, "prompt_lookup_max"),
+    ({"method": "eagle", "model": "x", "num_speculative_tokens": 3, "prompt_lookup_max": 2, "tree_topk": 2,
+      "tree_depth": 2}, "prompt_lookup_max"),
 ])
 def test_invalid_configs_name_the_field(d: dict, param: str) -> None:
     with pytest.raises(InvalidParameterError) as err:

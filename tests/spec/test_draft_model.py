@@ -50,6 +50,35 @@ def test_self_draft_accepts_everything_and_output_is_unchanged(tiny_llama: Path)
     assert llm.engine.kv.num_free_blocks == llm.engine.num_blocks
 
 
+def test_prompt_lookup_first_leaves_the_drafts_kv_where_it_was(tiny_llama: Path) -> None:
+    # the target as its own draft guesses every token right, so every draft it makes is the plain continuation:
+    # after a step verified prompt-lookup drafts (no draft-model forward), its KV must still end where it did
+    params = [greedy() for _ in PROMPTS]
+    plain, _ = generate(tiny_llama, None, params)
+    llm = LLM(str(tiny_llama), dtype="float32",
+              speculative_config=spec(tiny_llama, k=3, prompt_lookup_max=3, prompt_lookup_min=1))
+    proposer, seen = llm.engine.executor.proposer, []
+    real = proposer.propose
+
+    def propose(seqs, history, sampling):  # noqa: ANN001, ANN202
+        out = real(seqs, history, sampling)
+        seen.extend((list(history[s.request_id]), out.token_ids[s.request_id]) for s in seqs if s.num_draft_slots)
+        return out
+
+    proposer.propose = propose
+    outs = llm.generate(PROMPTS, params)
+    assert [o.outputs[0].token_ids for o in outs] == plain
+    full = {tuple(o.prompt_token_ids): o.prompt_token_ids + list(o.outputs[0].token_ids) for o in outs}
+    checked = 0
+    for history, drafts in seen:
+        text = next(t for p, t in full.items() if history[:len(p)] == list(p) and t[:len(history)] == history)
+        assert drafts == text[len(history):len(history) + len(drafts)]
+        checked += 1
+    st = llm.engine.get_stats()
+    assert checked > 10 and st.spec_decode_num_drafts > len(seen)  # some steps drafted by lookup alone
+    assert llm.engine.kv.num_free_blocks == llm.engine.num_blocks
+
+
 def test_a_poor_draft_is_rejected_but_output_is_unchanged(tiny_llama: Path, other_draft: Path) -> None:
     params = [greedy() for _ in PROMPTS]
     plain, _ = generate(tiny_llama, None, params)

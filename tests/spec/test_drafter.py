@@ -8,7 +8,7 @@ import pytest
 from cinq import LLM, SamplingParams
 from cinq.errors import InvalidParameterError, ModelLoadError
 from cinq.spec.config import SpeculativeConfig
-from cinq.spec.drafter import NgramDrafter
+from cinq.spec.drafter import NgramDrafter, SlotDrafter
 from cinq.step.request import Request
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
@@ -124,15 +124,31 @@ def test_each_request_keeps_its_index_while_it_decodes_and_loses_it_when_it_leav
     a = Request("a", [1, 2, 3, 1, 2], SamplingParams(), max_tokens=50, arrival_time=0.0)
     b = Request("b", [7, 8, 9], SamplingParams(), max_tokens=50, arrival_time=0.0)
     drafter.propose([a, b], max_model_len=100)
-    index = drafter.indexes["a"]
+    index = drafter.lookup.indexes["a"]
     assert a.spec_token_ids == [3, 1, 2] and len(index) == 5
     a.all_token_ids += [3, 9, 1, 2]  # two steps' tokens
     drafter.propose([a], max_model_len=100)
-    assert drafter.indexes["a"] is index and len(index) == 9  # extended, not rebuilt
-    assert a.spec_token_ids == [3, 9, 1, 2] and set(drafter.indexes) == {"a"}  # b left: its index dropped
+    assert drafter.lookup.indexes["a"] is index and len(index) == 9  # extended, not rebuilt
+    assert a.spec_token_ids == [3, 9, 1, 2] and set(drafter.lookup.indexes) == {"a"}  # b left: its index dropped
     a.all_token_ids = [4, 5, 4]  # not a continuation (never happens in the engine): indexed afresh
     drafter.propose([a], max_model_len=100)
-    assert drafter.indexes["a"] is not index and a.spec_token_ids == [5, 4]
+    assert drafter.lookup.indexes["a"] is not index and a.spec_token_ids == [5, 4]
+
+
+def test_prompt_lookup_first_gives_matches_their_drafts_and_the_rest_slots() -> None:
+    config = {"method": "eagle3", "model": "head", "num_speculative_tokens": 3, "prompt_lookup_max": 2,
+              "prompt_lookup_min": 1}
+    drafter = SlotDrafter(SpeculativeConfig.from_dict(config))
+    a = Request("a", [1, 2, 3, 1, 2], SamplingParams(), max_tokens=50, arrival_time=0.0)
+    b = Request("b", [7, 8, 9], SamplingParams(), max_tokens=50, arrival_time=0.0)
+    c = Request("c", [4, 5, 4], SamplingParams(), max_tokens=2, arrival_time=0.0)  # 1 draft left
+    drafter.propose([a, b, c], max_model_len=100)
+    assert (a.spec_token_ids, a.num_draft_slots) == ([3, 1, 2], 0)  # a copy of what followed "1 2"
+    assert (b.spec_token_ids, b.num_draft_slots) == ([], 3)  # no match: the head's slots
+    assert (c.spec_token_ids, c.num_draft_slots) == ([5], 0)
+    plain = SlotDrafter(SpeculativeConfig.from_dict({k: v for k, v in config.items() if "lookup" not in k}))
+    plain.propose([a, b], max_model_len=100)
+    assert (a.spec_token_ids, a.num_draft_slots, b.num_draft_slots) == ([], 3, 3)
 
 
 def test_missing_heads_and_bad_configs_are_refused(tiny_llama) -> None:

@@ -74,6 +74,21 @@ def naive_eagle_drafts(target, head, history: list[int], k: int) -> list[int]:
     return drafts
 
 
+def assert_naive_drafts(tiny_llama: Path, folder: Path, method: str, seen: list[tuple[list[int], list[int]]]) -> None:
+    """Every recorded proposal equals the head's drafts computed naively from its history."""
+    target = load_model(tiny_llama, torch.float32)
+    with torch.inference_mode():
+        if method == "medusa":
+            m = load_medusa_heads(folder, target, torch.float32, "cpu")
+            for history, drafts in seen:
+                hidden = target(torch.tensor([history[:-1]]))[0, -1]  # the last committed position's state
+                assert drafts == [int(m.head_logits(hidden, i).argmax()) for i in range(len(drafts))]
+        else:
+            head = load_eagle_head(folder, target, torch.float32, "cpu", "sdpa")
+            for history, drafts in seen:
+                assert drafts == naive_eagle_drafts(target, head, history, len(drafts))
+
+
 @pytest.mark.parametrize("method", ["eagle", "eagle3", "medusa"])
 def test_greedy_output_is_unchanged_and_drafts_match_the_naive_head(tiny_llama: Path, heads, method: str) -> None:
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
@@ -85,17 +100,24 @@ def test_greedy_output_is_unchanged_and_drafts_match_the_naive_head(tiny_llama: 
     assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)] == plain
     assert llm.engine.kv.num_free_blocks == llm.engine.num_blocks
     assert llm.engine.get_stats().spec_decode_num_drafts > 0 and len(seen) > 10
-    target = load_model(tiny_llama, torch.float32)
-    with torch.inference_mode():
-        if method == "medusa":
-            m = load_medusa_heads(heads[method], target, torch.float32, "cpu")
-            for history, drafts in seen:
-                hidden = target(torch.tensor([history[:-1]]))[0, -1]  # the last committed position's state
-                assert drafts == [int(m.head_logits(hidden, i).argmax()) for i in range(len(drafts))]
-        else:
-            head = load_eagle_head(heads[method], target, torch.float32, "cpu", "sdpa")
-            for history, drafts in seen:
-                assert drafts == naive_eagle_drafts(target, head, history, len(drafts))
+    assert_naive_drafts(tiny_llama, heads[method], method, seen)
+
+
+@pytest.mark.parametrize("method", ["eagle3", "medusa"])
+def test_prompt_lookup_first_keeps_output_and_the_heads_drafts(tiny_llama: Path, heads, method: str) -> None:
+    # requests whose text repeats draft by lookup; the head drafts for the others, and after a stretch of lookup
+    # steps it catches up over their positions: its drafts must still be what the naive head computes
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    prompts = PROMPTS + ["xyz", "q"]
+    plain = [o.outputs[0].token_ids for o in LLM(str(tiny_llama), dtype="float32").generate(prompts, params)]
+    llm = LLM(str(tiny_llama), dtype="float32",
+              speculative_config={"method": method, "model": str(heads[method]), "num_speculative_tokens": 3,
+                                  "prompt_lookup_max": 3, "prompt_lookup_min": 1})
+    seen = record_drafts(llm)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == plain
+    assert llm.engine.kv.num_free_blocks == llm.engine.num_blocks
+    assert len(seen) > 10 and llm.engine.get_stats().spec_decode_num_drafts > len(seen)  # both kinds of steps
+    assert_naive_drafts(tiny_llama, heads[method], method, seen)
 
 
 @pytest.mark.parametrize("method", ["eagle", "medusa"])
