@@ -40,10 +40,6 @@ _SOURCES = Path(__file__).with_name("cpu")
 _lock = threading.Lock()
 _modules: dict[str, Any] = {}
 SMALL_M_MAX_ROWS = 8  # the most rows small_m_gemm.cpp takes; its fast_rows() may say fewer for this CPU
-# Without AMX (AVX512-BF16 alone), the most rows a bf16 linear runs as chunks of the native kernel rather than
-# oneDNN: over SmolLM2's decode linears from memory (2 threads, Zen 4, ad hoc), chunks of 8 ran 1.16-1.22x
-# faster than oneDNN at 12-24 rows, 1.05x at 32, 0.95x at 48 and 0.89x at 64.
-CHUNKED_MAX_ROWS = 32
 _small_m_rows: int | None = None  # small_m_rows(), once known
 # "causal among the new rows": one shared tensor, nothing per call
 _NO_TREE = torch.empty(0, dtype=torch.bool, device="cpu")
@@ -292,26 +288,15 @@ def bf16_gemm_is_emulated() -> bool:
     return torch.backends.cpu.get_cpu_capability() in ("AVX2", "DEFAULT", "NO AVX")
 
 
-def chunked_rows() -> int:
-    """The most rows a bf16 linear runs as chunks of ``small_m_rows()`` rows of the native kernel where torch's bf16
-    GEMM has bf16 instructions: ``CHUNKED_MAX_ROWS`` without AMX, none past ``small_m_rows()`` with it (oneDNN's
-    AMX kernels). Where bf16 is emulated every row count is chunked below the float32 path's (fp32_gemm)."""
-    mod = native_module("small_m_gemm")
-    if mod is None or small_m_rows() < 1:
-        return 0
-    return small_m_rows() if mod.has_amx() else max(CHUNKED_MAX_ROWS, small_m_rows())
-
-
 def chunked_small_m_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
-    """``F.linear`` for bf16 inputs with more rows than ``small_m_rows()``, the native kernel over chunks of
-    ``small_m_rows()`` rows: where the bf16 GEMM is emulated (measured on AVX2, 2 cores: 2.9x torch's bf16 GEMM at
-    16 rows, 5-5.7x at 64-256 rows, on a 2048 x 640 weight and on the 49,152 x 576 LM head: prefill and batched
-    decode), and up to ``chunked_rows()`` without AMX. Each chunk streams the weight from cache or memory once, and
-    a row's result is the same whatever rows share the call. None when it does not apply."""
+    """``F.linear`` for bf16 inputs with more rows than ``small_m_rows()`` where the bf16 GEMM is emulated: the
+    native kernel over chunks of ``small_m_rows()`` rows. Measured on AVX2 (2 cores): 2.9x torch's bf16 GEMM at
+    16 rows, 5-5.7x at 64-256 rows, on a 2048 x 640 weight and on the 49,152 x 576 LM head (prefill and batched
+    decode), each chunk streaming the weight from cache or memory once. None when it does not apply."""
     chunk = small_m_rows()
     k = x.shape[-1]
     rows = x.numel() // k if k else 0
-    if chunk == 0 or rows <= chunk or (not bf16_gemm_is_emulated() and rows > chunked_rows()):
+    if chunk == 0 or rows <= chunk or not bf16_gemm_is_emulated():
         return None
     x2 = x.reshape(rows, k)
     parts = [small_m_linear_native(x2[i:i + chunk], weight, bias) for i in range(0, rows, chunk)]

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from cinq.kernels.cpu_native import bf16_gemm_is_emulated, chunked_rows, native_module, small_m_rows
+from cinq.kernels.cpu_native import bf16_gemm_is_emulated, native_module, small_m_rows
 from cinq.kernels.metadata import AttentionMetadata
 
 log = logging.getLogger(__name__)
@@ -122,8 +122,8 @@ def build_decode_layers(model: Any) -> DecodeLayers | None:
         except RuntimeError as e:  # a layout the program refuses (its checks name it): the Python layers run
             log.info("fused decode step not used: %s", str(e).splitlines()[0])
             return None
-    if bf16_gemm_is_emulated() or chunked_rows() > small_m_rows():  # as the Python layers: past small_m_rows(),
-        program.set_dense_chunk_rows(small_m_rows())  # the kernel on chunks of them
+    if bf16_gemm_is_emulated():  # as the Python layers: past small_m_rows(), the kernel on chunks of them
+        program.set_dense_chunk_rows(small_m_rows())
     cos_sin = attn.rotary_emb.cos_sin(first.input_layernorm.weight.device, torch.bfloat16)
     return DecodeLayers(program, max_rows, layers, cos_sin)
 
@@ -176,8 +176,8 @@ def _linear_spec(mod: Any, linear: Any) -> tuple[Any, int] | None:
             b = b.detach()
         # where the bf16 GEMM is emulated the Python layers chunk up to the float32 path's first row count, and
         # so does the program (a verify of 2+ drafts at batch 4 passes 8 rows: the Python layers took it at 2-3x
-        # the cost of a plain step); elsewhere up to chunked_rows() (oneDNN past it), and the program stops there
-        rows = DENSE_MIN_ROWS - 1 if bf16_gemm_is_emulated() else chunked_rows()
+        # the cost of a plain step); elsewhere they switch to oneDNN past small_m_rows(), and the program stops
+        rows = DENSE_MIN_ROWS - 1 if bf16_gemm_is_emulated() else small_m_rows()
         return mod.Linear(mod.DENSE, [w.detach(), _NO_BIAS if b is None else b], []), rows
     if not isinstance(linear, QuantizedLinear) or linear.bias is not None:
         return None

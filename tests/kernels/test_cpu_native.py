@@ -187,20 +187,17 @@ def test_write_kv_native_matches_index_copy(dtype):
 
 @pytest.mark.parametrize("rows", [9, 24, 37])
 def test_chunked_small_m_linear_equals_a_float32_linear_past_the_small_m_rows(rows: int):
-    from cinq.kernels.cpu_native import bf16_gemm_is_emulated, chunked_rows, chunked_small_m_linear, small_m_rows
+    from cinq.kernels.cpu_native import bf16_gemm_is_emulated, chunked_small_m_linear, small_m_rows
     torch.manual_seed(rows)
     x = torch.randn(1, rows, 96, dtype=torch.bfloat16)
     w = torch.randn(40, 96, dtype=torch.bfloat16)
     b = torch.randn(40, dtype=torch.bfloat16)
     with torch.no_grad():
         y = chunked_small_m_linear(x, w, b)
-        # with bf16 instructions torch's GEMM takes rows past chunked_rows() (all past small_m_rows() with AMX)
-        if small_m_rows() == 0 or (not bf16_gemm_is_emulated() and rows > chunked_rows()):
+        if not bf16_gemm_is_emulated() or small_m_rows() == 0:  # a CPU with bf16 instructions keeps torch's GEMM
             assert y is None
             return
         assert y is not None and y.shape == (1, rows, 40) and y.dtype == torch.bfloat16
-        # a row's result is the kernel's on that row alone
-        assert torch.equal(y[0, -1:], native_module("small_m_gemm").small_m_linear(x[0, -1:].contiguous(), w, b))
         ref = torch.nn.functional.linear(x.float(), w.float(), b.float())
         # each output rounded once to bf16 from a float32 sum: within one bf16 ulp of the float32 result
         assert ((y.float() - ref).abs() <= ref.abs() * 2 ** -8 + 1e-3).all()

@@ -79,78 +79,6 @@ struct LaneOutput {
 template <int NB>
 constexpr LaneOutput<NB> kLaneOutput{};
 
-// Weight rows r[0 .. P) times activation rows x[0 .. G) (stride K): out[p][g] = their dot product as 16 float
-// partial sums. Each row's sum runs on two chains (even and odd 32-channel steps) so that one row's dot products do
-// not wait on each other's latency; every output gets the same operations in the same order whatever P and G are,
-// so a row's result does not depend on how its tile was cut into passes.
-template <int P, int G>
-__attribute__((always_inline)) inline void dot_rows(const uint16_t* x, int64_t K, const uint16_t* const* r,
-                                                    __mmask32 tail, __m512 (&out)[P][G]) {
-  __m512 s0[P][G], s1[P][G];
-#pragma GCC unroll 8
-  for (int p = 0; p < P; ++p)
-#pragma GCC unroll 8
-    for (int g = 0; g < G; ++g) s0[p][g] = s1[p][g] = _mm512_setzero_ps();
-  auto dot = [&](__m512 (&s)[P][G], int64_t k, bool masked) __attribute__((always_inline)) {
-    __m512bh b[P];
-#pragma GCC unroll 2
-    for (int p = 0; p < P; ++p)
-      b[p] = (__m512bh)(masked ? _mm512_maskz_loadu_epi16(tail, r[p] + k) : _mm512_loadu_si512(r[p] + k));
-#pragma GCC unroll 8
-    for (int g = 0; g < G; ++g) {
-      const __m512bh a = (__m512bh)(masked ? _mm512_maskz_loadu_epi16(tail, x + g * K + k)
-                                           : _mm512_loadu_si512(x + g * K + k));
-#pragma GCC unroll 2
-      for (int p = 0; p < P; ++p) s[p][g] = _mm512_dpbf16_ps(s[p][g], a, b[p]);
-    }
-  };
-  const int64_t k32 = K / 32 * 32;
-  int64_t k = 0;
-  for (; k + 64 <= k32; k += 64) {
-#pragma GCC unroll 2
-    for (int p = 0; p < P; ++p) {
-      cinq_small_m::prefetch_ahead(r[p] + k, kTilePrefetchBytes);
-      cinq_small_m::prefetch_ahead(r[p] + k + 32, kTilePrefetchBytes);
-    }
-    dot(s0, k, false);
-    dot(s1, k + 32, false);
-  }
-  if (k < k32) {
-#pragma GCC unroll 2
-    for (int p = 0; p < P; ++p) cinq_small_m::prefetch_ahead(r[p] + k, kTilePrefetchBytes);
-    dot(s0, k, false);
-    k += 32;
-  }
-  if (k < K) dot(s1, k, true);  // zeros past K add nothing
-#pragma GCC unroll 8
-  for (int p = 0; p < P; ++p)
-#pragma GCC unroll 8
-    for (int g = 0; g < G; ++g) out[p][g] = _mm512_add_ps(s0[p][g], s1[p][g]);
-}
-
-// Weight rows j .. j + P - 1 of a tile against all MB activation rows, in passes of at most 4 activation rows,
-// into the tile's accumulators (acc[m * NB + j] holds row m, output n0 + j).
-template <int MB, int P>
-__attribute__((always_inline)) inline void tile_rows_pass(const uint16_t* x, int64_t K, const uint16_t* const* r,
-                                                          __mmask32 tail, int j, __m512 (&acc)[16]) {
-  constexpr int NB = tile_rows<MB>(), G1 = MB < 4 ? MB : 4;
-  __m512 o1[P][G1];
-  dot_rows<P, G1>(x, K, r, tail, o1);
-#pragma GCC unroll 2
-  for (int p = 0; p < P; ++p)
-#pragma GCC unroll 4
-    for (int g = 0; g < G1; ++g) acc[g * NB + j + p] = o1[p][g];
-  if constexpr (MB > 4) {  // the second pass reads the same weight rows again, from L1
-    constexpr int G2 = MB - 4;
-    __m512 o2[P][G2];
-    dot_rows<P, G2>(x + 4 * K, K, r, tail, o2);
-#pragma GCC unroll 2
-    for (int p = 0; p < P; ++p)
-#pragma GCC unroll 4
-      for (int g = 0; g < G2; ++g) acc[(4 + g) * NB + j + p] = o2[p][g];
-  }
-}
-
 // Outputs n0 .. n0 + NB - 1 (those below N) of all MB rows. Accumulator t = m * NB + j holds row m, output n0 + j.
 template <int MB>
 void tile_avx512(const uint16_t* x, const uint16_t* w, const float* bias, uint16_t* y, int64_t K, int64_t N,
@@ -159,26 +87,43 @@ void tile_avx512(const uint16_t* x, const uint16_t* w, const float* bias, uint16
   const int nvalid = static_cast<int>(std::min<int64_t>(NB, N - n0));
   const uint16_t* wr[NB];
   for (int j = 0; j < NB; ++j) wr[j] = w + std::min<int64_t>(n0 + j, N - 1) * K;  // past N: a row, ignored
-  // Up to 3 activation rows: one weight row at a time, front to back, so the core reads one stream (all NB rows
-  // interleaved, an older order, read 0.7-0.95x as fast from memory on a Zen 4). From 4 rows `vdpbf16ps` bounds
-  // the tile, and with one weight row per pass every product took its own activation load: a load port as busy
-  // as the multiplier. There two weight rows share each activation load (at most 4 rows of x per pass keep the
-  // 16 chains in registers): 1.14-1.28x faster from cache at 4-8 rows (1 thread, Zen 4). Read from memory, two
-  // rows at once ran 1.8x slower at 3-4 rows than one, whatever the prefetch distance, unless the whole next
-  // tile (its NB rows are contiguous) is prefetched in order first: one stream again, and the passes read L1.
-  constexpr int P = MB >= 4 ? 2 : 1;
-  if constexpr (P == 2) {
-    const int64_t rows = std::min<int64_t>(NB, N - n0 - NB);  // the next tile's, within N
-    if (rows > 0) {
-      const char* next = reinterpret_cast<const char*>(w + (n0 + NB) * K);
-      for (int64_t b = 0; b < rows * K * 2; b += 64) _mm_prefetch(next + b, _MM_HINT_T0);
-    }
-  }
+  // Row after row, not all NB rows at each k: the tile's rows are contiguous in w, so the core reads one stream
+  // front to back (NB interleaved streams, the previous order, read 0.7-0.95x as fast from memory on a Zen 4).
+  // Each row's sum runs on two chains (even and odd 32-channel steps) so that one row's dot products do not wait
+  // on each other's latency.
   __m512 acc[16];
   const __mmask32 tail = _cvtu32_mask32(K % 32 ? (1u << (K % 32)) - 1 : 0);
+  const int64_t k32 = K / 32 * 32;
 #pragma GCC unroll 16
-  for (int j = 0; j + P <= NB; j += P) tile_rows_pass<MB, P>(x, K, wr + j, tail, j, acc);
-  if constexpr (NB % P) tile_rows_pass<MB, 1>(x, K, wr + NB - 1, tail, NB - 1, acc);
+  for (int j = 0; j < NB; ++j) {
+    const uint16_t* r = wr[j];
+    __m512 s0[MB], s1[MB];
+#pragma GCC unroll 8
+    for (int m = 0; m < MB; ++m) s0[m] = s1[m] = _mm512_setzero_ps();
+    auto dot = [&](__m512 (&s)[MB], int64_t k, __m512bh b, bool masked) __attribute__((always_inline)) {
+#pragma GCC unroll 8
+      for (int m = 0; m < MB; ++m) {
+        const __m512bh a = (__m512bh)(masked ? _mm512_maskz_loadu_epi16(tail, x + m * K + k)
+                                             : _mm512_loadu_si512(x + m * K + k));
+        s[m] = _mm512_dpbf16_ps(s[m], a, b);
+      }
+    };
+    int64_t k = 0;
+    for (; k + 64 <= k32; k += 64) {
+      cinq_small_m::prefetch_ahead(r + k, kTilePrefetchBytes);
+      cinq_small_m::prefetch_ahead(r + k + 32, kTilePrefetchBytes);
+      dot(s0, k, (__m512bh)_mm512_loadu_si512(r + k), false);
+      dot(s1, k + 32, (__m512bh)_mm512_loadu_si512(r + k + 32), false);
+    }
+    if (k < k32) {
+      cinq_small_m::prefetch_ahead(r + k, kTilePrefetchBytes);
+      dot(s0, k, (__m512bh)_mm512_loadu_si512(r + k), false);
+      k += 32;
+    }
+    if (k < K) dot(s1, k, (__m512bh)_mm512_maskz_loadu_epi16(tail, r + k), true);  // zeros past K add nothing
+#pragma GCC unroll 8
+    for (int m = 0; m < MB; ++m) acc[m * NB + j] = _mm512_add_ps(s0[m], s1[m]);
+  }
 #pragma GCC unroll 16
   for (int t = MB * NB; t < 16; ++t) acc[t] = _mm512_setzero_ps();  // MB * NB < 16 for MB = 3, 5, 6, 7
   __m512 r = cinq_small_m::sum_lanes16(acc);
