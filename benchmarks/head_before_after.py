@@ -8,6 +8,10 @@ each head's card.
 
     python benchmarks/head_before_after.py --before runs/eagle3-smollm2-v4-shipped --after runs/eagle3-smollm2-v5 \
         --out benchmarks/results/eagle3_smollm2_head_more_topics    # 3x the train topics, 4,500 prompts
+    python benchmarks/head_before_after.py --before runs/eagle3-smollm2-v5 --after runs/eagle3-smollm2-v6 \
+        --held-out runs/eagle3-smollm2-v5/target-test-*.npz \
+        --out benchmarks/results/eagle3_smollm2_head_longer         # v5's data, 2.2x the steps (v6 reads v5's
+                                                                    # sequences: --generated)
 
 (runs/eagle3-smollm2-v4-shipped: the v4 head's folder as shipped before v5 replaced it, from git: `git show
 0c3dec3:cinq/assets/smollm2-135m-instruct-eagle3/<file>` for config.json and model.safetensors, and

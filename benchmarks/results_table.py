@@ -79,7 +79,7 @@ SCRIPTS = {
     "speculative_smollm2_bf16": "benchmarks/speculative_smollm2.py --weights bf16",
     "speculative_smollm2_bf16_b1": "benchmarks/speculative_smollm2.py --weights bf16 --batch-sizes 1 --rounds 5 "
                                    "--sample-batches '' --no-languages",
-    "speculative_smollm2_bf16_batches": "benchmarks/speculative_smollm2.py --weights bf16 --batch-sizes 4,8,16 "
+    "speculative_smollm2_bf16_batches": "benchmarks/speculative_smollm2.py --weights bf16 --batch-sizes 4,8,16,32 "
                                         "--rounds 3 --sample-batches '' --no-languages",
     "speculative_smollm2_copy_bf16": "benchmarks/speculative_smollm2.py --workload copy --weights bf16",
     "speculative_smollm2_trees_bf16": "benchmarks/speculative_smollm2.py --weights bf16 --trees",
@@ -398,8 +398,9 @@ HEADLINES = [
              "HF generate on the same weights at its best batch, same run"),
     Headline("speculative decoding on SmolLM2's Q4_1 file (n-gram; an EAGLE-3 head trained on 187k tokens it wrote)",
              "speculative_smollm2_greedy", "plain decoding, same run"),
-    Headline("speculative decoding on SmolLM2, the file dequantized to bf16 weights (same methods; the EAGLE-3 head "
-             "retrained on 315k tokens it wrote), batch 1, 5 rounds", "speculative_smollm2_bf16_b1",
+    Headline("speculative decoding on SmolLM2, the file dequantized to bf16 weights (same methods; the shipped EAGLE-3 "
+             "head, 315k tokens it wrote, 1,846 steps; 'eagle3+lookup': prompt lookup first), batch 1, 5 rounds",
+             "speculative_smollm2_bf16_b1",
              "plain decoding, same run"),
     Headline("quantization quality, SmolLM2 (NF4 / FP8 / int4 / int8 rows)", "quant_study_float_codes",
              "dense bf16 from the same file"),
