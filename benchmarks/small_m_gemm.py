@@ -62,13 +62,14 @@ def load_revision_kernel(rev: str) -> tuple[Any | None, int]:
 
     from benchmarks.kernel_ab import commit_sources
 
-    try:
-        sources = commit_sources(rev, Path(tempfile.mkdtemp(prefix="small-m-rev-")))
-    except subprocess.CalledProcessError:
-        return None, 0
-    if not (sources / Path(KERNEL).name).exists():
-        return None, 0
-    mod = cpu_native.module_from("small_m_gemm", sources)
+    with tempfile.TemporaryDirectory(prefix="small-m-rev-") as tmp:  # module_from builds from its own copy
+        try:
+            sources = commit_sources(rev, Path(tmp))
+        except subprocess.CalledProcessError:
+            return None, 0
+        if not (sources / Path(KERNEL).name).exists():
+            return None, 0
+        mod = cpu_native.module_from("small_m_gemm", sources)
     return mod, kernel_rows(mod)
 
 
