@@ -54,16 +54,19 @@ class DecodeLayers:
         """True when the runner bound new KV caches since the build (the program holds the old ones)."""
         return self._first_layer.self_attn.attn.kv_cache is not self._first_cache
 
-    def run(self, hidden: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, capture: bool = False
-            ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]] | None:
+    def run(self, hidden: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, capture: bool = False,
+            residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]] | None:
         """(hidden, residual, every layer's input when ``capture``) after the stack, or None: run the Python
-        layers."""
+        layers. With ``residual``, ``hidden`` is the first layer's input already normed (an EAGLE-3 head's
+        [normed embedding, normed feature]) and ``residual`` its residual: the first input norm is skipped."""
         rows = hidden.shape[0]
         ragged = meta.num_decodes != meta.num_seqs
         if (hidden.dim() != 2 or rows > self.max_rows or hidden.dtype != torch.bfloat16
                 or (ragged and (not meta.ragged_decodes or meta.tree_mask is not None))
                 or meta.sliding_window is not None
-                or meta.group_block_tables is not None or torch.is_grad_enabled() or torch.compiler.is_compiling()):
+                or meta.group_block_tables is not None or torch.is_grad_enabled() or torch.compiler.is_compiling()
+                or (residual is not None and (capture or residual.dtype != torch.bfloat16
+                                              or not residual.is_contiguous() or not hidden.is_contiguous()))):
             return None
         tree = _NO_TREE
         if meta.tree_mask is not None:  # as cpu_native.paged_decode_native passes it
@@ -72,10 +75,10 @@ class DecodeLayers:
         self.steps += 1
         self.ragged_steps += ragged
         self.most_rows = max(self.most_rows, rows)
-        return self.program.run(hidden, _NO_RESIDUAL, positions, self.cos_sin,
+        return self.program.run(hidden, _NO_RESIDUAL if residual is None else residual, positions, self.cos_sin,
                                 meta.slot_mapping, _int32(meta.block_tables), _int32(meta.seq_lens),
                                 meta.decode_query_len, tree, capture,
-                                _int32(meta.query_start_loc) if ragged else _NO_STARTS)
+                                _int32(meta.query_start_loc) if ragged else _NO_STARTS, residual is not None)
 
 
 def set_fused_decode(model: torch.nn.Module, on: bool) -> int:
@@ -91,14 +94,15 @@ def set_fused_decode(model: torch.nn.Module, on: bool) -> int:
     return steps
 
 
-def build_decode_layers(model: Any) -> DecodeLayers | None:
+def build_decode_layers(model: Any, normed_input: bool = False) -> DecodeLayers | None:
     """The fused program for ``model`` (a LlamaModel-like stack: ``layers`` of LlamaDecoderLayer), or None when a
     layer is not covered, the kernels are unavailable, or ``CINQ_FUSED_DECODE=0``. Call after the KV caches are
-    bound."""
+    bound. ``normed_input``: the program is only run on normed first inputs (``DecodeLayers.run`` with a
+    residual: an EAGLE head's layer), so the first layer's input norm may also be the identity."""
     if not enabled():
         return None
     layers = list(model.layers)
-    if not layers or _layer_specs(None, layers[0]) is None:  # cheap checks before the extension loads (or builds)
+    if not layers or _layer_specs(None, layers[0], normed_input) is None:  # cheap checks before the extension
         return None
     mod = native_module("decode_layers")
     if mod is None:
@@ -108,37 +112,40 @@ def build_decode_layers(model: Any) -> DecodeLayers | None:
     first = layers[0]
     attn = first.self_attn
     program = mod.DecodeLayers(attn.num_heads, attn.num_kv_heads, attn.head_dim, first.mlp.intermediate_size,
-                               float(first.input_layernorm.eps), float(attn.attn.scale))
+                               float(first.post_attention_layernorm.eps), float(attn.attn.scale))
     max_rows = 1 << 30
-    for layer in layers:
-        specs = _layer_specs(mod, layer)
+    for i, layer in enumerate(layers):
+        specs = _layer_specs(mod, layer, normed_input and i == 0)
         if specs is None:
             return None
         linears, rows = specs
         max_rows = min(max_rows, rows)
+        in_norm = getattr(layer.input_layernorm, "weight", None)
         try:
-            program.add_layer(layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach(),
-                              layer.self_attn.attn.kv_cache, *linears)
+            program.add_layer(_NO_RESIDUAL if in_norm is None else in_norm.detach(),
+                              layer.post_attention_layernorm.weight.detach(), layer.self_attn.attn.kv_cache, *linears)
         except RuntimeError as e:  # a layout the program refuses (its checks name it): the Python layers run
             log.info("fused decode step not used: %s", str(e).splitlines()[0])
             return None
     if bf16_gemm_is_emulated():  # as the Python layers: past small_m_rows(), the kernel on chunks of them
         program.set_dense_chunk_rows(small_m_rows())
-    cos_sin = attn.rotary_emb.cos_sin(first.input_layernorm.weight.device, torch.bfloat16)
+    cos_sin = attn.rotary_emb.cos_sin(first.post_attention_layernorm.weight.device, torch.bfloat16)
     return DecodeLayers(program, max_rows, layers, cos_sin)
 
 
-def _layer_specs(mod: Any, layer: Any) -> tuple[list[Any], int] | None:
-    """The layer's four linears as the program's Linear specs and the most rows they take, or None."""
+def _layer_specs(mod: Any, layer: Any, normed_input: bool = False) -> tuple[list[Any], int] | None:
+    """The layer's four linears as the program's Linear specs and the most rows they take, or None.
+    ``normed_input``: the program skips this layer's input norm, which may then be the identity."""
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
     if attn is None or mlp is None or type(layer).__name__ != "LlamaDecoderLayer":
         return None
+    in_norm = type(layer.input_layernorm).__name__
     if (getattr(attn, "qkv_proj", None) is None or getattr(mlp, "gate_up_proj", None) is None
             or attn.q_norm is not None or attn.attn.sliding_window is not None or attn.attn.kv_cache is None
             or attn.attn.backend.name != "sdpa" or mlp.act != "silu" or _has_hooks(layer)
             or attn.attn.kv_cache.dtype != torch.bfloat16 or not attn.attn.kv_cache.is_cpu
-            or layer.input_layernorm.weight.dtype != torch.bfloat16
-            or type(layer.input_layernorm).__name__ != "RMSNorm"
+            or layer.post_attention_layernorm.weight.dtype != torch.bfloat16
+            or not (in_norm == "RMSNorm" or (normed_input and in_norm == "Identity"))
             or type(layer.post_attention_layernorm).__name__ != "RMSNorm"):
         return None
     specs, rows = [], 1 << 30

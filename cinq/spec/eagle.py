@@ -126,7 +126,7 @@ class EagleHead(HeadLayer):
             embeds = self.embedding_layernorm(embeds)
             feature = self.hidden_states_layernorm(feature)
         x = self.fc(torch.cat([embeds.to(feature.dtype), feature], dim=-1))
-        hidden, residual = self.layers[0](positions, x, None, meta)
+        hidden, residual = self.layer_forward(positions, x, x, meta)  # its input norm is the identity
         if self.norm is None:
             out = hidden + residual
             return out, out

@@ -108,9 +108,8 @@ class Eagle3Head(HeadLayer):
         embeds = layer.input_layernorm(self.embed(token_ids).to(feature.dtype))
         normed_feature = layer.hidden_norm(feature)
         residual = normed_feature if self.norm_before_residual else feature
-        hidden = layer.self_attn(positions, torch.cat([embeds, normed_feature], dim=-1), meta)
-        hidden, residual = layer.post_attention_layernorm(hidden, residual)
-        normed, prenorm = self.norm(layer.mlp(hidden), residual)
+        hidden, residual = self.layer_forward(positions, torch.cat([embeds, normed_feature], dim=-1), residual, meta)
+        normed, prenorm = self.norm(hidden, residual)
         return prenorm, normed
 
     def draft_logits(self, normed: torch.Tensor) -> torch.Tensor:

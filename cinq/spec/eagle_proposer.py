@@ -22,7 +22,7 @@ from cinq.spec.eagle import EagleHead
 from cinq.spec.proposer import DraftSampling, PagedKVProposer, Proposals, StepView, draft_chains
 from cinq.spec.eagle_tree import TreeRoots, dynamic_tree, static_tree
 from cinq.spec.tree import TreeShape
-from cinq.step.batch_inputs import TreeGroup, build_batch
+from cinq.step.batch_inputs import RAGGED_MAX_ROWS, TreeGroup, build_batch
 from cinq.step.scheduler_output import ScheduledSeq
 
 
@@ -103,8 +103,11 @@ class EagleProposer(PagedKVProposer):
             if m <= 0:
                 continue
             hist = history[s.request_id]
+            # every row counted as a logit row, up to the ragged kernels' limit: the catch-up is then a decode-like
+            # batch, whose attention reads the pages in place (the head's fused layer, cinq/spec/eagle3.py) rather
+            # than a prefill chunk's gathered context; the head reads its last row only either way
             rows_in.append(ScheduledSeq(s.request_id, hist[first + 1:first + 1 + m], first, s.block_ids,
-                                        1 if s.request_id in want else 0))
+                                        m if m <= RAGGED_MAX_ROWS else 1))
             feats.append(feat[:m])
             ids.append(s.request_id)
         if not rows_in:

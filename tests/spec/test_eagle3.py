@@ -182,3 +182,108 @@ def test_training_time_test_unrolls_the_vllm_layout() -> None:
     loss = sum(head.draft_logits(n).logsumexp(-1).mean() for _, n in steps)
     loss.backward()
     assert head.fc.weight.grad is not None and head.lm_head.weight.grad is not None
+
+
+
+def _head_calls(tiny_llama, folder, method: str, monkeypatch: pytest.MonkeyPatch, fused: bool) -> tuple[list, object]:
+    """Every call of the head in a bf16 engine (3 greedy requests, k = 3, prompt lookup first): its inputs' row
+    count, decode-like sequences and outputs."""
+    from cinq import LLM, SamplingParams
+    from cinq.model import decode_layers
+    monkeypatch.setenv(decode_layers.ENV, "1" if fused else "0")
+    llm = LLM(str(tiny_llama), dtype="bfloat16", max_num_seqs=3, num_kv_blocks=64, seed=0,
+              speculative_config={"method": method, "model": str(folder), "num_speculative_tokens": 3,
+                                  "prompt_lookup_max": 3})
+    head = llm.engine.executor.proposer.head
+    calls, real = [], head.forward
+
+    def forward(token_ids, feature, positions, meta):  # noqa: ANN001, ANN202
+        out = real(token_ids, feature, positions, meta)
+        calls.append((token_ids.shape[0], meta.num_decodes if meta is not None else -1, *out))
+        return out
+
+    head.forward = forward
+    prompts = [list(range(5 + 7 * i, 12 + 10 * i)) for i in range(3)]
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    return calls, head
+
+
+@pytest.mark.parametrize("layout", ["vllm-eagle3", "eagle3", "eagle"])
+def test_the_heads_fused_layer_is_bit_identical_to_its_python_layer(tiny_llama, tmp_path, monkeypatch,
+                                                                    layout: str) -> None:
+    # In bf16 on the CPU a head's decoder layer runs as the fused decode program (cinq/model/decode_layers.py,
+    # its first input norm skipped: the head norms and concatenates its inputs itself). Its outputs must equal
+    # the Python layer's to the bit in every call: one-row draft steps, and catch-ups over the positions the
+    # target kept, several rows each, ragged when requests accepted different numbers of drafts (decode-like
+    # batches, so those take the program too).
+    from cinq.kernels.cpu_native import native_module
+    from cinq.model.loader import load_model
+    from cinq.spec.eagle import new_eagle_head
+    if native_module("decode_layers") is None:
+        pytest.skip("no native CPU kernels here")
+    torch.manual_seed(0)
+    target = load_model(tiny_llama, torch.float32)
+    if layout == "vllm-eagle3":
+        head = new_eagle3_head(target, torch.arange(0, target.config.vocab_size, 2), seed=1)
+    else:
+        head = new_eagle_head(target, layout, seed=1)
+    with torch.no_grad():  # confident guesses: some drafts are accepted, so catch-ups have several rows
+        for p in head.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.3)
+    folder = save_eagle_head(head, tmp_path / "head")
+    method = "eagle" if layout == "eagle" else "eagle3"
+    eager, eager_head = _head_calls(tiny_llama, folder, method, monkeypatch, fused=False)
+    fused, fused_head = _head_calls(tiny_llama, folder, method, monkeypatch, fused=True)
+    assert eager_head.decode_layer() is None
+    program = fused_head.decode_layer()
+    assert program is not None
+    assert len(fused) == len(eager)
+    for (rows, nd, prenorm, normed), (rows_e, nd_e, prenorm_e, normed_e) in zip(fused, eager):
+        assert (rows, nd) == (rows_e, nd_e)
+        assert torch.equal(prenorm, prenorm_e) and torch.equal(normed, normed_e)
+    # the program ran every head call within its rows; the catch-up over the prompts (more rows) ran the Python
+    # layer
+    assert program.steps == sum(rows <= program.max_rows for rows, *_ in fused) < len(fused)
+
+
+def test_the_heads_fused_layer_takes_ragged_catch_ups_bit_identically(tiny_llama) -> None:
+    # A catch-up covers each request's positions since its last draft: rows per request differ (ragged) or agree
+    # (several rows each). Both are decode-like batches the program takes; same bits as the Python layer, on the
+    # same KV pages (a few of the engine test's random drafts are accepted, so it sees few such steps).
+    from cinq.kernels.cpu_native import native_module
+    from cinq.model.loader import load_model
+    from cinq.spec.proposer import bind_paged_kv
+    from cinq.step.batch_inputs import build_batch
+    from cinq.step.scheduler_output import ScheduledSeq
+    if native_module("decode_layers") is None:
+        pytest.skip("no native CPU kernels here")
+    torch.manual_seed(0)
+    target = load_model(tiny_llama, torch.float32)
+    head = new_eagle3_head(target, torch.arange(0, target.config.vocab_size, 2), seed=1).to(torch.bfloat16).eval()
+    cfg = head.config
+    bind_paged_kv(head.attention_layers(), cfg.num_key_value_heads, cfg.head_dim, 8, 16, torch.bfloat16,
+                  torch.device("cpu"))
+    gen = torch.Generator().manual_seed(0)
+
+    def step(rows: list[int], start: int, decode_like: bool) -> tuple[object, tuple[torch.Tensor, ...]]:
+        seqs = [ScheduledSeq(f"r{i}", torch.randint(0, 97, (n,), generator=gen).tolist(), start, [i],
+                             n if decode_like else 1) for i, n in enumerate(rows)]
+        batch = build_batch(seqs, 16, [7], torch.device("cpu"))
+        feature = torch.randn(batch.input_ids.shape[0], cfg.hidden_size, generator=gen).to(torch.bfloat16)
+        with torch.inference_mode():
+            head._decode_layers = False  # built at the next call: the program
+            fused = head(batch.input_ids, feature, batch.positions, batch.meta)
+            program = head._decode_layers
+            head._decode_layers = None  # the Python layer
+            eager = head(batch.input_ids, feature, batch.positions, batch.meta)
+        for a, b in zip(fused, eager):
+            assert torch.equal(a, b)
+        return program, batch.meta
+
+    step([8, 8, 8], 0, decode_like=False)  # the prompts' KV (a prefill batch: the Python layer both times)
+    program, meta = step([3, 1, 2], 8, decode_like=True)
+    assert meta.ragged_decodes and program.steps == program.ragged_steps == 1 and program.most_rows == 6
+    program, meta = step([2, 2, 2], 11, decode_like=True)
+    assert meta.num_decodes == 3 and meta.decode_query_len == 2 and program.steps == 1
+    assert program.ragged_steps == 0

@@ -6,7 +6,7 @@
 // Python-level calls per layer at 5-15 us each on this 2-core CPU, 30 layers). Here a layer costs the kernels plus
 // one dispatcher hop per op (well under a microsecond). The program is built once per model (the layers' kernel
 // tensors and KV caches held by reference) and run per step; anything it does not cover (prefill rows, other
-// linears, hidden-state capture, sliding windows, ...) stays on the Python path (cinq/model/decode_program.py).
+// linears, sliding windows, ...) stays on the Python path (cinq/model/decode_layers.py).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -221,15 +221,19 @@ class DecodeLayers {
   // [M], slot mapping [M], block tables [nd, max_blocks] int32, seq lens [nd] int32, query rows per sequence and
   // tree mask (empty: causal among a sequence's new rows), or, when rows are ragged (requests verifying different
   // numbers of drafts), query_start_loc int32 [nd + 1] (empty: ql rows each). Returns (hidden, residual) after the
-  // last layer and, with `capture`, every layer's input.
+  // last layer and, with `capture`, every layer's input. `prenormed`: `hidden` is the first layer's normed input
+  // already, of the width its qkv projection takes, and `residual` its residual (an EAGLE-3 head's layer attends
+  // over [normed embedding, normed feature], 2H wide, with the feature as the residual); its in_norm is not used.
   Result run(at::Tensor hidden, at::Tensor residual, const at::Tensor& positions, const at::Tensor& cos_sin,
              const at::Tensor& slot_mapping, const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t ql,
-             const at::Tensor& tree, bool capture, const at::Tensor& query_start_loc) {
+             const at::Tensor& tree, bool capture, const at::Tensor& query_start_loc, bool prenormed) {
+    TORCH_CHECK(!prenormed || (!capture && residual.dim() == 2 && residual.size(0) == hidden.size(0)),
+                "decode_layers: a prenormed input needs its residual [M, H] and no capture");
     const Rows rows{ql, query_start_loc};
     const int threads = std::min<int>(at::get_num_threads(), kMaxTeam);
     auto layers = [&](Team* team) {
       return run_layers(hidden, residual, positions, cos_sin, slot_mapping, block_tables, seq_lens, rows, tree,
-                        capture, team);
+                        capture, prenormed, team);
     };
     if (threads <= 1 || at::in_parallel_region()) return layers(nullptr);
     Team team(threads);
@@ -258,7 +262,7 @@ class DecodeLayers {
  private:
   Result run_layers(at::Tensor hidden, at::Tensor residual, const at::Tensor& positions, const at::Tensor& cos_sin,
                     const at::Tensor& slot_mapping, const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                    const Rows& rows, const at::Tensor& tree, bool capture, Team* team) {
+                    const Rows& rows, const at::Tensor& tree, bool capture, bool prenormed, Team* team) {
     const int64_t m = hidden.size(0), q_size = hq_ * d_, kv_size = hkv_ * d_;
     int64_t cached = 0;  // tokens every layer's attention reads, over all sequences
     for (int64_t s = 0; s < seq_lens.size(0); ++s) cached += seq_lens.data_ptr<int32_t>()[s];
@@ -277,7 +281,9 @@ class DecodeLayers {
       if (capture)  // each layer's input, as the Python stack's output_hidden_states (EAGLE-3's features)
         states.push_back(residual.numel() == 0 ? hidden : hidden + residual);
       at::Tensor h;
-      if (residual.numel() == 0) {  // the first layer: the embeddings are the residual
+      if (prenormed && &layer == &layers_.front()) {
+        h = hidden;
+      } else if (residual.numel() == 0) {  // the first layer: the embeddings are the residual
         residual = hidden;
         h = std::get<0>(rms_norm_.call(hidden, empty_, layer.in_norm, eps_));
       } else {
@@ -421,7 +427,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("num_layers", &DecodeLayers::num_layers)
       .def("split_calls", &DecodeLayers::split_calls)
       .def("split_attention_calls", &DecodeLayers::split_attention_calls)
-      .def("run", &DecodeLayers::run);
+      .def("run", &DecodeLayers::run, py::arg("hidden"), py::arg("residual"), py::arg("positions"), py::arg("cos_sin"),
+           py::arg("slot_mapping"), py::arg("block_tables"), py::arg("seq_lens"), py::arg("ql"), py::arg("tree"),
+           py::arg("capture"), py::arg("query_start_loc"), py::arg("prenormed") = false);
   m.attr("DENSE") = static_cast<int64_t>(kDense);
   m.attr("INT4_I8") = static_cast<int64_t>(kInt4I8);
   m.attr("INT8_I8") = static_cast<int64_t>(kInt8I8);
