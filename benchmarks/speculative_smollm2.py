@@ -90,6 +90,9 @@ def methods(workload: str, head: str | None, trees: bool = False) -> dict[str, d
         lookup = {key: ngram(4)[key] for key in ("prompt_lookup_max", "prompt_lookup_min")}
         out["eagle3+lookup k=3"] = {**out["eagle3 k=3"], **lookup}
         out["eagle3+lookup adaptive k<=4"] = {**out["eagle3 adaptive k<=4"], **lookup}
+        # speculation configured but off at every batch size: what adaptive k's plain arm costs over plain
+        # decoding (the target's three feature layers kept each step for the head's next catch-up)
+        out["eagle3 off (k=0)"] = {**out["eagle3 k=3"], "num_speculative_tokens_per_batch_size": [[1, 1024, 0]]}
     return out
 
 
