@@ -185,15 +185,18 @@ def test_training_time_test_unrolls_the_vllm_layout() -> None:
 
 
 
-def _head_calls(tiny_llama, folder, method: str, monkeypatch: pytest.MonkeyPatch, fused: bool) -> tuple[list, object]:
-    """Every call of the head in a bf16 engine (3 greedy requests, k = 3, prompt lookup first): its inputs' row
-    count, decode-like sequences and outputs."""
+def _head_calls(tiny_llama, folder, method: str, monkeypatch: pytest.MonkeyPatch, fused: bool,
+                tree: bool = False) -> tuple[list, object]:
+    """Every call of the head in a bf16 engine (3 greedy requests, k = 3, prompt lookup first; or EAGLE-2's
+    dynamic tree, whose levels attend with tree masks): its inputs' row count, decode-like sequences and
+    outputs."""
     from cinq import LLM, SamplingParams
     from cinq.model import decode_layers
     monkeypatch.setenv(decode_layers.ENV, "1" if fused else "0")
+    drafting = {"tree_topk": 2, "tree_depth": 3} if tree else {"prompt_lookup_max": 3}
     llm = LLM(str(tiny_llama), dtype="bfloat16", max_num_seqs=3, num_kv_blocks=64, seed=0,
               speculative_config={"method": method, "model": str(folder), "num_speculative_tokens": 3,
-                                  "prompt_lookup_max": 3})
+                                  **drafting})
     head = llm.engine.executor.proposer.head
     calls, real = [], head.forward
 
@@ -208,9 +211,10 @@ def _head_calls(tiny_llama, folder, method: str, monkeypatch: pytest.MonkeyPatch
     return calls, head
 
 
-@pytest.mark.parametrize("layout", ["vllm-eagle3", "eagle3", "eagle"])
+@pytest.mark.parametrize("layout, tree", [("vllm-eagle3", False), ("eagle3", False), ("eagle", False),
+                                          ("vllm-eagle3", True)])
 def test_the_heads_fused_layer_is_bit_identical_to_its_python_layer(tiny_llama, tmp_path, monkeypatch,
-                                                                    layout: str) -> None:
+                                                                    layout: str, tree: bool) -> None:
     # In bf16 on the CPU a head's decoder layer runs as the fused decode program (cinq/model/decode_layers.py,
     # its first input norm skipped: the head norms and concatenates its inputs itself). Its outputs must equal
     # the Python layer's to the bit in every call: one-row draft steps, and catch-ups over the positions the
@@ -233,8 +237,8 @@ def test_the_heads_fused_layer_is_bit_identical_to_its_python_layer(tiny_llama, 
                 p.normal_(0, 0.3)
     folder = save_eagle_head(head, tmp_path / "head")
     method = "eagle" if layout == "eagle" else "eagle3"
-    eager, eager_head = _head_calls(tiny_llama, folder, method, monkeypatch, fused=False)
-    fused, fused_head = _head_calls(tiny_llama, folder, method, monkeypatch, fused=True)
+    eager, eager_head = _head_calls(tiny_llama, folder, method, monkeypatch, fused=False, tree=tree)
+    fused, fused_head = _head_calls(tiny_llama, folder, method, monkeypatch, fused=True, tree=tree)
     assert eager_head.decode_layer() is None
     program = fused_head.decode_layer()
     assert program is not None
