@@ -82,7 +82,13 @@ def methods(workload: str, head: str | None, trees: bool = False) -> dict[str, d
                                                  "speculative_token_tree": STATIC_TREE},
                 "eagle3 dynamic tree (top-2, depth 3, 4 nodes)": {**e3, "num_speculative_tokens": 4, **DYNAMIC_TREE}}
     if workload == "copy":
-        return {**{f"ngram k={k}": ngram(k) for k in (2, 4, 6, 8)}, "ngram adaptive k<=8": ngram(8, True)}
+        out = {**{f"ngram k={k}": ngram(k) for k in (2, 4, 6, 8)}, "ngram adaptive k<=8": ngram(8, True)}
+        if head:  # prompt lookup first: the copy's n-gram drafts where the answer repeats the prompt, the head's
+            lookup = {key: ngram(4)[key] for key in ("prompt_lookup_max", "prompt_lookup_min")}
+            out["eagle3+lookup k=4"] = {"method": "eagle3", "model": head, "num_speculative_tokens": 4, **lookup}
+            out["eagle3+lookup adaptive k<=8"] = {"method": "eagle3", "model": head, "num_speculative_tokens": 8,
+                                                  "adaptive": True, **lookup}
+        return out
     out = {"ngram k=4": ngram(4), "ngram adaptive k<=4": ngram(4, True)}
     if head:
         out["eagle3 k=3"] = {"method": "eagle3", "model": head, "num_speculative_tokens": 3}
