@@ -77,15 +77,19 @@ SCRIPTS = {
     "serving_smollm2": "scripts/bench_real_model.sh serve", "speculative_smollm2": "benchmarks/speculative_smollm2.py",
     "speculative_smollm2_copy": "benchmarks/speculative_smollm2.py --workload copy",
     "speculative_smollm2_bf16": "benchmarks/speculative_smollm2.py --weights bf16",
-    "speculative_smollm2_bf16_b1": "benchmarks/speculative_smollm2.py --weights bf16 --batch-sizes 1 --rounds 5 "
-                                   "--sample-batches '' --no-languages",
-    "speculative_smollm2_bf16_batches": "benchmarks/speculative_smollm2.py --weights bf16 --batch-sizes 4,8,16,32 "
-                                        "--rounds 3 --sample-batches '' --no-languages",
+    "speculative_smollm2_bf16_b1": "benchmarks/speculative_smollm2.py --weights bf16 --head "
+                                   "smollm2-135m-instruct-eagle3 --batch-sizes 1 --rounds 5 --sample-batches '' "
+                                   "--no-languages",
+    "speculative_smollm2_bf16_batches": "benchmarks/speculative_smollm2.py --weights bf16 --head "
+                                        "smollm2-135m-instruct-eagle3 --batch-sizes 4,8,16,32 --rounds 3 "
+                                        "--sample-batches '' --no-languages",
     "speculative_smollm2_copy_bf16": "benchmarks/speculative_smollm2.py --workload copy --weights bf16",
     "speculative_smollm2_trees_bf16": "benchmarks/speculative_smollm2.py --weights bf16 --trees",
-    "speculative_smollm2_bf16_languages": "benchmarks/speculative_smollm2.py --weights bf16 --batch-sizes 1 "
-                                          "--sample-batches '' --rounds 1",
-    "speculative_smollm2_copy_bf16_eos": "benchmarks/speculative_smollm2.py --workload copy --weights bf16 --stop-at-eos",
+    "speculative_smollm2_bf16_languages": "benchmarks/speculative_smollm2.py --weights bf16 --head "
+                                          "smollm2-135m-instruct-eagle3 --batch-sizes 1 --sample-batches '' --rounds 1",
+    "speculative_smollm2_copy_bf16_eos": "benchmarks/speculative_smollm2.py --workload copy --weights bf16 "
+                                         "--stop-at-eos --head smollm2-135m-instruct-eagle3 --batch-sizes 1,4 "
+                                         "--rounds 3",
     "speculative_smollm2_copy_eos": "benchmarks/speculative_smollm2.py --workload copy --stop-at-eos",
     "speculative_smollm2_greedy": "benchmarks/speculative_smollm2.py --no-languages --sample-batches ''",
     "speculative_draft_vocab": "benchmarks/speculative_draft_vocab.py",
@@ -405,8 +409,9 @@ HEADLINES = [
     Headline("quantization quality, SmolLM2 (NF4 / FP8 / int4 / int8 rows)", "quant_study_float_codes",
              "dense bf16 from the same file"),
     Headline("OpenAI server, rate = inf, SmolLM2", "serving_smollm2", "the offline engine, same run"),
-    Headline("speculative decoding on a copy workload (code edits, extractions; SmolLM2 on bf16 weights, n-gram, each "
-             "answer to its end of text)", "speculative_smollm2_copy_bf16_eos", "plain decoding, same run"),
+    Headline("speculative decoding on a copy workload (code edits, extractions; SmolLM2 on bf16 weights, n-gram and "
+             "EAGLE-3 with prompt lookup first, each answer to its end of text)", "speculative_smollm2_copy_bf16_eos",
+             "plain decoding, same run"),
     Headline("structured outputs (xgrammar), 60 schemas", "structured_outputs", "unconstrained requests, same engine"),
     Headline("server under soak / overload / disconnects", "reliability", "RSS bound +15%"),
     Headline("the CUDA path on one H200", "gpu", "HF generate on the same GPU"),
