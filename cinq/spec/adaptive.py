@@ -29,8 +29,15 @@ Arms are re-tried now and then (one every ``explore_every`` choices, the one mos
 neighbours, and arms that could still win) so that a change in acceptance or load is noticed; an arm that lost
 its re-try waits twice as long for the next one (up to ``2 ** max_backoff`` times), and an arm far behind the
 best waits (best rate / its rate)^2 times longer still (at most 16x), so a method that does not pay costs little
-more than plain decoding. A step time above twice the arm's estimate (the OS took the core)
-counts as twice the estimate: one preempted step must not turn an arm off.
+more than plain decoding. Plain decoding itself is re-tried every ``explore_every`` choices whenever it is not
+the best (halfway between the others' re-tries, without backoff), and measured over ``PLAIN_STEPS`` steps before
+a bucket's first draft arm: every arm is
+judged against it, so a mispriced plain arm is the costly error (one slow measured step held it at ~2x its cost
+while a losing arm ran for hundreds of steps, each re-try of plain backing off further), and a re-try of it costs
+at most what speculation was gaining. A step time above ``OUTLIER`` times the arm's estimate (the OS took the
+core) counts as that much: on this shared 2-core machine ~5% of steps take 1.5-3x, and plain decoding, the arm
+updated most often, read dearer than it is after each (simulated at batch 4 with EAGLE-3's measured costs: 15% of
+steps at a losing k and 0.94x of plain with the old rules, 2% and 0.99x with these).
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ import numpy as np
 
 PRUNE_PRIOR = 2  # offers counted as accepted when judging whether an untried arm could win
 MAX_LAG = 16.0  # the most a re-try's wait stretches for an arm far behind the best (see AdaptiveK._lag)
+PLAIN_STEPS = 4  # counted plain steps in a bucket before its first draft arm is tried (see AdaptiveK._untried)
+OUTLIER = 1.25  # a step's time counts as at most this times its arm's estimate (see AdaptiveK.observe)
 
 
 def batch_bucket(batch_size: int) -> int:
@@ -100,10 +109,15 @@ class AdaptiveK:
         k = self._untried(batch_size, top)
         if k is None:
             best = self._best(batch_size, top)
-            if self._probe is not None:  # the last re-try is measured now: did it win?
-                self.losses[self._probe] = 0 if best == self._probe else self.losses[self._probe] + 1
+            if self._probe is not None:  # the last re-try is measured now: did it win? (plain never backs off)
+                self.losses[self._probe] = 0 if best == self._probe or self._probe == 0 else \
+                    self.losses[self._probe] + 1
                 self._probe = None
-            k = self._overdue(batch_size, best, top) if self.num_choices % self.explore_every == 0 else None
+            phase = self.num_choices % self.explore_every
+            if phase == 0:
+                k = self._overdue(batch_size, best, top)
+            else:  # plain decoding's own re-try, halfway between the others' (so it never takes their turn)
+                k = 0 if best != 0 and phase == self.explore_every // 2 else None
             if k is None:
                 k = best
             else:
@@ -117,6 +131,8 @@ class AdaptiveK:
         if self.cost_model() is not None:
             return None
         bucket = batch_bucket(batch_size)
+        if self.step_count.get((bucket, 0), 0) < PLAIN_STEPS:
+            return 0
         best_rate = max((self.expected_tokens(k) / s for (b, k), s in self.step_seconds.items()
                          if b == bucket and k <= top), default=0.0)
         return next((k for k in range(top + 1) if (bucket, k) not in self.step_seconds
@@ -161,8 +177,8 @@ class AdaptiveK:
         MAX_LAG. A close second is re-tried about as often as the backoff says; an arm far behind (EAGLE-3 on
         SmolLM2's Q4_1 file at ~0.4x of plain, whose re-try also pays the head's catch-up over every position it
         skipped) rarely, since its acceptance would have to more than double before it could win."""
-        if (batch_bucket(batch_size), k) not in self.step_seconds and self.cost_model() is None:
-            return 1.0  # neither measured nor priced: no rate to judge by
+        if k == 0 or ((batch_bucket(batch_size), k) not in self.step_seconds and self.cost_model() is None):
+            return 1.0  # plain decoding (the yardstick), or neither measured nor priced: no rate to judge by
         rate = self.expected_tokens(k) / self.cost(batch_size, k)
         return min(MAX_LAG, max(1.0, (best_rate / rate) ** 2)) if rate > 0 else MAX_LAG
 
@@ -207,8 +223,8 @@ class AdaptiveK:
             self.warmed.add(key)
             return
         old = self.step_seconds.get(key)
-        if old is not None:  # a step the OS took the core from counts as twice the estimate at most
-            seconds = min(seconds, 2 * old)
+        if old is not None:  # a step the OS took the core from counts as OUTLIER times the estimate at most
+            seconds = min(seconds, OUTLIER * old)
         # The mean of an arm's first 1 / ema steps, then the EMA: with the EMA from the first step on, one slow
         # first step (a page fault, a descheduled core) held an arm that runs rarely (a re-try every few hundred
         # steps) at up to 2x its cost for many re-tries, each moving it by only ema of the gap.
