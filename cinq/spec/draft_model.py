@@ -90,16 +90,16 @@ class DraftModelProposer(PagedKVProposer):
         self._drafted = {rid: k - 1 for rid, k in want.items()}
         if not want:  # speculation is off this step: the draft catches up when it is next needed
             return out
-        catch_up = []
+        catch_up, prompt_rows = [], []
         for s in seqs:
             if s.request_id in want:
-                d = self.valid[s.request_id]
-                catch_up.append(ScheduledSeq(s.request_id, history[s.request_id][d:s.start_pos] + s.token_ids, d,
-                                             s.block_ids, 1))
+                d, hist = self.valid[s.request_id], history[s.request_id]
+                catch_up.append(ScheduledSeq(s.request_id, hist[d:s.start_pos] + s.token_ids, d, s.block_ids, 1))
+                prompt_rows.append(max(0, min(s.start_pos + len(s.token_ids), len(hist) - s.num_output_tokens) - d))
         batch = build_batch(catch_up, self.block_size, self.pad_block_ids, self.device)
         hidden, out.catch_up_s = self.catch_up(lambda: self.model(batch.input_ids, batch.positions, batch.meta),
                                                [len(s.token_ids) for s in catch_up],
-                                               [want[s.request_id] for s in catch_up])
+                                               [want[s.request_id] for s in catch_up], prompt_rows)
         live = list(zip(batch.seqs, batch.last_rows()))
         by_id = {s.request_id: s for s in seqs}
         positions = {s.request_id: s.start_pos + len(s.token_ids) for s, _ in live}  # where the next draft goes

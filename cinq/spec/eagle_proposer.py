@@ -90,7 +90,7 @@ class EagleProposer(PagedKVProposer):
         out = Proposals()
         if not want:  # speculation is off this step: the features wait (off costs no head forward)
             return out
-        rows_in, feats, ids = [], [], []
+        rows_in, feats, ids, prompt_rows = [], [], [], []
         for s in seqs:
             if s.request_id not in want:
                 continue
@@ -110,6 +110,8 @@ class EagleProposer(PagedKVProposer):
                                         m if m <= RAGGED_MAX_ROWS else 1))
             feats.append(feat[:m])
             ids.append(s.request_id)
+            # positions up to the prompt's last token (its state, committed by the prefill) are prompt rows
+            prompt_rows.append(max(0, min(first + m, len(hist) - s.num_output_tokens) - first))
         if not rows_in:
             return self._fallback(seqs, want, history, out)
         batch = build_batch(rows_in, self.block_size, self.pad_block_ids, self.device)
@@ -118,7 +120,7 @@ class EagleProposer(PagedKVProposer):
                             batch.input_ids.shape[0])
         (next_feat, normed), out.catch_up_s = self.catch_up(
             lambda: self.head(batch.input_ids, feature, batch.positions, batch.meta),
-            [len(s.token_ids) for s in rows_in], [want[s.request_id] for s in rows_in])
+            [len(s.token_ids) for s in rows_in], [want[s.request_id] for s in rows_in], prompt_rows)
         live = [(s, row) for s, row in zip(batch.seqs, batch.last_rows()) if s.request_id in want]
         block_ids = {s.request_id: s.block_ids for s in seqs}
         n_tree = self.tree_nodes or -1

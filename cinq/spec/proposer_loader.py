@@ -30,6 +30,14 @@ def load_proposer(spec: SpeculativeConfig | None, target_path: str | Path, targe
                   dtype: torch.dtype, device: torch.device, attention_backend: str, seed: int) -> Proposer | None:
     """The proposer that runs in the model runner for ``spec`` (None: no speculation, or n-gram, which the
     scheduler drafts itself)."""
+    proposer = _load(spec, target_path, target, dtype, device, attention_backend, seed)
+    if proposer is not None and hasattr(proposer, "charge_gaps"):  # see PagedKVProposer.charge_gaps
+        proposer.charge_gaps = spec.lookup_first  # type: ignore[union-attr]
+    return proposer
+
+
+def _load(spec: SpeculativeConfig | None, target_path: str | Path, target: LlamaForCausalLM, dtype: torch.dtype,
+          device: torch.device, attention_backend: str, seed: int) -> Proposer | None:
     if spec is None or spec.method == "ngram":
         return None
     if spec.method in ("eagle", "eagle3", "medusa"):  # heads are built for the target's family

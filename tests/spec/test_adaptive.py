@@ -192,3 +192,13 @@ def test_one_slow_first_step_does_not_hold_an_arm_dear() -> None:
     for _ in range(50):  # then the EMA: a lasting change in cost is followed
         adaptive.observe(1, 0, 1.5, [0], [0])
     assert adaptive.step_seconds[(1, 0)] == pytest.approx(1.5, rel=0.01)
+
+
+def test_with_prompt_lookup_first_only_prompt_rows_are_left_out_of_an_arms_cost() -> None:
+    """A catch-up's rows past drafts + 1 were committed without the proposer: with speculation off (a one-time
+    price, left out) or, with prompt lookup first, by lookup-drafted steps (the arm's own steady cost: charged).
+    The prompt's rows are left out either way."""
+    from cinq.spec.proposer import stale_rows
+    rows, drafts, prompt = [10, 6, 2], [2, 3, 1], [7, 0, 0]  # past drafts + 1: 7, 2, 0
+    assert stale_rows(rows, drafts, prompt, charge_gaps=False) == 9
+    assert stale_rows(rows, drafts, prompt, charge_gaps=True) == 7
