@@ -40,8 +40,10 @@ class DecodeLayers:
     """A built program for one decoder stack: ``run(hidden, positions, meta)`` -> (hidden, residual) when the step
     qualifies, else None (the caller runs its Python layers)."""
 
-    def __init__(self, program: Any, max_rows: int, layers: list[Any], cos_sin: torch.Tensor) -> None:
+    def __init__(self, program: Any, max_rows: int, layers: list[Any], cos_sin: torch.Tensor,
+                 normed_input: bool = False) -> None:
         self.program = program
+        self.normed_input = normed_input  # run only with a residual, its first input norm skipped (a head)
         self.max_rows = max_rows
         self.cos_sin = cos_sin
         self._first_cache = layers[0].self_attn.attn.kv_cache
@@ -60,6 +62,8 @@ class DecodeLayers:
         layers. With ``residual``, ``hidden`` is the first layer's input already normed (an EAGLE-3 head's
         [normed embedding, normed feature]) and ``residual`` its residual: the first input norm is skipped."""
         rows = hidden.shape[0]
+        if self.normed_input != (residual is not None):  # a head's program skips its first norm; a stack's does not
+            return None
         ragged = meta.num_decodes != meta.num_seqs
         if (hidden.dim() != 2 or rows > self.max_rows or hidden.dtype != torch.bfloat16
                 or (ragged and (not meta.ragged_decodes or meta.tree_mask is not None))
@@ -130,7 +134,7 @@ def build_decode_layers(model: Any, normed_input: bool = False) -> DecodeLayers 
     if bf16_gemm_is_emulated():  # as the Python layers: past small_m_rows(), the kernel on chunks of them
         program.set_dense_chunk_rows(small_m_rows())
     cos_sin = attn.rotary_emb.cos_sin(first.post_attention_layernorm.weight.device, torch.bfloat16)
-    return DecodeLayers(program, max_rows, layers, cos_sin)
+    return DecodeLayers(program, max_rows, layers, cos_sin, normed_input)
 
 
 def _layer_specs(mod: Any, layer: Any, normed_input: bool = False) -> tuple[list[Any], int] | None:

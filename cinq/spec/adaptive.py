@@ -36,11 +36,12 @@ judged against it, so a mispriced plain arm is the costly error (one slow measur
 while a losing arm ran for hundreds of steps, each re-try of plain backing off further), and a re-try of it costs
 at most what speculation was gaining. A step time above ``OUTLIER`` (2) times the arm's estimate (the OS took
 the core) counts as that much, and the EMA gives the newest step a tenth: on this shared 2-core machine ~5% of
-steps take 1.5-3x, and plain decoding, the arm updated most often, read dearer than it is after each (simulated at
+steps take 1.5-3x, and plain decoding, the arm updated most often, read dearer than it is after each (an ad hoc
+simulation of the scenario tests/spec/test_adaptive.py's test_slow_steps_do_not_let_a_losing_arm_run bounds, at
 batch 4 with EAGLE-3's measured costs and that jitter: 15% of steps at a losing k and 0.94x of plain with the old
 rules, 3% and 0.99x with these). A tighter clip (1.25x) did as well there but biased arms whose cost is
 genuinely spread (an n-gram step is cheap when few requests matched) low: chosen 3x as often as they should be,
-0.94x in simulation, and ngram adaptive at batch 4 0.87x in the engine.
+0.94x in simulation, and ngram adaptive at batch 4 0.87x in the engine (a draft run, not kept).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from cinq.spec.eagle import load_eagle_head
 from cinq.spec.eagle_proposer import EagleProposer
 from cinq.spec.medusa import load_medusa_heads
 from cinq.spec.medusa_proposer import MedusaProposer
-from cinq.spec.proposer import Proposer
+from cinq.spec.proposer import PagedKVProposer, Proposer
 
 
 def resolve_spec_model(name: str) -> Path:
@@ -31,7 +31,7 @@ def load_proposer(spec: SpeculativeConfig | None, target_path: str | Path, targe
     """The proposer that runs in the model runner for ``spec`` (None: no speculation, or n-gram, which the
     scheduler drafts itself)."""
     proposer = _load(spec, target_path, target, dtype, device, attention_backend, seed)
-    if proposer is not None and hasattr(proposer, "charge_gaps"):  # see PagedKVProposer.charge_gaps
+    if isinstance(proposer, PagedKVProposer):  # see PagedKVProposer.charge_gaps
         proposer.charge_gaps = spec.lookup_first  # type: ignore[union-attr]
     return proposer
 

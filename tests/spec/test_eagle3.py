@@ -288,6 +288,9 @@ def test_the_heads_fused_layer_takes_ragged_catch_ups_bit_identically(tiny_llama
     step([8, 8, 8], 0, decode_like=False)  # the prompts' KV (a prefill batch: the Python layer both times)
     program, meta = step([3, 1, 2], 8, decode_like=True)
     assert meta.ragged_decodes and program.steps == program.ragged_steps == 1 and program.most_rows == 6
+    # a head's program skips its first norm: a call without the residual (a stack's call) is refused
+    x = torch.zeros(6, 2 * cfg.hidden_size, dtype=torch.bfloat16)
+    assert program.run(x, torch.arange(8, 14), meta) is None and program.steps == 1
     program, meta = step([2, 2, 2], 11, decode_like=True)
     assert meta.num_decodes == 3 and meta.decode_query_len == 2 and program.steps == 1
     assert program.ragged_steps == 0

@@ -118,8 +118,8 @@ def test_prompt_lookup_first_keeps_output_and_the_heads_drafts(tiny_llama: Path,
     assert llm.engine.kv.num_free_blocks == llm.engine.num_blocks
     assert len(seen) > 10 and llm.engine.get_stats().spec_decode_num_drafts > len(seen)  # both kinds of steps
     assert_naive_drafts(tiny_llama, heads[method], method, seen)
-    # the gaps lookup steps leave are the arm's own cost, not left out of it (PagedKVProposer.charge_gaps)
-    assert getattr(llm.engine.executor.proposer, "charge_gaps", True)
+    if method != "medusa":  # the gaps lookup steps leave are the arm's own cost (PagedKVProposer.charge_gaps)
+        assert llm.engine.executor.proposer.charge_gaps is True
 
 
 @pytest.mark.parametrize("method", ["eagle", "medusa"])
