@@ -159,10 +159,11 @@ def test_small_m_linear_takes_a_bf16_bias_as_its_float_widening():
 
 
 def test_small_m_linear_declines_what_it_does_not_cover():
-    from cinq.kernels.cpu_native import small_m_linear_native
+    from cinq.kernels.cpu_native import small_m_linear_native, small_m_rows
     w = torch.randn(8, 16).bfloat16()
     with torch.no_grad():
-        assert small_m_linear_native(torch.randn(9, 16).bfloat16(), w, None) is None  # too many rows
+        too_many = torch.randn(small_m_rows() + 1, 16).bfloat16()
+        assert small_m_linear_native(too_many, w, None) is None
         assert small_m_linear_native(torch.randn(1, 16), w.float(), None) is None  # not bf16
     assert small_m_linear_native(torch.randn(1, 16).bfloat16(), w, None) is None  # autograd on
 

@@ -1,4 +1,4 @@
-// y[M, N] = x[M, K] @ w[N, K]^T (+ bias) for a handful of rows M (1-8), bf16 in and out, float32 accumulation.
+// y[M, N] = x[M, K] @ w[N, K]^T (+ bias) for a handful of rows M (1-16), bf16 in and out, float32 accumulation.
 //
 // Why: decoding a few sequences, or verifying a few speculative drafts of one, multiplies a few activation rows by
 // every weight matrix, so the step is a stream over the weights and should run at memory bandwidth whatever M is.
@@ -23,6 +23,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <numeric>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -40,7 +41,12 @@
 
 namespace {
 
-constexpr int kMaxRows = 8;
+constexpr int kMaxRows = 16;
+// The most rows one pass of the vector tiles takes (their accumulators fill the 32 vector registers at 8). A call
+// of more runs them in two passes over each small block of outputs: the first 8 rows' tiles read the block from
+// memory, the rest's read it again from cache. The weight streams from memory once, where calls of 8 rows and the
+// rest (the engine's chunks before) read it twice; and a row's result is what a call of <= 8 rows gives it.
+constexpr int kPassRows = 8;
 // Weight bytes below which one thread does the whole call: waking a sleeping (OMP_WAIT_POLICY=PASSIVE) worker
 // costs more than it saves on a weight this small.
 constexpr int64_t kMinParallelBytes = 256 << 10;
@@ -52,6 +58,8 @@ constexpr int64_t kAmxMinRows = 1;
 // (AVX512-BF16, no AMX), over SmolLM2's decode linears from memory, 8 rows in one call took 23.9 ms against
 // oneDNN's 39.4 on 1 thread and 21.0 against 26.8 on 2 (its 6-row cut-off, from an AMX CPU's comparison with
 // oneDNN's AMX kernels, sent batch-8 decoding to oneDNN and off the fused step: 3x slower per step than batch 4).
+// Past 8 rows, in two passes (2 threads, the same weights): 9 rows 15.9 ms against oneDNN's 27.6, 16 rows 21.5
+// against 32.6 (and against 25.4 / 29.7 as two calls of 8 and the rest).
 // On AVX2 (Zen 3) oneDNN's bf16 path widens on the fly, 2-4x slower at 1-8 rows.
 constexpr int kVectorFastRows = kMaxRows;
 
@@ -320,6 +328,27 @@ void run_avx2(const uint16_t* x, const uint16_t* w, const float* bias, c10::BFlo
 
 #endif  // CINQ_SMALL_M_AVX2 without AVX512-BF16
 
+#if defined(__AVX512BF16__)
+// Blocks [b0, b1) of two_pass_block<MB>() outputs, for kPassRows < MB <= kMaxRows rows: per block, the first
+// kPassRows rows' tiles, then the other rows' tiles on the same outputs (the block still in cache).
+template <int MB>
+constexpr int two_pass_block() {
+  return std::lcm(tile_rows<kPassRows>(), tile_rows<MB - kPassRows>());
+}
+
+template <int MB>
+void two_pass_blocks(const uint16_t* x, const uint16_t* w, const float* bias, uint16_t* y, int64_t K, int64_t N,
+                     int64_t b0, int64_t b1) {
+  constexpr int MR = MB - kPassRows, L = two_pass_block<MB>();
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t n0 = b * L, n1 = std::min<int64_t>(n0 + L, N);
+    for (int64_t n = n0; n < n1; n += tile_rows<kPassRows>()) tile_avx512<kPassRows>(x, w, bias, y, K, N, n);
+    for (int64_t n = n0; n < n1; n += tile_rows<MR>())
+      tile_avx512<MR>(x + kPassRows * K, w, bias, y + kPassRows * N, K, N, n);
+  }
+}
+#endif
+
 // Tiles [t0, t1) of tile_rows<MB>() outputs each, outputs from n_begin on.
 template <int MB>
 void tiles(const uint16_t* x, const uint16_t* w, const float* bias, c10::BFloat16* y, int64_t K, int64_t N,
@@ -355,6 +384,23 @@ void split(int64_t count, int64_t unit_bytes, const F& f) {
 template <int MB>
 void run(const uint16_t* x, const uint16_t* w, const float* bias, c10::BFloat16* y, int64_t K, int64_t N,
          bool amx) {
+  if constexpr (MB > kPassRows) {
+    const int64_t row_bytes = K * static_cast<int64_t>(sizeof(uint16_t));
+#if defined(__AVX512BF16__)
+    if (!amx) {
+      constexpr int L = two_pass_block<MB>();
+      auto* yp = reinterpret_cast<uint16_t*>(y);
+      split((N + L - 1) / L, L * row_bytes,
+            [&](int64_t b0, int64_t b1) { two_pass_blocks<MB>(x, w, bias, yp, K, N, b0, b1); });
+      return;
+    }
+#endif
+    // AMX, AVX2 and the portable loop: two calls, the weight read twice (AMX's tiles take up to 16 rows at once,
+    // but a row's result would then depend on the call's row count)
+    run<kPassRows>(x, w, bias, y, K, N, amx);
+    run<MB - kPassRows>(x + kPassRows * K, w, bias, y + kPassRows * N, K, N, amx);
+    return;
+  } else {
 #if defined(CINQ_SMALL_M_AVX2_PATH)
   run_avx2<MB>(x, w, bias, y, K, N);
   return;
@@ -373,6 +419,7 @@ void run(const uint16_t* x, const uint16_t* w, const float* bias, c10::BFloat16*
 #endif
   split((N - n_begin + NB - 1) / NB, NB * row_bytes,
         [&](int64_t t0, int64_t t1) { tiles<MB>(x, w, bias, y, K, N, n_begin, t0, t1); });
+  }
 }
 
 // The path for M rows: AMX where the CPU has it, the OS allows it and it is faster.
@@ -387,14 +434,14 @@ bool use_amx(int64_t M, int64_t path) {
 
 }  // namespace
 
-// x [M, K] bf16 contiguous (M <= 8), w [N, K] bf16 contiguous, bias [N] float32 / bf16 or empty. Returns [M, N] bf16.
+// x [M, K] bf16 contiguous (M <= kMaxRows), w [N, K] bf16 contiguous, bias [N] float32 / bf16 or empty. Returns [M, N] bf16.
 // path: 0 the fastest for this CPU and M, 1 AVX512-BF16 vector tiles, 2 AMX where available (tests, benchmarks).
 torch::Tensor small_m_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bias, int64_t path) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "small_m_linear: shapes");
   TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && w.scalar_type() == torch::kBFloat16, "small_m_linear: bf16");
   TORCH_CHECK(x.is_contiguous() && w.is_contiguous(), "small_m_linear: contiguous inputs");
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  TORCH_CHECK(M >= 1 && M <= kMaxRows, "small_m_linear: 1 <= M <= 8");
+  TORCH_CHECK(M >= 1 && M <= kMaxRows, "small_m_linear: 1 <= M <= ", kMaxRows);
   const float* b = nullptr;
   std::vector<float> widened;  // a bf16 bias (the model's own dtype) widened here, not cast by the caller per call
   if (bias.numel()) {
@@ -422,7 +469,15 @@ torch::Tensor small_m_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bia
     case 5: run<5>(xp, wp, b, yp, K, N, amx); break;
     case 6: run<6>(xp, wp, b, yp, K, N, amx); break;
     case 7: run<7>(xp, wp, b, yp, K, N, amx); break;
-    default: run<8>(xp, wp, b, yp, K, N, amx); break;
+    case 8: run<8>(xp, wp, b, yp, K, N, amx); break;
+    case 9: run<9>(xp, wp, b, yp, K, N, amx); break;
+    case 10: run<10>(xp, wp, b, yp, K, N, amx); break;
+    case 11: run<11>(xp, wp, b, yp, K, N, amx); break;
+    case 12: run<12>(xp, wp, b, yp, K, N, amx); break;
+    case 13: run<13>(xp, wp, b, yp, K, N, amx); break;
+    case 14: run<14>(xp, wp, b, yp, K, N, amx); break;
+    case 15: run<15>(xp, wp, b, yp, K, N, amx); break;
+    default: run<16>(xp, wp, b, yp, K, N, amx); break;
   }
   return y;
 }
