@@ -7,7 +7,7 @@ groups 32 / 64 / 128 (GGUF Q4_0 / Q4_1, GPTQ / AWQ; cinq/kernels/cpu/grouped_int
 decode linears (merged qkv, o_proj, merged gate_up, down_proj; 30 layers) and its LM head. For each (kernel, shape)
 the weights are allocated 30 times (the layers), or as many times as it takes to pass 4x the last-level cache
 where that is more, and called in turn, so that no call finds its weight in cache; GB/s = weight bytes (codes +
-float32 scales / mins) / time, best of ``--repeats`` passes, at 1 and 2 threads and M = 1, 2, 4, 8 rows. The read
+float32 scales / mins) / time, best of ``--repeats`` passes, at 1 and 2 threads and M = 1, 2, 5, 8 rows (``--rows``). The read
 probe is ``cinq.plan.probe.read_bandwidth`` at the same thread count. Also measured: the cost of one parallel region
 (waking torch's OpenMP workers) under this process's OMP_WAIT_POLICY and, in child processes, under the others,
 and the per-call overhead of the kernel's three ways in: pybind, the C++-registered op, a Python custom op.
@@ -209,7 +209,7 @@ def dispatch_overhead_us() -> dict[str, float]:
     return out
 
 
-def measure(repeats: int, kernels: tuple[str, ...] = KERNELS) -> dict[str, Any]:
+def measure(repeats: int, kernels: tuple[str, ...] = KERNELS, rows: tuple[int, ...] = ROWS) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(0)
     probes: dict[int, float] = {}
     for th in THREADS:
@@ -231,7 +231,7 @@ def measure(repeats: int, kernels: tuple[str, ...] = KERNELS) -> dict[str, Any]:
             weights = [one] + [make_weight(kernel, n, k, group, gen) for _ in range(copies - 1)]
             for th in THREADS:
                 torch.set_num_threads(th)
-                for m in ROWS:
+                for m in rows:
                     x = torch.randn(m, k, generator=gen).bfloat16()
                     with torch.inference_mode():
                         s = best_pass_s(call_for(kernel, group, x), weights, repeats)
@@ -282,16 +282,17 @@ def step_times(data: dict[str, Any]) -> list[str]:
 
 def conclusions(data: dict[str, Any]) -> list[str]:
     """Findings computed from the cells (nothing typed in advance)."""
+    rows = tuple(data.get("rows", ROWS))
     cells = [c for c in data["cells"] if "gb_s" in c]
     out = []
     for kernel in data.get("kernels", KERNELS):
         mine = [c for c in cells if c["kernel"] == kernel]
         if not mine:
             continue
-        reach = [m for m in ROWS if all(c["ratio"] >= TARGET for c in mine if c["m"] == m)]
+        reach = [m for m in rows if all(c["ratio"] >= TARGET for c in mine if c["m"] == m)]
         r1 = [c["ratio"] for c in mine if c["m"] == 1]
         per_m = {m: sum(c["ratio"] for c in mine if c["m"] == m) / max(1, sum(c["m"] == m for c in mine))
-                 for m in ROWS}
+                 for m in rows}
         scale = []
         for c in mine:
             if c["threads"] == 2:
@@ -301,11 +302,11 @@ def conclusions(data: dict[str, Any]) -> list[str]:
         at = f"at M = {', '.join(map(str, reach))}" if reach else "at no M"
         # GB/s falling with M while the bytes stay the same: the arithmetic (M multiply-adds per weight), not the
         # stream, bounds those cells
-        fall = per_m[ROWS[-1]] / per_m[ROWS[0]]
+        fall = per_m[rows[-1]] / per_m[rows[0]]
         out.append(f"- **{kernel}**: >= {TARGET:.0%} of the probe in every shape and thread count {at}; at M = 1 "
                    f"{min(r1):.0%}-{max(r1):.0%}. Mean ratio by M: " +
                    ", ".join(f"{m}: {v:.0%}" for m, v in per_m.items()) +
-                   f" (M = {ROWS[-1]} streams at {fall:.2f}x the rate of M = 1: "
+                   f" (M = {rows[-1]} streams at {fall:.2f}x the rate of M = 1: "
                    f"{'compute-bound there' if fall < 0.7 else 'still stream-bound'}). 2 threads / 1 thread: "
                    f"{min(scale):.2f}x-{max(scale):.2f}x ({slower} of {len(scale)} cells slower at 2 threads).")
     bf = [c for c in cells if c["kernel"] == "bf16" and c["torch_gb_s"]]
@@ -342,6 +343,7 @@ def before_after(data: dict[str, Any]) -> list[str]:
 
 
 def render(data: dict[str, Any]) -> str:
+    rows = tuple(data.get("rows", ROWS))
     cells = [c for c in data["cells"] if "gb_s" in c]
     probes = data["probe_gb_s"]
     lines = ["# Decode kernels at the memory roofline", "",
@@ -358,24 +360,24 @@ def render(data: dict[str, Any]) -> str:
     for th in THREADS:
         lines += [f"## {th} thread(s): GB/s of weight bytes streamed (ratio to the {float(probes[str(th)]):.1f} "
                   "GB/s probe)", "",
-                  "| kernel | shape (N x K) | " + " | ".join(f"M={m}" for m in ROWS) + " |",
-                  "|---|---|" + "---:|" * len(ROWS)]
+                  "| kernel | shape (N x K) | " + " | ".join(f"M={m}" for m in rows) + " |",
+                  "|---|---|" + "---:|" * len(rows)]
         for kernel in data.get("kernels", KERNELS):
             for shape, (n, k) in SHAPES.items():
                 row = [c for c in cells if c["kernel"] == kernel and c["shape"] == shape and c["threads"] == th]
                 if not row:
-                    lines.append(f"| {kernel} | {shape} {n}x{k} | " + " | ".join("n/a" for _ in ROWS) + " |")
+                    lines.append(f"| {kernel} | {shape} {n}x{k} | " + " | ".join("n/a" for _ in rows) + " |")
                     continue
                 by_m = {c["m"]: c for c in row}
                 lines.append(f"| {kernel} | {shape} {n}x{k} | " + " | ".join(
-                    f"{by_m[m]['gb_s']:.1f} ({by_m[m]['ratio']:.0%})" for m in ROWS) + " |")
+                    f"{by_m[m]['gb_s']:.1f} ({by_m[m]['ratio']:.0%})" for m in rows) + " |")
         bf = [c for c in cells if c["kernel"] == "bf16" and c["threads"] == th and c["torch_gb_s"]]
         if bf:
             lines += ["", f"oneDNN bf16 `F.linear`, same weights, {th} thread(s) (GB/s):", "",
-                      "| shape | " + " | ".join(f"M={m}" for m in ROWS) + " |", "|---|" + "---:|" * len(ROWS)]
+                      "| shape | " + " | ".join(f"M={m}" for m in rows) + " |", "|---|" + "---:|" * len(rows)]
             for shape in SHAPES:
                 by_m = {c["m"]: c for c in bf if c["shape"] == shape}
-                lines.append(f"| {shape} | " + " | ".join(f"{by_m[m]['torch_gb_s']:.1f}" for m in ROWS) + " |")
+                lines.append(f"| {shape} | " + " | ".join(f"{by_m[m]['torch_gb_s']:.1f}" for m in rows) + " |")
         lines.append("")
     lines += ["Weight bytes count the codes and the float32 scales (and mins) a call reads; 'n/a': the group does "
               "not divide K (576 is not a multiple of 128).", ""]
@@ -389,6 +391,8 @@ def main() -> None:
     ap.add_argument("--render", action="store_true")
     ap.add_argument("--out", default=str(RESULTS / "decode_kernels"))
     ap.add_argument("--kernels", default=",".join(KERNELS), help="comma-separated subset of " + ", ".join(KERNELS))
+    ap.add_argument("--rows", default=",".join(map(str, ROWS)),
+                    help="activation rows per call (the bf16 kernel takes up to 16; the integer ones up to 8)")
     ap.add_argument("--before", default="", help="an earlier results .json to compare with (read before --out "
                                                   "is overwritten: it may be the same file)")
     args = ap.parse_args()
@@ -412,7 +416,8 @@ def main() -> None:
     unknown = [k for k in kernels if k not in KERNELS]
     if unknown:
         raise SystemExit(f"--kernels: unknown {unknown}; choose from {list(KERNELS)}")
-    data.update(measure(data["repeats"], kernels))
+    data["rows"] = [int(r) for r in args.rows.split(",")]
+    data.update(measure(data["repeats"], kernels, tuple(data["rows"])))
     data["load_end"] = os.getloadavg()[0]
     if before:
         data["before"] = before

@@ -99,6 +99,8 @@ SCRIPTS = {
     "decode_kernels_bf16_6439ce9": "benchmarks/decode_kernels.py --kernels bf16 --repeats 10 (at 6439ce9, before the "
                                    "row-streamed tiles)",
     "kernel_ab": "benchmarks/kernel_ab.py",
+    "kernel_ab_bf16": "benchmarks/kernel_ab.py --before 9b7d116 --kernels bf16 --rows 1,2,5,8 --threads 1,2",
+    "decode_kernels_bf16": "benchmarks/decode_kernels.py --kernels bf16 --rows 1,2,5,8,16,32",
     "verify_step_cost": "benchmarks/verify_step_cost.py",
     "verify_step_cost_bf16": "benchmarks/verify_step_cost.py --weights bf16",
     "verify_step_cost_9117cfd": "benchmarks/verify_step_cost.py (copied into a checkout of 9117cfd)",

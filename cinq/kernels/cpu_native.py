@@ -7,8 +7,8 @@ its portable loop would be slower than PyTorch's. Builds use ``-march=native`` a
 CPU's features.
 
 * ``paged_decode.cpp``: decode attention read straight from the KV pages (no gathered copy of the contexts).
-* ``small_m_gemm.cpp``: bf16 linear for 1-16 activation rows at memory bandwidth (decode at small batch, a
-  speculative verify of up to 15 drafts): AMX tiles where the CPU and OS allow them, AVX512-BF16 vector tiles, or
+* ``small_m_gemm.cpp``: bf16 linear for 1-32 activation rows at memory bandwidth (decode at small batch, a
+  speculative verify of up to 31 drafts): AMX tiles where the CPU and OS allow them, AVX512-BF16 vector tiles, or
   AVX2 + FMA (e.g. AMD Zen 3).
 * ``grouped_int_linear.cpp``: int4 affine (GGUF Q4_0 / Q4_1, GPTQ / AWQ) and int8 grouped (GGUF Q8_0, per channel)
   linears with bf16 activations, AVX2 (used by ``cinq.layers.quantization.native`` / ``kernels``).
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 _SOURCES = Path(__file__).with_name("cpu")
 _lock = threading.Lock()
 _modules: dict[str, Any] = {}
-SMALL_M_MAX_ROWS = 16  # the most rows small_m_gemm.cpp takes; its fast_rows() may say fewer for this CPU
+SMALL_M_MAX_ROWS = 32  # the most rows small_m_gemm.cpp takes; its fast_rows() may say fewer for this CPU
 _small_m_rows: int | None = None  # small_m_rows(), once known
 # "causal among the new rows": one shared tensor, nothing per call
 _NO_TREE = torch.empty(0, dtype=torch.bool, device="cpu")

@@ -101,8 +101,8 @@ def test_a_rows_result_does_not_depend_on_how_many_rows_share_the_call() -> None
         pytest.skip("the native kernel is not built on this CPU")
     g = torch.Generator().manual_seed(5)
     w = torch.randn(640, 384, generator=g).bfloat16()
-    x = torch.randn(8, 384, generator=g).bfloat16()
-    alone = [mod.small_m_linear(x[i:i + 1].contiguous(), w, torch.empty(0), 0)[0] for i in range(8)]
-    for m in range(2, 9):
+    x = torch.randn(SMALL_M_MAX_ROWS, 384, generator=g).bfloat16()
+    alone = [mod.small_m_linear(x[i:i + 1].contiguous(), w, torch.empty(0), 0)[0] for i in range(SMALL_M_MAX_ROWS)]
+    for m in range(2, SMALL_M_MAX_ROWS + 1):  # past 8 rows the kernel runs passes of 8 over each block of outputs
         y = mod.small_m_linear(x[:m].contiguous(), w, torch.empty(0), 0)
         assert all(torch.equal(y[i], alone[i]) for i in range(m)), m

@@ -76,7 +76,7 @@ def test_merged_dense_linear_names_the_tensor_on_a_wrong_shape_or_shard():
         lin.weight_loader("weight", CheckpointTensor.in_memory("mlp.gate_up_proj.weight", torch.zeros(6, 8)))
 
 
-@pytest.mark.parametrize("rows", [17, 63, 64, 200])
+@pytest.mark.parametrize("rows", [33, 63, 64, 200])
 def test_dense_bf16_prefill_shapes_are_the_float32_product_rounded_once(rows, monkeypatch):
     """Past the decode sizes a bf16 DenseLinear computes in float32 and rounds once (the chunked skinny kernel
     below fp32_gemm.DENSE_MIN_ROWS rows, the float32 GEMM from there on CPUs whose bf16 GEMM is emulated)."""
@@ -97,4 +97,4 @@ def test_dense_bf16_prefill_shapes_are_the_float32_product_rounded_once(rows, mo
     assert y.dtype == torch.bfloat16 and y.shape == (1, rows, 40)
     bound = ref.abs() * 2 ** -8 + 1e-5 * (x.float().abs() @ lin.weight.float().abs().t()).detach() + 1e-6
     assert ((y.float() - ref).abs() <= bound).all()
-    assert calls == [(1, rows, 96)]  # past the decode sizes (16 rows at most) every call asks it first
+    assert calls == [(1, rows, 96)]  # past the decode sizes (32 rows at most) every call asks it first

@@ -1,4 +1,4 @@
-// y[M, N] = x[M, K] @ w[N, K]^T (+ bias) for a handful of rows M (1-16), bf16 in and out, float32 accumulation.
+// y[M, N] = x[M, K] @ w[N, K]^T (+ bias) for a handful of rows M (1-32), bf16 in and out, float32 accumulation.
 //
 // Why: decoding a few sequences, or verifying a few speculative drafts of one, multiplies a few activation rows by
 // every weight matrix, so the step is a stream over the weights and should run at memory bandwidth whatever M is.
@@ -41,11 +41,11 @@
 
 namespace {
 
-constexpr int kMaxRows = 16;
+constexpr int kMaxRows = 32;
 // The most rows one pass of the vector tiles takes (their accumulators fill the 32 vector registers at 8). A call
-// of more runs them in two passes over each small block of outputs: the first 8 rows' tiles read the block from
-// memory, the rest's read it again from cache. The weight streams from memory once, where calls of 8 rows and the
-// rest (the engine's chunks before) read it twice; and a row's result is what a call of <= 8 rows gives it.
+// of more runs them in passes of 8 over each small block of outputs: the first pass reads the block from memory,
+// the others read it again from cache. The weight streams from memory once, where calls of 8 rows each (the
+// engine's chunks before) read it once per call; and a row's result is what a call of <= 8 rows gives it.
 constexpr int kPassRows = 8;
 // Weight bytes below which one thread does the whole call: waking a sleeping (OMP_WAIT_POLICY=PASSIVE) worker
 // costs more than it saves on a weight this small.
@@ -58,8 +58,9 @@ constexpr int64_t kAmxMinRows = 1;
 // (AVX512-BF16, no AMX), over SmolLM2's decode linears from memory, 8 rows in one call took 23.9 ms against
 // oneDNN's 39.4 on 1 thread and 21.0 against 26.8 on 2 (its 6-row cut-off, from an AMX CPU's comparison with
 // oneDNN's AMX kernels, sent batch-8 decoding to oneDNN and off the fused step: 3x slower per step than batch 4).
-// Past 8 rows, in two passes (2 threads, the same weights): 9 rows 15.9 ms against oneDNN's 27.6, 16 rows 21.5
-// against 32.6 (and against 25.4 / 29.7 as two calls of 8 and the rest).
+// Past 8 rows, in passes (2 threads, the same weights): 9 rows 15.9 ms against oneDNN's 27.6, 16 rows 21.5 against
+// 32.6 (and against 25.4 / 29.7 as two calls of 8 and the rest), 24 rows 1.5x, 32 rows 1.09x oneDNN; from 48 rows
+// oneDNN's blocked GEMM is faster (0.95x, 64 rows 0.82x): kMaxRows stops at 32.
 // On AVX2 (Zen 3) oneDNN's bf16 path widens on the fly, 2-4x slower at 1-8 rows.
 constexpr int kVectorFastRows = kMaxRows;
 
@@ -329,22 +330,39 @@ void run_avx2(const uint16_t* x, const uint16_t* w, const float* bias, c10::BFlo
 #endif  // CINQ_SMALL_M_AVX2 without AVX512-BF16
 
 #if defined(__AVX512BF16__)
-// Blocks [b0, b1) of two_pass_block<MB>() outputs, for kPassRows < MB <= kMaxRows rows: per block, the first
-// kPassRows rows' tiles, then the other rows' tiles on the same outputs (the block still in cache).
+// Outputs [n0, n1) of the MB rows of x and y (pointers at a pass's first row).
 template <int MB>
-constexpr int two_pass_block() {
-  return std::lcm(tile_rows<kPassRows>(), tile_rows<MB - kPassRows>());
+void pass_tiles(const uint16_t* x, const uint16_t* w, const float* bias, uint16_t* y, int64_t K, int64_t N,
+                int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; n += tile_rows<MB>()) tile_avx512<MB>(x, w, bias, y, K, N, n);
 }
 
-template <int MB>
-void two_pass_blocks(const uint16_t* x, const uint16_t* w, const float* bias, uint16_t* y, int64_t K, int64_t N,
-                     int64_t b0, int64_t b1) {
-  constexpr int MR = MB - kPassRows, L = two_pass_block<MB>();
+// Outputs per block of a call of more than kPassRows rows: whole tiles for every pass, the last one of `rest` rows.
+inline int64_t pass_block(int64_t rest) {
+  return rest ? std::lcm<int64_t>(tile_rows<kPassRows>(), 16 / rest) : tile_rows<kPassRows>();
+}
+
+// Blocks [b0, b1) of pass_block() outputs of M > kPassRows rows: per block, the rows in passes of kPassRows (the
+// last of the rest), each pass over the same outputs; the first reads the block from memory, the others from cache.
+void multi_pass_blocks(const uint16_t* x, const uint16_t* w, const float* bias, uint16_t* y, int64_t M, int64_t K,
+                       int64_t N, int64_t b0, int64_t b1) {
+  const int64_t full = M / kPassRows, rest = M % kPassRows, L = pass_block(rest);
+  const uint16_t* xr = x + full * kPassRows * K;
+  uint16_t* yr = y + full * kPassRows * N;
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t n0 = b * L, n1 = std::min<int64_t>(n0 + L, N);
-    for (int64_t n = n0; n < n1; n += tile_rows<kPassRows>()) tile_avx512<kPassRows>(x, w, bias, y, K, N, n);
-    for (int64_t n = n0; n < n1; n += tile_rows<MR>())
-      tile_avx512<MR>(x + kPassRows * K, w, bias, y + kPassRows * N, K, N, n);
+    for (int64_t g = 0; g < full; ++g)
+      pass_tiles<kPassRows>(x + g * kPassRows * K, w, bias, y + g * kPassRows * N, K, N, n0, n1);
+    switch (rest) {
+      case 1: pass_tiles<1>(xr, w, bias, yr, K, N, n0, n1); break;
+      case 2: pass_tiles<2>(xr, w, bias, yr, K, N, n0, n1); break;
+      case 3: pass_tiles<3>(xr, w, bias, yr, K, N, n0, n1); break;
+      case 4: pass_tiles<4>(xr, w, bias, yr, K, N, n0, n1); break;
+      case 5: pass_tiles<5>(xr, w, bias, yr, K, N, n0, n1); break;
+      case 6: pass_tiles<6>(xr, w, bias, yr, K, N, n0, n1); break;
+      case 7: pass_tiles<7>(xr, w, bias, yr, K, N, n0, n1); break;
+      default: break;
+    }
   }
 }
 #endif
@@ -384,23 +402,6 @@ void split(int64_t count, int64_t unit_bytes, const F& f) {
 template <int MB>
 void run(const uint16_t* x, const uint16_t* w, const float* bias, c10::BFloat16* y, int64_t K, int64_t N,
          bool amx) {
-  if constexpr (MB > kPassRows) {
-    const int64_t row_bytes = K * static_cast<int64_t>(sizeof(uint16_t));
-#if defined(__AVX512BF16__)
-    if (!amx) {
-      constexpr int L = two_pass_block<MB>();
-      auto* yp = reinterpret_cast<uint16_t*>(y);
-      split((N + L - 1) / L, L * row_bytes,
-            [&](int64_t b0, int64_t b1) { two_pass_blocks<MB>(x, w, bias, yp, K, N, b0, b1); });
-      return;
-    }
-#endif
-    // AMX, AVX2 and the portable loop: two calls, the weight read twice (AMX's tiles take up to 16 rows at once,
-    // but a row's result would then depend on the call's row count)
-    run<kPassRows>(x, w, bias, y, K, N, amx);
-    run<MB - kPassRows>(x + kPassRows * K, w, bias, y + kPassRows * N, K, N, amx);
-    return;
-  } else {
 #if defined(CINQ_SMALL_M_AVX2_PATH)
   run_avx2<MB>(x, w, bias, y, K, N);
   return;
@@ -419,7 +420,39 @@ void run(const uint16_t* x, const uint16_t* w, const float* bias, c10::BFloat16*
 #endif
   split((N - n_begin + NB - 1) / NB, NB * row_bytes,
         [&](int64_t t0, int64_t t1) { tiles<MB>(x, w, bias, y, K, N, n_begin, t0, t1); });
+}
+
+// run<m> for 1 <= m <= kPassRows.
+void run_rows(int64_t m, const uint16_t* x, const uint16_t* w, const float* bias, c10::BFloat16* y, int64_t K,
+              int64_t N, bool amx) {
+  switch (m) {
+    case 1: run<1>(x, w, bias, y, K, N, amx); break;
+    case 2: run<2>(x, w, bias, y, K, N, amx); break;
+    case 3: run<3>(x, w, bias, y, K, N, amx); break;
+    case 4: run<4>(x, w, bias, y, K, N, amx); break;
+    case 5: run<5>(x, w, bias, y, K, N, amx); break;
+    case 6: run<6>(x, w, bias, y, K, N, amx); break;
+    case 7: run<7>(x, w, bias, y, K, N, amx); break;
+    default: run<8>(x, w, bias, y, K, N, amx); break;
   }
+}
+
+// More than kPassRows rows: the vector tiles in passes (multi_pass_blocks), the weight read from memory once. AMX,
+// AVX2 and the portable loop: one call per kPassRows rows, the weight read again by each (AMX's tiles take up to
+// 16 rows at once, but a row's result would then depend on the call's row count).
+void run_multi(const uint16_t* x, const uint16_t* w, const float* bias, c10::BFloat16* y, int64_t M, int64_t K,
+               int64_t N, bool amx) {
+#if defined(__AVX512BF16__)
+  if (!amx) {
+    const int64_t L = pass_block(M % kPassRows);
+    auto* yp = reinterpret_cast<uint16_t*>(y);
+    split((N + L - 1) / L, L * K * static_cast<int64_t>(sizeof(uint16_t)),
+          [&](int64_t b0, int64_t b1) { multi_pass_blocks(x, w, bias, yp, M, K, N, b0, b1); });
+    return;
+  }
+#endif
+  for (int64_t r = 0; r < M; r += kPassRows)
+    run_rows(std::min<int64_t>(kPassRows, M - r), x + r * K, w, bias, y + r * N, K, N, amx);
 }
 
 // The path for M rows: AMX where the CPU has it, the OS allows it and it is faster.
@@ -434,7 +467,8 @@ bool use_amx(int64_t M, int64_t path) {
 
 }  // namespace
 
-// x [M, K] bf16 contiguous (M <= kMaxRows), w [N, K] bf16 contiguous, bias [N] float32 / bf16 or empty. Returns [M, N] bf16.
+// x [M, K] bf16 contiguous (M <= kMaxRows), w [N, K] bf16 contiguous, bias [N] float32 / bf16 or empty.
+// Returns [M, N] bf16.
 // path: 0 the fastest for this CPU and M, 1 AVX512-BF16 vector tiles, 2 AMX where available (tests, benchmarks).
 torch::Tensor small_m_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bias, int64_t path) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "small_m_linear: shapes");
@@ -461,24 +495,10 @@ torch::Tensor small_m_linear(torch::Tensor x, torch::Tensor w, torch::Tensor bia
   const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
   auto* yp = y.data_ptr<at::BFloat16>();
   const bool amx = use_amx(M, path);
-  switch (M) {
-    case 1: run<1>(xp, wp, b, yp, K, N, amx); break;
-    case 2: run<2>(xp, wp, b, yp, K, N, amx); break;
-    case 3: run<3>(xp, wp, b, yp, K, N, amx); break;
-    case 4: run<4>(xp, wp, b, yp, K, N, amx); break;
-    case 5: run<5>(xp, wp, b, yp, K, N, amx); break;
-    case 6: run<6>(xp, wp, b, yp, K, N, amx); break;
-    case 7: run<7>(xp, wp, b, yp, K, N, amx); break;
-    case 8: run<8>(xp, wp, b, yp, K, N, amx); break;
-    case 9: run<9>(xp, wp, b, yp, K, N, amx); break;
-    case 10: run<10>(xp, wp, b, yp, K, N, amx); break;
-    case 11: run<11>(xp, wp, b, yp, K, N, amx); break;
-    case 12: run<12>(xp, wp, b, yp, K, N, amx); break;
-    case 13: run<13>(xp, wp, b, yp, K, N, amx); break;
-    case 14: run<14>(xp, wp, b, yp, K, N, amx); break;
-    case 15: run<15>(xp, wp, b, yp, K, N, amx); break;
-    default: run<16>(xp, wp, b, yp, K, N, amx); break;
-  }
+  if (M > kPassRows)
+    run_multi(xp, wp, b, yp, M, K, N, amx);
+  else
+    run_rows(M, xp, wp, b, yp, K, N, amx);
   return y;
 }
 
