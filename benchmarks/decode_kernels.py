@@ -7,8 +7,8 @@ groups 32 / 64 / 128 (GGUF Q4_0 / Q4_1, GPTQ / AWQ; cinq/kernels/cpu/grouped_int
 decode linears (merged qkv, o_proj, merged gate_up, down_proj; 30 layers) and its LM head. For each (kernel, shape)
 the weights are allocated 30 times (the layers), or as many times as it takes to pass 4x the last-level cache
 where that is more, and called in turn, so that no call finds its weight in cache; GB/s = weight bytes (codes +
-float32 scales / mins) / time, best of ``--repeats`` passes, at 1 and 2 threads and M = 1, 2, 5, 8 rows (``--rows``). The read
-probe is ``cinq.plan.probe.read_bandwidth`` at the same thread count. Also measured: the cost of one parallel region
+float32 scales / mins) / time, best of ``--repeats`` passes, at 1 and 2 threads and M = 1, 2, 5, 8 rows
+(``--rows``). The read probe is ``cinq.plan.probe.read_bandwidth`` at the same thread count. Also measured: the cost of one parallel region
 (waking torch's OpenMP workers) under this process's OMP_WAIT_POLICY and, in child processes, under the others,
 and the per-call overhead of the kernel's three ways in: pybind, the C++-registered op, a Python custom op.
 

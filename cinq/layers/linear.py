@@ -44,8 +44,8 @@ class LinearFactory(Protocol):
 
 class DenseLinear(LinearBase):
     """y = x W^T + b with W [out_features, in_features] in the model dtype. Decode-sized bf16 inputs on the CPU
-    (at most ``small_m_rows()`` rows: 32 where the kernel beats oneDNN, no autograd) go through the native skinny kernel when it is
-    available: a few sequences' decode, or one sequence's speculative verify of up to 31 drafts. On CPUs without
+    (at most ``small_m_rows()`` rows: 32 where the kernel beats oneDNN, no autograd) go through the native skinny
+    kernel when it is available: a few sequences' decode, or a speculative verify of up to 31 drafts. On CPUs without
     bf16 instructions (AVX2), inputs of ``fp32_gemm.DENSE_MIN_ROWS`` rows or more (prefill) run BLAS's float32
     GEMM on the weight widened a block at a time, and those in between (batched decode) the skinny kernel in
     chunks of rows.
