@@ -186,7 +186,7 @@ def test_write_kv_native_matches_index_copy(dtype):
     assert not write_kv_native(k.float() if dtype != torch.float32 else k.double(), v, got, slots)  # a cast: no
 
 
-@pytest.mark.parametrize("rows", [9, 24, 37])
+@pytest.mark.parametrize("rows", [33, 48, 70])
 def test_chunked_small_m_linear_equals_a_float32_linear_past_the_small_m_rows(rows: int):
     from cinq.kernels.cpu_native import bf16_gemm_is_emulated, chunked_small_m_linear, small_m_rows
     torch.manual_seed(rows)
