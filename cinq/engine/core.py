@@ -31,12 +31,14 @@ from cinq.engine.kv_cache_virtual import VirtualKVCacheManager, build_virtual_kv
 from cinq.engine.sliding_window import make_kv_cache_manager
 from cinq.engine.scheduler import Scheduler, SchedulerConfig
 from cinq.engine.spec_metrics import count_language
+from cinq.engine.step_profile import profile_decode_rows, profile_rows
 from cinq.errors import InvalidParameterError
 from cinq.model.config import ModelConfig
 from cinq.model.generation_defaults import read_sampling_defaults, sampling_defaults_source
 from cinq.model.loader import quantization_summary
 from cinq.outputs import EngineStats
 from cinq.spec.drafter import make_drafter
+from cinq.spec.row_cost import RowCurve
 from cinq.step.request import Request, RequestStatus
 from cinq.step.runner_output import RunnerOutput
 from cinq.step.scheduler_output import SchedulerOutput
@@ -100,13 +102,21 @@ class EngineCore:
                      "(the budget of %d shared blocks)", groups[0], groups[1], self.num_blocks)
             self.executor.initialize_cache(groups)
             kv = make_hybrid_kv_cache_manager(mcfg, groups, config.block_size, config.enable_prefix_caching)
+            scratch: tuple[list[int], list[list[int]] | None] | None = ([groups[0]], [[g] for g in groups])
         else:
             self.executor.initialize_cache(self.num_blocks)
             kv = make_kv_cache_manager(mcfg, self.num_blocks, config.block_size, config.enable_prefix_caching)
+            scratch = ([self.num_blocks], None)  # the runner's first scratch block: past the pool
+        if config.kv_cache_layout == "virtual":
+            scratch = None  # slots are per-request ranges: no scratch block to profile in
         try:
             self.scheduler = Scheduler(
                 SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs, self.max_model_len), kv,
                 make_drafter(config.speculative_config))
+            adaptive = getattr(self.scheduler.drafter, "adaptive", None)
+            if adaptive is not None and scratch is not None:  # adaptive k prices verify rows by the profile
+                rows = profile_rows(min(config.max_num_seqs * (adaptive.k_max + 1), config.max_num_batched_tokens))
+                adaptive.row_curve = RowCurve.of(profile_decode_rows(self.executor, rows, *scratch))
         except BaseException:
             self.executor.shutdown()
             raise
@@ -135,7 +145,8 @@ class EngineCore:
                               self.num_blocks, self.config.block_size, list(mcfg.eos_token_ids),
                               dict(self.default_sampling_params), self.seed, self.executor.attention_backend,
                               os.getpid(), self.executor.kv_bytes_per_block(self.config.block_size),
-                              served_weight_bytes(self.executor), step_read_bytes(self.executor))
+                              served_weight_bytes(self.executor), step_read_bytes(self.executor),
+                              self.kv.num_blocks if isinstance(self.kv, HybridKVCacheManager) else self.num_blocks)
 
     def _resolve_max_model_len(self) -> int:
         mcfg, asked = self.model_config, self.config.max_model_len

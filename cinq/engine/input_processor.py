@@ -84,7 +84,8 @@ class InputProcessor:
             raise InvalidParameterError(f"prompt token id {bad!r} is out of range [0, {vocab})", "prompt")
 
     def resolve_max_tokens(self, prompt_len: int, params: SamplingParams) -> int:
-        limit, block_size, num_blocks = self.info.max_model_len, self.info.block_size, self.info.num_blocks
+        limit, block_size = self.info.max_model_len, self.info.block_size
+        num_blocks = self.info.request_blocks or self.info.num_blocks
         if prompt_len >= limit and not (params.max_tokens == 0 and prompt_len == limit):
             raise PromptTooLongError(
                 f"This model's maximum context length is {limit} tokens, but the prompt has {prompt_len} tokens",

@@ -100,3 +100,6 @@ class EngineCoreInfo:
     kv_bytes_per_block: int = 0  # KV cache bytes of one block, all layers (and a draft model's), K and V
     weight_bytes: int = 0  # the target's weights plus its proposer's modules (benchmarks' memory column)
     step_read_bytes: int = 0  # of which a decode step streams (no unshared embedding table: the roofline's bytes)
+    # the most blocks one request can hold: num_blocks, or with KV cache groups the full-attention group's (a
+    # request the budget's count admitted but the group could not hold waited forever); 0: num_blocks
+    request_blocks: int = 0

@@ -135,8 +135,12 @@ class Scheduler:
                     drafted.append(core.num_draft_tokens)
                     accepted.append(core.num_accepted_tokens)
         if self.drafter is not None and out.num_prompt_tokens == 0 and drafted:
-            # a decode-only step: its cost is clean, once the catch-up that paid for undrafted steps is left out
-            self.drafter.observe(run.elapsed_s - run.catch_up_s, drafted, accepted)
+            # A decode-only step: its cost is its arm's unless the proposer caught up over positions committed
+            # while a request did not draft. Such a step costs more than its catch-up's own time (the head's and
+            # the step's weights evicted by the stretch off: EAGLE-3's re-tries of k = 1 at batch 4 read 1.3-1.5x
+            # its steady cost after the catch-up's share was taken out), and priced by it, an arm that wins lost
+            # its re-tries; only its acceptance counts.
+            self.drafter.observe(None if run.catch_up_s else run.elapsed_s, drafted, accepted)
         return outputs
 
     def _update_seq(self, seq: ScheduledSeq, run: RunnerOutput) -> EngineCoreOutput | None:

@@ -15,7 +15,19 @@ resumes; counted, each re-try of an arm after a stretch off would price it by th
 steps cost). Throughput is batch * tokens / cost; plain decoding (k = 0) is one of the arms, so the choice is never
 knowingly slower than it, and k = 0 proposes nothing (off costs nothing).
 
-Costs are modelled, not only explored: ``step cost = a + b * k + c * B * (k + 1)`` (a fixed dispatch cost, a
+Costs are modelled, not explored per bucket. An engine profiles its target's step at start-up
+(cinq/engine/step_profile.py: seconds by rows computed, ``RowCurve``), and an arm is priced ``step cost =
+s * (T(rows) + h * k * T(B))``: T the profiled curve at the rows a step of B requests with k drafts computes
+(B * (1 + k * f), f the measured share of offered draft positions filled: an n-gram request without a match
+verifies one row), s the ratio of measured plain steps to the curve (the machine now against the machine at
+start-up), and h a draft position's cost as a share of a plain step at that batch size (a head or draft model
+scales with the batch as its target does), from what measured draft arms cost over their rows' price (zero
+before any was measured: a draft that costs nothing is the optimistic guess that gets it tried). On this CPU a step's cost is flat up to ~8 rows and proportional past ~32 (the skinny
+kernels stream the weights once for up to 32 rows), so no straight line in rows fits it: a line fitted at small
+batches priced k = 1 at batch 32 (64 rows, 2x a plain step) as a win, and each re-try of it, with an EAGLE head's
+catch-up over 32 prompts, cost what speculation could not win back in a short run (0.93x). With the curve, an arm
+whose rows cost more than its tokens are worth is never tried. Without a profile (an AdaptiveK built alone),
+``step cost = a + b * k + c * B * (k + 1)`` (a fixed dispatch cost, a
 draft cost per position, the target's cost per verified row), fitted by least squares to every measured arm of
 every bucket (its EMA, at the mean batch size it saw). Once the measurements pin the three terms down (arms at
 two k and rows at two batch sizes), a bucket's unmeasured arms are priced by the model instead of being tried.
@@ -50,6 +62,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from cinq.spec.row_cost import RowCurve
+
 PRUNE_PRIOR = 2  # offers counted as accepted when judging whether an untried arm could win
 MAX_LAG = 16.0  # the most a re-try's wait stretches for an arm far behind the best (see AdaptiveK._lag)
 PLAIN_STEPS = 4  # counted plain steps in a bucket before its first draft arm is tried (see AdaptiveK._untried)
@@ -81,6 +95,10 @@ class AdaptiveK:
     last_chosen: list[int] = field(default_factory=list)  # per arm: the choice number it last ran at
     losses: list[int] = field(default_factory=list)  # per arm: re-tries in a row after which it was not the best
     times_chosen: list[int] = field(default_factory=list)  # per arm: steps it ran (what a report shows)
+    row_curve: RowCurve | None = None  # the target's profiled step seconds by rows (cinq/engine/step_profile.py)
+    rows_sum: dict[tuple[int, int], float] = field(default_factory=dict)  # (bucket, k) -> rows its steps computed
+    slots_offered: int = 0  # draft positions offered (requests x k) in steps with k > 0
+    slots_filled: int = 0  # of them, filled with a draft (an n-gram request without a match fills none)
     _probe: int | None = None  # the arm the last re-try ran, judged at the next choice
     _model: tuple[float, float, float] | None = None
     _model_at: int = -1  # len(step_seconds) when _model was fitted
@@ -155,22 +173,30 @@ class AdaptiveK:
 
     def _best(self, batch_size: int, top: int) -> int:
         """The arm of the highest expected rate; plain decoding unless speculation beats it by ``margin`` (the
-        winner's curse: among noisy estimates, the one that looks best is too often one that got lucky)."""
+        winner's curse: among noisy estimates, the one that looks best is too often one that got lucky). With a
+        profiled curve, nothing is explored in order: acceptance counts ``PRUNE_PRIOR`` offers accepted, so
+        that one step's few requests (2 at batch 2, none accepted by chance) do not turn speculation off until
+        the next re-try; after a few hundred offers the prior is noise."""
         bucket, priced = batch_bucket(batch_size), self.cost_model() is not None
-        rates = {k: self.expected_tokens(k) / self.cost(batch_size, k) for k in range(top + 1)
+        prior = PRUNE_PRIOR if self.row_curve is not None else 0
+        rates = {k: self.expected_tokens(k, prior) / self.cost(batch_size, k) for k in range(top + 1)
                  if priced or (bucket, k) in self.step_seconds}
         best = max(rates, key=rates.__getitem__)
         return 0 if 0 in rates and rates[best] < rates[0] * (1 + self.margin) else best
 
     def _overdue(self, batch_size: int, best: int, top: int) -> int | None:
         """The arm whose re-try is most overdue (a loser waits ``explore_every * 2 ** losses``), or None. Only
-        the best arm's neighbours (they notice a change in acceptance) and arms that could still win are
-        re-tried: a hopeless arm is never paid for."""
+        arms that could still win are re-tried (a hopeless arm is never paid for), and without a profiled
+        ``row_curve`` also the best arm's neighbours: their measured costs are what notices a change in load.
+        With the curve, the plain steps re-scale it and acceptance is shared by every batch size; a neighbour
+        re-tried regardless (k = 1 at batch 32: 64 rows at 2x a plain step, and with EAGLE-3 a catch-up over 32
+        prompts) cost more than a short run at that batch size could win back."""
         best_rate = self.expected_tokens(best) / self.cost(batch_size, best)
+        neighbours = self.row_curve is None
         due = {k: self.last_chosen[k] + (self.explore_every << min(self.losses[k], self.max_backoff))
                * self._lag(batch_size, k, best_rate)
                for k in range(top + 1)
-               if k != best and (abs(k - best) == 1 or self._could_win(batch_size, k, best_rate))}
+               if k != best and ((neighbours and abs(k - best) == 1) or self._could_win(batch_size, k, best_rate))}
         if not due:
             return None
         k = min(due, key=due.__getitem__)
@@ -194,13 +220,28 @@ class AdaptiveK:
         model = self.cost_model()
         if model is None:
             raise ValueError(f"adaptive k: no measurement or model for batch {batch_size}, k = {k}")
+        if self.row_curve is not None:
+            scale, h, _ = model
+            curve = self.row_curve
+            return max(scale * (curve(self.expected_rows(batch_size, k)) + h * k * curve(batch_size)), 1e-9)
         a, b, c = model
         return max(a + b * k + c * batch_size * (k + 1), 1e-9)
 
+    def expected_rows(self, batch_size: int, k: int) -> float:
+        """Rows a step of ``batch_size`` requests with ``k`` drafts offered computes: each request's known token
+        and the drafts it fills (the measured share of offered positions; all of them before any evidence)."""
+        fill = self.slots_filled / self.slots_offered if self.slots_offered else 1.0
+        return batch_size * (1.0 + k * fill)
+
     def cost_model(self) -> tuple[float, float, float] | None:
-        """(a, b, c) of ``a + b * k + c * B * (k + 1)`` fitted to the measured arms, or None while they do not
-        determine all three (refitted when an arm is first measured; EMAs move slowly between)."""
+        """With a profiled ``row_curve``: (s, h, 0) of ``s * (T(rows) + h * k * T(B))``, always. Without: (a, b,
+        c) of ``a + b * k + c * B * (k + 1)`` fitted to the measured arms, or None while they do not determine all
+        three. Refitted when an arm is first measured and every ``explore_every`` choices (EMAs move slowly)."""
         if self._model_at == len(self.step_seconds) and self.num_choices % self.explore_every:
+            return self._model
+        if self.row_curve is not None:
+            self._model_at = len(self.step_seconds)
+            self._model = self._profiled_model(self.row_curve)
             return self._model
         keys = list(self.step_seconds)
         x = np.array([[1.0, k, self.batch_sum[(b, k)] / self.batch_count[(b, k)] * (k + 1)] for b, k in keys])
@@ -212,17 +253,43 @@ class AdaptiveK:
             self._model = (float(coef[0]), float(coef[1]), float(coef[2]))
         return self._model
 
-    def observe(self, batch_size: int, k: int, seconds: float, drafted: list[int], accepted: list[int]) -> None:
+    def _profiled_model(self, curve: RowCurve) -> tuple[float, float, float]:
+        """(s, h, 0) for the curve: s the measured plain arms' seconds over the curve's price of their rows (1.0
+        before any); h what the measured draft arms cost past s * T(their rows), per draft position, as a share
+        of a plain step at their batch size (0 before any was measured). One ratio, not a fit per k and batch
+        size: arms measured in one bucket do not tell a cost per position from one per request-position (a least
+        squares fit of both, from batch sizes 3-4 of one bucket, priced a draft position at 83 ms)."""
+        def mean(key: tuple[int, int], total: dict[tuple[int, int], float]) -> float:
+            return total[key] / self.batch_count[key]
+
+        plain = [key for key in self.step_seconds if key[1] == 0]
+        scale = (sum(self.step_seconds[key] for key in plain) / sum(curve(mean(key, self.rows_sum)) for key in plain)
+                 if plain else 1.0)
+        drafts = [key for key in self.step_seconds if key[1] > 0]
+        extra = sum(self.step_seconds[key] - scale * curve(mean(key, self.rows_sum)) for key in drafts)
+        per_position = sum(key[1] * scale * curve(mean(key, self.batch_sum)) for key in drafts)
+        return scale, max(extra / per_position, 0.0) if drafts else 0.0, 0.0
+
+    def observe(self, batch_size: int, k: int, seconds: float | None, drafted: list[int],
+                accepted: list[int]) -> None:
         """A decode-only step with ``k`` drafts per request took ``seconds``; ``drafted`` / ``accepted``: per
-        request, drafts verified and accepted (each request's accepted drafts are its first ones)."""
+        request, drafts verified and accepted (each request's accepted drafts are its first ones). ``seconds``
+        None: the step's cost is not its arm's (its proposer caught up over positions committed while a request
+        did not draft); its acceptance counts."""
         for a in accepted:
             for pos in range(min(k, self.k_max)):
                 self.offered_per_pos[pos] += 1
                 if pos < a:
                     self.accepted_per_pos[pos] += 1
+        if k:
+            self.slots_offered += len(drafted) * k
+            self.slots_filled += sum(drafted)
         key = (batch_bucket(batch_size), k)
+        self.rows_sum[key] = self.rows_sum.get(key, 0.0) + len(drafted) + sum(drafted)
         self.batch_sum[key] = self.batch_sum.get(key, 0.0) + batch_size
         self.batch_count[key] = self.batch_count.get(key, 0) + 1
+        if seconds is None:
+            return
         if key not in self.warmed:
             self.warmed.add(key)
             return

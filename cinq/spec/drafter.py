@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 class Drafter(Protocol):
     def propose(self, requests: list[Request], max_model_len: int) -> None: ...
 
-    def observe(self, seconds: float, drafted: list[int], accepted: list[int]) -> None: ...
+    def observe(self, seconds: float | None, drafted: list[int], accepted: list[int]) -> None: ...
 
 
 class _LengthChooser:
@@ -41,8 +41,9 @@ class _LengthChooser:
         self._last = (batch_size, k)
         return k
 
-    def observe(self, seconds: float, drafted: list[int], accepted: list[int]) -> None:
-        """What the last proposed step cost (wall seconds of its execution) and accepted, per request."""
+    def observe(self, seconds: float | None, drafted: list[int], accepted: list[int]) -> None:
+        """What the last proposed step cost (wall seconds of its execution; None: not its arm's steady cost) and
+        accepted, per request."""
         if self.adaptive is not None and self._last is not None:
             self.adaptive.observe(self._last[0], self._last[1], seconds, drafted, accepted)
         self._last = None

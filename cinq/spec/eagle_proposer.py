@@ -116,11 +116,15 @@ class EagleProposer(PagedKVProposer):
             return self._fallback(seqs, want, history, out)
         batch = build_batch(rows_in, self.block_size, self.pad_block_ids, self.device)
         by_id = dict(zip(ids, feats))
-        feature = _pad_rows(self._fused(torch.cat([by_id[s.request_id] for s in batch.seqs])),
-                            batch.input_ids.shape[0])
-        (next_feat, normed), out.catch_up_s = self.catch_up(
-            lambda: self.head(batch.input_ids, feature, batch.positions, batch.meta),
-            [len(s.token_ids) for s in rows_in], [want[s.request_id] for s in rows_in], prompt_rows)
+
+        def forward() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            # the fusion of the kept layers is timed with the head: it too grows with the positions caught up
+            feature = _pad_rows(self._fused(torch.cat([by_id[s.request_id] for s in batch.seqs])),
+                                batch.input_ids.shape[0])
+            return feature, *self.head(batch.input_ids, feature, batch.positions, batch.meta)
+
+        (feature, next_feat, normed), out.catch_up_s = self.catch_up(
+            forward, [len(s.token_ids) for s in rows_in], [want[s.request_id] for s in rows_in], prompt_rows)
         live = [(s, row) for s, row in zip(batch.seqs, batch.last_rows()) if s.request_id in want]
         block_ids = {s.request_id: s.block_ids for s in seqs}
         n_tree = self.tree_nodes or -1

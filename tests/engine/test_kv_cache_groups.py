@@ -95,3 +95,15 @@ def test_greedy_tokens_match_the_single_table_path_with_preemption(folder: Path,
     ref = LLM(str(folder), num_kv_blocks=200, **args)
     assert not isinstance(ref.engine.core.kv, HybridKVCacheManager)
     assert [o.outputs[0].token_ids for o in ref.generate(prompts, params)] == got
+
+
+def test_a_request_the_full_group_cannot_hold_is_refused_not_left_waiting(folder: Path):
+    """The budget of 24 shared blocks leaves the full-attention group 1 block of 4 tokens: a request of 11
+    tokens is refused at once, naming max_tokens (checked against the budget's 24 blocks, it waited forever)."""
+    from cinq.errors import PromptTooLongError
+    llm = LLM(str(folder), dtype="float32", block_size=4, num_kv_blocks=24, engine_core="inproc")
+    assert llm.engine.kv.num_blocks == 1
+    with pytest.raises(PromptTooLongError, match="1 blocks of 4 tokens") as e:
+        llm.generate([[5, 6, 7, 8, 9, 10, 11]], SamplingParams(max_tokens=4))
+    assert e.value.param == "max_tokens"
+    assert llm.generate([[5, 6]], SamplingParams(max_tokens=2))[0].outputs[0].token_ids  # one that fits runs

@@ -129,9 +129,10 @@ def test_drafts_accepted_past_a_stop_are_not_counted_as_accepted():
     assert core.num_draft_tokens == 3 and core.num_accepted_tokens == 2
 
 
-def test_adaptive_k_is_told_the_step_cost_without_the_catch_up_over_undrafted_positions():
+def test_adaptive_k_is_told_no_step_cost_for_a_step_that_caught_up_over_undrafted_positions():
     """A proposer's catch-up over positions committed while a request did not draft is paid once when
-    speculation resumes: the drafter learns the step's cost without it (Proposals.catch_up_s)."""
+    speculation resumes (Proposals.catch_up_s): such a step is not its arm's cost (None), only its acceptance
+    counts; a step without one reports its wall time."""
     from cinq.spec.config import SpeculativeConfig
     from cinq.spec.drafter import SlotDrafter
     drafter = SlotDrafter(SpeculativeConfig(method="medusa", model="x", num_speculative_tokens=2))
@@ -141,4 +142,5 @@ def test_adaptive_k_is_told_the_step_cost_without_the_catch_up_over_undrafted_po
     s.add_request(Request("a", [1, 2, 3], SamplingParams(ignore_eos=True), 10, 0.0))
     s.update(s.schedule(), RunnerOutput({"a": [4]}, elapsed_s=0.9, catch_up_s=0.1))  # prefill: not a cost sample
     s.update(s.schedule(), RunnerOutput({"a": [5, 6]}, elapsed_s=0.5, catch_up_s=0.125))
-    assert seen == [(0.375, [2], [1])]
+    s.update(s.schedule(), RunnerOutput({"a": [7]}, elapsed_s=0.25))
+    assert seen == [(None, [2], [1]), (0.25, [2], [0])]

@@ -10,6 +10,7 @@ import pytest
 
 from cinq import LLM, SamplingParams
 from cinq.spec.adaptive import PLAIN_STEPS, AdaptiveK, batch_bucket
+from cinq.spec.row_cost import RowCurve
 
 
 def simulate(adaptive: AdaptiveK, batch: int, cost, accept_rate: float, steps: int, seed: int = 0) -> list[int]:
@@ -202,3 +203,66 @@ def test_with_prompt_lookup_first_only_prompt_rows_are_left_out_of_an_arms_cost(
     rows, drafts, prompt = [10, 6, 2], [2, 3, 1], [7, 0, 0]  # past drafts + 1: 7, 2, 0
     assert stale_rows(rows, drafts, prompt, charge_gaps=False) == 9
     assert stale_rows(rows, drafts, prompt, charge_gaps=True) == 7
+
+
+def cpu_rows(rows: float) -> float:
+    """A CPU-like target step by rows: flat to 8 rows (the weights streamed once), in proportion past them."""
+    return 10e-3 * max(1.0, rows / 8)
+
+
+def cpu_step(batch: int, k: int) -> float:
+    """That target verifying ``batch * (k + 1)`` rows, and a head costing 5% of a plain step per draft."""
+    return cpu_rows(batch * (k + 1)) + 0.05 * k * cpu_rows(batch)
+
+
+def profiled(k_max: int, **kw) -> AdaptiveK:
+    """An AdaptiveK with a start-up profile of ``cpu_rows`` at step_profile's row counts."""
+    from cinq.engine.step_profile import PROFILE_ROWS
+    return AdaptiveK(k_max=k_max, row_curve=RowCurve.of({r: cpu_rows(r) for r in PROFILE_ROWS}), **kw)
+
+
+def test_with_a_profiled_curve_an_arm_whose_rows_cost_too_much_is_never_tried() -> None:
+    """Batch 32: k = 1 verifies 64 rows, 2x a plain step, for at most 1.6 tokens: priced by the profiled curve it
+    is never run, not even once to learn so. A straight line in rows, fitted at batch 1-2 where steps are flat,
+    prices it as a win: without the curve (the broken variant) it is tried."""
+    adaptive = profiled(4)
+    small = simulate(adaptive, 1, cpu_step, accept_rate=0.6, steps=200)
+    assert max(set(small[-100:]), key=small[-100:].count) >= 2  # flat to 8 rows: speculation pays at batch 1
+    assert simulate(adaptive, 32, cpu_step, accept_rate=0.6, steps=300, seed=1) == [0] * 300
+    line = AdaptiveK(k_max=4)
+    for batch in (1, 2):
+        simulate(line, batch, cpu_step, accept_rate=0.6, steps=200)
+    assert any(simulate(line, 32, cpu_step, accept_rate=0.6, steps=300, seed=1))
+
+
+def test_with_a_profiled_curve_speculation_starts_without_exploring_and_prices_drafts_by_their_cost() -> None:
+    """No plain steps or per-k exploration first: the curve prices every arm, drafts at no cost until measured
+    (the optimistic guess); the measured arms then give the draft's cost per position as a share of a plain
+    step (5% here) and the plain steps the curve's scale."""
+    adaptive = profiled(4, explore_every=1000)
+    chosen = simulate(adaptive, 2, cpu_step, accept_rate=0.7, steps=60)
+    # acceptance 1.0 before evidence: k = 3 (8 rows, flat) and k = 4 (10 rows, 1.25x) tie at 4 tokens per 10 ms
+    # a request; the shorter first
+    assert chosen[0] == 3
+    scale, share, _ = adaptive.cost_model()
+    assert scale == 1.0  # never measured plain: the curve as profiled
+    assert share == pytest.approx(0.05)
+    assert adaptive.cost(64, 2) == pytest.approx(cpu_step(64, 2))  # an unmeasured batch size, priced right
+
+
+def test_a_step_that_caught_up_counts_its_acceptance_not_its_cost() -> None:
+    adaptive = AdaptiveK(k_max=2)
+    for _ in range(3):  # warm-up, then a measured step at 1 s
+        adaptive.observe(1, 1, 1.0, [1], [1])
+    adaptive.observe(1, 1, None, [1], [0])  # a re-try after a stretch off: its cost is not the arm's
+    assert adaptive.step_seconds[(1, 1)] == 1.0
+    assert adaptive.acceptance(0) == pytest.approx(3 / 4)
+
+
+def test_the_fill_share_prices_an_n_gram_arm_by_the_rows_it_verifies() -> None:
+    """Requests without a match draft nothing and verify one row: the expected rows follow the measured share of
+    offered positions filled."""
+    adaptive = profiled(4)
+    assert adaptive.expected_rows(8, 4) == 40  # before any evidence: every position filled
+    adaptive.observe(8, 4, None, [4, 0, 0, 0, 4, 0, 0, 0], [1] * 2 + [0] * 6)
+    assert adaptive.expected_rows(8, 4) == 8 * (1 + 4 * 0.25)
