@@ -79,8 +79,10 @@ def test_prefix_caching_and_preemption_match_tp1(tiny_llama):
     assert stats.prefix_cache_hits > 0
 
 
-def test_ngram_speculation_runs_under_tp(tiny_llama):
-    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_ngram_speculation_runs_under_tp(tiny_llama, adaptive: bool):
+    """Also adaptive: its start-up profile's dummy steps run on every rank, like any step."""
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "adaptive": adaptive}
     prompts = ["abc abc abc abc abc abc"]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     ref = [o.token_ids for o in run(LLM(str(tiny_llama), **ENGINE), prompts, params)]
