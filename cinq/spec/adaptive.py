@@ -46,9 +46,9 @@ arm that lost its re-try waits twice as long for the next one (up to ``2 ** max_
 behind the best waits (best rate / its rate)^2 times longer still (at most 16x), so a method that does not pay
 costs little more than plain decoding. Plain decoding itself is re-tried every ``explore_every`` choices whenever
 it is not the best (halfway between the others' re-tries, without backoff), and without a curve measured over
-``PLAIN_STEPS`` steps before a bucket's first draft arm: every arm is judged against it, so a mispriced plain arm is the costly error (one slow measured step held it at ~2x its cost
-while a losing arm ran for hundreds of steps, each re-try of plain backing off further), and a re-try of it costs
-at most what speculation was gaining. A step time above ``OUTLIER`` (2) times the arm's estimate (the OS took
+``PLAIN_STEPS`` steps before a bucket's first draft arm: every arm is judged against it, so a mispriced plain
+arm is the costly error (one slow measured step held it at ~2x its cost while a losing arm ran for hundreds of
+steps, each re-try of plain backing off further), and a re-try of it costs at most what speculation was gaining. A step time above ``OUTLIER`` (2) times the arm's estimate (the OS took
 the core) counts as that much, and the EMA gives the newest step a tenth: on this shared 2-core machine ~5% of
 steps take 1.5-3x, and plain decoding, the arm updated most often, read dearer than it is after each (an ad hoc
 simulation of the scenario tests/spec/test_adaptive.py's test_slow_steps_do_not_let_a_losing_arm_run bounds, at
