@@ -1,61 +1,61 @@
-"""Adaptive speculation length (``speculative_config.adaptive``): each step, the number of drafts k (0 = off)
-that maximises expected output tokens per second at this batch size, from what the engine measured.
+"""Adaptive speculation length (``speculative_config.adaptive``): each step, the number of drafts k (0 = off) that
+maximises expected output tokens per second at this batch size, from what the engine measured.
 
-Expected tokens a request emits in a step with k drafts: 1 + sum_{i<k} a_i, where a_i is the measured rate at
-which a request offered a draft position i (a step with k > i) got a draft there that the target accepted. Per
-position and per offer, not per draft: an n-gram drafter finds no match for many requests, and a step that offers
-4 positions to requests that draft none emits one token each, which a per-draft rate would overstate.
+Expected tokens a request emits in a step with k drafts: 1 + sum_{i<k} a_i, where a_i is the measured rate at which
+a request offered a draft position i (a step with k > i) got a draft there that the target accepted. Per position
+and per offer, not per draft: an n-gram drafter finds no match for many requests, and a step that offers 4 positions
+to requests that draft none emits one token each, which a per-draft rate would overstate.
 
 A step's cost is measured, as wall time of the runner's execute, per (batch-size bucket, k), as the mean of its
 first 1 / ema steps and an exponential moving average after, over decode-only steps (a prefill chunk in the step
-would blur it); an arm's first step in a bucket is not counted (new shapes build kernels and caches then), nor is
-a step whose proposer caught up over positions committed while a request did not draft (``Proposals.catch_up_s``:
-an EAGLE head's or a draft model's pass over the prompt, or over the steps spent at k = 0, paid once when
-speculation resumes; ``observe`` gets no seconds and counts its acceptance only). Counted, each re-try of an arm
-after a stretch off priced it by the gap it closed, and taking the catch-up's own time out was not enough: the
-step after it still read 1.3-1.5x the arm's steady cost (EAGLE-3's k = 1 at batch 4). Throughput is batch *
-tokens / cost; plain decoding (k = 0) is one of the arms, so the choice is never knowingly slower than it, and k = 0
-proposes nothing (off costs nothing).
+would blur it); an arm's first step in a bucket is not counted (new shapes build kernels and caches then), nor is a
+step whose proposer caught up over positions committed while a request did not draft (``Proposals.catch_up_s``: an
+EAGLE head's or a draft model's pass over the prompt, or over the steps spent at k = 0, paid once when speculation
+resumes; ``observe`` gets no seconds and counts its acceptance only). Counted, each re-try of an arm after a stretch
+off priced it by the gap it closed, and taking the catch-up's own time out was not enough: the step after it still
+read 1.3-1.5x the arm's steady cost (EAGLE-3's k = 1 at batch 4). Throughput is batch * tokens / cost; plain
+decoding (k = 0) is one of the arms, so the choice is never knowingly slower than it, and k = 0 proposes nothing
+(off costs nothing).
 
 Costs are modelled, not explored per bucket. An engine profiles its target's step at start-up
-(cinq/engine/step_profile.py: seconds by rows computed, ``RowCurve``), and an arm is priced ``step cost =
-s * (T(rows) + h * k * T(B))``: T the profiled curve at the rows a step of B requests with k drafts computes
-(B * (1 + k * f), f the measured share of offered draft positions filled: an n-gram request without a match
-verifies one row), s the ratio of measured plain steps to the curve (the machine now against the machine at
-start-up), and h a draft position's cost as a share of a plain step at that batch size (a head or draft model
-scales with the batch as its target does), from what measured draft arms cost over their rows' price (zero
-before any was measured: a draft that costs nothing is the optimistic guess that gets it tried). On this CPU a
-step's cost is flat up to ~8 rows and proportional past ~32 (the skinny kernels stream the weights once for up to
-32 rows), so no straight line in rows fits it: a line fitted at small batches priced k = 1 at batch 32 (64 rows,
-2x a plain step) as a win, and each re-try of it, with an EAGLE head's catch-up over 32 prompts, cost what
-speculation could not win back in a short run (0.93x). With the curve, an arm whose rows cost more than its tokens
-are worth is never tried. Without a profile (an AdaptiveK built alone), ``step cost = a + b * k + c * B * (k +
-1)`` (a fixed dispatch cost, a draft cost per position, the target's cost per verified row), fitted by least
-squares to every measured arm of every bucket (its EMA, at the mean batch size it saw). Once the measurements pin
-the three terms down (arms at two k and rows at two batch sizes), a bucket's unmeasured arms are priced by the
-model instead of being tried.
-Until then a bucket's arms are tried in increasing k (twice: the first is the warm-up), skipping an arm that
-cannot win: a step verifying more drafts costs at least what a shorter one measured, so k is hopeless when its
-expected tokens over the dearest shorter arm's cost do not beat the best throughput measured (with the verify
-step as dear as it is today, low acceptance stops exploration at k = 1). Nothing about the kernels is assumed:
-when verify steps get cheaper, the measured costs say so.
+(cinq/engine/step_profile.py: seconds by rows computed, ``RowCurve``), and an arm is priced ``step cost = s *
+(T(rows) + h * k * T(B))``: T the profiled curve at the rows a step of B requests with k drafts computes (B * (1 + k
+* f), f the measured share of offered draft positions filled: an n-gram request without a match verifies one row), s
+the ratio of measured plain steps to the curve (the machine now against the machine at start-up), and h a draft
+position's cost as a share of a plain step at that batch size (a head or draft model scales with the batch as its
+target does), from what measured draft arms cost over their rows' price (zero before any was measured: a draft that
+costs nothing is the optimistic guess that gets it tried). On this CPU a step's cost is flat up to ~8 rows and
+proportional past ~32 (the skinny kernels stream the weights once for up to 32 rows), so no straight line in rows
+fits it: a line fitted at small batches priced k = 1 at batch 32 (64 rows, 2x a plain step) as a win, and each
+re-try of it, with an EAGLE head's catch-up over 32 prompts, cost what speculation could not win back in a short run
+(0.93x). With the curve, an arm whose rows cost more than its tokens are worth is never tried. Without a profile (an
+AdaptiveK built alone), ``step cost = a + b * k + c * B * (k + 1)`` (a fixed dispatch cost, a draft cost per
+position, the target's cost per verified row), fitted by least squares to every measured arm of every bucket (its
+EMA, at the mean batch size it saw). Once the measurements pin the three terms down (arms at two k and rows at two
+batch sizes), a bucket's unmeasured arms are priced by the model instead of being tried. Until then a bucket's arms
+are tried in increasing k (twice: the first is the warm-up), skipping an arm that cannot win: a step verifying more
+drafts costs at least what a shorter one measured, so k is hopeless when its expected tokens over the dearest
+shorter arm's cost do not beat the best throughput measured (with the verify step as dear as it is today, low
+acceptance stops exploration at k = 1). Nothing about the kernels is assumed: when verify steps get cheaper, the
+measured costs say so.
 
 Arms are re-tried now and then (one every ``explore_every`` choices, the one most overdue among arms that could
-still win, and without a curve the best arm's neighbours) so that a change in acceptance or load is noticed; an
-arm that lost its re-try waits twice as long for the next one (up to ``2 ** max_backoff`` times), and an arm far
-behind the best waits (best rate / its rate)^2 times longer still (at most 16x), so a method that does not pay
-costs little more than plain decoding. Plain decoding itself is re-tried every ``explore_every`` choices whenever
-it is not the best (halfway between the others' re-tries, without backoff), and without a curve measured over
-``PLAIN_STEPS`` steps before a bucket's first draft arm: every arm is judged against it, so a mispriced plain
-arm is the costly error (one slow measured step held it at ~2x its cost while a losing arm ran for hundreds of
-steps, each re-try of plain backing off further), and a re-try of it costs at most what speculation was gaining. A step time above ``OUTLIER`` (2) times the arm's estimate (the OS took
-the core) counts as that much, and the EMA gives the newest step a tenth: on this shared 2-core machine ~5% of
-steps take 1.5-3x, and plain decoding, the arm updated most often, read dearer than it is after each (an ad hoc
-simulation of the scenario tests/spec/test_adaptive.py's test_slow_steps_do_not_let_a_losing_arm_run bounds, at
-batch 4 with EAGLE-3's measured costs and that jitter: 15% of steps at a losing k and 0.94x of plain with the old
-rules, 3% and 0.99x with these). A tighter clip (1.25x) did as well there but biased arms whose cost is
-genuinely spread (an n-gram step is cheap when few requests matched) low: chosen 3x as often as they should be,
-0.94x in simulation, and ngram adaptive at batch 4 0.87x in the engine (a draft run, not kept).
+still win, and without a curve the best arm's neighbours) so that a change in acceptance or load is noticed; an arm
+that lost its re-try waits twice as long for the next one (up to ``2 ** max_backoff`` times), and an arm far behind
+the best waits (best rate / its rate)^2 times longer still (at most 16x), so a method that does not pay costs little
+more than plain decoding. Plain decoding itself is re-tried every ``explore_every`` choices whenever it is not the
+best (halfway between the others' re-tries, without backoff), and without a curve measured over ``PLAIN_STEPS``
+steps before a bucket's first draft arm: every arm is judged against it, so a mispriced plain arm is the costly
+error (one slow measured step held it at ~2x its cost while a losing arm ran for hundreds of steps, each re-try of
+plain backing off further), and a re-try of it costs at most what speculation was gaining. A step time above
+``OUTLIER`` (2) times the arm's estimate (the OS took the core) counts as that much, and the EMA gives the newest
+step a tenth: on this shared 2-core machine ~5% of steps take 1.5-3x, and plain decoding, the arm updated most
+often, read dearer than it is after each (an ad hoc simulation of the scenario tests/spec/test_adaptive.py's
+test_slow_steps_do_not_let_a_losing_arm_run bounds, at batch 4 with EAGLE-3's measured costs and that jitter: 15% of
+steps at a losing k and 0.94x of plain with the old rules, 3% and 0.99x with these). A tighter clip (1.25x) did as
+well there but biased arms whose cost is genuinely spread (an n-gram step is cheap when few requests matched) low:
+chosen 3x as often as they should be, 0.94x in simulation, and ngram adaptive at batch 4 0.87x in the engine (a
+draft run, not kept).
 """
 
 from __future__ import annotations
