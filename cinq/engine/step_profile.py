@@ -39,14 +39,14 @@ def profile_decode_rows(executor: Executor, rows: list[int], block_ids: list[int
     one untimed), run through ``executor`` in the scratch blocks ``block_ids`` (``group_block_ids``: one per KV
     cache group). The dummy requests are dropped from the runner after each row count."""
     t0 = time.perf_counter()
-    block_size_slot = 0  # every dummy writes slot 0 of the first scratch block: no request reads it
+    position = 0  # every dummy is token 0 at position 0: it writes slot 0 of the first scratch block, read by none
     params = SamplingParams(temperature=0.0, max_tokens=1)
     out: dict[int, float] = {}
     for n in rows:
         ids = [f"_profile-{n}-{i}" for i in range(n)]
         best = float("inf")
         for rep in range(PROFILE_REPEATS + 1):
-            seqs = [ScheduledSeq(rid, [0], block_size_slot, list(block_ids), 1, group_block_ids=group_block_ids)
+            seqs = [ScheduledSeq(rid, [0], position, list(block_ids), 1, group_block_ids=group_block_ids)
                     for rid in ids]
             new = [NewRequestData(rid, [0], params) for rid in ids] if rep == 0 else []
             run = executor.execute_model(SchedulerOutput(seqs=seqs, new_requests=new, num_batched_tokens=n))
