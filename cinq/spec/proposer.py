@@ -44,7 +44,8 @@ class Proposals:
     # requests whose drafts form a tree: its parent array over [root] + drafts (one shape for the whole step)
     parents: dict[str, list[int]] = field(default_factory=dict)
     # seconds of the catch-up spent on positions committed while their request did not draft (PagedKVProposer
-    # .catch_up): a one-time price of having been off, not what a step with drafts costs (adaptive k leaves it out)
+    # .catch_up): a one-time price of having been off, not what a step with drafts costs (adaptive k leaves the
+    # whole step's cost out when it is > 0, and counts its acceptance only)
     catch_up_s: float = 0.0
 
 

@@ -10,10 +10,7 @@ import pytest
 
 from cinq import LLM, SamplingParams
 from cinq.engine.step_profile import PROFILE_ROWS, profile_decode_rows, profile_rows
-from cinq.model.byte_tokenizer import save_byte_tokenizer
-from cinq.model.config import ModelConfig
-from cinq.model.saver import init_random_model, save_model
-from tests.model.test_gemma3 import CFG
+from tests.engine.test_kv_cache_groups import folder  # noqa: F401  (the fixture: full and sliding-window layers)
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "adaptive": True}
 
@@ -35,16 +32,7 @@ def test_an_adaptive_engine_is_profiled_over_its_steps_rows(tiny_llama: Path) ->
     assert plain.engine.scheduler.drafter.adaptive is None  # a fixed k is not priced: no profile to pay for
 
 
-@pytest.fixture(scope="module")
-def hybrid(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A Gemma-3-like model of full and sliding-window layers: KV cache groups."""
-    path = save_model(init_random_model(ModelConfig.from_dict(CFG), seed=13, std=0.3),
-                      tmp_path_factory.mktemp("hybrid") / "m")
-    save_byte_tokenizer(path)
-    return path
-
-
-@pytest.mark.parametrize("model", ["tiny_llama", "hybrid"])
+@pytest.mark.parametrize("model", ["tiny_llama", "folder"])  # folder: a Gemma-3-like model, KV cache groups
 def test_dummy_steps_touch_only_scratch_blocks(model: str, request: pytest.FixtureRequest) -> None:
     """A profile between two generations changes nothing they compute (its KV writes go to the scratch blocks
     past the pool, never a request's), and every block is free after."""
