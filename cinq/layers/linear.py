@@ -19,7 +19,7 @@ from torch import nn
 
 from cinq.distributed.parallel_state import all_reduce_output_hook
 from cinq.kernels.cpu_native import chunked_small_m_linear, small_m_linear_native
-from cinq.kernels.fp32_gemm import dense_fp32_linear
+from cinq.kernels.prefill_gemm import dense_fp32_linear
 from cinq.layers.linear_base import LinearBase
 from cinq.layers.linear_split import ROW, LinearSplit
 from cinq.layers.weight_loader import CheckpointTensor, OutputShards, ParamLayout, ShardId, load_sharded
@@ -46,7 +46,7 @@ class DenseLinear(LinearBase):
     """y = x W^T + b with W [out_features, in_features] in the model dtype. Decode-sized bf16 inputs on the CPU
     (at most ``small_m_rows()`` rows: 32 where the kernel beats oneDNN, no autograd) go through the native skinny
     kernel when it is available: a few sequences' decode, or a speculative verify of up to 31 drafts. On CPUs without
-    bf16 instructions (AVX2), inputs of ``fp32_gemm.DENSE_MIN_ROWS`` rows or more (prefill) run BLAS's float32
+    bf16 instructions (AVX2), inputs of ``prefill_gemm.DENSE_MIN_ROWS`` rows or more (prefill) run BLAS's float32
     GEMM on the weight widened a block at a time, and those in between (batched decode) the skinny kernel in
     chunks of rows.
 

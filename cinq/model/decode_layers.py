@@ -168,11 +168,11 @@ def _linear_spec(mod: Any, linear: Any) -> tuple[Any, int] | None:
     if mod is None:
         mod = _CoverageOnly()
     from cinq.layers.linear import DenseLinear
-    from cinq.layers.quantization.gguf_linear import DEQUANT_ROWS, GGUFLinear
+    from cinq.layers.quantization.gguf_linear import DEQUANT_ROWS, Q8_DEQUANT_ROWS, GGUFLinear
     from cinq.layers.quantization.int8_activations import uses_int8_activations
     from cinq.layers.quantization.linear import QuantizedLinear
     from cinq.layers.quantization.native import I8_DEQUANT_ROWS, INT4_NATIVE_MAX_ROWS, NATIVE_MAX_ROWS
-    from cinq.kernels.fp32_gemm import DENSE_MIN_ROWS
+    from cinq.kernels.prefill_gemm import DENSE_MIN_ROWS
 
     if getattr(linear, "split", None) is not None:  # tensor parallelism: its collectives are not in the program
         return None
@@ -196,7 +196,7 @@ def _linear_spec(mod: Any, linear: Any) -> tuple[Any, int] | None:
     half = torch.empty(0, dtype=torch.float16)
     if type(linear) is GGUFLinear:
         if kind == "gguf_q8_0_i8":
-            return mod.Linear(mod.INT8_I8, [t["codes"], t["scales"], t.get("mins", half)], [group]), 1 << 30
+            return mod.Linear(mod.INT8_I8, [t["codes"], t["scales"], t.get("mins", half)], [group]), Q8_DEQUANT_ROWS - 1
         if kind in ("gguf_q4_0_i8", "gguf_q4_1_i8"):
             return (mod.Linear(mod.INT4_I8, [t["codes"], t["scales"], t.get("mins", half)],
                                [group, 8 if kind == "gguf_q4_0_i8" else 0]), DEQUANT_ROWS - 1)

@@ -79,12 +79,12 @@ def test_merged_dense_linear_names_the_tensor_on_a_wrong_shape_or_shard():
 @pytest.mark.parametrize("rows", [33, 63, 64, 200])
 def test_dense_bf16_prefill_shapes_are_the_float32_product_rounded_once(rows, monkeypatch):
     """Past the decode sizes a bf16 DenseLinear computes in float32 and rounds once (the chunked skinny kernel
-    below fp32_gemm.DENSE_MIN_ROWS rows, the float32 GEMM from there on CPUs whose bf16 GEMM is emulated)."""
-    from cinq.kernels import fp32_gemm
+    below prefill_gemm.DENSE_MIN_ROWS rows, the float32 GEMM from there on CPUs whose bf16 GEMM is emulated)."""
+    from cinq.kernels import prefill_gemm
     from cinq.layers import linear
     calls = []
     monkeypatch.setattr(linear, "dense_fp32_linear",
-                        lambda *a: calls.append(a[0].shape) or fp32_gemm.dense_fp32_linear(*a))
+                        lambda *a: calls.append(a[0].shape) or prefill_gemm.dense_fp32_linear(*a))
     gen = torch.Generator().manual_seed(rows)
     lin = DenseLinear(96, 40, True).bfloat16()
     with torch.no_grad():

@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 
 from cinq.errors import InvalidParameterError
-from cinq.kernels.fp32_gemm import fp32_linear
+from cinq.kernels.cpu_native import bf16_gemm_is_emulated
+from cinq.kernels.prefill_gemm import dequant_linear
 from cinq.layers.linear_split import LinearSplit
 from cinq.layers.quantization.gguf_blocks import BLOCK, BLOCK_BYTES, decode_blocks
 from cinq.layers.quantization.int8_activations import (
@@ -31,11 +32,15 @@ from cinq.layers.weight_loader import OutputShards, ParamLayout
 
 _ROWS = ParamLayout(output_dim=0)
 # From this many rows (prefill chunks; decode batches stay below it) a 4-bit layer with int8 activations dequantizes
-# its blocks to float32, a block of rows at a time, and runs BLAS's float32 GEMM: measured on the AVX2 CPU for
-# SmolLM2's shapes at 2048 rows, 1.3x less CPU time per layer than the int8 x int4 kernel, and more exact (no
-# activation rounding). Decode batches (up to 128 rows) keep the kernel, which streams 5 / 8 of a byte per weight
-# where float32 would stream 4 bytes. The same rule as the GPTQ / AWQ layers' (native.I8_DEQUANT_ROWS).
+# its blocks, a block of rows at a time, for a GEMM (``prefill_gemm.dequant_linear``): measured on the AVX2 CPU for
+# SmolLM2's shapes at 2048 rows, the float32 GEMM took 1.3x less CPU time per layer than the int8 x int4 kernel,
+# and is more exact (no activation rounding); with bf16 instructions the bf16 GEMM is ahead from 256 rows. Decode
+# batches keep the kernel, which streams 5 / 8 of a byte per weight where float32 would stream 4 bytes. The same
+# rule as the GPTQ / AWQ layers' (native.I8_DEQUANT_ROWS).
 DEQUANT_ROWS = I8_DEQUANT_ROWS
+# Q8_0 keeps its kernel at any rows where the bf16 GEMM is emulated (no float32 GEMM was measured ahead of it);
+# with bf16 instructions it dequantizes from DEQUANT_ROWS (a SmolLM2 layer at 256-2,048 rows: 2.3-2.7x less time)
+Q8_DEQUANT_ROWS = 1 << 30 if bf16_gemm_is_emulated() else DEQUANT_ROWS
 
 
 def _blocks(raw: torch.Tensor, type_name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -101,6 +106,14 @@ def dequantize_i8_int4(t: dict[str, torch.Tensor], kind: str) -> torch.Tensor:
     return q
 
 
+def dequantize_i8_int8(t: dict[str, torch.Tensor]) -> torch.Tensor:
+    """W [N, K] float32 of a Q8_0 layer's int8-activation tensors: code * d per 32-value block."""
+    q = t["codes"].float()
+    n = q.shape[0]
+    q.view(n, -1, BLOCK).mul_(t["scales"].float().unsqueeze(-1))
+    return q
+
+
 def gguf_mm(kind: str, t: dict[str, torch.Tensor], group: int, x: torch.Tensor) -> torch.Tensor:
     """y = x W^T for a prepared GGUF layer; x [..., K] -> [..., N] in x's dtype."""
     if kind == DEQUANTIZED_AT_LOAD:
@@ -111,10 +124,11 @@ def gguf_mm(kind: str, t: dict[str, torch.Tensor], group: int, x: torch.Tensor) 
     x2 = x2 if x2.dtype == torch.bfloat16 else x2.to(torch.bfloat16)
     if kind.endswith("_i8"):
         x2 = x2 if x2.is_contiguous() else x2.contiguous()
-        if kind != "gguf_q8_0_i8" and x2.shape[0] >= DEQUANT_ROWS:
-            y = fp32_linear(x2, lambda n0, n1: dequantize_i8_int4(rows_of(t, n0, n1), kind), t["codes"].shape[0])
-        elif kind == "gguf_q8_0_i8":
-            y = int8_grouped_linear_i8(x2, t, group)
+        if kind == "gguf_q8_0_i8":
+            y = dequant_linear(x2, lambda n0, n1: dequantize_i8_int8(rows_of(t, n0, n1)), t["codes"].shape[0]) \
+                if x2.shape[0] >= Q8_DEQUANT_ROWS else int8_grouped_linear_i8(x2, t, group)
+        elif x2.shape[0] >= DEQUANT_ROWS:
+            y = dequant_linear(x2, lambda n0, n1: dequantize_i8_int4(rows_of(t, n0, n1), kind), t["codes"].shape[0])
         else:
             y = int4_affine_linear_i8(x2, t, group, 8 if kind == "gguf_q4_0_i8" else 0)
     else:

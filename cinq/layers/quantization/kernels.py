@@ -7,7 +7,7 @@ Weight-only (GPTQ / AWQ / RTN files, all unpacked first to a ``QuantizedWeight``
   channel too): a decode step streams the codes at close to memory speed. GPTQ/AWQ/RTN zero points become the
   kernel's float32 ``min = -scale * zero`` (int4) or its int8 shift plus min (int8). Past ``NATIVE_MAX_ROWS``
   rows (int8; ``INT4_NATIVE_MAX_ROWS`` for int4: a prefill chunk) the layer dequantizes its packed weight, a
-  block of rows at a time, for BLAS's float32 GEMM (``native._grouped_linear``, ``cinq.kernels.fp32_gemm``),
+  block of rows at a time, for BLAS's float32 GEMM (``native._grouped_linear``, ``cinq.kernels.prefill_gemm``),
   which is faster there.
 * ``int4_cpu``: ``aten._weight_int4pack_mm_for_cpu`` (bf16 activations; 20-60x slower with fp32 ones). Its
   dequantization is ``(q - 8) * scale + zero`` per (group, channel), so a GPTQ/AWQ zero point z maps to
@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from cinq.kernels.cpu_native import chunked_small_m_linear, small_m_linear_native
-from cinq.kernels.fp32_gemm import dense_fp32_linear
+from cinq.kernels.prefill_gemm import dense_fp32_linear
 from cinq.layers.quantization.native import NATIVE_MAX_ROWS  # noqa: F401  (the NF4 / FP8 linears' switch too)
 from cinq.layers.quantization.native import (
     grouped_module,

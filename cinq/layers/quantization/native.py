@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from cinq.kernels.cpu_native import call_native, native_module
-from cinq.kernels.fp32_gemm import fp32_linear
+from cinq.kernels.cpu_native import bf16_gemm_is_emulated, call_native, native_module
+from cinq.kernels.prefill_gemm import dequant_linear
 from cinq.layers.quantization.int8_activations import (int4_affine_linear_i8, int8_grouped_linear_i8,
                                                         uses_int8_activations)
 from cinq.layers.quantization.qweight import QuantizedWeight
@@ -33,16 +33,18 @@ _MODULE = "grouped_int_linear"
 # int8 without a min term: one shared empty tensor, nothing per call
 _NO_MINS = torch.empty(0, dtype=torch.float32, device="cpu")
 # Rows up to which the bf16-activation kernels run; past them (a prefill chunk, a wide decode batch) the weight is
-# dequantized a block of rows at a time for BLAS's float32 GEMM (``fp32_linear``). Measured on the AVX2 EPYC
-# (1 thread, draft, benchmarks/prefill_gemm.py) on the 110M Llama's and SmolLM2's projections: the int8 kernel
-# and the float32 GEMM are even at 16 rows (the kernel ahead at 8, the GEMM 1.3x ahead at 24); the int4 kernel,
-# whose dequantization costs more, is ahead at 24 rows (1.1-2x), even or ahead at 32, even (SmolLM2) to 1.65x
-# behind (110M) at 64.
+# dequantized a block of rows at a time for a GEMM (``prefill_gemm.dequant_linear``). Measured on the AVX2 EPYC
+# (1 thread, draft, benchmarks/prefill_gemm.py) on the 110M Llama's and SmolLM2's projections against the float32
+# GEMM: the int8 kernel and the float32 GEMM are even at 16 rows (the kernel ahead at 8, the GEMM 1.3x ahead at
+# 24); the int4 kernel, whose dequantization costs more, is ahead at 24 rows (1.1-2x), even or ahead at 32, even
+# (SmolLM2) to 1.65x behind (110M) at 64.
 NATIVE_MAX_ROWS = 16
 INT4_NATIVE_MAX_ROWS = 32
-# The int8-activation kernels (group 32) stay ahead longer; from this many rows the float32 GEMM wins (measured
-# for GGUF Q4_0 on SmolLM2's shapes at 2048 rows: 1.3x less CPU time, and more exact: no activation rounding).
-I8_DEQUANT_ROWS = 512
+# The int8-activation kernels (group 32) stay ahead longer. Where the bf16 GEMM is emulated the float32 GEMM wins
+# from 512 rows (measured for GGUF Q4_0 on SmolLM2's shapes at 2048 rows: 1.3x less CPU time, and more exact: no
+# activation rounding). With bf16 instructions the bf16 GEMM wins from 256 (AVX512-BF16 Zen 4, a SmolLM2 layer's
+# Q4_1 linears: 1.24-1.34x the kernel at 256 rows, even at 128; benchmarks/results/prefill_gemm_bf16.md).
+I8_DEQUANT_ROWS = 512 if bf16_gemm_is_emulated() else 256
 
 
 def grouped_module() -> Any | None:
@@ -173,13 +175,12 @@ def _grouped_linear(x: torch.Tensor, t: dict[str, torch.Tensor], group: int, ker
                     linear_i8: Callable[[torch.Tensor, dict[str, torch.Tensor], int], torch.Tensor],
                     max_rows: int, bits: int) -> torch.Tensor:
     """One grouped-int linear: the native ``kernel`` (up to ``max_rows`` rows), its int8-activation variant (up to
-    I8_DEQUANT_ROWS - 1), or dequantize + float32 GEMM (more rows, or no native module)."""
+    I8_DEQUANT_ROWS - 1), or dequantize + a GEMM (more rows, or no native module)."""
     x2 = _flat_bf16(x)
     mod = grouped_module()
     i8 = uses_int8_activations(group, bits)  # which: the module docstring
     if mod is None or x2.shape[0] > (I8_DEQUANT_ROWS - 1 if i8 else max_rows):
-        y = fp32_linear(x2, lambda n0, n1: dequantize(rows_of(t, n0, n1), group), t["codes"].shape[0],
-                        out_dtype=torch.bfloat16)
+        y = dequant_linear(x2, lambda n0, n1: dequantize(rows_of(t, n0, n1), group), t["codes"].shape[0])
     elif i8:
         y = linear_i8(x2, t, group)
     else:

@@ -110,18 +110,30 @@ def test_int8_activation_tensors_stream_the_file_bytes_and_compute_its_values(ki
 
 
 @pytest.mark.parametrize("rows_per_block", [None, 16])  # None: one block; 16: three, the last one short
-@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
-def test_prefill_sized_inputs_run_float32_on_the_exact_block_values(kind: str, rows_per_block, monkeypatch):
-    """From ``DEQUANT_ROWS`` rows a 4-bit layer dequantizes its blocks per call (the reference dequantization,
-    bit for bit), a block of output rows at a time, and runs float32 on unrounded activations; fewer rows keep
-    the int8-activation kernel."""
-    from cinq.kernels import fp32_gemm
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0"])
+def test_prefill_sized_inputs_run_a_gemm_on_the_exact_block_values(kind: str, rows_per_block, monkeypatch):
+    """From ``DEQUANT_ROWS`` rows (Q8_0: ``Q8_DEQUANT_ROWS``) a layer dequantizes its blocks per call (the reference
+    dequantization, bit for bit), a block of output rows at a time, and runs a GEMM on unrounded activations: float32
+    where the bf16 GEMM is emulated, else bf16 on the values rounded once to bf16; fewer rows keep the
+    int8-activation kernel."""
+    from cinq.kernels import prefill_gemm
+    from cinq.kernels.cpu_native import bf16_gemm_is_emulated
     from cinq.layers.quantization import int8_activations as i8
     if rows_per_block is not None:
-        monkeypatch.setattr(fp32_gemm, "BLOCK_BYTES", 4 * 96 * rows_per_block)
-    from cinq.layers.quantization.gguf_linear import DEQUANT_ROWS, dequantize_i8_int4, gguf_mm, prepare_blocks
+        monkeypatch.setattr(prefill_gemm, "BLOCK_BYTES", 4 * 96 * rows_per_block)
+    from cinq.layers.quantization.gguf_linear import (
+        DEQUANT_ROWS,
+        Q8_DEQUANT_ROWS,
+        dequantize_i8_int4,
+        dequantize_i8_int8,
+        gguf_mm,
+        prepare_blocks,
+    )
     if i8.i8_module() is None:
         pytest.skip("native int8-activation kernels unavailable here")
+    rows = Q8_DEQUANT_ROWS if kind == "Q8_0" else DEQUANT_ROWS
+    if rows > 4096:
+        pytest.skip("Q8_0 keeps its kernel at any rows where the bf16 GEMM is emulated")
     w = np.random.default_rng(7).standard_normal((40, 96)).astype(np.float32)
     raw = torch.from_numpy(_blocks(w, kind).copy())
     i8.set_int8_activations(True)
@@ -130,15 +142,16 @@ def test_prefill_sized_inputs_run_float32_on_the_exact_block_values(kind: str, r
     finally:
         i8.set_int8_activations(None)
     ref_w = torch.from_numpy(gguf_quants.dequantize(raw.numpy(), GGMLQuantizationType[kind]))
-    assert torch.equal(dequantize_i8_int4(p.tensors, p.kind), ref_w)
-    x = torch.randn(DEQUANT_ROWS, 96, generator=torch.Generator().manual_seed(1)).bfloat16()
-    exact = (x.float() @ ref_w.t()).bfloat16()
+    mine = dequantize_i8_int8(p.tensors) if kind == "Q8_0" else dequantize_i8_int4(p.tensors, p.kind)
+    assert torch.equal(mine, ref_w)
+    x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(1)).bfloat16()
+    gemm_w = ref_w if bf16_gemm_is_emulated() else ref_w.bfloat16().float()
+    ref = x.float() @ gemm_w.t()
     got = gguf_mm(p.kind, p.tensors, p.arg, x)
-    if rows_per_block is None:  # one GEMM, as the reference's
-        assert torch.equal(got, exact)
-    else:  # BLAS may order a narrower GEMM's float32 sums differently: one bf16 rounding of the float32 product
-        ref = x.float() @ ref_w.t()
-        bound = 2 ** -8 * ref.abs() + 1e-5 * (x.float().abs() @ ref_w.abs().t())
+    if rows_per_block is None and bf16_gemm_is_emulated():  # one float32 GEMM, as the reference's
+        assert torch.equal(got, ref.bfloat16())
+    else:  # a GEMM may order its float32 sums differently: one bf16 rounding of the float32 product
+        bound = 2 ** -8 * ref.abs() + 1e-5 * (x.float().abs() @ gemm_w.abs().t())
         assert bool(((got.float() - ref).abs() <= bound).all())
-    few = x[:DEQUANT_ROWS - 1]
-    assert not torch.equal(gguf_mm(p.kind, p.tensors, p.arg, few), exact[:DEQUANT_ROWS - 1])  # int8 activations
+    few = x[:rows - 1]
+    assert not torch.equal(gguf_mm(p.kind, p.tensors, p.arg, few), ref[:rows - 1].bfloat16())  # int8 activations

@@ -197,6 +197,13 @@ def _act_order(qw: QuantizedWeight, group: int, seed: int) -> QuantizedWeight:
     return qw
 
 
+def _gemm_weight(w: torch.Tensor) -> torch.Tensor:
+    """The float32 weight a prefill GEMM multiplies: ``w`` where the bf16 GEMM is emulated (the float32 GEMM), else
+    ``w`` rounded to bf16 (the bf16 GEMM, cinq.kernels.prefill_gemm)."""
+    from cinq.kernels.cpu_native import bf16_gemm_is_emulated
+    return w if bf16_gemm_is_emulated() else w.bfloat16().float()
+
+
 def _float32_product_bound(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(x @ W^T in float32, what one rounding to bf16 plus float32 summation order may move it by)."""
     ref = x.float() @ w.t()
@@ -215,19 +222,19 @@ def int16_activations():
 
 @pytest.mark.parametrize("bits,group,act_order", [(4, 128, False), (4, 128, True), (4, 64, True), (8, -1, False),
                                                   (8, 64, False), (8, 64, True)])
-def test_native_prefill_rows_are_the_float32_product_of_the_dequantized_weight(bits, group, act_order,
+def test_native_prefill_rows_are_a_gemm_of_the_dequantized_weight(bits, group, act_order,
                                                                                monkeypatch, int16_activations):
     """Past its kernel's rows (INT4_NATIVE_MAX_ROWS / NATIVE_MAX_ROWS) an int4 / int8 native layer dequantizes (a
-    block of output rows at a time) and runs a float32 GEMM: each output is the float32 product of the file's
-    dequantized weight, rounded once to bf16 (not a bf16 GEMM on a bf16-rounded weight)."""
-    from cinq.kernels import fp32_gemm
+    block of output rows at a time) and runs a GEMM: each output is the float32 product of the file's dequantized
+    weight (where the bf16 GEMM is emulated; else of that weight rounded once to bf16), rounded once to bf16."""
+    from cinq.kernels import prefill_gemm
     from cinq.layers.quantization import native
     if kernels.int4_module() is None:
         pytest.skip("native grouped kernels unavailable (no compiler or no AVX2)")
-    monkeypatch.setattr(fp32_gemm, "BLOCK_BYTES", 4 * 256 * 16)  # 16 output rows per block: 3 blocks, one short
+    monkeypatch.setattr(prefill_gemm, "BLOCK_BYTES", 4 * 256 * 16)  # 16 output rows per block: 3 blocks, one short
     calls = []
-    real = native.fp32_linear
-    monkeypatch.setattr(native, "fp32_linear", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    real = native.dequant_linear
+    monkeypatch.setattr(native, "dequant_linear", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
     gen = torch.Generator().manual_seed(bits * group)
     qw = rtn_quantize(torch.randn(40, 256, generator=gen), bits, group, False)
     if act_order:
@@ -238,9 +245,9 @@ def test_native_prefill_rows_are_the_float32_product_of_the_dequantized_weight(b
         x = torch.randn(m, 256, generator=gen).bfloat16()
         kind, y = run(qw, x)
         assert kind == f"int{bits}_native" and y.dtype == torch.bfloat16 and y.shape == (m, 40)
-        ref, bound = _float32_product_bound(x, w)
+        ref, bound = _float32_product_bound(x, w if m <= most else _gemm_weight(w))
         if m > most:
-            assert calls[-1] == m  # the float32 GEMM ran, not the kernel
+            assert calls[-1] == m  # the GEMM ran, not the kernel
             assert ((y.float() - ref).abs() <= bound).all()
         else:
             assert not calls and rel(y, ref) < 2e-2  # decode-sized: the kernel
@@ -249,9 +256,9 @@ def test_native_prefill_rows_are_the_float32_product_of_the_dequantized_weight(b
 
 @pytest.mark.parametrize("bits", [4, 8])
 def test_prefill_chunks_give_the_rows_of_one_call(bits, int16_activations):
-    """A prompt prefilled in chunks (one at its kernel's most rows: the kernel; the others over them: the float32
-    GEMM) gives each row what one call over every row gives: the float32 product to one bf16 rounding, or the
-    kernel's bf16 result for the decode-sized chunk."""
+    """A prompt prefilled in chunks (the first at its kernel's most rows: the kernel; the others the kernel or the
+    GEMM) gives each row what one call over every row (the GEMM) gives: the product to one bf16 rounding (the
+    GEMM's on the bf16-rounded weight where the CPU has bf16 instructions), or the kernel's result for the first."""
     from cinq.layers.quantization import native
     if kernels.int4_module() is None:
         pytest.skip("native grouped kernels unavailable (no compiler or no AVX2)")
@@ -262,8 +269,11 @@ def test_prefill_chunks_give_the_rows_of_one_call(bits, int16_activations):
     cut = native.INT4_NATIVE_MAX_ROWS if bits == 4 else native.NATIVE_MAX_ROWS
     parts = torch.cat([run(qw, x[a:b])[1] for a, b in [(0, cut), (cut, cut + 20), (cut + 20, 70)]])
     assert kind == f"int{bits}_native" and parts.shape == whole.shape
-    ref, bound = _float32_product_bound(x, qw.dequantize(torch.float32))
+    w = qw.dequantize(torch.float32)
+    ref, bound = _float32_product_bound(x, _gemm_weight(w))  # 70 rows: the GEMM
     assert ((whole.float() - ref).abs() <= bound).all()
+    # chunks of 20 and 18 (int4) or 20 and 34 rows (int8): int4's kernel on the exact weight, int8's GEMM
+    ref, bound = _float32_product_bound(x, w if bits == 4 else _gemm_weight(w))
     assert ((parts[cut:].float() - ref[cut:]).abs() <= bound[cut:]).all()
     assert rel(parts[:cut], whole[:cut]) < 2e-2
 

@@ -1,16 +1,23 @@
-"""Prefill-sized linears through BLAS's float32 GEMM, the weight widened to float32 a block of output rows at a
-time: where torch's bf16 GEMM is emulated (AVX2 and below, ``bf16_gemm_is_emulated``) it runs 5-7x below the
-float32 one, and the int4 / int8 kernels are built for decode-sized batches, so a prompt's rows go faster through
-"widen the weight, float32 GEMM, round the result once to bf16" (issue 26).
+"""Prefill-sized linears on a weight widened or dequantized a block of output rows at a time (``dequant_linear``):
+the int4 / int8 kernels are built for decode-sized batches, so a prompt's rows go faster through a GEMM.
+
+Which GEMM depends on the CPU. Where torch's bf16 GEMM is emulated (AVX2 and below, ``bf16_gemm_is_emulated``) it
+runs 5-7x below the float32 one, so the block is widened to float32 and BLAS's float32 GEMM runs it
+(``fp32_linear``; issue 26). Where the CPU has bf16 instructions (AVX512-BF16, AMX) the block is rounded to bf16
+and oneDNN's bf16 GEMM runs it (``bf16_block_linear``): on the AVX512-BF16 Zen 4, a SmolLM2 layer's Q4_1 linears
+at 256-2,048 rows took 1.8-2.2x less time than with the float32 GEMM (1 and 2 threads;
+benchmarks/results/prefill_gemm_bf16.md).
 
 The widened weight is never kept: a float32 copy would double a dense model's memory (4x an int8 one's). Widening
 one block of ``BLOCK_BYTES`` at a time keeps it in cache for its GEMM instead of streaming an N x K float32 copy
 through memory: measured on the AVX2 EPYC (1 thread, draft) on the 32,000 x 768 LM head at 32-128 rows, 4.8x /
 2.6x faster than widening the whole weight first, and no slower on the 768-4,096-row projections.
 
-Numerics: bf16 activations and weights widen to float32 exactly, the sums accumulate in float32 and round once to
-the output dtype, as the emulated bf16 GEMM does; integer codes dequantize to the same float32 values as the
-layer's own ``dequantize`` (the callers pass those functions).
+Numerics: in ``fp32_linear`` bf16 activations and weights widen to float32 exactly, the sums accumulate in float32
+and round once to the output dtype, as the emulated bf16 GEMM does; integer codes dequantize to the same float32
+values as the layer's own ``dequantize`` (the callers pass those functions). ``bf16_block_linear`` rounds each
+dequantized weight once to bf16 (a relative 2^-9, below the int8 rounding of activations the decode kernels make),
+then accumulates in float32 and rounds the output once, as a dense bf16 layer does.
 """
 
 from __future__ import annotations
@@ -59,6 +66,27 @@ def fp32_linear(x: torch.Tensor, weight_rows: WeightRows, n: int, bias: torch.Te
         if acc is not y:
             y[:, n0:n1] = part
     return y
+
+
+def bf16_block_linear(x: torch.Tensor, weight_rows: WeightRows, n: int) -> torch.Tensor:
+    """y [M, N] bf16 = x [M, K] (bf16) @ W^T, each block of ``weight_rows`` rounded to bf16 for the bf16 GEMM."""
+    if x.dim() != 2 or x.dtype != torch.bfloat16:
+        raise ValueError(f"bf16_block_linear: x must be bf16 [M, K], got {x.dtype} {tuple(x.shape)}")
+    m, k = x.shape
+    y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
+    step = block_rows(k)
+    for n0 in range(0, n, step):
+        n1 = min(n, n0 + step)
+        torch.mm(x, weight_rows(n0, n1).to(torch.bfloat16).t(), out=y[:, n0:n1])
+    return y
+
+
+def dequant_linear(x: torch.Tensor, weight_rows: WeightRows, n: int) -> torch.Tensor:
+    """y [M, N] bf16 = x [M, K] (bf16) @ W^T for a quantized layer's prefill-sized input: the bf16 GEMM on bf16
+    blocks where the CPU has bf16 instructions, else the float32 GEMM (the module docstring says why)."""
+    if x.dtype == torch.bfloat16 and x.is_cpu and not bf16_gemm_is_emulated():
+        return bf16_block_linear(x, weight_rows, n)
+    return fp32_linear(x, weight_rows, n, out_dtype=torch.bfloat16)
 
 
 def dense_fp32_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
