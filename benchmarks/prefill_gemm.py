@@ -15,8 +15,9 @@ weights random (speed does not depend on them).
 On a CPU with bf16 instructions (AVX512-BF16, AMX) it measures instead, for SmolLM2's projections in the GGUF
 file's layouts (Q4_1: fp16 scale and minimum per 32 weights; Q8_0), at 64-2,048 rows: the int8-activation kernel
 vs dequantize + float32 GEMM (what ran there before) vs dequantize + bf16 GEMM (``prefill_gemm.bf16_block_linear``,
-what runs from ``native.I8_DEQUANT_ROWS`` now), beside the dense bf16 GEMM on a weight already in bf16 (no
-dequantization: the floor). Writes benchmarks/results/prefill_gemm_bf16.{md,json}.
+what runs from ``gguf_linear.DEQUANT_ROWS`` now, on the native one-pass dequantization ``gguf_linear.weight_rows``;
+Q4_1's "bf16 torch" column dequantizes with torch's ops instead), beside the dense bf16 GEMM on a weight already in
+bf16 (no dequantization: the floor). Writes benchmarks/results/prefill_gemm_bf16.{md,json}.
 
     python benchmarks/prefill_gemm.py                 # threads 1 and 2, writes benchmarks/results/prefill_gemm.md
     python benchmarks/prefill_gemm.py --threads 1 --rows 16,32,64 --no-write
@@ -46,7 +47,7 @@ from cinq.kernels.cpu_native import (  # noqa: E402
 )
 from cinq.kernels.prefill_gemm import bf16_block_linear, dense_fp32_linear, fp32_linear  # noqa: E402
 from cinq.layers.quantization import native  # noqa: E402
-from cinq.layers.quantization.gguf_linear import dequantize_i8_int4, dequantize_i8_int8  # noqa: E402
+from cinq.layers.quantization.gguf_linear import dequantize_i8_int4, dequantize_i8_int8, weight_rows  # noqa: E402
 from cinq.layers.quantization.int8_activations import int4_affine_linear_i8, int8_grouped_linear_i8  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -58,8 +59,8 @@ COLUMNS = ["int4 kernel", "int4 fp32", "int4 before", "int8 kernel", "int8 fp32"
            "int4 g32 i8 kernel", "int4 g32 fp32", "dense native", "dense fp32", "dense bf16"]
 
 
-COLUMNS_BF16 = ["q4_1 i8 kernel", "q4_1 fp32", "q4_1 bf16", "q8_0 i8 kernel", "q8_0 fp32", "q8_0 bf16",
-                "dense bf16"]
+COLUMNS_BF16 = ["q4_1 i8 kernel", "q4_1 fp32", "q4_1 bf16 torch", "q4_1 bf16", "q8_0 i8 kernel", "q8_0 fp32",
+                "q8_0 bf16", "dense bf16"]
 
 
 def best_ms(fn: Callable[[], object], budget_s: float = 0.5) -> float:
@@ -127,10 +128,11 @@ def cells_bf16(n: int, k: int, m: int) -> dict[str, float]:
 
     return {"q4_1 i8 kernel": best_ms(lambda: int4_affine_linear_i8(x, q4, 32, 0)),
             "q4_1 fp32": best_ms(lambda: fp32_linear(x, deq4, n)),
-            "q4_1 bf16": best_ms(lambda: bf16_block_linear(x, deq4, n)),
+            "q4_1 bf16 torch": best_ms(lambda: bf16_block_linear(x, deq4, n)),
+            "q4_1 bf16": best_ms(lambda: bf16_block_linear(x, weight_rows(q4, "gguf_q4_1_i8"), n)),
             "q8_0 i8 kernel": best_ms(lambda: int8_grouped_linear_i8(x, q8, 32)),
             "q8_0 fp32": best_ms(lambda: fp32_linear(x, deq8, n)),
-            "q8_0 bf16": best_ms(lambda: bf16_block_linear(x, deq8, n)),
+            "q8_0 bf16": best_ms(lambda: bf16_block_linear(x, weight_rows(q8, "gguf_q8_0_i8"), n)),
             "dense bf16": best_ms(lambda: F.linear(x, w))}
 
 

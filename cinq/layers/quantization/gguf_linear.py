@@ -13,11 +13,13 @@ log says so once.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from cinq.errors import InvalidParameterError
-from cinq.kernels.cpu_native import bf16_gemm_is_emulated
-from cinq.kernels.prefill_gemm import dequant_linear
+from cinq.kernels.cpu_native import bf16_gemm_is_emulated, native_module
+from cinq.kernels.prefill_gemm import WeightRows, dequant_linear
 from cinq.layers.linear_split import LinearSplit
 from cinq.layers.quantization.gguf_blocks import BLOCK, BLOCK_BYTES, decode_blocks
 from cinq.layers.quantization.int8_activations import (
@@ -31,15 +33,17 @@ from cinq.layers.quantization.native import I8_DEQUANT_ROWS, int4_codes_float, r
 from cinq.layers.weight_loader import OutputShards, ParamLayout
 
 _ROWS = ParamLayout(output_dim=0)
-# From this many rows (prefill chunks; decode batches stay below it) a 4-bit layer with int8 activations dequantizes
-# its blocks, a block of rows at a time, for a GEMM (``prefill_gemm.dequant_linear``): measured on the AVX2 CPU for
-# SmolLM2's shapes at 2048 rows, the float32 GEMM took 1.3x less CPU time per layer than the int8 x int4 kernel,
-# and is more exact (no activation rounding); with bf16 instructions the bf16 GEMM is ahead from 256 rows. Decode
-# batches keep the kernel, which streams 5 / 8 of a byte per weight where float32 would stream 4 bytes. The same
-# rule as the GPTQ / AWQ layers' (native.I8_DEQUANT_ROWS).
+_NO_MINS = torch.empty(0, dtype=torch.float16, device="cpu")  # Q4_0 / Q8_0: no minimum term
+# From this many rows (prefill chunks, wide decode batches) an int8-activation layer dequantizes its blocks, a block
+# of output rows at a time, for a GEMM (``prefill_gemm.dequant_linear``), as native.I8_DEQUANT_ROWS says: where
+# the bf16 GEMM is emulated, the float32 GEMM from 512 rows, and Q8_0 keeps its kernel at any rows (no float32 GEMM
+# was measured ahead of it); with bf16 instructions, the bf16 GEMM from 256 rows on blocks dequantized to bf16 in
+# one native pass (gguf_dequant.cpp; ad hoc, SmolLM2's Q4_1 file, one prompt's time to first token against torch's
+# dequantization: 1.28x at 256 tokens, 1.10x at 512, even at 2,048 where the GEMM dominates). With that pass the
+# GEMM also led the kernel at 64-128 rows with the weights in cache (1.26-1.52x a layer, 1 and 2 threads,
+# benchmarks/results/prefill_gemm_bf16.md; 1.63-1.97x from 256), but whole decode steps of the file at batch 40-64
+# were no faster (ad hoc, 4 alternated runs), so decode batches keep the kernel.
 DEQUANT_ROWS = I8_DEQUANT_ROWS
-# Q8_0 keeps its kernel at any rows where the bf16 GEMM is emulated (no float32 GEMM was measured ahead of it);
-# with bf16 instructions it dequantizes from DEQUANT_ROWS (a SmolLM2 layer at 256-2,048 rows: 2.3-2.7x less time)
 Q8_DEQUANT_ROWS = 1 << 30 if bf16_gemm_is_emulated() else DEQUANT_ROWS
 
 
@@ -114,6 +118,27 @@ def dequantize_i8_int8(t: dict[str, torch.Tensor]) -> torch.Tensor:
     return q
 
 
+def dequant_module() -> Any | None:
+    """The native GGUF-block dequantization to bf16 (cinq/kernels/cpu/gguf_dequant.cpp), or None."""
+    return native_module("gguf_dequant")
+
+
+def weight_rows(t: dict[str, torch.Tensor], kind: str) -> WeightRows:
+    """``(n0, n1) -> W[n0:n1]`` of an int8-activation GGUF layer for ``dequant_linear``: bf16 from the native
+    dequantization where the bf16 GEMM is native (the same bits as the float32 values rounded, in one pass), else the
+    exact float32 values."""
+    mod = None if bf16_gemm_is_emulated() else dequant_module()
+    if kind == "gguf_q8_0_i8":
+        if mod is not None:
+            return lambda n0, n1: mod.dequantize_int8_bf16(t["codes"][n0:n1], t["scales"][n0:n1])
+        return lambda n0, n1: dequantize_i8_int8(rows_of(t, n0, n1))
+    if mod is not None:
+        mins = t.get("mins", _NO_MINS)
+        return lambda n0, n1: mod.dequantize_int4_bf16(t["codes"][n0:n1], t["scales"][n0:n1],
+                                                       mins[n0:n1] if mins.numel() else mins)
+    return lambda n0, n1: dequantize_i8_int4(rows_of(t, n0, n1), kind)
+
+
 def gguf_mm(kind: str, t: dict[str, torch.Tensor], group: int, x: torch.Tensor) -> torch.Tensor:
     """y = x W^T for a prepared GGUF layer; x [..., K] -> [..., N] in x's dtype."""
     if kind == DEQUANTIZED_AT_LOAD:
@@ -124,11 +149,10 @@ def gguf_mm(kind: str, t: dict[str, torch.Tensor], group: int, x: torch.Tensor) 
     x2 = x2 if x2.dtype == torch.bfloat16 else x2.to(torch.bfloat16)
     if kind.endswith("_i8"):
         x2 = x2 if x2.is_contiguous() else x2.contiguous()
-        if kind == "gguf_q8_0_i8":
-            y = dequant_linear(x2, lambda n0, n1: dequantize_i8_int8(rows_of(t, n0, n1)), t["codes"].shape[0]) \
-                if x2.shape[0] >= Q8_DEQUANT_ROWS else int8_grouped_linear_i8(x2, t, group)
-        elif x2.shape[0] >= DEQUANT_ROWS:
-            y = dequant_linear(x2, lambda n0, n1: dequantize_i8_int4(rows_of(t, n0, n1), kind), t["codes"].shape[0])
+        if x2.shape[0] >= (Q8_DEQUANT_ROWS if kind == "gguf_q8_0_i8" else DEQUANT_ROWS):
+            y = dequant_linear(x2, weight_rows(t, kind), t["codes"].shape[0])
+        elif kind == "gguf_q8_0_i8":
+            y = int8_grouped_linear_i8(x2, t, group)
         else:
             y = int4_affine_linear_i8(x2, t, group, 8 if kind == "gguf_q4_0_i8" else 0)
     else:

@@ -43,7 +43,8 @@ INT4_NATIVE_MAX_ROWS = 32
 # The int8-activation kernels (group 32) stay ahead longer. Where the bf16 GEMM is emulated the float32 GEMM wins
 # from 512 rows (measured for GGUF Q4_0 on SmolLM2's shapes at 2048 rows: 1.3x less CPU time, and more exact: no
 # activation rounding). With bf16 instructions the bf16 GEMM wins from 256 (AVX512-BF16 Zen 4, a SmolLM2 layer's
-# Q4_1 linears: 1.24-1.34x the kernel at 256 rows, even at 128; benchmarks/results/prefill_gemm_bf16.md).
+# Q4_1 linears dequantized by torch's ops: 1.2-1.3x the kernel at 256 rows, even at 128;
+# benchmarks/results/prefill_gemm_bf16.md, its "bf16 torch" column).
 I8_DEQUANT_ROWS = 512 if bf16_gemm_is_emulated() else 256
 
 
