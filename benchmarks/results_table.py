@@ -45,7 +45,7 @@ SCRIPTS = {
     "interactions_smoothquant_mix": "benchmarks/interactions.py --only smoothquant-mix",
     "interactions_spec_rate": "benchmarks/interactions.py --only spec-rate",
     "latency": "benchmarks/latency.py", "prefill_gemm": "benchmarks/prefill_gemm.py",
-    "prefill_gemm_bf16": "benchmarks/prefill_gemm.py",
+    "prefill_gemm_bf16": "benchmarks/prefill_gemm.py", "prefill_ttft_smollm2": "benchmarks/prefill_ttft.py",
     "eagle3_smollm2_head_before_after": "benchmarks/head_before_after.py",
     "eagle3_smollm2_head_more_data": "benchmarks/head_before_after.py --before runs/eagle3-smollm2-v3 "
                                      "--after runs/eagle3-smollm2-v4",

@@ -38,11 +38,12 @@ _NO_MINS = torch.empty(0, dtype=torch.float16, device="cpu")  # Q4_0 / Q8_0: no 
 # of output rows at a time, for a GEMM (``prefill_gemm.dequant_linear``), as native.I8_DEQUANT_ROWS says: where
 # the bf16 GEMM is emulated, the float32 GEMM from 512 rows, and Q8_0 keeps its kernel at any rows (no float32 GEMM
 # was measured ahead of it); with bf16 instructions, the bf16 GEMM from 256 rows on blocks dequantized to bf16 in
-# one native pass (gguf_dequant.cpp; ad hoc, SmolLM2's Q4_1 file, one prompt's time to first token against torch's
-# dequantization: 1.28x at 256 tokens, 1.10x at 512, even at 2,048 where the GEMM dominates). With that pass the
-# GEMM also led the kernel at 64-128 rows with the weights in cache (1.26-1.52x a layer, 1 and 2 threads,
-# benchmarks/results/prefill_gemm_bf16.md; 1.63-1.97x from 256), but whole decode steps of the file at batch 40-64
-# were no faster (ad hoc, 4 alternated runs), so decode batches keep the kernel.
+# one native pass (gguf_dequant.cpp; SmolLM2's Q4_1 file, one prompt's time to first token against torch's
+# dequantization: 1.51x at 256 tokens, 1.07x at 2,048 where the GEMM dominates; against the path before, the
+# kernel to 511 rows and the float32 GEMM from 512, 1.55-2.17x: benchmarks/results/prefill_ttft_smollm2.md). With
+# that pass the GEMM also led the kernel at 64-128 rows with the weights in cache (1.26-1.52x a layer, 1 and 2
+# threads, benchmarks/results/prefill_gemm_bf16.md; 1.63-1.97x from 256), but whole decode steps of the file at
+# batch 40-64 were no faster (ad hoc, 4 alternated runs), so decode batches keep the kernel.
 DEQUANT_ROWS = I8_DEQUANT_ROWS
 Q8_DEQUANT_ROWS = 1 << 30 if bf16_gemm_is_emulated() else DEQUANT_ROWS
 
