@@ -15,9 +15,10 @@ weights random (speed does not depend on them).
 On a CPU with bf16 instructions (AVX512-BF16, AMX) it measures instead, for SmolLM2's projections in the GGUF
 file's layouts (Q4_1: fp16 scale and minimum per 32 weights; Q8_0), at 64-2,048 rows: the int8-activation kernel
 vs dequantize + float32 GEMM (what ran there before) vs dequantize + bf16 GEMM (``prefill_gemm.bf16_block_linear``,
-what runs from ``gguf_linear.DEQUANT_ROWS`` now, on the native one-pass dequantization ``gguf_linear.weight_rows``;
-Q4_1's "bf16 torch" column dequantizes with torch's ops instead), beside the dense bf16 GEMM on a weight already in
-bf16 (no dequantization: the floor). Writes benchmarks/results/prefill_gemm_bf16.{md,json}.
+what runs from ``gguf_linear.DEQUANT_ROWS`` now, on the native one-pass dequantization ``native.bf16_weight_rows``;
+Q4_1's "bf16 torch" column dequantizes with torch's ops instead); a GPTQ / AWQ int4 layer's bf16 GEMM (group 128,
+64 where K is not a multiple of 128; float32 scales and mins) on torch's and on the native dequantization; beside
+the dense bf16 GEMM on a weight already in bf16 (no dequantization: the floor). Writes benchmarks/results/prefill_gemm_bf16.{md,json}.
 
     python benchmarks/prefill_gemm.py                 # threads 1 and 2, writes benchmarks/results/prefill_gemm.md
     python benchmarks/prefill_gemm.py --threads 1 --rows 16,32,64 --no-write
@@ -60,7 +61,7 @@ COLUMNS = ["int4 kernel", "int4 fp32", "int4 before", "int8 kernel", "int8 fp32"
 
 
 COLUMNS_BF16 = ["q4_1 i8 kernel", "q4_1 fp32", "q4_1 bf16 torch", "q4_1 bf16", "q8_0 i8 kernel", "q8_0 fp32",
-                "q8_0 bf16", "dense bf16"]
+                "q8_0 bf16", "gptq int4 torch", "gptq int4", "dense bf16"]
 
 
 def best_ms(fn: Callable[[], object], budget_s: float = 0.5) -> float:
@@ -119,6 +120,10 @@ def cells_bf16(n: int, k: int, m: int) -> dict[str, float]:
     q8 = {"codes": torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8),
           "scales": (torch.rand(n, k // 32, generator=g) * 0.01).half()}
     w = torch.randn(n, k, generator=g).bfloat16()
+    g4 = 128 if k % 128 == 0 else 64  # a GPTQ / AWQ int4 layer: float32 scales and mins (pack_int4_affine)
+    s4 = torch.rand(n, k // g4, generator=g) * 0.01
+    gptq = native.pack_int4_affine(torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8), s4,
+                                   torch.randn(n, k // g4, generator=g) * 0.01, g4)
 
     def deq4(a: int, b: int) -> torch.Tensor:
         return dequantize_i8_int4(native.rows_of(q4, a, b), "gguf_q4_1_i8")
@@ -133,6 +138,9 @@ def cells_bf16(n: int, k: int, m: int) -> dict[str, float]:
             "q8_0 i8 kernel": best_ms(lambda: int8_grouped_linear_i8(x, q8, 32)),
             "q8_0 fp32": best_ms(lambda: fp32_linear(x, deq8, n)),
             "q8_0 bf16": best_ms(lambda: bf16_block_linear(x, weight_rows(q8, "gguf_q8_0_i8"), n)),
+            "gptq int4 torch": best_ms(lambda: bf16_block_linear(
+                x, lambda a, b: native.dequantize_int4_affine(native.rows_of(gptq, a, b), g4), n)),
+            "gptq int4": best_ms(lambda: bf16_block_linear(x, native.bf16_weight_rows(gptq, g4, 4), n)),
             "dense bf16": best_ms(lambda: F.linear(x, w))}
 
 
@@ -147,7 +155,8 @@ def headline_bf16(rows: list[dict[str, object]]) -> str:
             tot = {c: sum(float(r[c]) for r in at) for c in COLUMNS_BF16}
             parts.append(f"{m} rows, {threads} thr: Q4_1 fp32 / bf16 {tot['q4_1 fp32'] / tot['q4_1 bf16']:.2f}x, "
                          f"kernel / bf16 {tot['q4_1 i8 kernel'] / tot['q4_1 bf16']:.2f}x; Q8_0 kernel / bf16 "
-                         f"{tot['q8_0 i8 kernel'] / tot['q8_0 bf16']:.2f}x")
+                         f"{tot['q8_0 i8 kernel'] / tot['q8_0 bf16']:.2f}x; GPTQ int4 torch / native dequantization "
+                         f"{tot['gptq int4 torch'] / tot['gptq int4']:.2f}x")
     return "a SmolLM2 layer's four linears, time over the bf16 GEMM's: " + "; ".join(parts)
 
 

@@ -3,9 +3,9 @@
 
 * ``before``: what ran before issue 26's change: the int8-activation kernel up to 511 rows, from 512 the blocks
   dequantized by torch's ops for BLAS's float32 GEMM (as ``gguf_linear.DEQUANT_ROWS`` 512 and
-  ``bf16_gemm_is_emulated`` returning True in ``prefill_gemm`` and ``gguf_linear`` make it);
+  ``bf16_gemm_is_emulated`` returning True in ``prefill_gemm`` and ``native`` make it);
 * ``bf16 GEMM, torch dequant``: rounded to bf16 for oneDNN's bf16 GEMM, dequantized by torch's ops;
-* ``bf16 GEMM``: the same GEMM on blocks dequantized by cinq/kernels/cpu/gguf_dequant.cpp (what runs now).
+* ``bf16 GEMM``: the same GEMM on blocks dequantized by cinq/kernels/cpu/block_dequant.cpp (what runs now).
 
 The two bf16 arms take the GEMM from ``gguf_linear.DEQUANT_ROWS`` rows (256 with bf16 instructions), the kernel
 below. Each prompt is new random ids (nothing cached), max_tokens 1, one warm-up round, then
@@ -38,21 +38,20 @@ from cinq import LLM, SamplingParams  # noqa: E402
 from cinq.bench.report import run_conditions  # noqa: E402
 from cinq.kernels import prefill_gemm  # noqa: E402
 from cinq.kernels.cpu_native import bf16_gemm_is_emulated  # noqa: E402
-from cinq.layers.quantization import gguf_linear  # noqa: E402
+from cinq.layers.quantization import gguf_linear, native  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 ARMS = ["before", "bf16 GEMM, torch dequant", "bf16 GEMM"]
 DEQUANT_ROWS = gguf_linear.DEQUANT_ROWS
+DEQUANT_MODULE = native.dequant_module
 
 
 def select(arm: str) -> None:
     """Route the GGUF layers' prompt-sized inputs the way ``arm`` names (module attributes read at each call)."""
-    native_module = gguf_linear.native_module
     emulated = (lambda: True) if arm == "before" else bf16_gemm_is_emulated
-    prefill_gemm.bf16_gemm_is_emulated = gguf_linear.bf16_gemm_is_emulated = emulated
+    prefill_gemm.bf16_gemm_is_emulated = native.bf16_gemm_is_emulated = emulated
     gguf_linear.DEQUANT_ROWS = 512 if arm == "before" else DEQUANT_ROWS
-    gguf_linear.dequant_module = ((lambda: None) if arm == "bf16 GEMM, torch dequant"
-                                  else lambda: native_module("gguf_dequant"))
+    native.dequant_module = (lambda: None) if arm == "bf16 GEMM, torch dequant" else DEQUANT_MODULE
 
 
 def main() -> int:

@@ -14,8 +14,8 @@ CPU's features.
   linears with bf16 activations, AVX2 (used by ``cinq.layers.quantization.native`` / ``kernels``).
 * ``int8_activation_linear.cpp``: the same int4 / int8 weights (fp16 or float32 scales) against activations
   quantized to int8 per 32 channels (llama.cpp's Q8_0), ``vpmaddubsw`` (``cinq.layers.quantization.int8_activations``).
-* ``gguf_dequant.cpp``: GGUF Q4_0 / Q4_1 / Q8_0 blocks to bf16 in one pass, for the bf16 GEMM that prompt-sized
-  inputs take (``cinq.layers.quantization.gguf_linear.weight_rows``).
+* ``block_dequant.cpp``: int4 / int8 weight blocks (GGUF Q4_0 / Q4_1 / Q8_0, GPTQ / AWQ / RTN) to bf16 in one pass,
+  for the bf16 GEMM that prompt-sized inputs take (``cinq.layers.quantization.native.bf16_weight_rows``).
 * ``float_code_linear.cpp``: NF4 (bitsandbytes) and FP8 e4m3 weights decoded in registers, bf16 activations, AVX2 +
   F16C (``cinq.layers.quantization.native_float``).
 * ``small_m.h``: what the decode-sized linears share: one contiguous range of output rows per thread, prefetch.

@@ -5,7 +5,7 @@ Which GEMM depends on the CPU. Where torch's bf16 GEMM is emulated (AVX2 and bel
 runs 5-7x below the float32 one, so the block is widened to float32 and BLAS's float32 GEMM runs it
 (``fp32_linear``; issue 26). Where the CPU has bf16 instructions (AVX512-BF16, AMX) the block is rounded to bf16
 and oneDNN's bf16 GEMM runs it (``bf16_block_linear``): on the AVX512-BF16 Zen 4, a SmolLM2 layer's Q4_1 linears
-at 256-2,048 rows took 2.3-2.6x less time than with the float32 GEMM (1 and 2 threads, GGUF's blocks dequantized
+at 256-2,048 rows took 2.2-2.3x less time than with the float32 GEMM (1 and 2 threads, the blocks dequantized
 natively; benchmarks/results/prefill_gemm_bf16.md).
 
 The widened weight is never kept: a float32 copy would double a dense model's memory (4x an int8 one's). Widening

@@ -15,10 +15,10 @@ from cinq.layers.quantization import int8_activations as i8
 
 @pytest.fixture
 def arms(monkeypatch):
-    if bf16_gemm_is_emulated() or i8.i8_module() is None or gguf_linear.dequant_module() is None:
+    if bf16_gemm_is_emulated() or i8.i8_module() is None or native.dequant_module() is None:
         pytest.skip("needs bf16 instructions and the native kernels")
-    for module, name in [(prefill_gemm, "bf16_gemm_is_emulated"), (gguf_linear, "bf16_gemm_is_emulated"),
-                         (gguf_linear, "dequant_module"), (gguf_linear, "DEQUANT_ROWS")]:
+    for module, name in [(prefill_gemm, "bf16_gemm_is_emulated"), (native, "bf16_gemm_is_emulated"),
+                         (native, "dequant_module"), (gguf_linear, "DEQUANT_ROWS")]:
         monkeypatch.setattr(module, name, getattr(module, name))  # restored after the test
     from benchmarks import prefill_ttft
     return prefill_ttft

@@ -13,12 +13,10 @@ log says so once.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from cinq.errors import InvalidParameterError
-from cinq.kernels.cpu_native import bf16_gemm_is_emulated, native_module
+from cinq.kernels.cpu_native import bf16_gemm_is_emulated
 from cinq.kernels.prefill_gemm import WeightRows, dequant_linear
 from cinq.layers.linear_split import LinearSplit
 from cinq.layers.quantization.gguf_blocks import BLOCK, BLOCK_BYTES, decode_blocks
@@ -29,20 +27,19 @@ from cinq.layers.quantization.int8_activations import (
 )
 from cinq.layers.quantization.kernels import DEQUANTIZED_AT_LOAD, Prepared, say_once, weight_only_mm
 from cinq.layers.quantization.linear import QuantizedLinear
-from cinq.layers.quantization.native import I8_DEQUANT_ROWS, int4_codes_float, rows_of
+from cinq.layers.quantization.native import I8_DEQUANT_ROWS, bf16_weight_rows, int4_codes_float, rows_of
 from cinq.layers.weight_loader import OutputShards, ParamLayout
 
 _ROWS = ParamLayout(output_dim=0)
-_NO_MINS = torch.empty(0, dtype=torch.float16, device="cpu")  # Q4_0 / Q8_0: no minimum term
 # From this many rows (prefill chunks, wide decode batches) an int8-activation layer dequantizes its blocks, a block
 # of output rows at a time, for a GEMM (``prefill_gemm.dequant_linear``), as native.I8_DEQUANT_ROWS says: where
 # the bf16 GEMM is emulated, the float32 GEMM from 512 rows, and Q8_0 keeps its kernel at any rows (no float32 GEMM
 # was measured ahead of it); with bf16 instructions, the bf16 GEMM from 256 rows on blocks dequantized to bf16 in
-# one native pass (gguf_dequant.cpp; SmolLM2's Q4_1 file, one prompt's time to first token against torch's
-# dequantization: 1.51x at 256 tokens, 1.07x at 2,048 where the GEMM dominates; against the path before, the
-# kernel to 511 rows and the float32 GEMM from 512, 1.55-2.17x: benchmarks/results/prefill_ttft_smollm2.md). With
-# that pass the GEMM also led the kernel at 64-128 rows with the weights in cache (1.26-1.52x a layer, 1 and 2
-# threads, benchmarks/results/prefill_gemm_bf16.md; 1.63-1.97x from 256), but whole decode steps of the file at
+# one native pass (block_dequant.cpp; SmolLM2's Q4_1 file, one prompt's time to first token against torch's
+# dequantization: 1.25-1.70x at 256-2,048 tokens; against the path before, the kernel to 511 rows and the float32
+# GEMM from 512, 1.56-1.93x: benchmarks/results/prefill_ttft_smollm2.md). With
+# that pass the GEMM also led the kernel at 64-128 rows with the weights in cache (1.15-1.66x a layer, 1 and 2
+# threads, benchmarks/results/prefill_gemm_bf16.md; 1.65-2.30x from 256), but whole decode steps of the file at
 # batch 40-64 were no faster (ad hoc, 4 alternated runs), so decode batches keep the kernel.
 DEQUANT_ROWS = I8_DEQUANT_ROWS
 Q8_DEQUANT_ROWS = 1 << 30 if bf16_gemm_is_emulated() else DEQUANT_ROWS
@@ -119,24 +116,15 @@ def dequantize_i8_int8(t: dict[str, torch.Tensor]) -> torch.Tensor:
     return q
 
 
-def dequant_module() -> Any | None:
-    """The native GGUF-block dequantization to bf16 (cinq/kernels/cpu/gguf_dequant.cpp), or None."""
-    return native_module("gguf_dequant")
-
-
 def weight_rows(t: dict[str, torch.Tensor], kind: str) -> WeightRows:
     """``(n0, n1) -> W[n0:n1]`` of an int8-activation GGUF layer for ``dequant_linear``: bf16 from the native
-    dequantization where the bf16 GEMM is native (the same bits as the float32 values rounded, in one pass), else the
-    exact float32 values."""
-    mod = None if bf16_gemm_is_emulated() else dequant_module()
-    if kind == "gguf_q8_0_i8":
-        if mod is not None:
-            return lambda n0, n1: mod.dequantize_int8_bf16(t["codes"][n0:n1], t["scales"][n0:n1])
+    dequantization where the bf16 GEMM is native (``native.bf16_weight_rows``), else the exact float32 values."""
+    bits = 8 if kind == "gguf_q8_0_i8" else 4
+    native_rows = bf16_weight_rows(t, BLOCK, bits)
+    if native_rows is not None:
+        return native_rows
+    if bits == 8:
         return lambda n0, n1: dequantize_i8_int8(rows_of(t, n0, n1))
-    if mod is not None:
-        mins = t.get("mins", _NO_MINS)
-        return lambda n0, n1: mod.dequantize_int4_bf16(t["codes"][n0:n1], t["scales"][n0:n1],
-                                                       mins[n0:n1] if mins.numel() else mins)
     return lambda n0, n1: dequantize_i8_int4(rows_of(t, n0, n1), kind)
 
 

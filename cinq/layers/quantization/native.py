@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from cinq.kernels.cpu_native import bf16_gemm_is_emulated, call_native, native_module
-from cinq.kernels.prefill_gemm import dequant_linear
+from cinq.kernels.prefill_gemm import WeightRows, dequant_linear
 from cinq.layers.quantization.int8_activations import (int4_affine_linear_i8, int8_grouped_linear_i8,
                                                         uses_int8_activations)
 from cinq.layers.quantization.qweight import QuantizedWeight
@@ -171,6 +171,31 @@ def int8_grouped_linear(x: torch.Tensor, t: dict[str, torch.Tensor], group: int)
                            int8_grouped_linear_i8, NATIVE_MAX_ROWS, 8)
 
 
+def dequant_module() -> Any | None:
+    """The native integer-block dequantization to bf16 (cinq/kernels/cpu/block_dequant.cpp), or None."""
+    return native_module("block_dequant")
+
+
+def bf16_weight_rows(t: dict[str, torch.Tensor], group: int, bits: int) -> WeightRows | None:
+    """``(n0, n1) -> W[n0:n1]`` in bf16 from the native one-pass dequantization of the kernel tensors ``t`` (this
+    module's, or GGUF's int8-activation ones: fp16 scales, Q4_0 without mins), for the bf16 GEMM of prompt-sized
+    inputs: the same bits as the Python dequantization's float32 values rounded. None where the bf16 GEMM is
+    emulated (the float32 GEMM takes the exact values) or without the native module."""
+    mod = None if bf16_gemm_is_emulated() else dequant_module()
+    if mod is None:
+        return None
+    codes, scales, mins = t["codes"], t["scales"], t.get("mins", _NO_MINS)
+
+    def part(m: torch.Tensor, n0: int, n1: int) -> torch.Tensor:
+        return m[n0:n1] if m.numel() else m
+
+    if bits == 4:
+        offset = int(t["q_offset"]) if "q_offset" in t else 0
+        return lambda n0, n1: mod.dequantize_int4_bf16(codes[n0:n1], scales[n0:n1], part(mins, n0, n1), group,
+                                                       offset)
+    return lambda n0, n1: mod.dequantize_int8_bf16(codes[n0:n1], scales[n0:n1], part(mins, n0, n1), group)
+
+
 def _grouped_linear(x: torch.Tensor, t: dict[str, torch.Tensor], group: int, kernel: str, mins: torch.Tensor,
                     dequantize: Callable[[dict[str, torch.Tensor], int], torch.Tensor],
                     linear_i8: Callable[[torch.Tensor, dict[str, torch.Tensor], int], torch.Tensor],
@@ -181,7 +206,8 @@ def _grouped_linear(x: torch.Tensor, t: dict[str, torch.Tensor], group: int, ker
     mod = grouped_module()
     i8 = uses_int8_activations(group, bits)  # which: the module docstring
     if mod is None or x2.shape[0] > (I8_DEQUANT_ROWS - 1 if i8 else max_rows):
-        y = dequant_linear(x2, lambda n0, n1: dequantize(rows_of(t, n0, n1), group), t["codes"].shape[0])
+        rows = bf16_weight_rows(t, group, bits) or (lambda n0, n1: dequantize(rows_of(t, n0, n1), group))
+        y = dequant_linear(x2, rows, t["codes"].shape[0])
     elif i8:
         y = linear_i8(x2, t, group)
     else:
