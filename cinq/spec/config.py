@@ -81,10 +81,6 @@ class SpeculativeConfig:
             self._check_tree()
         if self.tree_topk is not None or self.tree_depth is not None:
             self._check_dynamic_tree()
-        if self.lookup_first and self.tree_draft_depth:
-            raise InvalidParameterError(
-                f"speculative_config.prompt_lookup_max: prompt lookup before the {self.method} drafts is for chain "
-                f"drafts; drop it or the draft tree", "prompt_lookup_max")
         if not isinstance(self.adaptive, bool):
             raise InvalidParameterError(f"speculative_config.adaptive must be true or false, got {self.adaptive!r}",
                                         "adaptive")

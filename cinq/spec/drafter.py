@@ -106,7 +106,8 @@ class SlotDrafter(_LengthChooser):
     got all n slots). With prompt lookup first (``SpeculativeConfig.lookup_first``), a request whose own tokens
     hold a match gets those drafts instead of slots, in the same step as the others: a copy costs no model call,
     and when it matches it is accepted far more often than a small head's guess (SmolLM2's chat replies repeat
-    their own phrases). The proposer catches up over those positions when the request next wants its drafts."""
+    their own phrases). The proposer catches up over those positions when the request next wants its drafts. With a
+    tree too, a copy is verified as a chain in the same step as the other requests' trees."""
 
     def __init__(self, config: SpeculativeConfig) -> None:
         super().__init__(config)

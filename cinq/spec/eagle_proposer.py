@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from cinq.model.llama import LlamaForCausalLM
+from cinq.spec.draft_vocab import DraftVocab
 from cinq.spec.eagle import EagleHead
 from cinq.spec.proposer import DraftSampling, PagedKVProposer, Proposals, StepView, draft_chains
 from cinq.spec.eagle_tree import TreeRoots, dynamic_tree, static_tree
@@ -139,8 +140,10 @@ class EagleProposer(PagedKVProposer):
             if not is_tree:
                 self._draft_chains(ids, pos, block_ids, want, sampling, next_feat[rows], normed[rows], out)
                 continue
+            vocab = self.head.draft_vocab()
             roots = TreeRoots(ids, {s.request_id: s.token_ids[-1] for s, _ in part}, feature[rows],
-                              next_feat[rows], self.head.compute_logits(normed[rows]).log_softmax(-1))
+                              next_feat[rows], self._tree_logprobs(normed[rows], vocab),
+                              None if vocab is None else vocab.ids)
 
             def level(tokens, parents, feats, ids=ids, pos=pos):  # noqa: ANN001, ANN202
                 return self._tree_level(ids, pos, block_ids, tokens, parents, feats)
@@ -187,8 +190,14 @@ class EagleProposer(PagedKVProposer):
         f, normed = self.head(batch.input_ids, _pad_rows(feat_in, batch.input_ids.shape[0]), batch.positions,
                               batch.meta)
         n = len(ids)
-        logprobs = self.head.compute_logits(normed[:n * q]).log_softmax(-1)
+        logprobs = self._tree_logprobs(normed[:n * q], self.head.draft_vocab())
         return f[:n * q].view(n, q, -1), logprobs.view(n, q, -1)
+
+    def _tree_logprobs(self, normed: torch.Tensor, vocab: DraftVocab | None) -> torch.Tensor:
+        """The draft's log-probabilities that rank tree nodes: over the head's draft vocabulary where it has one
+        (TreeRoots.draft_ids maps the columns), else over the target's."""
+        logits = self.head.compute_logits(normed) if vocab is None else self.head.draft_logits(normed).float()
+        return logits.log_softmax(-1)
 
     @staticmethod
     def _fallback(seqs: list[ScheduledSeq], want: dict[str, int], history: dict[str, list[int]],

@@ -34,6 +34,13 @@ class TreeRoots:
     root_in: torch.Tensor  # [n, H] the target's feature fed to the root row
     root_out: torch.Tensor  # [n, H] the head's output feature there
     root_logprobs: torch.Tensor  # [n, V] the draft's log-probabilities of the first draft
+    # column j of every log-probability row is target token draft_ids[j] (an EAGLE-3 head's draft vocabulary:
+    # ranking its 8k columns, not 49k widened with -inf, SmolLM2's ~2 ms per tree step); None: column j is token j
+    draft_ids: torch.Tensor | None = None
+
+    def tokens(self, columns: torch.Tensor) -> list:
+        """The target tokens of log-probability ``columns`` (any shape), as nested lists."""
+        return (columns if self.draft_ids is None else self.draft_ids[columns]).tolist()
 
 
 # (tokens per request incl. the root, parents per request, input feature per row) -> (out features, logprobs),
@@ -49,7 +56,7 @@ def static_tree(roots: TreeRoots, shape: TreeShape, level: LevelStep) -> tuple[d
     depth_of = depths(parents)
     tokens = {r: [roots.root_token[r]] + [-1] * len(shape.paths) for r in roots.ids}
     out_feat = {r: [roots.root_out[i]] + [None] * len(shape.paths) for i, r in enumerate(roots.ids)}
-    top = roots.root_logprobs.topk(shape.max_rank, dim=-1).indices.tolist()
+    top = roots.tokens(roots.root_logprobs.topk(shape.max_rank, dim=-1).indices)
     for i, r in enumerate(roots.ids):
         for node, p in enumerate(shape.paths, start=1):
             if len(p) == 1:
@@ -60,7 +67,7 @@ def static_tree(roots: TreeRoots, shape: TreeShape, level: LevelStep) -> tuple[d
                  for i, r in enumerate(roots.ids)}
         f, logprobs = level({r: tokens[r][:m] for r in roots.ids}, {r: parents[:m] for r in roots.ids}, feats)
         expand = [j for j in range(1, m) if depth_of[j] == d]
-        ranks = logprobs[:, expand].topk(shape.max_rank, dim=-1).indices.tolist()  # [n, len(expand), rank]
+        ranks = roots.tokens(logprobs[:, expand].topk(shape.max_rank, dim=-1).indices)  # [n, len(expand), rank]
         for i, r in enumerate(roots.ids):
             for e, j in enumerate(expand):
                 out_feat[r][j] = f[i, j]
@@ -88,7 +95,7 @@ def dynamic_tree(roots: TreeRoots, topk: int, max_depth: int, n: int, level: Lev
     for i, r in enumerate(roots.ids):
         pool = pools[r]
         frontier[r] = []
-        for v, t in zip(vals[i].tolist(), idx[i].tolist()):
+        for v, t in zip(vals[i].tolist(), roots.tokens(idx[i])):
             pool.append(_Node(v, 1, 0, t))
             frontier[r].append(len(pool) - 1)
     # the rows a level step runs: the root and every node expanded so far (the frontiers), in creation order
@@ -106,7 +113,7 @@ def dynamic_tree(roots: TreeRoots, topk: int, max_depth: int, n: int, level: Lev
             pool, cands = pools[r], []
             front_rows = [pos_in[r][node] for node in frontier[r]]
             v, t = logprobs[i, front_rows].topk(topk, dim=-1)
-            for node, j, vs, ts in zip(frontier[r], front_rows, v.tolist(), t.tolist()):
+            for node, j, vs, ts in zip(frontier[r], front_rows, v.tolist(), roots.tokens(t)):
                 out_feat[r][node] = f[i, j]
                 for score, tok in zip(vs, ts):
                     pool.append(_Node(pool[node].score + score, d + 1, node, tok))

@@ -21,6 +21,10 @@ def test_prompt_lookup_fields_with_a_model_method_put_lookup_first() -> None:
     d = SpeculativeConfig.from_dict({"model": "draft", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
                                      "prompt_lookup_min": 1})
     assert d.lookup_first and d.method == "draft_model" and d.prompt_lookup_min == 1
+    # with a draft tree too: a request with a match verifies its copy as a chain, the others the head's tree
+    t = SpeculativeConfig.from_dict({"method": "eagle3", "model": "head", "num_speculative_tokens": 6,
+                                     "prompt_lookup_max": 3, "tree_topk": 2, "tree_depth": 3})
+    assert t.lookup_first and t.tree_draft_depth == 3
 
 
 def test_per_batch_size_ranges_override_k() -> None:
@@ -44,10 +48,6 @@ def test_per_batch_size_ranges_override_k() -> None:
     ({"model": "x", "num_speculative_tokens": 2, "k": 3}, "k"),
     ({"method": "eagle3", "model": "x", "num_speculative_tokens": 2, "prompt_lookup_min": 2}, "prompt_lookup_max"),
     ({"method": "eagle3", "model": "x", "num_speculative_tokens": 2, "prompt_lookup_max": 0}, "prompt_lookup_max"),
-    ({"method": "eagle3", "model": "x", "num_speculative_tokens": 3, "prompt_lookup_max": 2,
-      "speculative_token_tree": [[0], [1], [0, 0]]}, "prompt_lookup_max"),
-    ({"method": "eagle", "model": "x", "num_speculative_tokens": 3, "prompt_lookup_max": 2, "tree_topk": 2,
-      "tree_depth": 2}, "prompt_lookup_max"),
 ])
 def test_invalid_configs_name_the_field(d: dict, param: str) -> None:
     with pytest.raises(InvalidParameterError) as err:

@@ -296,3 +296,41 @@ def test_the_heads_fused_layer_takes_ragged_catch_ups_bit_identically(tiny_llama
     program, meta = step([2, 2, 2], 11, decode_like=True)
     assert meta.num_decodes == 3 and meta.decode_query_len == 2 and program.steps == 1
     assert program.ragged_steps == 0
+
+
+@pytest.mark.parametrize("tree", [{"tree_topk": 2, "tree_depth": 3},
+                                  {"speculative_token_tree": [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]}])
+def test_draft_vocabulary_trees_with_prompt_lookup_first_keep_greedy_output(tiny_llama, tmp_path, tree) -> None:
+    """A head with a draft vocabulary ranks its tree nodes over those columns (cinq/spec/eagle_tree.py); with
+    prompt lookup first, requests whose tokens repeat verify their copy as a chain in the same steps as the
+    others' trees. Greedy output equals plain decoding's in float32, and both kinds of drafts ran."""
+    from cinq import LLM, SamplingParams
+    from cinq.model.loader import load_model
+    target = load_model(tiny_llama, torch.float32)
+    head = new_eagle3_head(target, torch.arange(0, target.config.vocab_size, 2), seed=1)
+    with torch.no_grad():  # confident guesses: some drafts are accepted
+        for p in head.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.3)
+    folder = save_eagle_head(head, tmp_path / "head")
+    prompts = ["abcabcabcabc", "hello hello hello", "xyz", "q", "the cat and the cat and"]
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    plain = [o.outputs[0].token_ids for o in LLM(str(tiny_llama), dtype="float32").generate(prompts, params)]
+    llm = LLM(str(tiny_llama), dtype="float32", speculative_config={
+        "method": "eagle3", "model": str(folder), "num_speculative_tokens": 6, "prompt_lookup_max": 3,
+        "prompt_lookup_min": 1, **tree})
+    proposer, chains, trees = llm.engine.executor.proposer, [], []
+    real = proposer.propose
+
+    def spy(seqs, history, sampling):  # noqa: ANN001, ANN202
+        out = real(seqs, history, sampling)
+        trees.extend(out.parents)
+        chains.extend(s.request_id for s in seqs if s.num_logit_rows > 1 and not s.num_draft_slots)  # copies
+        return out
+
+    proposer.propose = spy
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == plain
+    assert trees and chains
+    st = llm.engine.get_stats()
+    assert st.spec_decode_num_accepted_tokens > 0
+    assert llm.engine.kv.num_free_blocks == llm.engine.num_blocks
