@@ -88,6 +88,32 @@ def methods(workload: str, head: str | None, trees: bool = False) -> dict[str, d
                 "eagle3 dynamic tree (top-2, depth 3, 6 nodes)": dynamic,
                 "eagle3+lookup chain k=3": {**chain, **lookup},
                 "eagle3+lookup dynamic tree (6 nodes)": {**dynamic, **lookup}}
+    if workload == "copy":
+        out = {**{f"ngram k={k}": ngram(k) for k in (2, 4, 6, 8)}, "ngram adaptive k<=8": ngram(8, True)}
+        # matching a single token too: more steps draft (0.85 of them against 0.55 over this workload's greedy
+        # answers, offline), each a little less often right; with verify steps near a plain step's cost, 1.06x more
+        # decode speed in that offline model
+        out["ngram k=6 lookup 1-4"] = ngram(6, lookup_min=1)
+        if head:  # prompt lookup first: the copy's n-gram drafts where the answer repeats the prompt, the head's
+            lookup = {key: ngram(4)[key] for key in ("prompt_lookup_max", "prompt_lookup_min")}
+            out["eagle3+lookup k=4"] = {"method": "eagle3", "model": head, "num_speculative_tokens": 4, **lookup}
+            out["eagle3+lookup adaptive k<=8"] = {"method": "eagle3", "model": head, "num_speculative_tokens": 8,
+                                                  "adaptive": True, **lookup}
+        return out
+    out = {"ngram k=4": ngram(4), "ngram adaptive k<=4": ngram(4, True)}
+    if head:
+        out["eagle3 k=3"] = {"method": "eagle3", "model": head, "num_speculative_tokens": 3}
+        out["eagle3 adaptive k<=4"] = {"method": "eagle3", "model": head, "num_speculative_tokens": 4,
+                                       "adaptive": True}
+        # prompt lookup first (SpeculativeConfig.lookup_first): the n-gram rows' lookup where the text repeats,
+        # the head elsewhere
+        lookup = {key: ngram(4)[key] for key in ("prompt_lookup_max", "prompt_lookup_min")}
+        out["eagle3+lookup k=3"] = {**out["eagle3 k=3"], **lookup}
+        out["eagle3+lookup adaptive k<=4"] = {**out["eagle3 adaptive k<=4"], **lookup}
+        # speculation configured but off at every batch size: what adaptive k's plain arm costs over plain
+        # decoding (the target's three feature layers kept each step for the head's next catch-up)
+        out[OFF] = {**out["eagle3 k=3"], "num_speculative_tokens_per_batch_size": [[1, 1024, 0]]}
+    return out
 
 
 def verify_ratios(row: dict[str, Any]) -> str | None:
