@@ -164,9 +164,9 @@ class ModelRunner:
         if self.group_pad_block_ids is not None:
             add_group_tables(batch, self.group_pad_block_ids, self.block_size, self.device)
         layer_states = None
-        if self.proposer is not None and self.proposer.needs_layer_states:
+        if self.proposer is not None and self.proposer.layer_state_ids:
             hidden, layer_states = self.model.forward_with_hidden_states(batch.input_ids, batch.positions,
-                                                                         batch.meta)
+                                                                         batch.meta, self.proposer.layer_state_ids)
         else:
             hidden = self.model(batch.input_ids, batch.positions, batch.meta)
         seqs, starts = batch.seqs, batch.starts

@@ -56,10 +56,11 @@ class DecodeLayers:
         """True when the runner bound new KV caches since the build (the program holds the old ones)."""
         return self._first_layer.self_attn.attn.kv_cache is not self._first_cache
 
-    def run(self, hidden: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, capture: bool = False,
-            residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]] | None:
-        """(hidden, residual, every layer's input when ``capture``) after the stack, or None: run the Python
-        layers. With ``residual``, ``hidden`` is the first layer's input already normed (an EAGLE-3 head's
+    def run(self, hidden: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+            capture: tuple[int, ...] = (), residual: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]] | None:
+        """(hidden, residual, the inputs of the layers ``capture`` names, ascending) after the stack, or None: run
+        the Python layers. With ``residual``, ``hidden`` is the first layer's input already normed (an EAGLE-3 head's
         [normed embedding, normed feature]) and ``residual`` its residual: the first input norm is skipped."""
         rows = hidden.shape[0]
         if self.normed_input != (residual is not None):  # a head's program skips its first norm; a stack's does not
@@ -81,7 +82,7 @@ class DecodeLayers:
         self.most_rows = max(self.most_rows, rows)
         return self.program.run(hidden, _NO_RESIDUAL if residual is None else residual, positions, self.cos_sin,
                                 meta.slot_mapping, _int32(meta.block_tables), _int32(meta.seq_lens),
-                                meta.decode_query_len, tree, capture,
+                                meta.decode_query_len, tree, list(capture),
                                 _int32(meta.query_start_loc) if ragged else _NO_STARTS, residual is not None)
 
 

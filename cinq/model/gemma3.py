@@ -26,7 +26,7 @@ from cinq.layers.norm import RMSNorm
 from cinq.layers.rotary import RotaryEmbedding
 from cinq.layers.vocab_parallel import token_embedding
 from cinq.model.config import ModelConfig
-from cinq.model.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
+from cinq.model.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, hidden_state_ids, pick_states
 
 
 class GemmaRMSNorm(RMSNorm):
@@ -104,18 +104,19 @@ class Gemma3Model(nn.Module):
         self.embed_scale = config.hidden_size ** 0.5
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata | None,
-                output_hidden_states: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                output_hidden_states: bool = False, state_ids: tuple[int, ...] | None = None
+                ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """As ``LlamaModel.forward``."""
+        wanted = hidden_state_ids(output_hidden_states, state_ids, len(self.layers))
         hidden = self.embed_tokens(input_ids)
         hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
-        states: list[torch.Tensor] = []
-        for layer in self.layers:
-            if output_hidden_states:
-                states.append(hidden)
+        states: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            if i in wanted:
+                states[i] = hidden
             hidden, _ = layer(positions, hidden, None, meta)
         hidden = self.norm(hidden)
-        if output_hidden_states:
-            states.append(hidden)
-        return hidden, states
+        return hidden, pick_states(wanted, states, hidden)
 
 
 class Gemma3ForCausalLM(LlamaForCausalLM):

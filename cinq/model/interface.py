@@ -7,8 +7,8 @@ Who needs what:
   ``stacked_params_mapping``), ``tie_weights()``;
 * the runner: ``forward(input_ids, positions, meta)`` -> final hidden states, ``compute_logits(hidden)``,
   ``attention_layers()`` (to bind the paged KV cache), ``set_attention_backend(name)``,
-  ``forward_with_hidden_states(input_ids, positions, meta)`` (EAGLE's features: every layer's input and the
-  final normed state);
+  ``forward_with_hidden_states(input_ids, positions, meta, state_ids)`` (EAGLE's features: every layer's input
+  and the final normed state, or the ones ``state_ids`` names);
 * tensor parallelism: layers built under ``building_shard`` read ``current_shard()`` (``model/tp_layout.py``);
 * the spec proposers (``spec/eagle.py``, ``spec/medusa.py``): ``model.embed_tokens`` (the token table) and
   ``decoder_layer(...)`` (one decoder block of the family, the EAGLE head's layer);
@@ -43,7 +43,8 @@ class CausalLM(Protocol):
                 meta: Any = None) -> torch.Tensor: ...
 
     def forward_with_hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
-                                   meta: Any = None) -> tuple[torch.Tensor, list[torch.Tensor]]: ...
+                                   meta: Any = None, state_ids: tuple[int, ...] | None = None
+                                   ) -> tuple[torch.Tensor, list[torch.Tensor]]: ...
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
 

@@ -156,6 +156,23 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(hidden), residual
 
 
+def hidden_state_ids(output_hidden_states: bool, state_ids: tuple[int, ...] | None, num_layers: int
+                     ) -> tuple[int, ...]:
+    """The indices of the states a forward returns (layer i's input, or ``num_layers``: the final normed state):
+    all of them with ``output_hidden_states``, or ``state_ids``, checked."""
+    if state_ids is None:
+        return tuple(range(num_layers + 1)) if output_hidden_states else ()
+    if any(not 0 <= i <= num_layers for i in state_ids):
+        raise InvalidParameterError(f"state_ids must be indices from 0 to {num_layers} (layer inputs, then the "
+                                    f"final state); got {list(state_ids)}", "state_ids")
+    return tuple(state_ids)
+
+
+def pick_states(wanted: tuple[int, ...], inputs: dict[int, torch.Tensor], final: torch.Tensor) -> list[torch.Tensor]:
+    """The states ``wanted`` names, in its order, from the layer inputs kept and the final state."""
+    return [inputs[i] if i in inputs else final for i in wanted]
+
+
 class LlamaModel(nn.Module):
     """Embedding, decoder stack and final norm."""
 
@@ -169,25 +186,28 @@ class LlamaModel(nn.Module):
         self._decode_layers: DecodeLayers | None | bool = False  # False: not built yet (cinq/model/decode_layers.py)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata | None,
-                output_hidden_states: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                output_hidden_states: bool = False, state_ids: tuple[int, ...] | None = None
+                ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """(final normed state, states): with ``output_hidden_states`` every layer's input and the final state
+        (index L), or only the indices ``state_ids`` names, in its order (EAGLE-3 reads 3 of 31)."""
+        wanted = hidden_state_ids(output_hidden_states, state_ids, len(self.layers))
+        inputs = sorted({i for i in wanted if i < len(self.layers)})
         hidden = self.embed_tokens(input_ids)
         if meta is not None and hidden.is_cpu and not torch.compiler.is_compiling():
             fused = self.decode_layers()
-            out = fused.run(hidden, positions, meta, output_hidden_states) if fused is not None else None
+            out = fused.run(hidden, positions, meta, tuple(inputs)) if fused is not None else None
             if out is not None:  # the whole stack in one native call, bit-identical to the loop below
-                hidden, residual, states = out
+                hidden, residual, captured = out
                 hidden, _ = self.norm(hidden, residual)
-                return hidden, (states + [hidden] if output_hidden_states else [])
+                return hidden, pick_states(wanted, dict(zip(inputs, captured)), hidden)
         residual = None
-        states: list[torch.Tensor] = []
-        for layer in self.layers:
-            if output_hidden_states:
-                states.append(hidden if residual is None else hidden + residual)
+        states: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            if i in inputs:
+                states[i] = hidden if residual is None else hidden + residual
             hidden, residual = layer(positions, hidden, residual, meta)
         hidden, _ = self.norm(hidden, residual)
-        if output_hidden_states:
-            states.append(hidden)
-        return hidden, states
+        return hidden, pick_states(wanted, states, hidden)
 
     def decode_layers(self) -> DecodeLayers | None:
         """The stack's fused decode program, built at the first serving step (the KV caches are bound by then) and
@@ -253,12 +273,13 @@ class LlamaForCausalLM(nn.Module):
         return hidden
 
     def forward_with_hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
-                                   meta: AttentionMetadata | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Forward that also returns every layer's input and the final normed state (as HF); served with
-        ``meta`` (EAGLE's features), training-mode without."""
+                                   meta: AttentionMetadata | None = None, state_ids: tuple[int, ...] | None = None
+                                   ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Forward that also returns every layer's input and the final normed state (as HF), or only the indices
+        ``state_ids`` names; served with ``meta`` (EAGLE's features), training-mode without."""
         if positions is None:
             positions = torch.arange(input_ids.shape[-1], device=input_ids.device).expand_as(input_ids)
-        return self.model(input_ids, positions, meta, output_hidden_states=True)
+        return self.model(input_ids, positions, meta, output_hidden_states=True, state_ids=state_ids)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits in float32 (sampling and logprobs want the precision)."""

@@ -59,7 +59,7 @@ def _tokenizer_vocab(folder: Path) -> dict | None:
 class DraftModelProposer(PagedKVProposer):
     """Proposes with ``model``; ``probabilistic``: sample drafts from the draft's distribution (else argmax)."""
 
-    needs_layer_states = False
+    layer_state_ids: tuple[int, ...] = ()
 
     def __init__(self, model: LlamaForCausalLM, device: torch.device, kv_dtype: torch.dtype,
                  probabilistic: bool, generator: torch.Generator) -> None:

@@ -73,7 +73,8 @@ class EagleProposer(PagedKVProposer):
         self.tree_topk, self.tree_depth = tree_topk, tree_depth
         self.tree_nodes = len(tree.paths) if tree is not None else tree_nodes if tree_topk else 0
         self.target = target
-        self.needs_layer_states = head.method == "eagle3"
+        # EAGLE-3's feature layers only: the target keeps no other layer's input
+        self.layer_state_ids = tuple(head.feature_layers) if head.method == "eagle3" else ()
         # request -> target features committed, not yet fed to the head
         self.pending: dict[str, PendingFeatures] = {}
 
@@ -216,9 +217,9 @@ class EagleProposer(PagedKVProposer):
         while a request does not speculate (up to ``MAX_PENDING`` positions; older ones then only cost
         acceptance). EAGLE-3's three layers are kept side by side and fused at the catch-up, so that a step
         with speculation off runs no head layer at all (off costs nothing)."""
-        if self.needs_layer_states:
+        if self.layer_state_ids:
             assert view.layer_states is not None
-            fused = torch.cat([view.layer_states[i] for i in self.head.feature_layers], dim=-1)
+            fused = torch.cat(view.layer_states, dim=-1)
         else:
             fused = view.hidden
         for i, s in enumerate(view.batch.seqs):
@@ -238,7 +239,7 @@ class EagleProposer(PagedKVProposer):
 
     def _fused(self, kept: torch.Tensor) -> torch.Tensor:
         """The head's input features [n, H] from what ``commit`` kept (EAGLE-3: its layers side by side)."""
-        if not self.needs_layer_states:
+        if not self.layer_state_ids:
             return kept
         return self.head.fuse(list(kept.chunk(len(self.head.feature_layers), dim=-1)))
 

@@ -20,7 +20,7 @@ from cinq.step.scheduler_output import ScheduledSeq
 class MedusaProposer:
     """Drafts with ``heads`` (``method: medusa``)."""
 
-    needs_layer_states = False
+    layer_state_ids: tuple[int, ...] = ()
 
     def __init__(self, heads: MedusaHeads, probabilistic: bool, generator: torch.Generator,
                  tree: TreeShape | None = None) -> None:

@@ -52,7 +52,7 @@ class Proposals:
 @dataclass(slots=True)
 class StepView:
     """What the target computed this step, for a proposer's commit: the batch (drafts filled in), the target's
-    hidden states (final normed, and the per-layer states when the proposer asked for them), the emitted tokens,
+    hidden states (final normed, and the per-layer states the proposer asked for, in its order), the emitted tokens,
     accepted draft counts, and the rows each verify kept (root and accepted path, within its sequence; before
     the runner moved a tree path's K/V down to consecutive slots)."""
 
@@ -75,7 +75,9 @@ class StepView:
 class Proposer(Protocol):
     """A runner-side proposer."""
 
-    needs_layer_states: bool  # the target's per-layer states in StepView (EAGLE-3)
+    # the target states StepView carries (indices as LlamaModel.forward's state_ids; EAGLE-3's feature layers),
+    # empty for none
+    layer_state_ids: tuple[int, ...]
 
     def kv_bytes_per_block(self, block_size: int) -> int: ...
 

@@ -99,14 +99,29 @@ def test_dense_verify_steps_past_one_pass_of_rows_run_fused_bit_identically(tiny
     assert program.most_rows > 8
 
 
-def test_eagle3_steps_capture_every_layers_input_bit_identically(tiny_llama, tmp_path, monkeypatch):
-    # EAGLE-3 reads three layers' inputs every step (also with speculation off): the fused step returns them
+def test_eagle3_steps_capture_the_feature_layers_inputs_bit_identically(tiny_llama, tmp_path, monkeypatch):
+    # EAGLE-3 reads three layers' inputs every step (also with speculation off): the fused step returns those
+    # three only, the same tensors the Python layers keep (the tokens alone could not tell: any draft is exact)
     from cinq.model.loader import load_model
     from cinq.spec.eagle import new_eagle_head, save_eagle_head
+    from cinq.spec.eagle_proposer import EagleProposer
     torch.manual_seed(0)
     head = new_eagle_head(load_model(tiny_llama, torch.float32), "eagle3", seed=1)
     spec = {"method": "eagle3", "model": str(save_eagle_head(head, tmp_path / "head")), "num_speculative_tokens": 3}
-    check_same(tiny_llama, monkeypatch, max_tokens=12, speculative_config=spec)
+    kept: list[list[torch.Tensor]] = []
+    commit = EagleProposer.commit
+
+    def recording_commit(self, view):  # noqa: ANN001, ANN202
+        kept.append([t.clone() for t in view.layer_states])
+        return commit(self, view)
+
+    monkeypatch.setattr(EagleProposer, "commit", recording_commit)
+    eager, _ = generate(tiny_llama, monkeypatch, fused=False, max_tokens=12, speculative_config=spec)
+    eager_states, kept[:] = list(kept), []
+    fused, engine = generate(tiny_llama, monkeypatch, fused=True, max_tokens=12, speculative_config=spec)
+    assert fused_of(engine).steps > 0 and fused == eager
+    assert len(kept) == len(eager_states) and all(len(step) == 3 for step in kept)
+    assert all(torch.equal(a, b) for got, want in zip(kept, eager_states) for a, b in zip(got, want))
 
 
 def test_off_switch_and_float32_take_the_python_layers(tiny_llama, monkeypatch):

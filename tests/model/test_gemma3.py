@@ -83,3 +83,15 @@ def test_served_greedy_tokens_equal_transformers(folder: Path, hf_model, backend
         want = hf_model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False, min_new_tokens=24,
                                  eos_token_id=None)[0, len(prompt):].tolist()
         assert out.outputs[0].token_ids == want
+
+
+def test_state_ids_return_the_named_states_in_their_order(folder: Path):
+    from cinq.model.loader import load_model
+    model = load_model(folder, dtype="float32")
+    ids = torch.tensor([[3, 9, 27, 81, 43, 5, 7]])
+    n = model.config.num_hidden_layers
+    with torch.no_grad():
+        final, every = model.forward_with_hidden_states(ids)
+        picked_final, picked = model.forward_with_hidden_states(ids, state_ids=(1, n))
+    assert len(every) == n + 1 and torch.equal(picked_final, final)
+    assert torch.equal(picked[0], every[1]) and torch.equal(picked[1], every[n])

@@ -60,3 +60,22 @@ def test_paged_engine_matches_transformers(tiny_models, arch, backend):
             got = out.outputs[0].logprobs[j][tok].logprob
             assert abs(got - ref_lp[len(prompt) + j - 1, tok].item()) <= 1e-4
         assert out.outputs[0].token_ids == hf_greedy(ref, prompt, 32)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_state_ids_return_the_named_states_in_their_order(tiny_models, arch):
+    # EAGLE-3 asks the served forward for its three feature layers only: the same tensors as the full list's
+    from cinq.errors import InvalidParameterError
+    model = load_model(tiny_models(arch), dtype="float32")
+    ids = torch.tensor([PROMPTS[0]])
+    n = model.config.num_hidden_layers
+    with torch.no_grad():
+        final, every = model.forward_with_hidden_states(ids)
+        picked_final, picked = model.forward_with_hidden_states(ids, state_ids=(n, 2, 0))
+    assert len(every) == n + 1 and len(picked) == 3
+    assert torch.equal(picked_final, final)
+    for got, i in zip(picked, (n, 2, 0)):
+        assert torch.equal(got, every[i])
+    with pytest.raises(InvalidParameterError, match="state_ids") as e:
+        model.forward_with_hidden_states(ids, state_ids=(n + 1,))
+    assert e.value.param == "state_ids"

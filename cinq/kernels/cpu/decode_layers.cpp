@@ -221,14 +221,19 @@ class DecodeLayers {
   // [M], slot mapping [M], block tables [nd, max_blocks] int32, seq lens [nd] int32, query rows per sequence and
   // tree mask (empty: causal among a sequence's new rows), or, when rows are ragged (requests verifying different
   // numbers of drafts), query_start_loc int32 [nd + 1] (empty: ql rows each). Returns (hidden, residual) after the
-  // last layer and, with `capture`, every layer's input. `prenormed`: `hidden` is the first layer's normed input
-  // already, of the width its qkv projection takes, and `residual` its residual (an EAGLE-3 head's layer attends
-  // over [normed embedding, normed feature], 2H wide, with the feature as the residual); its in_norm is not used.
+  // last layer and the inputs of the layers `capture` names (ascending indices; empty: none). `prenormed`: `hidden`
+  // is the first layer's normed input already, of the width its qkv projection takes, and `residual` its residual
+  // (an EAGLE-3 head's layer attends over [normed embedding, normed feature], 2H wide, with the feature as the
+  // residual); its in_norm is not used.
   Result run(at::Tensor hidden, at::Tensor residual, const at::Tensor& positions, const at::Tensor& cos_sin,
              const at::Tensor& slot_mapping, const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t ql,
-             const at::Tensor& tree, bool capture, const at::Tensor& query_start_loc, bool prenormed) {
-    TORCH_CHECK(!prenormed || (!capture && residual.dim() == 2 && residual.size(0) == hidden.size(0)),
+             const at::Tensor& tree, const std::vector<int64_t>& capture, const at::Tensor& query_start_loc,
+             bool prenormed) {
+    TORCH_CHECK(!prenormed || (capture.empty() && residual.dim() == 2 && residual.size(0) == hidden.size(0)),
                 "decode_layers: a prenormed input needs its residual [M, H] and no capture");
+    for (size_t i = 0; i < capture.size(); ++i)
+      TORCH_CHECK(capture[i] >= 0 && capture[i] < num_layers() && (i == 0 || capture[i] > capture[i - 1]),
+                  "decode_layers: capture must name ascending layers below ", num_layers());
     const Rows rows{ql, query_start_loc};
     const int threads = std::min<int>(at::get_num_threads(), kMaxTeam);
     auto layers = [&](Team* team) {
@@ -262,7 +267,8 @@ class DecodeLayers {
  private:
   Result run_layers(at::Tensor hidden, at::Tensor residual, const at::Tensor& positions, const at::Tensor& cos_sin,
                     const at::Tensor& slot_mapping, const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                    const Rows& rows, const at::Tensor& tree, bool capture, bool prenormed, Team* team) {
+                    const Rows& rows, const at::Tensor& tree, const std::vector<int64_t>& capture, bool prenormed,
+                    Team* team) {
     const int64_t m = hidden.size(0), q_size = hq_ * d_, kv_size = hkv_ * d_;
     int64_t cached = 0;  // tokens every layer's attention reads, over all sequences
     for (int64_t s = 0; s < seq_lens.size(0); ++s) cached += seq_lens.data_ptr<int32_t>()[s];
@@ -277,9 +283,14 @@ class DecodeLayers {
         big && nd < team->size() && !rows.ragged() && kBf16Attention && (d_ == 64 || d_ == 128);
     const bool split_attention = big && !split_heads && nd > 1;
     std::vector<at::Tensor> states;
+    size_t next_capture = 0;
     for (Layer& layer : layers_) {
-      if (capture)  // each layer's input, as the Python stack's output_hidden_states (EAGLE-3's features)
+      // the named layers' inputs, as the Python stack's output_hidden_states (EAGLE-3's features): only those,
+      // since each is an add and a copy of the step's rows
+      if (next_capture < capture.size() && capture[next_capture] == &layer - layers_.data()) {
         states.push_back(residual.numel() == 0 ? hidden : hidden + residual);
+        ++next_capture;
+      }
       at::Tensor h;
       if (prenormed && &layer == &layers_.front()) {
         h = hidden;
