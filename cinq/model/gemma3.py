@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cinq.kernels.cpu_native import rms_norm_scaled_native
 from cinq.kernels.metadata import AttentionMetadata
 from cinq.layers.attention import Attention
 from cinq.layers.linear import LinearFactory
@@ -35,13 +36,31 @@ class GemmaRMSNorm(RMSNorm):
 
     init_weight = 0.0  # w = 0 is the identity scale (saver.init_random_model)
 
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__(hidden_size, eps)
+        self._scale: tuple[int, int, torch.Tensor] | None = None  # (weight's data_ptr, version, 1 + w in float32)
+
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        # bf16 inference on the CPU: the native kernel, one call for the ~10 ATen ops below (109 norms per step of
+        # Gemma 3 270M); rounded the same way
+        fused = rms_norm_scaled_native(x, residual, self.scale(), self.eps) if not self.training else None
+        if fused is not None:
+            return fused[0] if residual is None else fused
         if residual is not None:
             x = x + residual
             residual = x
         y = (F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps) * (1.0 + self.weight.float())).to(x.dtype)
         return y if residual is None else (y, residual)
+
+    def scale(self) -> torch.Tensor:
+        """1 + w in float32, kept until the weight changes (loading writes it in place after construction)."""
+        w = self.weight
+        key = (w.data_ptr(), w._version)
+        if self._scale is None or self._scale[:2] != key:
+            with torch.no_grad():
+                self._scale = (*key, 1.0 + w.detach().float())
+        return self._scale[2]
 
 
 class Gemma3Attention(LlamaAttention):

@@ -95,3 +95,38 @@ def test_state_ids_return_the_named_states_in_their_order(folder: Path):
         picked_final, picked = model.forward_with_hidden_states(ids, state_ids=(1, n))
     assert len(every) == n + 1 and torch.equal(picked_final, final)
     assert torch.equal(picked[0], every[1]) and torch.equal(picked[1], every[n])
+
+
+@pytest.mark.parametrize("shape", [(1, 640), (5, 4, 256), (300, 128)])
+def test_native_norm_matches_the_pytorch_path(shape, monkeypatch):
+    # Gemma's (1 + w) scales in float32 before the one rounding (Llama's norm rounds twice): the native kernel
+    # follows it; the sum of squares may round differently, so a bf16 step on a few values at most
+    from cinq.kernels.cpu_native import native_module
+    from cinq.model import gemma3
+    if native_module("rms_norm") is None:
+        pytest.skip("no native CPU kernels here")
+    g = torch.Generator().manual_seed(sum(shape))
+    norm = gemma3.GemmaRMSNorm(shape[-1], 1e-6).to(torch.bfloat16).eval()
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(shape[-1], generator=g) * 0.5)
+    x = (torch.randn(shape, generator=g) * 4).to(torch.bfloat16)
+    res = torch.randn(shape, generator=g).to(torch.bfloat16)
+    calls = []
+    native = gemma3.rms_norm_scaled_native
+    monkeypatch.setattr(gemma3, "rms_norm_scaled_native", lambda *a: calls.append(1) or native(*a))
+    with torch.inference_mode():
+        y, s = norm(x, res)
+        y0 = norm(x)
+        monkeypatch.setattr(gemma3, "rms_norm_scaled_native", lambda *a: None)
+        y_ref, s_ref = norm(x, res)
+        y0_ref = norm(x)
+    assert len(calls) == 2 and torch.equal(s, s_ref)
+    for got, ref in ((y, y_ref), (y0, y0_ref)):
+        assert torch.isclose(got.float(), ref.float(), rtol=2 ** -7, atol=0).all()
+        assert (got != ref).float().mean() < 0.01
+    with torch.no_grad():  # a weight loaded after the first call: the kept scale follows it
+        norm.weight.add_(1.0)
+    with torch.inference_mode():
+        moved = norm(x)
+        monkeypatch.setattr(gemma3, "rms_norm_scaled_native", native)
+        assert (norm(x) != moved).float().mean() < 0.01
