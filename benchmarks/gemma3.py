@@ -140,7 +140,10 @@ def kv_markdown(rows: list[dict], cfg: ModelConfig) -> str:
 
 
 def report(result, rows: list[dict], weights: dict, cfg: ModelConfig, conditions: str) -> str:
-    why = (f"Why cinq trails llama.cpp on this file: cinq serves Q8_0 / Q4_0 / Q4_1 blocks natively and "
+    why = ("Every engine here runs in one process under cinq's OpenMP wait policy (PASSIVE), which slows "
+           "llama.cpp's 2-thread decode; `benchmarks/omp_wait_policy.py --model gemma3-270m --variants file` runs "
+           "each engine in its own process under every policy (omp_wait_policy_gemma3.md), the fair pair.\n\n"
+           f"What each engine streams on this file: cinq serves Q8_0 / Q4_0 / Q4_1 blocks natively and "
            f"dequantizes every other type at load, so of this Q4_K_M file (Q5_0, Q4_K, Q6_K matrices) only the "
            f"Q8_0 LM head (the tied embedding) and a few Q8_0 matrices stay in blocks: a decode step streams "
            f"{weights['cinq_mb']:.0f} MB of weights in cinq vs {weights['llama_cpp_mb']:.0f} MB in llama.cpp "
