@@ -334,15 +334,15 @@ def rms_norm_native(x: torch.Tensor, residual: torch.Tensor | None, weight: torc
 def rms_norm_scaled_native(x: torch.Tensor, residual: torch.Tensor | None, scale: torch.Tensor, eps: float
                            ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """As ``rms_norm_native`` with a float32 ``scale`` applied before the one rounding to bf16 (Gemma's 1 + w,
-    rounded as cinq/model/gemma3.py's PyTorch path); None when the inputs do not qualify, while torch.compile
-    traces (no custom op for it), or without the kernel."""
+    rounded as cinq/model/gemma3.py's PyTorch path); None when the inputs do not qualify or the kernel is
+    unavailable."""
     if (not _bf16_inference(x) or (residual is not None and not _bf16_inference(residual))
-            or scale.dtype != torch.float32 or not scale.is_cpu or torch.compiler.is_compiling()):
+            or scale.dtype != torch.float32 or not scale.is_cpu):
         return None
     mod = native_module("rms_norm")
     if mod is None:
         return None
-    y, res = mod.rms_norm_scaled(x, _NO_RESIDUAL if residual is None else residual, scale, float(eps))
+    y, res = call_native(mod, "rms_norm_scaled", x, _NO_RESIDUAL if residual is None else residual, scale, float(eps))
     return y, (None if residual is None else res)
 
 

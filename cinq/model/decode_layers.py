@@ -9,7 +9,10 @@ checks this per linear kind). It covers decode steps (every sequence decode-like
 included, with one row count or ragged: ``AttentionMetadata.ragged_decodes``) of at most ``max_rows`` rows, and layers whose every linear is one of: dense bf16 without autograd, GGUF
 Q4_0 / Q4_1 / Q8_0 with int8 activations, cinq's grouped int4 / int8 (no act-order permutation) without bias; it
 also returns every layer's input when asked (EAGLE-3's features), so a speculating step is fused too.
-Anything else (prefill chunks, other linears, Qwen3's q/k norms, sliding windows) runs the Python layers, as does every step with ``CINQ_FUSED_DECODE=0`` (A/B measurements, debugging).
+Anything else (prefill chunks, other linears, Qwen3's q/k norms, windows in a Llama stack) runs the Python layers, as
+does every step with ``CINQ_FUSED_DECODE=0`` (A/B measurements, debugging). Gemma 3 stacks have a program of their
+own (``GemmaDecodeLayers``: sandwich and q/k norms, a window and a KV cache group per layer, GeGLU), for decode
+steps of one row count per sequence.
 """
 
 from __future__ import annotations
@@ -84,6 +87,92 @@ class DecodeLayers:
                                 meta.slot_mapping, _int32(meta.block_tables), _int32(meta.seq_lens),
                                 meta.decode_query_len, tree, list(capture),
                                 _int32(meta.query_start_loc) if ragged else _NO_STARTS, residual is not None)
+
+
+class GemmaDecodeLayers(DecodeLayers):
+    """The program for a Gemma 3 stack: ``run_gemma(hidden, positions, meta)`` -> the residual stream after the
+    last layer, or None (the Python layers run). Its layers read their KV group's slots and tables and their own
+    window (decode_layers.cpp ``run_gemma``)."""
+
+    def __init__(self, program: Any, max_rows: int, layers: list[Any], num_groups: int) -> None:
+        super().__init__(program, max_rows, layers, _NO_TREE)
+        self.num_groups = num_groups
+
+    def run_gemma(self, hidden: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+                  ) -> torch.Tensor | None:
+        """The stack's output for a decode step with one row count per sequence (no tree), else None."""
+        if (hidden.dim() != 2 or hidden.shape[0] > self.max_rows or hidden.dtype != torch.bfloat16
+                or meta.num_decodes != meta.num_seqs or meta.tree_mask is not None or torch.is_grad_enabled()
+                or torch.compiler.is_compiling()):
+            return None
+        groups = range(self.num_groups)
+        # as the Attention layer picks them: a group's own tables where the step has them, else the step's
+        tables = [meta.group_block_tables[g] if g and meta.group_block_tables is not None else meta.block_tables
+                  for g in groups]
+        slots = [meta.group_slot_mapping[g] if g and meta.group_block_tables is not None else meta.slot_mapping
+                 for g in groups]
+        self.steps += 1
+        self.most_rows = max(self.most_rows, hidden.shape[0])
+        return self.program.run_gemma(hidden, positions, slots, [_int32(t) for t in tables], _int32(meta.seq_lens),
+                                      meta.decode_query_len)
+
+
+def build_gemma_decode_layers(model: Any) -> GemmaDecodeLayers | None:
+    """The fused program for a Gemma 3 stack (``Gemma3Model``), or None where a layer is not covered (as
+    ``build_decode_layers``). Its norms' float32 scales (1 + w) are taken now: build after the weights load."""
+    if not enabled():
+        return None
+    layers = list(model.layers)
+    if not layers or any(_gemma_layer_specs(None, layer) is None for layer in layers):
+        return None
+    mod = native_module("decode_layers")
+    if mod is None:
+        return None
+    from cinq.kernels import custom_ops  # noqa: F401  (loads the extensions that register torch.ops.cinq.*)
+
+    first = layers[0]
+    attn = first.self_attn
+    program = mod.DecodeLayers(attn.num_heads, attn.num_kv_heads, attn.head_dim, first.mlp.intermediate_size,
+                               float(first.post_attention_layernorm.eps), float(attn.attn.scale))
+    max_rows = 1 << 30
+    for layer in layers:
+        linears, rows = _gemma_layer_specs(mod, layer)
+        max_rows = min(max_rows, rows)
+        a = layer.self_attn
+        try:
+            program.add_gemma_layer(
+                layer.input_layernorm.scale(), layer.post_attention_layernorm.scale(),
+                layer.pre_feedforward_layernorm.scale(), layer.post_feedforward_layernorm.scale(), a.q_norm.scale(),
+                a.k_norm.scale(), a.attn.kv_cache, a.rotary_emb.cos_sin(a.attn.kv_cache.device, torch.bfloat16),
+                a.attn.sliding_window or 0, a.attn.kv_group, *linears)
+        except RuntimeError as e:  # a layout the program refuses (its checks name it): the Python layers run
+            log.info("fused decode step not used: %s", str(e).splitlines()[0])
+            return None
+    if bf16_gemm_is_emulated():
+        program.set_dense_chunk_rows(small_m_rows())
+    return GemmaDecodeLayers(program, max_rows, layers, 1 + max(layer.self_attn.attn.kv_group for layer in layers))
+
+
+def _gemma_layer_specs(mod: Any, layer: Any) -> tuple[list[Any], int] | None:
+    """A Gemma 3 layer's four linears as the program's Linear specs and the most rows they take, or None."""
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    if attn is None or mlp is None or type(layer).__name__ != "Gemma3DecoderLayer":
+        return None
+    norms = (layer.input_layernorm, layer.post_attention_layernorm, layer.pre_feedforward_layernorm,
+             layer.post_feedforward_layernorm, attn.q_norm, attn.k_norm)
+    if (getattr(attn, "qkv_proj", None) is None or getattr(mlp, "gate_up_proj", None) is None
+            or attn.attn.kv_cache is None or attn.attn.backend.name != "sdpa" or mlp.act != "gelu_pytorch_tanh"
+            or _has_hooks(layer) or attn.attn.kv_cache.dtype != torch.bfloat16 or not attn.attn.kv_cache.is_cpu
+            or any(type(n).__name__ != "GemmaRMSNorm" for n in norms)):
+        return None
+    specs, rows = [], 1 << 30
+    for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+        spec = _linear_spec(mod, linear)
+        if spec is None:
+            return None
+        specs.append(spec[0])
+        rows = min(rows, spec[1])
+    return specs, rows
 
 
 def set_fused_decode(model: torch.nn.Module, on: bool) -> int:

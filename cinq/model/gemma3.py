@@ -21,6 +21,7 @@ from torch import nn
 
 from cinq.kernels.cpu_native import rms_norm_scaled_native
 from cinq.kernels.metadata import AttentionMetadata
+from cinq.model.decode_layers import GemmaDecodeLayers, build_gemma_decode_layers
 from cinq.layers.attention import Attention
 from cinq.layers.linear import LinearFactory
 from cinq.layers.norm import RMSNorm
@@ -121,6 +122,7 @@ class Gemma3Model(nn.Module):
             for i in range(config.num_hidden_layers))
         self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.embed_scale = config.hidden_size ** 0.5
+        self._decode_layers: GemmaDecodeLayers | None | bool = False  # False: not built yet
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata | None,
                 output_hidden_states: bool = False, state_ids: tuple[int, ...] | None = None
@@ -129,6 +131,11 @@ class Gemma3Model(nn.Module):
         wanted = hidden_state_ids(output_hidden_states, state_ids, len(self.layers))
         hidden = self.embed_tokens(input_ids)
         hidden = hidden * torch.tensor(self.embed_scale, dtype=hidden.dtype)
+        if meta is not None and not wanted and hidden.is_cpu and not torch.compiler.is_compiling():
+            fused = self.decode_layers()
+            out = fused.run_gemma(hidden, positions, meta) if fused is not None else None
+            if out is not None:  # the whole stack in one native call, bit-identical to the loop below
+                return self.norm(out), []
         states: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             if i in wanted:
@@ -136,6 +143,14 @@ class Gemma3Model(nn.Module):
             hidden, _ = layer(positions, hidden, None, meta)
         hidden = self.norm(hidden)
         return hidden, pick_states(wanted, states, hidden)
+
+    def decode_layers(self) -> GemmaDecodeLayers | None:
+        """The stack's fused decode program (cinq/model/decode_layers.py), built at the first serving step and again
+        when the runner binds new caches; None where it does not apply."""
+        fused = self._decode_layers
+        if fused is False or (fused is not None and fused.stale()):
+            fused = self._decode_layers = build_gemma_decode_layers(self)
+        return fused
 
 
 class Gemma3ForCausalLM(LlamaForCausalLM):

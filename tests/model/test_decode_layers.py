@@ -270,3 +270,27 @@ def test_the_real_smollm2_file_is_bit_identical(monkeypatch):
     if smol.path() is None:
         pytest.skip(f"needs the real model: {smol.install_hint}")
     check_same(smol.path(), monkeypatch, max_tokens=8)
+
+
+@pytest.mark.parametrize("spec", [None, {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}])
+def test_gemma3_stack_is_bit_identical_past_its_window(monkeypatch, tmp_path, spec):
+    # Gemma 3's own program: sandwich and q/k norms, a window of 8 on the local layers (the prompts run past it)
+    # with their own KV group's tables, GeGLU; greedy tokens and logprobs equal to the Python layers', verify
+    # steps of n-gram drafts included
+    from cinq.model.config import ModelConfig
+    from cinq.model.byte_tokenizer import save_byte_tokenizer
+    from cinq.model.saver import init_random_model, save_model
+    from tests.model.test_gemma3 import CFG
+    model = init_random_model(ModelConfig.from_dict(CFG), seed=3, std=0.1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(7)) * 0.3)
+    path = save_model(model, tmp_path / "gemma3")
+    save_byte_tokenizer(path)
+    looping = [[5, 6, 7, 8] * 4 + [5, 6], [9, 10, 11] * 5 + [9], [12, 13] * 8]  # each drafts from its first step
+    program = check_same(path, monkeypatch, max_tokens=16, speculative_config=spec,
+                         prompts=looping if spec else PROMPTS)
+    assert isinstance(program, decode_layers.GemmaDecodeLayers) and program.num_groups == 2
+    # all three requests in one fused step; with drafts, verify steps of one row count each (ragged ones: Python)
+    assert program.most_rows > 3 if spec else program.most_rows == 3

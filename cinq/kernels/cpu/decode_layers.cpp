@@ -23,11 +23,11 @@
 #include <tuple>
 #include <vector>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
+#include "team.h"
 
 namespace {
+
+using cinq_team::Team;
 
 // Weight bytes from which a linear is split across the team (below it, a part's call and the concatenation cost
 // more than the second core saves); settable for tests, whose tiny weights would never split. 64 KB splits
@@ -46,92 +46,6 @@ constexpr bool kBf16Attention = true;  // decode_attention.h's bf16_path for a b
 #else
 constexpr bool kBf16Attention = false;
 #endif
-// Spins before a waiting thread starts yielding its core: a few hundred microseconds, longer than any wait inside
-// a step on an idle machine, short enough not to starve another process of a shared core for long.
-constexpr int64_t kSpinsBeforeYield = 1 << 14;
-
-inline void relax(int64_t& spins) {
-  if (++spins < kSpinsBeforeYield) {
-#if defined(__x86_64__)
-    _mm_pause();
-#endif
-  } else {
-    std::this_thread::yield();
-  }
-}
-
-// The threads of one step's OpenMP region. Thread 0 runs the layers; a split linear posts its parts, and every
-// thread (thread 0 too, once its own part is done) claims parts until none is left, so a worker the OS has
-// descheduled never holds the step up unless it is in the middle of a part. One region per step replaces the
-// ~2 regions per layer of the kernels' own parallel loops, whose sleeping workers (OMP_WAIT_POLICY=PASSIVE) each
-// cost a wake-up: the reason 2 threads decoded slower than 1.
-class Team {
- public:
-  explicit Team(int size) : size_(size) {}
-  int size() const { return size_; }
-
-  // fn(p) for p in [0, parts), thread 0 taking part 0; returns when every part is done.
-  void run(int parts, const std::function<void(int)>& fn) {
-    job_.store(&fn, std::memory_order_relaxed);
-    parts_.store(parts, std::memory_order_relaxed);
-    done_.store(0, std::memory_order_relaxed);
-    next_.store(1, std::memory_order_release);
-    generation_.fetch_add(1, std::memory_order_release);
-    std::exception_ptr mine;
-    try {
-      fn(0);
-    } catch (...) {
-      mine = std::current_exception();
-    }
-    claim();
-    // every part done before returning, even on an error: the parts write into the caller's frame
-    for (int64_t spins = 0; done_.load(std::memory_order_acquire) < parts - 1;) relax(spins);
-    if (mine) std::rethrow_exception(mine);
-    std::lock_guard<std::mutex> lock(error_mutex_);
-    if (error_) std::rethrow_exception(error_);
-  }
-
-  // A worker's loop: claim parts of each posted job until stop().
-  void work() {
-    int64_t seen = 0, spins = 0;
-    while (!stop_.load(std::memory_order_acquire)) {
-      const int64_t g = generation_.load(std::memory_order_acquire);
-      if (g == seen) {
-        relax(spins);
-        continue;
-      }
-      seen = g;
-      spins = 0;
-      claim();
-    }
-  }
-
-  void stop() { stop_.store(true, std::memory_order_release); }
-
- private:
-  void claim() {
-    for (;;) {
-      const int p = next_.fetch_add(1, std::memory_order_acq_rel);
-      if (p >= parts_.load(std::memory_order_relaxed)) return;
-      try {
-        (*job_.load(std::memory_order_relaxed))(p);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(error_mutex_);
-        if (!error_) error_ = std::current_exception();  // the first failure; thread 0 rethrows it
-      }
-      done_.fetch_add(1, std::memory_order_release);
-    }
-  }
-
-  const int size_;
-  std::atomic<const std::function<void(int)>*> job_{nullptr};
-  std::atomic<int> parts_{0}, next_{0}, done_{0};
-  std::atomic<int64_t> generation_{0};
-  std::atomic<bool> stop_{false};
-  std::mutex error_mutex_;
-  std::exception_ptr error_;
-};
-
 // A linear's kernel: which registered op, its tensors after x, and its integer arguments.
 enum Kind : int64_t { kDense = 0, kInt4I8 = 1, kInt8I8 = 2, kInt4Affine = 3, kInt8Grouped = 4 };
 
@@ -182,11 +96,15 @@ class DecodeLayers {
       : hq_(hq), hkv_(hkv), d_(head_dim), inter_(intermediate), eps_(eps), scale_(scale),
         rms_norm_(op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                         double)>("cinq::rms_norm")),
+        rms_norm_scaled_(op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                               const at::Tensor&, double)>("cinq::rms_norm_scaled")),
         rotary_(op<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&)>("cinq::rotary_")),
         write_kv_(
             op<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&)>("cinq::write_kv")),
         paged_decode_(op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
                                     int64_t, const at::Tensor&)>("cinq::paged_decode")),
+        paged_window_(op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+                                    int64_t, const at::Tensor&, int64_t)>("cinq::paged_decode_window")),
         paged_seqs_(op<PagedSeqs>("cinq::paged_decode_seqs")),
         paged_heads_(op<PagedSeqs>("cinq::paged_decode_heads")),
         paged_varlen_(op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
@@ -235,14 +153,55 @@ class DecodeLayers {
       TORCH_CHECK(capture[i] >= 0 && capture[i] < num_layers() && (i == 0 || capture[i] > capture[i - 1]),
                   "decode_layers: capture must name ascending layers below ", num_layers());
     const Rows rows{ql, query_start_loc};
-    const int threads = std::min<int>(at::get_num_threads(), kMaxTeam);
-    auto layers = [&](Team* team) {
+    return in_team([&](Team* team) {
       return run_layers(hidden, residual, positions, cos_sin, slot_mapping, block_tables, seq_lens, rows, tree,
                         capture, prenormed, team);
-    };
+    });
+  }
+
+  // A Gemma 3 layer: add_layer's in_norm and post_norm are its input and post-attention norms' float32 scales
+  // (1 + w); `gemma` holds the rest. `group`: which of run_gemma's slot mappings and block tables its KV uses (its
+  // KV cache group); `window`: its sliding window (0: none).
+  void add_gemma_layer(at::Tensor in_scale, at::Tensor post_attn_scale, at::Tensor pre_ff_scale,
+                       at::Tensor post_ff_scale, at::Tensor q_scale, at::Tensor k_scale, at::Tensor kv_cache,
+                       at::Tensor cos_sin, int64_t window, int64_t group, const Linear& qkv, const Linear& o,
+                       const Linear& gate_up, const Linear& down) {
+    TORCH_CHECK(gemma_.size() == layers_.size(), "decode_layers: a stack is all Gemma layers or none");
+    for (const at::Tensor* t : {&in_scale, &post_attn_scale, &pre_ff_scale, &post_ff_scale, &q_scale, &k_scale})
+      TORCH_CHECK(t->scalar_type() == at::kFloat, "decode_layers: a Gemma norm's scale must be float32");
+    TORCH_CHECK(window >= 0 && group >= 0, "decode_layers: window and group must be >= 0");
+    add_layer(in_scale, post_attn_scale, kv_cache, qkv, o, gate_up, down);
+    gemma_.push_back(GemmaParts{q_scale, k_scale, pre_ff_scale, post_ff_scale, cos_sin, window, group});
+  }
+
+  // A Gemma 3 stack's decode step, ql rows per sequence (no tree, no ragged rows): hidden [M, H] (the scaled
+  // embeddings) -> the residual stream after the last layer. slot_mappings / block_tables: one per KV cache group.
+  at::Tensor run_gemma(at::Tensor hidden, const at::Tensor& positions, const std::vector<at::Tensor>& slot_mappings,
+                       const std::vector<at::Tensor>& block_tables, const at::Tensor& seq_lens, int64_t ql) {
+    TORCH_CHECK(!layers_.empty() && gemma_.size() == layers_.size(), "decode_layers: run_gemma needs Gemma layers");
+    TORCH_CHECK(slot_mappings.size() == block_tables.size(), "decode_layers: a slot mapping per block table");
+    for (const GemmaParts& g : gemma_)
+      TORCH_CHECK(g.group < static_cast<int64_t>(block_tables.size()), "decode_layers: no tables for KV group ",
+                  g.group);
+    return in_team([&](Team* team) {
+      return run_gemma_layers(hidden, positions, slot_mappings, block_tables, seq_lens, ql, team);
+    });
+  }
+
+ private:
+  struct GemmaParts {
+    at::Tensor q_scale, k_scale, pre_ff, post_ff, cos_sin;
+    int64_t window, group;
+  };
+
+  // layers(team) inside one OpenMP region of the step's threads (thread 0 runs it, the others serve the team), or
+  // layers(nullptr) on one thread.
+  template <typename F>
+  auto in_team(F&& layers) -> decltype(layers(nullptr)) {
+    const int threads = std::min<int>(at::get_num_threads(), kMaxTeam);
     if (threads <= 1 || at::in_parallel_region()) return layers(nullptr);
     Team team(threads);
-    Result out;
+    decltype(layers(nullptr)) out;
     std::exception_ptr error;
     const bool inference = c10::InferenceMode::is_enabled(), grad = at::GradMode::is_enabled();
 #pragma omp parallel num_threads(threads)
@@ -264,7 +223,36 @@ class DecodeLayers {
     return out;
   }
 
- private:
+  // cinq/model/gemma3.py's Gemma3DecoderLayer, op for op: sandwich norms (each Gemma's float32-scaled norm), q/k
+  // norms, the layer's rope table, its KV group's slots and tables, a window or not, GeGLU.
+  at::Tensor run_gemma_layers(at::Tensor hidden, const at::Tensor& positions,
+                              const std::vector<at::Tensor>& slot_mappings, const std::vector<at::Tensor>& block_tables,
+                              const at::Tensor& seq_lens, int64_t ql, Team* team) {
+    const int64_t m = hidden.size(0), q_size = hq_ * d_, kv_size = hkv_ * d_;
+    auto norm = [&](const at::Tensor& x, const at::Tensor& scale) {
+      return std::get<0>(rms_norm_scaled_.call(x, empty_, scale, eps_));
+    };
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const Layer& layer = layers_[i];
+      const GemmaParts& g = gemma_[i];
+      const at::Tensor qkv = linear(layer.qkv, norm(hidden, layer.in_norm), team);
+      const at::Tensor q = norm(qkv.narrow(1, 0, q_size).view({m, hq_, d_}), g.q_scale);
+      const at::Tensor k = norm(qkv.narrow(1, q_size, kv_size).view({m, hkv_, d_}), g.k_scale);
+      const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({m, hkv_, d_});
+      rotary_.call(q, k, positions, g.cos_sin);
+      write_kv_.call(k, v, layer.kv_cache, slot_mappings[g.group]);
+      const at::Tensor& tables = block_tables[g.group];
+      const at::Tensor o = g.window > 0
+                               ? paged_window_.call(q, layer.kv_cache, tables, seq_lens, scale_, ql, no_tree_, g.window)
+                               : paged_decode_.call(q, layer.kv_cache, tables, seq_lens, scale_, ql, no_tree_);
+      hidden = hidden + norm(linear(layer.o, o.view({m, q_size}), team), layer.post_norm);
+      const at::Tensor gu = linear(layer.gate_up, norm(hidden, g.pre_ff), team);
+      const at::Tensor act = at::gelu(gu.narrow(1, 0, inter_), "tanh") * gu.narrow(1, inter_, inter_);
+      hidden = hidden + norm(linear(layer.down, act, team), g.post_ff);
+    }
+    return hidden;
+  }
+
   Result run_layers(at::Tensor hidden, at::Tensor residual, const at::Tensor& positions, const at::Tensor& cos_sin,
                     const at::Tensor& slot_mapping, const at::Tensor& block_tables, const at::Tensor& seq_lens,
                     const Rows& rows, const at::Tensor& tree, const std::vector<int64_t>& capture, bool prenormed,
@@ -403,15 +391,19 @@ class DecodeLayers {
   int64_t hq_, hkv_, d_, inter_, dense_chunk_rows_ = 0;
   double eps_, scale_;
   at::Tensor empty_ = at::empty({0}, at::kBFloat16);
+  at::Tensor no_tree_ = at::empty({0}, at::kBool);
   std::vector<Layer> layers_;
+  std::vector<GemmaParts> gemma_;  // a Gemma 3 stack's per-layer parts (add_gemma_layer), else empty
   mutable std::atomic<int64_t> split_calls_{0};  // linears run split across a team (tests check the path)
   mutable std::atomic<int64_t> split_attention_calls_{0};  // attentions run split across a team
   c10::TypedOperatorHandle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                              const at::Tensor&, double)> rms_norm_;
+                                                              const at::Tensor&, double)> rms_norm_, rms_norm_scaled_;
   c10::TypedOperatorHandle<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&)> rotary_,
       write_kv_;
   c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                       double, int64_t, const at::Tensor&)> paged_decode_;
+  c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                      double, int64_t, const at::Tensor&, int64_t)> paged_window_;
   c10::TypedOperatorHandle<PagedSeqs> paged_seqs_, paged_heads_;
   c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                       double, const at::Tensor&)> paged_varlen_;
@@ -434,6 +426,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("num_kv_heads"), py::arg("head_dim"), py::arg("intermediate_size"), py::arg("eps"),
            py::arg("scale"))
       .def("add_layer", &DecodeLayers::add_layer)
+      .def("add_gemma_layer", &DecodeLayers::add_gemma_layer)
+      .def("run_gemma", &DecodeLayers::run_gemma, py::arg("hidden"), py::arg("positions"), py::arg("slot_mappings"),
+           py::arg("block_tables"), py::arg("seq_lens"), py::arg("ql"))
       .def("set_dense_chunk_rows", &DecodeLayers::set_dense_chunk_rows)
       .def("num_layers", &DecodeLayers::num_layers)
       .def("split_calls", &DecodeLayers::split_calls)

@@ -121,17 +121,25 @@ std::vector<torch::Tensor> rms_norm_scaled(torch::Tensor x, torch::Tensor residu
 // 30-layer model, each call through a Python custom op costing ~7 us more.
 TORCH_LIBRARY_FRAGMENT(cinq, m) {
   m.def("rms_norm(Tensor x, Tensor residual, Tensor weight, float eps) -> (Tensor, Tensor)");
+  m.def("rms_norm_scaled(Tensor x, Tensor residual, Tensor scale, float eps) -> (Tensor, Tensor)");
 }
 TORCH_LIBRARY_IMPL(cinq, CPU, m) {
   m.impl("rms_norm", [](const at::Tensor& x, const at::Tensor& r, const at::Tensor& w, double eps) {
     auto out = rms_norm(x, r, w, eps);
     return std::make_tuple(out[0], out[1]);
   });
+  // Gemma's norm, for the fused decode step's Gemma layers (decode_layers.cpp)
+  m.impl("rms_norm_scaled", [](const at::Tensor& x, const at::Tensor& r, const at::Tensor& scale, double eps) {
+    auto out = rms_norm_scaled(x, r, scale, eps);
+    return std::make_tuple(out[0], out[1]);
+  });
 }
 TORCH_LIBRARY_IMPL(cinq, Meta, m) {
-  m.impl("rms_norm", [](const at::Tensor& x, const at::Tensor& r, const at::Tensor&, double) {
+  auto meta = [](const at::Tensor& x, const at::Tensor& r, const at::Tensor&, double) {
     return std::make_tuple(at::empty_like(x), r.numel() ? at::empty_like(x) : at::empty({0}, x.options()));
-  });
+  };
+  m.impl("rms_norm", meta);
+  m.impl("rms_norm_scaled", meta);
 }
 #endif
 
