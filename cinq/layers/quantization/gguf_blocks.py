@@ -6,6 +6,10 @@ Per block of 32 consecutive input channels of one output row (llama.cpp's ggml-c
     Q4_1  20 bytes: d fp16 | m fp16 | 16 bytes of nibbles     W = d * q + m
 Nibbles: byte j holds value j in its low half and value j + 16 in its high half.
 
+Q5_0 (22 bytes: d fp16 | 4 bytes of fifth bits, bit j for value j | 16 bytes of nibbles; W = d * (q - 16)) is
+served as Q8_0: ``q5_0_as_q8_0`` rewrites each block as d and the 32 values q - 16 as int8 codes, the same W
+exactly, so its layers run the Q8_0 kernels (34 bytes per 32 weights streamed, against 64 dequantized to bf16).
+
 ``decode_blocks`` turns a row-major [N, K / 32 * block bytes] byte matrix into integer codes and float32 scales
 and offsets per (row, block) in the affine form every kernel here takes, W = scale * code + offset (Q4_0's offset
 is -8d). The form is exact: d and m are fp16, a code has at most 8 bits, so scale * code is exact in float32 and
@@ -22,6 +26,28 @@ import torch
 BLOCK = 32
 BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
 NATIVE_TYPES = tuple(BLOCK_BYTES)
+# file types served as one of those, exactly (the same weight values): file type -> served type
+TRANSCODED = {"Q5_0": "Q8_0"}
+Q5_0_BYTES = 22
+
+
+def served_type(type_name: str) -> str | None:
+    """The block type a file's ``type_name`` matrix is served as (itself, or what it is transcoded to); None:
+    dequantized at load."""
+    return type_name if type_name in NATIVE_TYPES else TRANSCODED.get(type_name)
+
+
+def q5_0_as_q8_0(raw: torch.Tensor) -> torch.Tensor:
+    """Q5_0 blocks uint8 [N, K / 32 * 22] as Q8_0 blocks [N, K / 32 * 34] of the same values: d as it is, each
+    5-bit value minus 16 as an int8 code."""
+    n, row_bytes = raw.shape
+    blocks = raw.reshape(n, row_bytes // Q5_0_BYTES, Q5_0_BYTES)
+    high = blocks[..., 2:6].contiguous().view(torch.int32)  # [n, b, 1]: bit j is value j's fifth bit
+    packed = blocks[..., 6:].to(torch.int32)
+    low = torch.cat([packed & 0x0F, packed >> 4], dim=-1)  # byte j: value j low, value j + 16 high
+    fifth = (high >> torch.arange(BLOCK, dtype=torch.int32)) & 1
+    codes = ((low | (fifth << 4)) - 16).to(torch.int8)
+    return torch.cat([blocks[..., 0:2], codes.view(torch.uint8)], dim=-1).reshape(n, -1)
 
 
 @dataclass(slots=True)

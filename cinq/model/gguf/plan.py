@@ -3,8 +3,9 @@
 imported when a linear is built), so ``ModelConfig`` reads a GGUF file with no import circle.
 
 Q8_0 / Q4_0 / Q4_1 matrices of the decoder's linears (and the LM head, also when it is the tied embedding) are
-served from their own blocks by ``GGUFLinear``; a merged projection (q/k/v, gate/up) natively when its shards
-share one of these types, else dequantized; every other type dequantized at load (cinq/model/gguf/weights.py).
+served from their own blocks by ``GGUFLinear``, Q5_0 ones as Q8_0 blocks of the same values
+(gguf_blocks.TRANSCODED); a merged projection (q/k/v, gate/up) natively when its shards are served as one type,
+else dequantized; every other type dequantized at load (cinq/model/gguf/weights.py).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from cinq.layers.quantization.gguf_blocks import NATIVE_TYPES
+from cinq.layers.quantization.gguf_blocks import served_type
 from cinq.model.gguf.config import gguf_config_dict
 from cinq.model.gguf.file import GGUF_QUANT_METHOD, GGUFFile, GGUFTensorInfo
 from cinq.model.gguf.names import hf_tensor_name
@@ -38,18 +39,18 @@ class GGUFFormat:
     def of(cls, gguf: GGUFFile, num_layers: int, tied: bool) -> GGUFFormat:
         t = gguf.tensors
         head = "token_embd.weight" if tied else "output.weight"
-        fmt = cls(gguf, tied and t[head].type_name in NATIVE_TYPES)
+        fmt = cls(gguf, tied and served_type(t[head].type_name) is not None)
         for i in range(num_layers):
             for parts, merged in _LINEAR_GROUPS.items():
                 infos = [t.get(f"blk.{i}.{p}.weight") for p in parts]
-                kinds = {info.type_name for info in infos if info is not None}
-                if len(kinds) == 1 and (kind := kinds.pop()) in NATIVE_TYPES:
+                kinds = {served_type(info.type_name) for info in infos if info is not None}
+                if len(kinds) == 1 and (kind := kinds.pop()) is not None:
                     for p in parts:
                         fmt.native[hf_tensor_name(f"blk.{i}.{p}.weight").rsplit(".", 1)[0]] = kind
                     if merged is not None:
                         fmt.native[f"model.layers.{i}.{merged}"] = kind
-        if head in t and t[head].type_name in NATIVE_TYPES:
-            fmt.native["lm_head"] = t[head].type_name
+        if head in t and (kind := served_type(t[head].type_name)) is not None:
+            fmt.native["lm_head"] = kind
         return fmt
 
     def quantizes(self, prefix: str) -> bool:
@@ -74,8 +75,8 @@ class GGUFFormat:
         if info.type_name in FLOAT_DTYPES:
             return "as is"
         name = hf_tensor_name(info.name)
-        if name is not None and name.rsplit(".", 1)[0] in self.native:
-            return "served natively"
+        if name is not None and (served := self.native.get(name.rsplit(".", 1)[0])) is not None:
+            return "served natively" if served == info.type_name else f"served as {served} blocks"
         return "dequantized at load"
 
 

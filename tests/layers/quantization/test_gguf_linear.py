@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from cinq.layers.quantization.gguf_blocks import NATIVE_TYPES, decode_blocks
+from cinq.layers.quantization.gguf_blocks import NATIVE_TYPES, decode_blocks, q5_0_as_q8_0
 from cinq.layers.quantization.gguf_linear import GGUFLinear
 from cinq.layers.weight_loader import CheckpointTensor, OutputShards
 
@@ -31,6 +31,19 @@ def test_decoded_values_equal_the_reference_dequantization(kind: str):
     assert mine.dtype == np.float32 and np.array_equal(mine, ref)  # equal values (+0.0 == -0.0)
     nonzero = mine != 0
     assert np.array_equal(mine.view(np.uint32)[nonzero], ref.view(np.uint32)[nonzero])
+
+
+def test_q5_0_blocks_rewritten_as_q8_0_keep_their_values():
+    # every fifth bit set and clear (bit 31 too: the high word read as a signed int), every nibble
+    rng = np.random.default_rng(2)
+    raw = rng.integers(0, 256, (9, 4, 22), dtype=np.uint8)
+    raw[..., 0:2] = np.frombuffer(np.float16(0.0123).tobytes(), np.uint8)
+    raw[0, 0, 2:6], raw[1, 0, 2:6] = 0xFF, 0x00
+    raw = raw.reshape(9, -1)
+    as_q8 = q5_0_as_q8_0(torch.from_numpy(raw.copy()))
+    assert as_q8.shape == (9, 4 * 34)
+    ref = gguf_quants.dequantize(raw, GGMLQuantizationType.Q5_0)
+    assert np.array_equal(decode_blocks(as_q8, "Q8_0").dequantize().numpy(), ref)
 
 
 def test_a_wrong_nibble_order_is_caught():

@@ -65,53 +65,92 @@ def test_hf_folder_from_gguf_loads_to_the_same_logits(exports: dict[str, Path], 
 
 
 def _k_blocks(rng: np.random.Generator, rows: int, cols: int, kind: str) -> np.ndarray:
-    """Random but sane k-quant blocks (any bits are valid codes; the fp16 super-block scales are set small)."""
-    size = {"Q4_K": 144, "Q6_K": 210}[kind]
-    raw = rng.integers(0, 256, (rows, cols // 256, size), dtype=np.uint8)
+    """Random but sane quantized blocks (any bits are valid codes; the fp16 scales are set small)."""
+    per, size = {"Q4_K": (256, 144), "Q6_K": (256, 210), "Q5_0": (32, 22)}[kind]
+    raw = rng.integers(0, 256, (rows, cols // per, size), dtype=np.uint8)
     scale = np.frombuffer(np.float16(0.002).tobytes(), np.uint8)
     if kind == "Q4_K":  # d, dmin first
         raw[..., 0:2], raw[..., 2:4] = scale, scale
+    elif kind == "Q5_0":  # d first
+        raw[..., 0:2] = np.frombuffer(np.float16(0.004).tobytes(), np.uint8)
     else:  # d last
         raw[..., -2:] = scale
     return raw.reshape(rows, -1)
+
+
+H, F, HEADS, KV, VOCAB = 256, 512, 4, 2, 300
+
+
+def _quantized_file(path: Path, arch: str, kinds: dict[str, str]) -> Path:
+    """A one-layer ``arch`` GGUF file whose linears are random blocks of ``kinds`` (GGUF role -> type; Q8_0
+    quantized from random values), the rest float32."""
+    from gguf import GGMLQuantizationType, GGUFWriter
+    from gguf.quants import quantize
+    rng = np.random.default_rng(0)
+    w = GGUFWriter(str(path), arch)
+    w.add_block_count(1), w.add_context_length(256), w.add_embedding_length(H), w.add_feed_forward_length(F)
+    w.add_head_count(HEADS), w.add_head_count_kv(KV), w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5), w.add_tokenizer_model("gpt2"), w.add_tokenizer_pre("default")
+    w.add_token_list([chr(0x100 + i) for i in range(VOCAB)]), w.add_token_types([1] * VOCAB)
+    w.add_token_merges([f"{chr(0x100)} {chr(0x101)}"]), w.add_eos_token_id(1)
+    dense = {"token_embd.weight": (VOCAB, H), "output_norm.weight": (H,), "blk.0.attn_norm.weight": (H,),
+             "blk.0.ffn_norm.weight": (H,)}
+    shapes = {"attn_q": (H, H), "attn_k": (H // 2, H), "attn_v": (H // 2, H), "attn_output": (H, H),
+              "ffn_gate": (F, H), "ffn_up": (F, H), "ffn_down": (H, F)}
+    for name, shape in dense.items():
+        w.add_tensor(name, (rng.standard_normal(shape) * (0.05 if len(shape) == 2 else 1)).astype(np.float32))
+    for role, (rows, cols) in shapes.items():
+        kind = kinds[role]
+        if kind == "Q8_0":
+            values = (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)
+            blocks = quantize(values, GGMLQuantizationType.Q8_0)
+        else:
+            blocks = _k_blocks(rng, rows, cols, kind)
+        w.add_tensor(f"blk.0.{role}.weight", blocks, raw_dtype=GGMLQuantizationType[kind])
+    if arch == "qwen2":
+        for proj, rows in (("q", H), ("k", H // 2), ("v", H // 2)):
+            w.add_tensor(f"blk.0.attn_{proj}.bias", rng.standard_normal(rows).astype(np.float32) * 0.1)
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    return path
+
+
+def _logits_diff(path: Path) -> float:
+    """Max |cinq - transformers| of float32 logits on one prompt, both reading ``path``."""
+    pytest.importorskip("accelerate")
+    from transformers import AutoModelForCausalLM
+    ours = load_model(path, dtype="float32")
+    theirs = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    ids = torch.tensor([[3, 17, 42, 99, 7, 250, 11]])
+    with torch.no_grad():
+        return (ours.compute_logits(ours(ids)) - theirs(ids).logits).abs().max().item()
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_k_quants_dequantize_at_load_to_transformers_logits(arch: str, tmp_path: Path):
     """Q4_K and Q6_K (no cinq kernel: dequantized at load with the gguf package) against transformers' own
     dequantization of the same file; llama's q/k rows come back in rotate-half order, qwen2's biases load."""
-    pytest.importorskip("accelerate")
-    from gguf import GGMLQuantizationType, GGUFWriter
-    from transformers import AutoModelForCausalLM
-    rng = np.random.default_rng(0)
-    h, f, heads, kv, vocab = 256, 512, 4, 2, 300
-    path = tmp_path / "k.gguf"
-    w = GGUFWriter(str(path), arch)
-    w.add_block_count(1), w.add_context_length(256), w.add_embedding_length(h), w.add_feed_forward_length(f)
-    w.add_head_count(heads), w.add_head_count_kv(kv), w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-5), w.add_tokenizer_model("gpt2"), w.add_tokenizer_pre("default")
-    w.add_token_list([chr(0x100 + i) for i in range(vocab)]), w.add_token_types([1] * vocab)
-    w.add_token_merges([f"{chr(0x100)} {chr(0x101)}"]), w.add_eos_token_id(1)
-    dense = {"token_embd.weight": (vocab, h), "output_norm.weight": (h,), "blk.0.attn_norm.weight": (h,),
-             "blk.0.ffn_norm.weight": (h,)}
-    kq = {"blk.0.attn_q.weight": (h, h, "Q4_K"), "blk.0.attn_k.weight": (h // 2, h, "Q6_K"),
-          "blk.0.attn_v.weight": (h // 2, h, "Q6_K"), "blk.0.attn_output.weight": (h, h, "Q4_K"),
-          "blk.0.ffn_gate.weight": (f, h, "Q4_K"), "blk.0.ffn_up.weight": (f, h, "Q4_K"),
-          "blk.0.ffn_down.weight": (h, f, "Q6_K")}
-    for name, shape in dense.items():
-        w.add_tensor(name, (rng.standard_normal(shape) * (0.05 if len(shape) == 2 else 1)).astype(np.float32))
-    for name, (rows, cols, kind) in kq.items():
-        w.add_tensor(name, _k_blocks(rng, rows, cols, kind), raw_dtype=GGMLQuantizationType[kind])
-    if arch == "qwen2":
-        for proj, rows in (("q", h), ("k", h // 2), ("v", h // 2)):
-            w.add_tensor(f"blk.0.attn_{proj}.bias", rng.standard_normal(rows).astype(np.float32) * 0.1)
-    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
-    ours = load_model(path, dtype="float32")
-    theirs = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.float32).eval()
-    ids = torch.tensor([[3, 17, 42, 99, 7, 250, 11]])
-    with torch.no_grad():
-        diff = (ours.compute_logits(ours(ids)) - theirs(ids).logits).abs().max().item()
+    kinds = {"attn_q": "Q4_K", "attn_k": "Q6_K", "attn_v": "Q6_K", "attn_output": "Q4_K", "ffn_gate": "Q4_K",
+             "ffn_up": "Q4_K", "ffn_down": "Q6_K"}
+    diff = _logits_diff(_quantized_file(tmp_path / "k.gguf", arch, kinds))
     assert diff < 1e-4, diff
+
+
+def test_q5_0_is_served_as_q8_0_blocks_of_the_same_values(tmp_path: Path):
+    """Q5_0 projections (q / k beside a Q8_0 v, gate / up) load as Q8_0 blocks: GGUFLinear, the Q8_0 kernels in
+    bf16, the load line says so; in float32 the values are the file's (transformers' logits)."""
+    from cinq.layers.quantization.gguf_linear import GGUFLinear
+    from cinq.model.config import ModelConfig
+    kinds = {"attn_q": "Q5_0", "attn_k": "Q5_0", "attn_v": "Q8_0", "attn_output": "Q4_K", "ffn_gate": "Q5_0",
+             "ffn_up": "Q5_0", "ffn_down": "Q5_0"}
+    path = _quantized_file(tmp_path / "q5.gguf", "llama", kinds)
+    assert _logits_diff(path) < 1e-4
+    model = load_model(path, dtype="bfloat16")
+    layer = model.model.layers[0]
+    for linear in (layer.self_attn.qkv_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+        assert isinstance(linear, GGUFLinear) and linear.type_name == "Q8_0"
+    assert not isinstance(layer.self_attn.o_proj, GGUFLinear)  # Q4_K: dequantized at load
+    summary = ModelConfig.from_pretrained(path).quantization_config["summary"]
+    assert "5 Q5_0 served as Q8_0 blocks" in summary and "1 Q8_0 served natively" in summary
 
 
 def test_qwen3_export_reads_back_to_its_source(tiny_models, tmp_path: Path):
