@@ -97,7 +97,7 @@ def weight_bytes(path: Path) -> dict:
     cinq reads the blocks of the types it serves natively and bf16 for what it dequantizes at load."""
     from math import prod
 
-    from cinq.layers.quantization.gguf_blocks import BLOCK, BLOCK_BYTES
+    from cinq.layers.quantization.gguf_blocks import SERVED_BYTES
     from cinq.model.gguf.file import read_gguf
     from cinq.model.gguf.names import hf_tensor_name
     from cinq.model.gguf.plan import GGUFFormat
@@ -112,8 +112,8 @@ def weight_bytes(path: Path) -> dict:
             continue
         module = "lm_head" if head else hf_tensor_name(info.name, gguf.architecture).rsplit(".", 1)[0]
         file_bytes += info.nbytes
-        served = fmt.native.get(module)  # its blocks (Q5_0 rewritten as Q8_0), else bf16 values
-        cinq_bytes += prod(info.shape) // BLOCK * BLOCK_BYTES[served] if served else prod(info.shape) * 2
+        served = fmt.native.get(module)  # what its kernel reads (Q5_0 rewritten as Q8_0), else bf16 values
+        cinq_bytes += prod(info.shape) // 32 * SERVED_BYTES[served] if served else prod(info.shape) * 2
     return {"llama_cpp_mb": file_bytes / 1e6, "cinq_mb": cinq_bytes / 1e6}
 
 
@@ -145,13 +145,13 @@ def report(result, rows: list[dict], weights: dict, cfg: ModelConfig, conditions
     why = ("Every engine here runs in one process under cinq's OpenMP wait policy (PASSIVE), which slows "
            "llama.cpp's 2-thread decode; `benchmarks/omp_wait_policy.py --model gemma3-270m --variants file` runs "
            "each engine in its own process under every policy (omp_wait_policy_gemma3.md), the fair pair.\n\n"
-           f"What each engine streams on this file: cinq serves Q8_0 / Q4_0 / Q4_1 blocks natively and Q5_0 as "
-           f"Q8_0 blocks of the same values (int8 codes, groups of 32), and dequantizes every other type at load: "
-           f"of this Q4_K_M file (Q5_0, Q4_K, Q6_K matrices) the Q4_K and Q6_K ones (attention outputs, MLP downs) "
-           f"run as bf16. A decode step streams {weights['cinq_mb']:.0f} MB of weights in cinq vs "
-           f"{weights['llama_cpp_mb']:.0f} MB in llama.cpp ({weights['cinq_mb'] / weights['llama_cpp_mb']:.2f}x); "
-           f"both multiply Q8-rounded activations with integer dot products on the blocks. Q4_K served natively "
-           f"(int4-affine groups of 32 with float32 scales: d x its 6-bit scale is not an fp16) is the next step.\n")
+           f"What each engine streams on this file: cinq serves Q8_0 / Q4_0 / Q4_1 / Q4_K blocks natively (Q4_K as "
+           f"int4 codes with a float32 scale and offset per 32 values: d x its 6-bit scale is not an fp16) and Q5_0 "
+           f"as Q8_0 blocks of the same values, and dequantizes every other type at load: of this Q4_K_M file the "
+           f"Q6_K matrices (half the MLP downs) run as bf16. A decode step streams {weights['cinq_mb']:.0f} MB of "
+           f"weights in cinq vs {weights['llama_cpp_mb']:.0f} MB in llama.cpp "
+           f"({weights['cinq_mb'] / weights['llama_cpp_mb']:.2f}x); both multiply Q8-rounded activations with "
+           f"integer dot products on the blocks.\n")
     return ("# Gemma 3 270M (Q4_K_M GGUF): batch-1 decode vs llama.cpp and HF; KV memory\n\n"
             + conditions + " Load averages per row in the table.\n\n" + markdown(result) + "\n" + why + "\n" + kv_markdown(rows, cfg))
 

@@ -7,7 +7,7 @@ runs the same kernels (the ``torch.ops.cinq`` ops the eager layers call through 
 on the same tensors from C++, so its output is bit-identical to the eager layers' (tests/model/test_decode_layers.py
 checks this per linear kind). It covers decode steps (every sequence decode-like, speculative verify rows
 included, with one row count or ragged: ``AttentionMetadata.ragged_decodes``) of at most ``max_rows`` rows, and layers whose every linear is one of: dense bf16 without autograd, GGUF
-Q4_0 / Q4_1 / Q8_0 with int8 activations, cinq's grouped int4 / int8 (no act-order permutation) without bias; it
+Q4_0 / Q4_1 / Q4_K / Q8_0 with int8 activations, cinq's grouped int4 / int8 (no act-order permutation) without bias; it
 also returns every layer's input when asked (EAGLE-3's features), so a speculating step is fused too.
 Anything else (prefill chunks, other linears, Qwen3's q/k norms, windows in a Llama stack) runs the Python layers, as
 does every step with ``CINQ_FUSED_DECODE=0`` (A/B measurements, debugging). Gemma 3 stacks have a program of their
@@ -287,7 +287,7 @@ def _linear_spec(mod: Any, linear: Any) -> tuple[Any, int] | None:
     if type(linear) is GGUFLinear:
         if kind == "gguf_q8_0_i8":
             return mod.Linear(mod.INT8_I8, [t["codes"], t["scales"], t.get("mins", half)], [group]), Q8_DEQUANT_ROWS - 1
-        if kind in ("gguf_q4_0_i8", "gguf_q4_1_i8"):
+        if kind in ("gguf_q4_0_i8", "gguf_q4_1_i8", "gguf_q4_k_i8"):
             return (mod.Linear(mod.INT4_I8, [t["codes"], t["scales"], t.get("mins", half)],
                                [group, 8 if kind == "gguf_q4_0_i8" else 0]), DEQUANT_ROWS - 1)
         return None

@@ -65,6 +65,16 @@ def test_gguf_blocks_are_bit_identical(tiny_llama, tmp_path, monkeypatch, outtyp
     assert program.max_rows >= 3  # all three requests decode in one fused step
 
 
+def test_gguf_q4_k_and_q5_0_stacks_are_bit_identical(tmp_path, monkeypatch):
+    # k-quant blocks served natively (Q4_K: float32 scale and offset per 32 values) and Q5_0 served as Q8_0
+    from tests.model.gguf.test_model import _quantized_file
+    for kind in ("Q4_K", "Q5_0"):
+        path = _quantized_file(tmp_path / f"{kind}.gguf", "llama", dict.fromkeys(
+            ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"), kind))
+        program = check_same(path, monkeypatch)
+        assert program.max_rows >= 3
+
+
 @pytest.mark.parametrize("bits, group", [(4, 32), (8, 32), (4, 64)])
 def test_grouped_int_weights_are_bit_identical(tiny_llama, tmp_path, monkeypatch, bits, group):
     from cinq.quant.config import QuantConfig

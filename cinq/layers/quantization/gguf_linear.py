@@ -1,4 +1,4 @@
-"""``GGUFLinear``: a linear whose weight is a GGUF file's own Q8_0 / Q4_0 / Q4_1 blocks, served without
+"""``GGUFLinear``: a linear whose weight is a GGUF file's own Q8_0 / Q4_0 / Q4_1 / Q4_K blocks, served without
 requantizing (cinq/layers/quantization/gguf_blocks.py has the layouts).
 
 It loads the blocks as bytes (``weight``: uint8 [N, K / 32 * block bytes]; a merged projection's shards are whole
@@ -19,7 +19,8 @@ from cinq.errors import InvalidParameterError
 from cinq.kernels.cpu_native import bf16_gemm_is_emulated
 from cinq.kernels.prefill_gemm import WeightRows, dequant_linear
 from cinq.layers.linear_split import LinearSplit
-from cinq.layers.quantization.gguf_blocks import BLOCK, BLOCK_BYTES, decode_blocks
+from cinq.layers.quantization.gguf_blocks import (BLOCK, BLOCK_BYTES, K_BLOCK_BYTES, decode_blocks,
+                                                  q4_k_affine, row_bytes, values_per_block)
 from cinq.layers.quantization.int8_activations import (
     int4_affine_linear_i8,
     int8_activations,
@@ -46,7 +47,12 @@ Q8_DEQUANT_ROWS = 1 << 30 if bf16_gemm_is_emulated() else DEQUANT_ROWS
 
 
 def _blocks(raw: torch.Tensor, type_name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(code bytes [N, K / 32 * code bytes], fp16 d [N, K / 32], Q4_1's fp16 m or None) of ``raw``."""
+    """(code bytes [N, K / 32 * code bytes], fp16 d [N, K / 32], Q4_1's fp16 m or None) of ``raw``; Q4_K's
+    float32 scale and offset per 32 values, its codes repacked in the kernels' nibble order."""
+    if type_name == "Q4_K":
+        codes, scales, offsets = q4_k_affine(raw)
+        pairs = codes.view(codes.shape[0], -1, 2, BLOCK // 2)  # per 32 values: byte j holds j low, j + 16 high
+        return (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(codes.shape[0], -1), scales, offsets
     n, row_bytes = raw.shape
     size = BLOCK_BYTES[type_name]
     blocks = raw.reshape(n, row_bytes // size, size)
@@ -73,7 +79,7 @@ def kernel_tensors(raw: torch.Tensor, type_name: str) -> dict[str, torch.Tensor]
 def i8_kernel_tensors(raw: torch.Tensor, type_name: str) -> dict[str, torch.Tensor]:
     """The int8-activation kernels' tensors from ``raw``: the blocks' codes and their own fp16 scales (and Q4_1's
     fp16 minimums); Q4_0 without mins (its calls pass q_offset 8), so a call streams the file's 18 / 20 / 34 bytes
-    per 32 weights."""
+    per 32 weights; Q4_K with float32 scales and offsets (24 bytes per 32)."""
     codes, d, m = _blocks(raw, type_name)
     t = {"codes": codes.view(torch.int8) if type_name == "Q8_0" else codes, "scales": d.contiguous()}
     if m is not None:
@@ -104,7 +110,7 @@ def dequantize_i8_int4(t: dict[str, torch.Tensor], kind: str) -> torch.Tensor:
     n = q.shape[0]
     w = q.view(n, -1, BLOCK)
     d = t["scales"].float().unsqueeze(-1)
-    w.mul_(d).add_(t["mins"].float().unsqueeze(-1) if kind == "gguf_q4_1_i8" else d * -8.0)
+    w.mul_(d).add_(t["mins"].float().unsqueeze(-1) if "mins" in t else d * -8.0)
     return q
 
 
@@ -150,7 +156,7 @@ def gguf_mm(kind: str, t: dict[str, torch.Tensor], group: int, x: torch.Tensor) 
 
 
 class GGUFLinear(QuantizedLinear):
-    """A linear stored as one GGUF block type (``type_name`` in Q8_0, Q4_0, Q4_1), merged shards included."""
+    """A linear stored as one GGUF block type (``type_name`` in Q8_0, Q4_0, Q4_1, Q4_K), merged shards included."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, type_name: str, prefix: str = "", *,
                  compute_dtype: torch.dtype, output_shards: OutputShards | None = None,
@@ -159,15 +165,15 @@ class GGUFLinear(QuantizedLinear):
         if split is not None:
             raise InvalidParameterError(f"{prefix}: GGUF {type_name} weights are served natively with "
                                         f"tensor_parallel_size 1 only", "tensor_parallel_size")
-        if type_name not in BLOCK_BYTES:
+        served = (*BLOCK_BYTES, *K_BLOCK_BYTES)
+        if type_name not in served:
             raise InvalidParameterError(f"{prefix}: GGUF type {type_name!r} is not served natively "
-                                        f"({', '.join(BLOCK_BYTES)})", "type_name")
-        if in_features % BLOCK:
-            raise InvalidParameterError(f"{prefix}: in_features {in_features} is not a multiple of {BLOCK}",
-                                        "in_features")
+                                        f"({', '.join(served)})", "type_name")
+        if in_features % values_per_block(type_name):
+            raise InvalidParameterError(f"{prefix}: in_features {in_features} is not a multiple of "
+                                        f"{values_per_block(type_name)} ({type_name} blocks)", "in_features")
         self.type_name = type_name
-        row_bytes = in_features // BLOCK * BLOCK_BYTES[type_name]
-        self._checkpoint_buffer("weight", (out_features, row_bytes), torch.uint8, _ROWS)
+        self._checkpoint_buffer("weight", (out_features, row_bytes(type_name, in_features)), torch.uint8, _ROWS)
 
     def process_weights_after_loading(self) -> None:
         prepared = prepare_blocks(self.weight, self.type_name, self.compute_dtype)

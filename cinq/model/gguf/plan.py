@@ -2,8 +2,8 @@
 ``config.json`` dict ``ModelConfig`` is built from (``gguf_model_dict``), without importing the model (the layer is
 imported when a linear is built), so ``ModelConfig`` reads a GGUF file with no import circle.
 
-Q8_0 / Q4_0 / Q4_1 matrices of the decoder's linears (and the LM head, also when it is the tied embedding) are
-served from their own blocks by ``GGUFLinear``, Q5_0 ones as Q8_0 blocks of the same values
+Q8_0 / Q4_0 / Q4_1 / Q4_K matrices of the decoder's linears (and the LM head, also when it is the tied embedding)
+are served from their own blocks by ``GGUFLinear``, Q5_0 ones as Q8_0 blocks of the same values
 (gguf_blocks.TRANSCODED); a merged projection (q/k/v, gate/up) natively when its shards are served as one type,
 else dequantized; every other type dequantized at load (cinq/model/gguf/weights.py).
 """

@@ -5,9 +5,10 @@ projection, how each is served).
 - Q8_0 / Q4_0 / Q4_1 matrices of the decoder's linears (and the LM head, also when it is the tied embedding)
   load as their raw blocks into ``GGUFLinear`` (no requantization). A merged projection (q/k/v, gate/up) is served
   natively when its shards share one of these types; shards of mixed types are dequantized into a dense linear.
-- Q5_0 matrices load the same way, rewritten as Q8_0 blocks of the same values (gguf_blocks.q5_0_as_q8_0).
-- every other type (k-quants Q4_K, Q5_K, Q6_K ..., and Q5_1) and every non-linear use (the embedding lookup,
-  norms) is dequantized at load with the gguf package's reference code.
+- Q4_K matrices load as their raw blocks too; Q5_0 ones are rewritten as Q8_0 blocks of the same values
+  (gguf_blocks.q5_0_as_q8_0).
+- every other type (k-quants Q5_K, Q6_K ..., and Q5_1) and every non-linear use (the embedding lookup, norms) is
+  dequantized at load with the gguf package's reference code.
 The ``llama`` architecture's q/k rows are permuted back to rotate-half order as they are read (names.py).
 """
 
@@ -19,7 +20,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from cinq.layers.quantization.gguf_blocks import BLOCK, BLOCK_BYTES, q5_0_as_q8_0, served_type
+from cinq.layers.quantization.gguf_blocks import q5_0_as_q8_0, row_bytes, served_type
 from cinq.layers.weight_loader import CheckpointTensor
 from cinq.model.gguf.file import GGML_TYPE_IDS, GGUFFile, GGUFTensorInfo
 from cinq.model.gguf.names import NORM_PLUS_ONE, ROPE_PERMUTED, hf_tensor_name, unpermute_rows
@@ -77,7 +78,7 @@ def iter_gguf_checkpoint(gguf: GGUFFile, fmt: GGUFFormat | None, heads: dict[str
 def _tensor(gguf: GGUFFile, info: GGUFTensorInfo, name: str, native: bool, rows: torch.Tensor | None,
             minus_one: bool = False) -> CheckpointTensor:
     served = served_type(info.type_name) if native else None
-    shape = (info.shape[0], info.shape[-1] // BLOCK * BLOCK_BYTES[served]) if served else info.shape
+    shape = (info.shape[0], row_bytes(served, info.shape[-1])) if served else info.shape
 
     def read(index: tuple[slice, ...] | None) -> torch.Tensor:
         if served is None:

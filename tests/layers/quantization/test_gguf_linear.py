@@ -122,6 +122,41 @@ def test_int8_activation_tensors_stream_the_file_bytes_and_compute_its_values(ki
     assert bool(((got - ref).abs() <= 2 ** -8 * ref.abs() + 1e-5 * float(ref.abs().max())).all())
 
 
+def _q4_k_blocks(rows: int, cols: int, seed: int) -> np.ndarray:
+    """Random Q4_K super-blocks (any bits are valid codes and 6-bit scales; d and dmin set small)."""
+    raw = np.random.default_rng(seed).integers(0, 256, (rows, cols // 256, 144), dtype=np.uint8)
+    raw[..., 0:2] = np.frombuffer(np.float16(0.0031).tobytes(), np.uint8)
+    raw[..., 2:4] = np.frombuffer(np.float16(0.0017).tobytes(), np.uint8)
+    return raw.reshape(rows, -1)
+
+
+def test_q4_k_blocks_decode_to_the_reference_and_compute_x_w_transposed():
+    """Q4_K's float32 affine form per 32 values is the gguf package's dequantization exactly; the int8-activation
+    kernel on its repacked codes computes (int8 x) @ W^T, in bf16 as in float32 (dequantized once)."""
+    from cinq.layers.quantization import int8_activations as i8
+    from cinq.layers.quantization.gguf_linear import gguf_mm, prepare_blocks
+    raw = torch.from_numpy(_q4_k_blocks(48, 512, 3))
+    ref = gguf_quants.dequantize(raw.numpy(), GGMLQuantizationType.Q4_K)
+    assert np.array_equal(decode_blocks(raw, "Q4_K").dequantize().numpy(), ref)
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(0))
+    exact = prepare_blocks(raw, "Q4_K", torch.float32)
+    assert torch.equal(gguf_mm(exact.kind, exact.tensors, exact.arg, x), x @ torch.from_numpy(ref).t())
+    if i8.i8_module() is None:
+        pytest.skip("native int8-activation kernels unavailable here")
+    i8.set_int8_activations(True)
+    try:
+        p = prepare_blocks(raw, "Q4_K", torch.bfloat16)
+    finally:
+        i8.set_int8_activations(None)
+    assert p.kind == "gguf_q4_k_i8"
+    xb = x.bfloat16()
+    q, s = i8.quantize_activations_i8(xb)
+    xd = (q.double().view(3, 16, 32) * s.double().unsqueeze(-1)).view(3, 512)
+    want = xd @ torch.from_numpy(ref).double().t()
+    got = gguf_mm(p.kind, p.tensors, p.arg, xb).double()
+    assert bool(((got - want).abs() <= 2 ** -8 * want.abs() + 1e-5 * float(want.abs().max())).all())
+
+
 @pytest.mark.parametrize("rows_per_block", [None, 16])  # None: one block; 16: three, the last one short
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0"])
 def test_prefill_sized_inputs_run_a_gemm_on_the_exact_block_values(kind: str, rows_per_block, monkeypatch):

@@ -91,7 +91,9 @@ def _quantized_file(path: Path, arch: str, kinds: dict[str, str]) -> Path:
     w.add_block_count(1), w.add_context_length(256), w.add_embedding_length(H), w.add_feed_forward_length(F)
     w.add_head_count(HEADS), w.add_head_count_kv(KV), w.add_rope_freq_base(10000.0)
     w.add_layer_norm_rms_eps(1e-5), w.add_tokenizer_model("gpt2"), w.add_tokenizer_pre("default")
-    w.add_token_list([chr(0x100 + i) for i in range(VOCAB)]), w.add_token_types([1] * VOCAB)
+    # byte-level tokens and one merge whose result is a token (an engine loads the tokenizer)
+    tokens = [chr(0x100 + i) for i in range(VOCAB - 1)] + [chr(0x100) + chr(0x101)]
+    w.add_token_list(tokens), w.add_token_types([1] * VOCAB)
     w.add_token_merges([f"{chr(0x100)} {chr(0x101)}"]), w.add_eos_token_id(1)
     dense = {"token_embd.weight": (VOCAB, H), "output_norm.weight": (H,), "blk.0.attn_norm.weight": (H,),
              "blk.0.ffn_norm.weight": (H,)}
@@ -127,12 +129,19 @@ def _logits_diff(path: Path) -> float:
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_k_quants_dequantize_at_load_to_transformers_logits(arch: str, tmp_path: Path):
-    """Q4_K and Q6_K (no cinq kernel: dequantized at load with the gguf package) against transformers' own
-    dequantization of the same file; llama's q/k rows come back in rotate-half order, qwen2's biases load."""
+    """Q4_K (served from its blocks) and Q6_K (dequantized at load with the gguf package) against transformers'
+    own dequantization of the same file; llama's q/k rows come back in rotate-half order, qwen2's biases load.
+    In bf16 the Q4_K linears (o, gate / up) are GGUFLinear; q beside Q6_K k / v, and Q6_K down, are dense."""
+    from cinq.layers.quantization.gguf_linear import GGUFLinear
     kinds = {"attn_q": "Q4_K", "attn_k": "Q6_K", "attn_v": "Q6_K", "attn_output": "Q4_K", "ffn_gate": "Q4_K",
              "ffn_up": "Q4_K", "ffn_down": "Q6_K"}
-    diff = _logits_diff(_quantized_file(tmp_path / "k.gguf", arch, kinds))
+    path = _quantized_file(tmp_path / "k.gguf", arch, kinds)
+    diff = _logits_diff(path)
     assert diff < 1e-4, diff
+    layer = load_model(path, dtype="bfloat16").model.layers[0]
+    for linear, served in ((layer.self_attn.o_proj, "Q4_K"), (layer.mlp.gate_up_proj, "Q4_K"),
+                           (layer.self_attn.qkv_proj, None), (layer.mlp.down_proj, None)):
+        assert getattr(linear, "type_name", None) == served and isinstance(linear, GGUFLinear) == bool(served)
 
 
 def test_q5_0_is_served_as_q8_0_blocks_of_the_same_values(tmp_path: Path):
@@ -140,7 +149,7 @@ def test_q5_0_is_served_as_q8_0_blocks_of_the_same_values(tmp_path: Path):
     bf16, the load line says so; in float32 the values are the file's (transformers' logits)."""
     from cinq.layers.quantization.gguf_linear import GGUFLinear
     from cinq.model.config import ModelConfig
-    kinds = {"attn_q": "Q5_0", "attn_k": "Q5_0", "attn_v": "Q8_0", "attn_output": "Q4_K", "ffn_gate": "Q5_0",
+    kinds = {"attn_q": "Q5_0", "attn_k": "Q5_0", "attn_v": "Q8_0", "attn_output": "Q6_K", "ffn_gate": "Q5_0",
              "ffn_up": "Q5_0", "ffn_down": "Q5_0"}
     path = _quantized_file(tmp_path / "q5.gguf", "llama", kinds)
     assert _logits_diff(path) < 1e-4
@@ -148,7 +157,7 @@ def test_q5_0_is_served_as_q8_0_blocks_of_the_same_values(tmp_path: Path):
     layer = model.model.layers[0]
     for linear in (layer.self_attn.qkv_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
         assert isinstance(linear, GGUFLinear) and linear.type_name == "Q8_0"
-    assert not isinstance(layer.self_attn.o_proj, GGUFLinear)  # Q4_K: dequantized at load
+    assert not isinstance(layer.self_attn.o_proj, GGUFLinear)  # Q6_K: dequantized at load
     summary = ModelConfig.from_pretrained(path).quantization_config["summary"]
     assert "5 Q5_0 served as Q8_0 blocks" in summary and "1 Q8_0 served natively" in summary
 
