@@ -9,7 +9,7 @@ checks this per linear kind). It covers decode steps (every sequence decode-like
 included, with one row count or ragged: ``AttentionMetadata.ragged_decodes``) of at most ``max_rows`` rows, and layers whose every linear is one of: dense bf16 without autograd, GGUF
 Q4_0 / Q4_1 / Q4_K / Q8_0 with int8 activations, cinq's grouped int4 / int8 (no act-order permutation) without bias; it
 also returns every layer's input when asked (EAGLE-3's features), so a speculating step is fused too.
-Anything else (prefill chunks, other linears, Qwen3's q/k norms, windows in a Llama stack) runs the Python layers, as
+Qwen3's q/k norms are covered too. Anything else (prefill chunks, other linears, windows in a Llama stack) runs the Python layers, as
 does every step with ``CINQ_FUSED_DECODE=0`` (A/B measurements, debugging). Gemma 3 stacks have a program of their
 own (``GemmaDecodeLayers``: sandwich and q/k norms, a window and a KV cache group per layer, GeGLU), for decode
 steps of one row count per sequence.
@@ -216,8 +216,11 @@ def build_decode_layers(model: Any, normed_input: bool = False) -> DecodeLayers 
         max_rows = min(max_rows, rows)
         in_norm = getattr(layer.input_layernorm, "weight", None)
         try:
+            a = layer.self_attn
+            qk = (a.q_norm.weight.detach(), a.k_norm.weight.detach()) if a.q_norm is not None else \
+                (_NO_RESIDUAL, _NO_RESIDUAL)
             program.add_layer(_NO_RESIDUAL if in_norm is None else in_norm.detach(),
-                              layer.post_attention_layernorm.weight.detach(), layer.self_attn.attn.kv_cache, *linears)
+                              layer.post_attention_layernorm.weight.detach(), a.attn.kv_cache, *linears, *qk)
         except RuntimeError as e:  # a layout the program refuses (its checks name it): the Python layers run
             log.info("fused decode step not used: %s", str(e).splitlines()[0])
             return None
@@ -235,7 +238,8 @@ def _layer_specs(mod: Any, layer: Any, normed_input: bool = False) -> tuple[list
         return None
     in_norm = type(layer.input_layernorm).__name__
     if (getattr(attn, "qkv_proj", None) is None or getattr(mlp, "gate_up_proj", None) is None
-            or attn.q_norm is not None or attn.attn.sliding_window is not None or attn.attn.kv_cache is None
+            or (attn.q_norm is not None and not _bf16_norms(attn.q_norm, attn.k_norm))
+            or attn.attn.sliding_window is not None or attn.attn.kv_cache is None
             or attn.attn.backend.name != "sdpa" or mlp.act != "silu" or _has_hooks(layer)
             or attn.attn.kv_cache.dtype != torch.bfloat16 or not attn.attn.kv_cache.is_cpu
             or layer.post_attention_layernorm.weight.dtype != torch.bfloat16
@@ -250,6 +254,11 @@ def _layer_specs(mod: Any, layer: Any, normed_input: bool = False) -> tuple[list
         specs.append(spec[0])
         rows = min(rows, spec[1])
     return specs, rows
+
+
+def _bf16_norms(*norms: Any) -> bool:
+    """True when every norm is Llama's RMSNorm with a bf16 weight (the native kernel's domain)."""
+    return all(type(n).__name__ == "RMSNorm" and n.weight.dtype == torch.bfloat16 for n in norms)
 
 
 def _linear_spec(mod: Any, linear: Any) -> tuple[Any, int] | None:

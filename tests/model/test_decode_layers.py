@@ -304,3 +304,9 @@ def test_gemma3_stack_is_bit_identical_past_its_window(monkeypatch, tmp_path, sp
     assert isinstance(program, decode_layers.GemmaDecodeLayers) and program.num_groups == 2
     # all three requests in one fused step; with drafts, verify steps of one row count each (ragged ones: Python)
     assert program.most_rows > 3 if spec else program.most_rows == 3
+
+
+def test_qwen3_q_k_norms_are_bit_identical(tiny_models, monkeypatch):
+    # each head's q and k normed (Llama's norm) before the rotary, in the program as in LlamaAttention
+    program = check_same(tiny_models("qwen3"), monkeypatch)
+    assert program.max_rows >= 3

@@ -62,6 +62,7 @@ struct Linear {
 struct Layer {
   at::Tensor in_norm, post_norm, kv_cache;
   Linear qkv, o, gate_up, down;
+  at::Tensor q_norm, k_norm;  // Qwen3's per-head norms of q and k before the rotary (empty: none)
 };
 
 // (hidden, residual) after the last layer, and each layer's input when asked for.
@@ -123,12 +124,15 @@ class DecodeLayers {
   // is emulated (cpu_native.chunked_small_m_linear); 0: never (the caller keeps such steps off the program).
   void set_dense_chunk_rows(int64_t rows) { dense_chunk_rows_ = rows; }
 
+  // q_norm / k_norm: a Qwen3 layer's per-head norm weights [head_dim] (empty tensors: none).
   void add_layer(at::Tensor in_norm, at::Tensor post_norm, at::Tensor kv_cache, const Linear& qkv, const Linear& o,
-                 const Linear& gate_up, const Linear& down) {
+                 const Linear& gate_up, const Linear& down, at::Tensor q_norm, at::Tensor k_norm) {
     for (const Linear* l : {&qkv, &o, &gate_up, &down}) check(*l);
     TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(3) == hkv_ && kv_cache.size(4) == d_,
                 "decode_layers: kv_cache must be [2, blocks, block_size, ", hkv_, ", ", d_, "]");
-    layers_.push_back(Layer{in_norm, post_norm, kv_cache, qkv, o, gate_up, down});
+    TORCH_CHECK(q_norm.numel() == k_norm.numel() && (q_norm.numel() == 0 || q_norm.numel() == d_),
+                "decode_layers: q / k norms must both be [", d_, "] or both empty");
+    layers_.push_back(Layer{in_norm, post_norm, kv_cache, qkv, o, gate_up, down, q_norm, k_norm});
   }
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
@@ -170,7 +174,7 @@ class DecodeLayers {
     for (const at::Tensor* t : {&in_scale, &post_attn_scale, &pre_ff_scale, &post_ff_scale, &q_scale, &k_scale})
       TORCH_CHECK(t->scalar_type() == at::kFloat, "decode_layers: a Gemma norm's scale must be float32");
     TORCH_CHECK(window >= 0 && group >= 0, "decode_layers: window and group must be >= 0");
-    add_layer(in_scale, post_attn_scale, kv_cache, qkv, o, gate_up, down);
+    add_layer(in_scale, post_attn_scale, kv_cache, qkv, o, gate_up, down, empty_, empty_);
     gemma_.push_back(GemmaParts{q_scale, k_scale, pre_ff_scale, post_ff_scale, cos_sin, window, group});
   }
 
@@ -292,6 +296,10 @@ class DecodeLayers {
       at::Tensor q = qkv.narrow(1, 0, q_size).view({m, hq_, d_});
       at::Tensor k = qkv.narrow(1, q_size, kv_size).view({m, hkv_, d_});
       const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({m, hkv_, d_});
+      if (layer.q_norm.numel()) {  // as LlamaAttention: each head's q and k normed, then rotated
+        q = std::get<0>(rms_norm_.call(q, empty_, layer.q_norm, eps_));
+        k = std::get<0>(rms_norm_.call(k, empty_, layer.k_norm, eps_));
+      }
       rotary_.call(q, k, positions, cos_sin);
       write_kv_.call(k, v, layer.kv_cache, slot_mapping);
       const at::Tensor o =
