@@ -304,6 +304,10 @@ def test_gemma3_stack_is_bit_identical_past_its_window(monkeypatch, tmp_path, sp
     assert isinstance(program, decode_layers.GemmaDecodeLayers) and program.num_groups == 2
     # all three requests in one fused step; with drafts, verify steps of one row count each (ragged ones: Python)
     assert program.most_rows > 3 if spec else program.most_rows == 3
+    with two_threads("min_attention_split_bytes"):  # each layer's sequences split across the team
+        program = check_same(path, monkeypatch, max_tokens=16, speculative_config=spec,
+                             prompts=looping if spec else PROMPTS)
+        assert program.program.split_attention_calls() > 0
 
 
 def test_qwen3_q_k_norms_are_bit_identical(tiny_models, monkeypatch):

@@ -236,6 +236,10 @@ class DecodeLayers {
     auto norm = [&](const at::Tensor& x, const at::Tensor& scale) {
       return std::get<0>(rms_norm_scaled_.call(x, empty_, scale, eps_));
     };
+    int64_t cached = 0;  // as run_layers: a layer's attention is split by sequences from this many K/V bytes
+    for (int64_t s = 0; s < seq_lens.size(0); ++s) cached += seq_lens.data_ptr<int32_t>()[s];
+    const bool split = team != nullptr && m / ql > 1 &&
+                       cached * kv_size * 2 * layers_.front().kv_cache.element_size() >= min_attention_split_bytes;
     for (size_t i = 0; i < layers_.size(); ++i) {
       const Layer& layer = layers_[i];
       const GemmaParts& g = gemma_[i];
@@ -245,16 +249,34 @@ class DecodeLayers {
       const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size).view({m, hkv_, d_});
       rotary_.call(q, k, positions, g.cos_sin);
       write_kv_.call(k, v, layer.kv_cache, slot_mappings[g.group]);
-      const at::Tensor& tables = block_tables[g.group];
-      const at::Tensor o = g.window > 0
-                               ? paged_window_.call(q, layer.kv_cache, tables, seq_lens, scale_, ql, no_tree_, g.window)
-                               : paged_decode_.call(q, layer.kv_cache, tables, seq_lens, scale_, ql, no_tree_);
+      const at::Tensor o = gemma_attention(q, layer.kv_cache, block_tables[g.group], seq_lens, ql, g.window,
+                                           split ? team : nullptr);
       hidden = hidden + norm(linear(layer.o, o.view({m, q_size}), team), layer.post_norm);
       const at::Tensor gu = linear(layer.gate_up, norm(hidden, g.pre_ff), team);
       const at::Tensor act = at::gelu(gu.narrow(1, 0, inter_), "tanh") * gu.narrow(1, inter_, inter_);
       hidden = hidden + norm(linear(layer.down, act, team), g.post_ff);
     }
     return hidden;
+  }
+
+  // A Gemma layer's decode attention (its window, or none); with a team, whole sequences in one range per thread,
+  // each range's call on its rows, tables and lengths (every sequence is computed alone either way).
+  at::Tensor gemma_attention(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& tables,
+                             const at::Tensor& seq_lens, int64_t ql, int64_t window, Team* team) const {
+    auto call = [&](const at::Tensor& qq, const at::Tensor& tt, const at::Tensor& ll) {
+      return window > 0 ? paged_window_.call(qq, kv_cache, tt, ll, scale_, ql, no_tree_, window)
+                        : paged_decode_.call(qq, kv_cache, tt, ll, scale_, ql, no_tree_);
+    };
+    const int64_t nd = q.size(0) / ql;
+    if (team == nullptr) return call(q, tables, seq_lens);
+    const int parts = static_cast<int>(std::min<int64_t>(team->size(), nd));
+    std::vector<at::Tensor> outs(parts);
+    split_attention_calls_.fetch_add(1, std::memory_order_relaxed);
+    team->run(parts, [&](int p) {
+      const int64_t b = nd * p / parts, e = nd * (p + 1) / parts;
+      outs[p] = call(q.narrow(0, b * ql, (e - b) * ql), tables.narrow(0, b, e - b), seq_lens.narrow(0, b, e - b));
+    });
+    return at::cat(outs, 0);
   }
 
   Result run_layers(at::Tensor hidden, at::Tensor residual, const at::Tensor& positions, const at::Tensor& cos_sin,
