@@ -322,13 +322,7 @@ def rms_norm_native(x: torch.Tensor, residual: torch.Tensor | None, weight: torc
     """``(norm(x + residual) * weight, x + residual)`` (without ``residual``: ``(norm(x) * weight, None)``) for
     bf16 CPU tensors without autograd, rounded as ``cinq.layers.norm``'s PyTorch path; None when the inputs do
     not qualify or the kernel is unavailable."""
-    if not _bf16_inference(x, weight) or (residual is not None and not _bf16_inference(residual)):
-        return None
-    mod = native_module("rms_norm")
-    if mod is None:
-        return None
-    y, res = call_native(mod, "rms_norm", x, _NO_RESIDUAL if residual is None else residual, weight, float(eps))
-    return y, (None if residual is None else res)
+    return _norm_call("rms_norm", x, residual, weight, eps) if _bf16_inference(weight) else None
 
 
 def rms_norm_scaled_native(x: torch.Tensor, residual: torch.Tensor | None, scale: torch.Tensor, eps: float
@@ -336,13 +330,20 @@ def rms_norm_scaled_native(x: torch.Tensor, residual: torch.Tensor | None, scale
     """As ``rms_norm_native`` with a float32 ``scale`` applied before the one rounding to bf16 (Gemma's 1 + w,
     rounded as cinq/model/gemma3.py's PyTorch path); None when the inputs do not qualify or the kernel is
     unavailable."""
-    if (not _bf16_inference(x) or (residual is not None and not _bf16_inference(residual))
-            or scale.dtype != torch.float32 or not scale.is_cpu):
+    if scale.dtype != torch.float32 or not scale.is_cpu:
+        return None
+    return _norm_call("rms_norm_scaled", x, residual, scale, eps)
+
+
+def _norm_call(name: str, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+               ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """rms_norm.cpp's ``name`` on bf16 rows ``x`` (and ``residual``), or None where they do not qualify."""
+    if not _bf16_inference(x) or (residual is not None and not _bf16_inference(residual)):
         return None
     mod = native_module("rms_norm")
     if mod is None:
         return None
-    y, res = call_native(mod, "rms_norm_scaled", x, _NO_RESIDUAL if residual is None else residual, scale, float(eps))
+    y, res = call_native(mod, name, x, _NO_RESIDUAL if residual is None else residual, weight, float(eps))
     return y, (None if residual is None else res)
 
 

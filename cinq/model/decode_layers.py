@@ -120,20 +120,12 @@ class GemmaDecodeLayers(DecodeLayers):
 def build_gemma_decode_layers(model: Any) -> GemmaDecodeLayers | None:
     """The fused program for a Gemma 3 stack (``Gemma3Model``), or None where a layer is not covered (as
     ``build_decode_layers``). Its norms' float32 scales (1 + w) are taken now: build after the weights load."""
-    if not enabled():
-        return None
     layers = list(model.layers)
-    if not layers or any(_gemma_layer_specs(None, layer) is None for layer in layers):
+    if not enabled() or not layers or any(_gemma_layer_specs(None, layer) is None for layer in layers):
         return None
-    mod = native_module("decode_layers")
-    if mod is None:
+    mod, program = _new_program(layers[0])
+    if program is None:
         return None
-    from cinq.kernels import custom_ops  # noqa: F401  (loads the extensions that register torch.ops.cinq.*)
-
-    first = layers[0]
-    attn = first.self_attn
-    program = mod.DecodeLayers(attn.num_heads, attn.num_kv_heads, attn.head_dim, first.mlp.intermediate_size,
-                               float(first.post_attention_layernorm.eps), float(attn.attn.scale))
     max_rows = 1 << 30
     for layer in layers:
         linears, rows = _gemma_layer_specs(mod, layer)
@@ -153,6 +145,17 @@ def build_gemma_decode_layers(model: Any) -> GemmaDecodeLayers | None:
     return GemmaDecodeLayers(program, max_rows, layers, 1 + max(layer.self_attn.attn.kv_group for layer in layers))
 
 
+def _new_program(first: Any) -> tuple[Any, Any]:
+    """(the extension, an empty program shaped like ``first``'s layer), or (None, None) without the extension."""
+    mod = native_module("decode_layers")
+    if mod is None:
+        return None, None
+    from cinq.kernels import custom_ops  # noqa: F401  (loads the extensions that register torch.ops.cinq.*)
+    attn = first.self_attn
+    return mod, mod.DecodeLayers(attn.num_heads, attn.num_kv_heads, attn.head_dim, first.mlp.intermediate_size,
+                                 float(first.post_attention_layernorm.eps), float(attn.attn.scale))
+
+
 def _gemma_layer_specs(mod: Any, layer: Any) -> tuple[list[Any], int] | None:
     """A Gemma 3 layer's four linears as the program's Linear specs and the most rows they take, or None."""
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
@@ -165,14 +168,7 @@ def _gemma_layer_specs(mod: Any, layer: Any) -> tuple[list[Any], int] | None:
             or _has_hooks(layer) or attn.attn.kv_cache.dtype != torch.bfloat16 or not attn.attn.kv_cache.is_cpu
             or any(type(n).__name__ != "GemmaRMSNorm" for n in norms)):
         return None
-    specs, rows = [], 1 << 30
-    for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
-        spec = _linear_spec(mod, linear)
-        if spec is None:
-            return None
-        specs.append(spec[0])
-        rows = min(rows, spec[1])
-    return specs, rows
+    return _four_linears(mod, attn, mlp)
 
 
 def set_fused_decode(model: torch.nn.Module, on: bool) -> int:
@@ -193,20 +189,14 @@ def build_decode_layers(model: Any, normed_input: bool = False) -> DecodeLayers 
     layer is not covered, the kernels are unavailable, or ``CINQ_FUSED_DECODE=0``. Call after the KV caches are
     bound. ``normed_input``: the program is only run on normed first inputs (``DecodeLayers.run`` with a
     residual: an EAGLE head's layer), so the first layer's input norm may also be the identity."""
-    if not enabled():
-        return None
     layers = list(model.layers)
-    if not layers or _layer_specs(None, layers[0], normed_input) is None:  # cheap checks before the extension
+    # cheap checks before the extension
+    if not enabled() or not layers or _layer_specs(None, layers[0], normed_input) is None:
         return None
-    mod = native_module("decode_layers")
-    if mod is None:
+    mod, program = _new_program(layers[0])
+    if program is None:
         return None
-    from cinq.kernels import custom_ops  # noqa: F401  (loads the extensions that register torch.ops.cinq.*)
-
-    first = layers[0]
-    attn = first.self_attn
-    program = mod.DecodeLayers(attn.num_heads, attn.num_kv_heads, attn.head_dim, first.mlp.intermediate_size,
-                               float(first.post_attention_layernorm.eps), float(attn.attn.scale))
+    first, attn = layers[0], layers[0].self_attn
     max_rows = 1 << 30
     for i, layer in enumerate(layers):
         specs = _layer_specs(mod, layer, normed_input and i == 0)
@@ -246,6 +236,16 @@ def _layer_specs(mod: Any, layer: Any, normed_input: bool = False) -> tuple[list
             or not (in_norm == "RMSNorm" or (normed_input and in_norm == "Identity"))
             or type(layer.post_attention_layernorm).__name__ != "RMSNorm"):
         return None
+    return _four_linears(mod, attn, mlp)
+
+
+def _bf16_norms(*norms: Any) -> bool:
+    """True when every norm is Llama's RMSNorm with a bf16 weight (the native kernel's domain)."""
+    return all(type(n).__name__ == "RMSNorm" and n.weight.dtype == torch.bfloat16 for n in norms)
+
+
+def _four_linears(mod: Any, attn: Any, mlp: Any) -> tuple[list[Any], int] | None:
+    """A layer's qkv, o, gate_up and down as the program's Linear specs and the most rows all take, or None."""
     specs, rows = [], 1 << 30
     for linear in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
         spec = _linear_spec(mod, linear)
@@ -254,11 +254,6 @@ def _layer_specs(mod: Any, layer: Any, normed_input: bool = False) -> tuple[list
         specs.append(spec[0])
         rows = min(rows, spec[1])
     return specs, rows
-
-
-def _bf16_norms(*norms: Any) -> bool:
-    """True when every norm is Llama's RMSNorm with a bf16 weight (the native kernel's domain)."""
-    return all(type(n).__name__ == "RMSNorm" and n.weight.dtype == torch.bfloat16 for n in norms)
 
 
 def _linear_spec(mod: Any, linear: Any) -> tuple[Any, int] | None:
