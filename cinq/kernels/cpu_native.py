@@ -347,6 +347,17 @@ def _norm_call(name: str, x: torch.Tensor, residual: torch.Tensor | None, weight
     return y, (None if residual is None else res)
 
 
+def argmax_native(x: torch.Tensor) -> torch.Tensor | None:
+    """``x.argmax(-1)`` (int64 [R]) for a contiguous float32 CPU tensor [R, V], through ``cpu/argmax.cpp``: the same
+    indices (first maximum; first NaN where a row holds one); None when ``x`` does not qualify or the kernel is
+    unavailable."""
+    if (x.dtype != torch.float32 or not x.is_cpu or x.dim() != 2 or x.shape[1] == 0 or not x.is_contiguous()
+            or x.requires_grad or torch.compiler.is_compiling()):
+        return None
+    mod = native_module("argmax")
+    return None if mod is None else mod.argmax_rows(x)
+
+
 def rotary_native(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> bool:
     """Rotate q [T, Hq, D] and k [T, Hkv, D] in place by ``cos_sin[positions]`` (bf16 CPU tensors, no autograd);
     False (nothing done) when the inputs do not qualify or the kernel is unavailable."""

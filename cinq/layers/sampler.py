@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from cinq.kernels.cpu_native import argmax_native
+
 
 @dataclass(slots=True)
 class SamplingMetadata:
@@ -69,7 +71,7 @@ class Sampler(nn.Module):
     @staticmethod
     def greedy(logits: torch.Tensor) -> torch.Tensor:
         """The greedy token of each row [B] (no softmax: it cannot move the argmax)."""
-        return logits.argmax(-1)
+        return row_argmax(logits)
 
     @staticmethod
     def apply_bans_and_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
@@ -102,7 +104,14 @@ class Sampler(nn.Module):
         q = torch.empty_like(probs).exponential_(generator=meta.generator)
         for row, gen in meta.generators.items():
             q[row].exponential_(generator=gen)
-        return probs.div(q).argmax(-1)
+        return row_argmax(probs.div(q))
+
+
+def row_argmax(x: torch.Tensor) -> torch.Tensor:
+    """``x.argmax(-1)`` of a [B, V] tensor: the native pass for float32 CPU rows (the same indices, ~10x faster than
+    PyTorch's on a row of logits; cinq/kernels/cpu/argmax.cpp), else PyTorch's."""
+    out = argmax_native(x)
+    return x.argmax(-1) if out is None else out
 
 
 def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from cinq.layers.sampler import row_argmax
+
 
 @dataclass(slots=True)
 class DraftBatch:
@@ -83,7 +85,7 @@ def rejection_sample(target_probs: torch.Tensor, drafts: DraftBatch, greedy: tor
     # u < p / q without dividing: a draft the proposer gave probability 0 is kept only where the target allows it
     accept = u * q_x.double() < p_x.double()
     greedy_rows = greedy.to(dev)[owner]
-    accept = torch.where(greedy_rows, (x == p_draft.argmax(-1)) & in_vocab, accept)
+    accept = torch.where(greedy_rows, (x == row_argmax(p_draft)) & in_vocab, accept)
     num_accepted = _leading_true(accept, ks)
 
     # The closing token's distribution: the residual at the first rejection, else p at the bonus row.
@@ -116,7 +118,7 @@ def _greedy(target: torch.Tensor, drafts: DraftBatch, starts: list[int]) -> Reje
     """All requests greedy: a draft is accepted while it is its row's argmax, and the step closes with the argmax
     of the row after the last accepted one (the bonus row when all were): what the general path computes (an id
     outside the vocabulary is never an argmax), without its copies of whole rows or a draw from the generator."""
-    best = target.argmax(-1).tolist()
+    best = row_argmax(target).tolist()
     drafted = drafts.token_ids.tolist()
     out, num_accepted, at = [], [], 0
     for k, row in zip(drafts.num_draft_tokens, starts):
