@@ -261,6 +261,8 @@ def step_times(data: dict[str, Any]) -> list[str]:
     """Markdown lines: one decode step's linears (the 4 decoder shapes x 30 layers + the LM head) at M = 1 per
     kernel, from the cells' microseconds per call, and the ratio to bf16 and to int4 g64 measured in this run."""
     cells = [c for c in data["cells"] if "gb_s" in c and c["m"] == 1]
+    if not cells:  # --rows without 1
+        return []
     kernels = data.get("kernels", KERNELS)
     lines = ["## One decode step's linears at M = 1 (computed: 30 x the decoder shapes + the LM head)", "",
              "| kernel | threads | weight MB | ms | vs bf16 | vs int4 g64 |", "|---|---|---:|---:|---:|---:|"]
@@ -282,15 +284,16 @@ def step_times(data: dict[str, Any]) -> list[str]:
 
 def conclusions(data: dict[str, Any]) -> list[str]:
     """Findings computed from the cells (nothing typed in advance)."""
-    rows = tuple(data.get("rows", ROWS))
+    rows = tuple(sorted(data.get("rows", ROWS)))
     cells = [c for c in data["cells"] if "gb_s" in c]
+    first = rows[0]  # 1 unless --rows left it out
     out = []
     for kernel in data.get("kernels", KERNELS):
         mine = [c for c in cells if c["kernel"] == kernel]
         if not mine:
             continue
         reach = [m for m in rows if all(c["ratio"] >= TARGET for c in mine if c["m"] == m)]
-        r1 = [c["ratio"] for c in mine if c["m"] == 1]
+        r1 = [c["ratio"] for c in mine if c["m"] == first]
         per_m = {m: sum(c["ratio"] for c in mine if c["m"] == m) / max(1, sum(c["m"] == m for c in mine))
                  for m in rows}
         scale = []
@@ -303,10 +306,10 @@ def conclusions(data: dict[str, Any]) -> list[str]:
         # GB/s falling with M while the bytes stay the same: the arithmetic (M multiply-adds per weight), not the
         # stream, bounds those cells
         fall = per_m[rows[-1]] / per_m[rows[0]]
-        out.append(f"- **{kernel}**: >= {TARGET:.0%} of the probe in every shape and thread count {at}; at M = 1 "
+        out.append(f"- **{kernel}**: >= {TARGET:.0%} of the probe in every shape and thread count {at}; at M = {first} "
                    f"{min(r1):.0%}-{max(r1):.0%}. Mean ratio by M: " +
                    ", ".join(f"{m}: {v:.0%}" for m, v in per_m.items()) +
-                   f" (M = {rows[-1]} streams at {fall:.2f}x the rate of M = 1: "
+                   f" (M = {rows[-1]} streams at {fall:.2f}x the rate of M = {first}: "
                    f"{'compute-bound there' if fall < 0.7 else 'still stream-bound'}). 2 threads / 1 thread: "
                    f"{min(scale):.2f}x-{max(scale):.2f}x ({slower} of {len(scale)} cells slower at 2 threads).")
     bf = [c for c in cells if c["kernel"] == "bf16" and c["torch_gb_s"]]
