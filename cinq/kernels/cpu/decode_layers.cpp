@@ -23,41 +23,23 @@
 #include <tuple>
 #include <vector>
 
+#include "decode_linear.h"
 #include "team.h"
 
 namespace {
 
 using cinq_team::Team;
+using namespace cinq_decode;
 
-// Weight bytes from which a linear is split across the team (below it, a part's call and the concatenation cost
-// more than the second core saves); settable for tests, whose tiny weights would never split. 64 KB splits
-// SmolLM2's int4 o_proj (187-207 KB), which 128 KB left on one thread: its 2-thread int4 layers ran 1.05x faster
-// (ad hoc, three alternations on the Zen 4; 32 KB no better).
-int64_t min_split_bytes = 64 << 10;
 // K/V bytes a layer's attention reads (all sequences) from which its sequences are split across the team (a part
 // costs a dispatcher call, ~1-2 us). Settable for tests.
 int64_t min_attention_split_bytes = 16 << 10;
-// Split int8-activation linears write their parts into one output (the kernels' _out ops) rather than
-// concatenating part outputs; settable so that tests compare both (bit-identical) and A/Bs time them.
-bool write_parts_in_place = true;
 constexpr int kMaxTeam = 8;
 #if defined(__AVX512BF16__)
 constexpr bool kBf16Attention = true;  // decode_attention.h's bf16_path for a bf16 cache and query, head_dim 64 / 128
 #else
 constexpr bool kBf16Attention = false;
 #endif
-// A linear's kernel: which registered op, its tensors after x, and its integer arguments.
-enum Kind : int64_t { kDense = 0, kInt4I8 = 1, kInt8I8 = 2, kInt4Affine = 3, kInt8Grouped = 4 };
-
-struct Linear {
-  int64_t kind;
-  std::vector<at::Tensor> t;  // dense: weight, bias (may be empty); int: codes, scales, mins (may be empty)
-  std::vector<int64_t> ints;  // int kinds: group (, q_offset for kInt4I8)
-  // t cut into `cut_parts` ranges of rows (part p: [N p / parts, N (p + 1) / parts)), made at the first split into
-  // that many parts and kept: made per call, the views cost ~1 us each, three per part of every split linear.
-  mutable int cut_parts = 0;
-  mutable std::vector<std::vector<at::Tensor>> cuts;
-};
 
 struct Layer {
   at::Tensor in_norm, post_norm, kv_cache;
@@ -68,21 +50,11 @@ struct Layer {
 // (hidden, residual) after the last layer, and each layer's input when asked for.
 using Result = std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>>;
 
-// The C++ signatures the ops were registered with (small_m.h's def_linear_op takes its tensors by value; the
-// others' kernels are lambdas over const references): a typed handle must name them exactly.
-using IntLinear6 = at::Tensor(at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t);
-using IntLinear5 = at::Tensor(at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t);
-using IntLinear6Out = void(at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t, at::Tensor);
-using IntLinear5Out = void(at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t, at::Tensor);
+// The attention ops' C++ signatures (as decode_linear.h's for the linears).
 using PagedSeqs = void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double, int64_t,
                        const at::Tensor&, const at::Tensor&, int64_t, int64_t);
 using VarlenSeqs = void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
                         const at::Tensor&, const at::Tensor&, int64_t, int64_t);
-
-template <typename Sig>
-c10::TypedOperatorHandle<Sig> op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
-}
 
 // A step's query rows per sequence: `ql` each, or ragged (`starts`: int32 [nd + 1] row offsets, non-empty).
 struct Rows {
@@ -110,24 +82,15 @@ class DecodeLayers {
         paged_heads_(op<PagedSeqs>("cinq::paged_decode_heads")),
         paged_varlen_(op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
                                     const at::Tensor&)>("cinq::paged_decode_varlen")),
-        varlen_seqs_(op<VarlenSeqs>("cinq::paged_decode_varlen_seqs")),
-        dense_(op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>("cinq::small_m_linear")),
-        int4_i8_(op<IntLinear6>("cinq::int4_affine_linear_i8")),
-        int8_i8_(op<IntLinear5>("cinq::int8_grouped_linear_i8")),
-        int4_(op<IntLinear5>("cinq::int4_affine_linear")),
-        int8_(op<IntLinear5>("cinq::int8_grouped_linear")),
-        int4_i8_out_(op<IntLinear6Out>("cinq::int4_affine_linear_i8_out")),
-        int8_i8_out_(op<IntLinear5Out>("cinq::int8_grouped_linear_i8_out")) {}
+        varlen_seqs_(op<VarlenSeqs>("cinq::paged_decode_varlen_seqs")) {}
 
-  // One layer, in model order. A linear is (kind, tensors, ints) as the Linear struct above.
-  // Dense linears of more rows than this run the kernel on chunks of it, as the Python layers do where the bf16 GEMM
-  // is emulated (cpu_native.chunked_small_m_linear); 0: never (the caller keeps such steps off the program).
-  void set_dense_chunk_rows(int64_t rows) { dense_chunk_rows_ = rows; }
+  void set_dense_chunk_rows(int64_t rows) { linears_.set_dense_chunk_rows(rows); }
 
+  // One layer, in model order; a linear is (kind, tensors, ints) as decode_linear.h's Linear.
   // q_norm / k_norm: a Qwen3 layer's per-head norm weights [head_dim] (empty tensors: none).
   void add_layer(at::Tensor in_norm, at::Tensor post_norm, at::Tensor kv_cache, const Linear& qkv, const Linear& o,
                  const Linear& gate_up, const Linear& down, at::Tensor q_norm, at::Tensor k_norm) {
-    for (const Linear* l : {&qkv, &o, &gate_up, &down}) check(*l);
+    for (const Linear* l : {&qkv, &o, &gate_up, &down}) Linears::check(*l);
     TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(3) == hkv_ && kv_cache.size(4) == d_,
                 "decode_layers: kv_cache must be [2, blocks, block_size, ", hkv_, ", ", d_, "]");
     TORCH_CHECK(q_norm.numel() == k_norm.numel() && (q_norm.numel() == 0 || q_norm.numel() == d_),
@@ -136,7 +99,7 @@ class DecodeLayers {
   }
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
-  int64_t split_calls() const { return split_calls_.load(); }
+  int64_t split_calls() const { return linears_.split_calls(); }
   int64_t split_attention_calls() const { return split_attention_calls_.load(); }
 
   // hidden [M, H] bf16 (the embeddings), residual [M, H] or empty (none yet); the step's rotary table, positions
@@ -337,15 +300,6 @@ class DecodeLayers {
     return {hidden, residual, states};
   }
 
-  void check(const Linear& l) const {
-    const size_t tensors = l.kind == kDense ? 2 : 3, ints = l.kind == kDense ? 0 : (l.kind == kInt4I8 ? 2 : 1);
-    TORCH_CHECK(l.kind >= kDense && l.kind <= kInt8Grouped && l.t.size() == tensors && l.ints.size() == ints,
-                "decode_layers: linear of kind ", l.kind, " needs ", tensors, " tensors and ", ints, " ints");
-    for (const at::Tensor& t : l.t)  // rows split across threads: each tensor must be [N, ...] (or empty)
-      TORCH_CHECK(t.numel() == 0 || (t.dim() >= 1 && t.size(0) == l.t[0].size(0) && t.is_contiguous()),
-                  "decode_layers: a linear's tensors must be contiguous with one row per output");
-  }
-
   // paged_decode with the sequences cut into one contiguous range per thread (whole sequences: each reads its pages
   // front to back, every kv head at once, as the whole call does), or with nd = 0 every sequence's query heads.
   at::Tensor attention(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& block_tables,
@@ -366,65 +320,15 @@ class DecodeLayers {
     return out;
   }
 
-  // y = x W^T; with a team, large weights in one range of output rows per thread (every kernel computes an output
-  // row from its weight row alone, so the parts concatenated are bit-identical to one call).
-  at::Tensor linear(const Linear& l, const at::Tensor& x, Team* team) const {
-    const int64_t n = l.t[0].size(0);
-    int64_t bytes = 0;
-    for (const at::Tensor& t : l.t) bytes += t.numel() * t.element_size();
-    const int parts = team == nullptr ? 1 : static_cast<int>(std::min<int64_t>(team->size(), bytes / std::max<int64_t>(min_split_bytes, 1)));
-    if (parts <= 1) return call(l, l.t, x);
-    split_calls_.fetch_add(1, std::memory_order_relaxed);
-    if (l.cut_parts != parts) {  // only thread 0 gets here (the team's parts run inside team->run below)
-      l.cuts.assign(parts, {});
-      for (int p = 0; p < parts; ++p)
-        for (const at::Tensor& t : l.t)
-          l.cuts[p].push_back(t.numel() == 0 ? t : t.narrow(0, n * p / parts, n * (p + 1) / parts - n * p / parts));
-      l.cut_parts = parts;
-    }
-    if (write_parts_in_place && (l.kind == kInt4I8 || l.kind == kInt8I8)) {
-      // each part writes its columns of one output: no per-part tensors, no concatenation on thread 0 (4 per
-      // layer, each a dispatch and a copy between the team's parts)
-      at::Tensor y = at::empty({x.size(0), n}, x.options());
-      team->run(parts, [&](int p) {
-        const int64_t a = n * p / parts, b = n * (p + 1) / parts;
-        const std::vector<at::Tensor>& t = l.cuts[p];
-        if (l.kind == kInt4I8)
-          int4_i8_out_.call(x, t[0], t[1], t[2], l.ints[0], l.ints[1], y.narrow(1, a, b - a));
-        else
-          int8_i8_out_.call(x, t[0], t[1], t[2], l.ints[0], y.narrow(1, a, b - a));
-      });
-      return y;
-    }
-    std::vector<at::Tensor> out(parts);
-    team->run(parts, [&](int p) { out[p] = call(l, l.cuts[p], x); });
-    return at::cat(out, 1);
-  }
+  at::Tensor linear(const Linear& l, const at::Tensor& x, Team* team) const { return linears_.run(l, x, team); }
 
-  // The kernel on `t`: the linear's tensors, or one part's rows of them (every tensor of a linear is [N, ...]).
-  at::Tensor call(const Linear& l, const std::vector<at::Tensor>& t, const at::Tensor& x) const {
-    switch (l.kind) {
-      case kDense: {
-        const int64_t m = x.size(0), chunk = dense_chunk_rows_;
-        if (chunk <= 0 || m <= chunk) return dense_.call(x, t[0], t[1]);
-        std::vector<at::Tensor> rows;
-        for (int64_t r = 0; r < m; r += chunk) rows.push_back(dense_.call(x.narrow(0, r, std::min(chunk, m - r)), t[0], t[1]));
-        return at::cat(rows, 0);
-      }
-      case kInt4I8: return int4_i8_.call(x, t[0], t[1], t[2], l.ints[0], l.ints[1]);
-      case kInt8I8: return int8_i8_.call(x, t[0], t[1], t[2], l.ints[0]);
-      case kInt4Affine: return int4_.call(x, t[0], t[1], t[2], l.ints[0]);
-      default: return int8_.call(x, t[0], t[1], t[2], l.ints[0]);
-    }
-  }
-
-  int64_t hq_, hkv_, d_, inter_, dense_chunk_rows_ = 0;
+  int64_t hq_, hkv_, d_, inter_;
+  Linears linears_;
   double eps_, scale_;
   at::Tensor empty_ = at::empty({0}, at::kBFloat16);
   at::Tensor no_tree_ = at::empty({0}, at::kBool);
   std::vector<Layer> layers_;
   std::vector<GemmaParts> gemma_;  // a Gemma 3 stack's per-layer parts (add_gemma_layer), else empty
-  mutable std::atomic<int64_t> split_calls_{0};  // linears run split across a team (tests check the path)
   mutable std::atomic<int64_t> split_attention_calls_{0};  // attentions run split across a team
   c10::TypedOperatorHandle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
                                                               const at::Tensor&, double)> rms_norm_, rms_norm_scaled_;
@@ -438,11 +342,6 @@ class DecodeLayers {
   c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                       double, const at::Tensor&)> paged_varlen_;
   c10::TypedOperatorHandle<VarlenSeqs> varlen_seqs_;
-  c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)> dense_;
-  c10::TypedOperatorHandle<IntLinear6> int4_i8_;
-  c10::TypedOperatorHandle<IntLinear5> int8_i8_, int4_, int8_;
-  c10::TypedOperatorHandle<IntLinear6Out> int4_i8_out_;
-  c10::TypedOperatorHandle<IntLinear5Out> int8_i8_out_;
 };
 
 }  // namespace
