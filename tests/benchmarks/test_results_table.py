@@ -86,3 +86,9 @@ def test_a_speculation_figure_starts_at_the_smallest_batch_the_run_measured() ->
     single = {"rows": [row("eagle3 k=3", 1, 1.03), {**row("eagle3 k=3", 1, 2.0), "sampling": "sampled"}]}
     assert rt.speculation_real(single) == ("batch 1: eagle3 k=3 **1.03x** (tau 1.50, 1.40 tokens per step, "
                                            "decode 1.03x)")
+    # an adaptive arm that turned speculation off on most steps says so
+    off = {"rows": [{**row("ngram adaptive k<=4", 1, 0.98), "k_share": [0.995, 0.005, 0.0]},
+                    {**row("ngram adaptive k<=8", 1, 1.5), "k_share": [0.2, 0.8]}]}
+    assert rt.speculation_real(off) == ("batch 1: ngram adaptive k<=4 **0.98x** (tau 1.50, 1.40 tokens per step, "
+                                        "decode 0.98x, k = 0 on 100% of steps), ngram adaptive k<=8 **1.50x** "
+                                        "(tau 1.50, 1.40 tokens per step, decode 1.50x)")
