@@ -98,11 +98,12 @@ def test_ngram_speculation_runs_under_tp(tiny_llama, adaptive: bool):
     if not adaptive:
         assert stats.spec_decode_num_draft_tokens > 0
         return
-    # Whether a draft arm wins depends on the profiled timings (CI once profiled k = 0 as the best): what is
-    # exact is that the profile ran across the ranks and that the drafts counted are the arms chosen.
+    # Whether a draft arm wins depends on the profiled timings (CI once profiled k = 0 as the best), and whether a
+    # chosen arm drafts on whether the lookup matches then (this prompt's reply matches on ~1 step in 16): what is
+    # exact is that the profile ran across the ranks and that no step drafted more than its chosen k allowed.
     assert chooser.row_curve is not None and chooser.row_curve.rows == tuple(profile_rows(128 * (3 + 1)))
     assert chooser.num_choices > 0
-    assert (stats.spec_decode_num_draft_tokens > 0) == (sum(chooser.times_chosen[1:]) > 0)
+    assert stats.spec_decode_num_draft_tokens <= sum(k * n for k, n in enumerate(chooser.times_chosen))
 
 
 def test_bfloat16_tp2_tracks_tp1(tiny_llama):
