@@ -9,6 +9,7 @@ import torch
 
 from cinq.kernels.cpu_native import argmax_native, native_module
 from cinq.layers.sampler import Sampler, row_argmax
+from cinq.spec.rejection import DraftBatch, rejection_sample
 
 NAN, INF = float("nan"), float("inf")
 
@@ -73,8 +74,9 @@ def test_inputs_it_does_not_take_fall_back(available):
         assert torch.equal(row_argmax(t), t.argmax(-1))
 
 
-def test_greedy_sampling_takes_it(available, monkeypatch):
-    """Sampler.greedy (plain greedy steps) and the greedy verify go through the native pass."""
+def test_greedy_sampling_and_verification_take_it(available, monkeypatch):
+    """Sampler.greedy (plain greedy steps) and the all-greedy verify go through the native pass, and the verify
+    accepts exactly the drafts that are their rows' argmax."""
     calls = []
 
     def counting(x: torch.Tensor) -> torch.Tensor | None:
@@ -85,3 +87,10 @@ def test_greedy_sampling_takes_it(available, monkeypatch):
     logits = torch.randn(3, 500)
     assert torch.equal(Sampler.greedy(logits), logits.argmax(-1))
     assert calls == [(3, 500)]
+    # one request, 3 drafts: the first two are the argmax of their rows, the third is not
+    target = torch.randn(4, 500)
+    best = target.argmax(-1)
+    drafts = DraftBatch([3], torch.tensor([int(best[0]), int(best[1]), (int(best[2]) + 1) % 500]))
+    out = rejection_sample(target, drafts, torch.tensor([True]))
+    assert out.num_accepted == [2] and out.token_ids == [[int(best[0]), int(best[1]), int(best[2])]]
+    assert calls[-1] == (4, 500)
