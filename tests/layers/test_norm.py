@@ -20,25 +20,32 @@ def test_native_kernel_builds_on_this_platform():
     assert native_module("rms_norm") is not None
 
 
+def assert_native_matches_reference(norm: torch.nn.Module, x: torch.Tensor, res: torch.Tensor, monkeypatch,
+                                    module: object, native: str) -> None:
+    """``norm(x, res)`` and ``norm(x)`` with the native kernel, then with ``module.<native>`` patched to None (the
+    PyTorch path): the residual sums equal (one bf16 rounding either way), the outputs within one bf16 step on a few
+    values at most (the sum of squares may be summed in another order). Gemma's norm (tests/model/test_gemma3.py)
+    is checked the same way."""
+    with torch.inference_mode():
+        y, s = norm(x, res)
+        y0 = norm(x)
+        monkeypatch.setattr(module, native, lambda *a: None)
+        y_ref, s_ref = norm(x, res)
+        y0_ref = norm(x)
+    assert torch.equal(s, s_ref)
+    for got, ref in ((y, y_ref), (y0, y0_ref)):
+        assert got.dtype == torch.bfloat16 and got.shape == ref.shape
+        assert torch.isclose(got.float(), ref.float(), rtol=2 ** -7, atol=0).all()
+        assert (got != ref).float().mean() < 0.01
+
+
 @pytest.mark.parametrize("shape", [(1, 384), (7, 96), (3, 5, 64), (300, 128)])
 def test_native_matches_pytorch_path(shape, monkeypatch):
     g = torch.Generator().manual_seed(sum(shape))
     x = (torch.randn(shape, generator=g) * 4).to(torch.bfloat16)
     res = torch.randn(shape, generator=g).to(torch.bfloat16)
-    n = _norm(shape[-1], seed=len(shape))
-    with torch.inference_mode():
-        y, s = n(x, res)
-        y0 = n(x)
-        monkeypatch.setattr(norm_mod, "rms_norm_native", lambda *a: None)
-        y_ref, s_ref = n(x, res)
-        y0_ref = n(x)
-    assert torch.equal(s, s_ref)  # the residual sum is one bf16 rounding either way
-    # the sum of squares may be summed in another order: allow one bf16 step, on a few values at most
-    for got, ref in ((y, y_ref), (y0, y0_ref)):
-        assert got.dtype == torch.bfloat16 and got.shape == ref.shape
-        close = torch.isclose(got.float(), ref.float(), rtol=2 ** -7, atol=0)
-        assert close.all()
-        assert (got != ref).float().mean() < 0.01
+    assert_native_matches_reference(_norm(shape[-1], seed=len(shape)), x, res, monkeypatch, norm_mod,
+                                    "rms_norm_native")
 
 
 def test_inputs_are_not_modified_and_strided_input_works():
