@@ -29,6 +29,7 @@
 
 #include "bf16.h"
 #include "int8_activations.h"
+#include "int8_lane_rows.h"
 #include "small_m.h"
 
 namespace {
@@ -126,6 +127,19 @@ struct Int8Codes {
   __attribute__((always_inline)) static inline __m256i sums(const Chunk& ch, const int8_t* x, int nb) {
     return block_sums(ch, x, nb);
   }
+#if defined(CINQ_I8_VNNI)
+  // rows kernels from 2 rows read the chunk in lane order (int8_lane_rows.h): a row's eight vpdpbusd then need no
+  // horizontal adds (M = 2-8 1.2-1.6x, benchmarks/results/decode_kernels_lane_rows.md)
+  static constexpr int64_t kLaneRowsFrom = 2;
+  __attribute__((always_inline)) static inline void unpack_lanes(const uint8_t* w, int nb, LaneChunk& ch) {
+    __m256i u[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) u[j] = j < nb ? load(w, j) : _mm256_setzero_si256();
+    int8_lanes(u, ch);
+  }
+#else
+  static constexpr int64_t kLaneRowsFrom = 0;  // none: the sign trick's codes and signs would both need the transpose
+#endif
   __attribute__((always_inline)) static inline __m256i chunk_sums(const uint8_t* w, const int8_t* x, int nb) {
     return block_sums(w, x, nb);
   }
@@ -180,6 +194,13 @@ struct Int4Codes {
     for (int p = 0; p < 4; ++p) v[p] = dot(ch.lo[p], ch.hi[p], x, p);
     return _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
   }
+  // rows kernels from 3 rows read the chunk in lane order (int8_lane_rows.h); at 2 rows the transpose, once per
+  // chunk, cost about what it saved (ad hoc)
+  static constexpr int64_t kLaneRowsFrom = 3;
+  __attribute__((always_inline)) static inline void unpack_lanes(const uint8_t* w, int nb, LaneChunk& ch) {
+    prefetch(w);
+    int4_lanes(w, nb, ch);
+  }
   __attribute__((always_inline)) static inline __m256i chunk_sums(const uint8_t* w, const int8_t* x, int nb) {
     prefetch(w);
     __m256i v[4];
@@ -223,25 +244,29 @@ void row_kernel_m1(const Call<S>& c, int64_t n) {
 // Output row n for activation rows m0 .. m0 + MB - 1, each computed exactly as row_kernel_m1 computes one row (the
 // same integer sums, the same float operations in the same order), so a row's result does not depend on how many
 // rows share the call: a sequence decodes the same tokens alone, beside others, or as a speculative verify of
-// k + 1 rows. A chunk's codes are unpacked once into L1 and reread per row.
-template <typename Codes, typename S, int MB>
+// k + 1 rows. A chunk's codes are unpacked once for all rows: from a few rows (Codes::kLaneRowsFrom) in lane
+// order (int8_lane_rows.h), each row's integer sums then taking no horizontal adds; the integers are the same.
+template <typename Codes, typename S, int MB, bool Lanes>
 void row_kernel_rows(const Call<S>& c, int64_t m0, int64_t n) {
   const int64_t B = c.K / kBlock;
   const uint8_t* row = c.codes + n * (B * Codes::kBytes);
   __m256 acc[MB];
 #pragma GCC unroll 8
   for (int m = 0; m < MB; ++m) acc[m] = _mm256_setzero_ps();
-  alignas(32) typename Codes::Chunk chunk;
+  alignas(32) std::conditional_t<Lanes, LaneChunk, typename Codes::Chunk> chunk;
   for (int64_t b8 = 0; b8 < B; b8 += 8) {
     __m256 sv, zv;
     block_factors(c, n, b8, sv, zv);
     const int nb = static_cast<int>(std::min<int64_t>(8, B - b8));
-    Codes::unpack(row + b8 * Codes::kBytes, nb, chunk);
+    if constexpr (Lanes) Codes::unpack_lanes(row + b8 * Codes::kBytes, nb, chunk);
+    else Codes::unpack(row + b8 * Codes::kBytes, nb, chunk);
     // rows one at a time (not unrolled): a row's sums plus every row's accumulator would not fit in the sixteen
     // vector registers (unrolled, the spills made 8 rows 1.4x slower)
 #pragma GCC unroll 1
     for (int m = 0; m < MB; ++m) {
-      const __m256i sums = Codes::sums(chunk, Codes::x(c, m0 + m, b8), nb);
+      __m256i sums;
+      if constexpr (Lanes) sums = lane_dots(chunk, lane_x(c, m0 + m, b8));
+      else sums = Codes::sums(chunk, Codes::x(c, m0 + m, b8), nb);
       const int64_t xb = (m0 + m) * c.Bp + b8;
       acc[m] = _mm256_fmadd_ps(zv, _mm256_loadu_ps(c.xsum + xb), acc[m]);
       acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(sv, _mm256_loadu_ps(c.xs + xb)), acc[m]);
@@ -251,12 +276,30 @@ void row_kernel_rows(const Call<S>& c, int64_t m0, int64_t n) {
   for (int m = 0; m < MB; ++m) c.y[(m0 + m) * c.ldy + n] = float_to_bf16(cinq_small_m::hsum(acc[m]));
 }
 
+// Rows m0 .. m0 + mb - 1 of output row n, the codes' chunks in lane order or not (the same integers either way).
+template <typename Codes, typename S, bool Lanes>
+void rows_block(const Call<S>& c, int64_t m0, int64_t mb, int64_t n) {
+  switch (mb) {
+    case 1: row_kernel_rows<Codes, S, 1, Lanes>(c, m0, n); break;
+    case 2: row_kernel_rows<Codes, S, 2, Lanes>(c, m0, n); break;
+    case 3: row_kernel_rows<Codes, S, 3, Lanes>(c, m0, n); break;
+    case 4: row_kernel_rows<Codes, S, 4, Lanes>(c, m0, n); break;
+    case 5: row_kernel_rows<Codes, S, 5, Lanes>(c, m0, n); break;
+    case 6: row_kernel_rows<Codes, S, 6, Lanes>(c, m0, n); break;
+    case 7: row_kernel_rows<Codes, S, 7, Lanes>(c, m0, n); break;
+    default: row_kernel_rows<Codes, S, 8, Lanes>(c, m0, n); break;
+  }
+}
+
+// The batch-1 loop compiled on its own: inlined into run(), its code changed with every edit to the rows kernels
+template <typename Codes, typename S>
+__attribute__((noinline)) void run_m1(const Call<S>& c, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) row_kernel_m1<Codes, S>(c, n);
+}
+
 template <typename Codes, typename S>
 void run(const Call<S>& c, int64_t n0, int64_t n1) {
-  if (c.M == 1) {
-    for (int64_t n = n0; n < n1; ++n) row_kernel_m1<Codes, S>(c, n);
-    return;
-  }
+  if (c.M == 1) return run_m1<Codes, S>(c, n0, n1);
   // past kMaxRows rows (a prefill), 64 outputs at a time stay in cache across the row blocks
   const int64_t chunk = c.M <= kMaxRows ? n1 - n0 : 64;
   for (int64_t a = n0; a < n1; a += chunk) {
@@ -264,16 +307,13 @@ void run(const Call<S>& c, int64_t n0, int64_t n1) {
     for (int64_t m0 = 0; m0 < c.M; m0 += kMaxRows) {
       const int64_t mb = std::min<int64_t>(kMaxRows, c.M - m0);
       for (int64_t n = a; n < e; ++n) {
-        switch (mb) {
-          case 1: row_kernel_rows<Codes, S, 1>(c, m0, n); break;
-          case 2: row_kernel_rows<Codes, S, 2>(c, m0, n); break;
-          case 3: row_kernel_rows<Codes, S, 3>(c, m0, n); break;
-          case 4: row_kernel_rows<Codes, S, 4>(c, m0, n); break;
-          case 5: row_kernel_rows<Codes, S, 5>(c, m0, n); break;
-          case 6: row_kernel_rows<Codes, S, 6>(c, m0, n); break;
-          case 7: row_kernel_rows<Codes, S, 7>(c, m0, n); break;
-          default: row_kernel_rows<Codes, S, 8>(c, m0, n); break;
+        if constexpr (Codes::kLaneRowsFrom > 0) {
+          if (c.xlane != nullptr) {
+            rows_block<Codes, S, true>(c, m0, mb, n);
+            continue;
+          }
         }
+        rows_block<Codes, S, false>(c, m0, mb, n);
       }
     }
   }
@@ -296,16 +336,22 @@ torch::Tensor linear_typed(const torch::Tensor& x, const torch::Tensor& codes, c
       for (int64_t j = 0; j < 8; ++j)
         lanes.push_back(static_cast<int32_t>(std::min<int64_t>((b8 + j) / (group / kBlock) - g0, 7)));
     }
-  std::vector<int8_t> xpair;
-  if (Codes::kBytes == Int4Codes::kBytes) {
+  // the layouts the codes' kernels read: Int4's M = 1 kernel pairs, the rows kernels' lanes
+  std::vector<int8_t> xpair, xlane;
+  const bool in_lanes = Codes::kLaneRowsFrom > 0 && M >= Codes::kLaneRowsFrom;
+  if (Codes::kBytes == Int4Codes::kBytes && !in_lanes) {
     xpair.resize(static_cast<size_t>(M * Bp * kBlock));
     for (int64_t m = 0; m < M; ++m) pair_chunks(xq.data() + m * K, K, Bp, xpair.data() + m * Bp * kBlock);
+  } else if (in_lanes) {
+    xlane.resize(static_cast<size_t>(M * Bp * kBlock));
+    for (int64_t m = 0; m < M; ++m) lane_chunks(xq.data() + m * K, K, Bp, xlane.data() + m * Bp * kBlock);
   }
   auto y = out != nullptr ? *out : torch::empty({M, N}, x.options());
   const Call<S> c{xq.data(), xs.data(), xsum.data(), static_cast<const uint8_t*>(codes.data_ptr()),
                   scales.data_ptr<S>(), mins.numel() ? mins.data_ptr<S>() : nullptr,
                   reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), M, N, K, group,
-                  offset + Codes::kCodeOffset, Bp, lanes.data(), xpair.empty() ? nullptr : xpair.data(), y.stride(0)};
+                  offset + Codes::kCodeOffset, Bp, lanes.data(), xpair.empty() ? nullptr : xpair.data(),
+                  xlane.empty() ? nullptr : xlane.data(), y.stride(0)};
   const int64_t bytes = N * (K / kBlock * Codes::kBytes + G * static_cast<int64_t>(sizeof(S)) * (mins.numel() ? 2 : 1));
 #if defined(CINQ_SMALL_M_AVX2)
   split_outputs(N, 4, bytes, [&](int64_t n0, int64_t n1) { run<Codes, S>(c, n0, n1); });
@@ -339,8 +385,8 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& codes, const t
 }
 
 #if !defined(CINQ_SMALL_M_AVX2)
-struct Int4Codes { static constexpr int64_t kBytes = 16, kCodeOffset = 0; };
-struct Int8Codes { static constexpr int64_t kBytes = 32, kCodeOffset = 0; };
+struct Int4Codes { static constexpr int64_t kBytes = 16, kCodeOffset = 0, kLaneRowsFrom = 0; };
+struct Int8Codes { static constexpr int64_t kBytes = 32, kCodeOffset = 0, kLaneRowsFrom = 0; };
 #endif
 
 }  // namespace

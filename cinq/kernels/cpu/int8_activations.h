@@ -91,6 +91,7 @@ struct Call {
   int64_t Bp;            // K / 32 rounded up to whole vectors of 8: the row length of xs and xsum
   const int32_t* lanes;  // group > 32: [Bp / 8 chunks][9], a chunk's first group, then lane j's group after it
   const int8_t* xpair;   // int4, M = 1: xq in pair order (pair_chunks), else null
+  const int8_t* xlane;   // a rows call in lane order (int8_lane_rows.h's lane_chunks), else null
   int64_t ldy;           // y's row stride: N, or wider where y is a column range of a larger output
 };
 
