@@ -129,7 +129,7 @@ struct Int8Codes {
   }
 #if defined(CINQ_I8_VNNI)
   // rows kernels from 2 rows read the chunk in lane order (int8_lane_rows.h): a row's eight vpdpbusd then need no
-  // horizontal adds (M = 2-8 1.2-1.6x, benchmarks/results/decode_kernels_lane_rows.md)
+  // horizontal adds (a step's linears at M = 2-8 1.1-1.6x, benchmarks/results/decode_kernels_lane_rows.md)
   static constexpr int64_t kLaneRowsFrom = 2;
   __attribute__((always_inline)) static inline void unpack_lanes(const uint8_t* w, int nb, LaneChunk& ch) {
     __m256i u[8];
@@ -194,8 +194,9 @@ struct Int4Codes {
     for (int p = 0; p < 4; ++p) v[p] = dot(ch.lo[p], ch.hi[p], x, p);
     return _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
   }
-  // rows kernels from 3 rows read the chunk in lane order (int8_lane_rows.h); at 2 rows the transpose, once per
-  // chunk, cost about what it saved (ad hoc)
+  // rows kernels from 3 rows read the chunk in lane order (int8_lane_rows.h): 1.03-1.12x at M = 3-8, where 8-bit
+  // codes gained more (their per-row reduction took 9 ops, this one's 3); at 2 rows the transpose, once per chunk,
+  // cost about what it saved (ad hoc)
   static constexpr int64_t kLaneRowsFrom = 3;
   __attribute__((always_inline)) static inline void unpack_lanes(const uint8_t* w, int nb, LaneChunk& ch) {
     prefetch(w);
