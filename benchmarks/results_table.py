@@ -100,6 +100,10 @@ SCRIPTS = {
     "eagle3_smollm2_head": "cinq distill --heads eagle3 --target smollm2-135m-instruct",
     "decode_kernels_int8_activations": "benchmarks/decode_kernels.py",
     "decode_kernels_int8_activations_5d401d7": "benchmarks/decode_kernels.py (at 5d401d7)",
+    "decode_kernels_int8_vnni": 'benchmarks/decode_kernels.py --kernels "q4_0 i8,q4_1 i8,q8_0 i8,int4 g64 i8" '
+                                "--rows 1,2,5,8 (AVX512-VNNI, after the lane-order rows kernels)",
+    "decode_kernels_lane_rows": 'benchmarks/kernel_ab.py --before 98fe25e --kernels "q4_0 i8,q4_1 i8,q8_0 i8" '
+                                "--rows 1,2,3,5,8 --threads 1,2 --rounds 11",
     "decode_kernels_bf16_6439ce9": "benchmarks/decode_kernels.py --kernels bf16 --repeats 10 (at 6439ce9, before the "
                                    "row-streamed tiles)",
     "kernel_ab": "benchmarks/kernel_ab.py",
