@@ -76,12 +76,33 @@ COLLECTIVE_TIMEOUT = timedelta(seconds=120)
 _COMMAND_TIMEOUT = timedelta(days=30)
 
 
-def init_process_groups(device_type: str, shard: TPShard, init_method: str) -> dist.ProcessGroup:
+def serve_rendezvous(world_size: int) -> dist.TCPStore:
+    """Rank 0's rendezvous store, on a port the OS picks and that stays bound until the store is dropped.
+    Picking a free port and binding it only once the workers had loaded let another process take it meanwhile
+    (EADDRINUSE in CI)."""
+    return dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, timeout=COLLECTIVE_TIMEOUT,
+                         wait_for_workers=False)
+
+
+def join_rendezvous(port: int, world_size: int) -> dist.TCPStore:
+    """A worker's client of rank 0's rendezvous store (``serve_rendezvous``)."""
+    return dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=COLLECTIVE_TIMEOUT)
+
+
+def init_process_groups(device_type: str, shard: TPShard, store: dist.Store,
+                        timeout: timedelta = COLLECTIVE_TIMEOUT) -> dist.ProcessGroup:
     """Join the tensor-parallel group as ``shard.rank``: the default group carries the layers' collectives
     (NCCL on CUDA, gloo on CPU); the returned gloo group carries rank 0's commands (plain objects)."""
     backend = "nccl" if device_type == "cuda" else "gloo"
-    dist.init_process_group(backend, init_method=init_method, rank=shard.rank, world_size=shard.size,
-                            timeout=COLLECTIVE_TIMEOUT)
+    try:
+        dist.init_process_group(backend, store=store, rank=shard.rank, world_size=shard.size, timeout=timeout)
+    except BaseException:
+        # torch names the default group from a process-wide counter that only destroying a live default group
+        # resets: left advanced by a failed start, every later engine's rank 0 would wait on keys that fresh
+        # workers never write (one failed start became a cascade of timeouts in CI).
+        if not dist.is_initialized():
+            dist.distributed_c10d._world.group_count = 0
+        raise
     return dist.new_group(backend="gloo", timeout=_COMMAND_TIMEOUT)
 
 

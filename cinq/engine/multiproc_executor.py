@@ -16,7 +16,6 @@ one after ``COLLECTIVE_TIMEOUT``), and every later call raises ``TensorParallelE
 from __future__ import annotations
 
 import logging
-import socket
 import time
 import weakref
 from collections.abc import Callable
@@ -29,7 +28,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from cinq.config import EngineConfig
-from cinq.distributed.parallel_state import TPShard, broadcast_command, init_process_groups
+from cinq.distributed.parallel_state import TPShard, broadcast_command, init_process_groups, serve_rendezvous
 from cinq.engine.tp_worker import INIT_CACHE, STEP, STOP, WorkerArgs, worker_main
 from cinq.engine.uniproc_executor import UniProcExecutor
 from cinq.errors import InvalidParameterError
@@ -63,7 +62,7 @@ class MultiprocExecutor:
         self.seed = seed if seed is not None else config.seed or 0
         self.world_size = world
         self._error: TensorParallelError | None = None
-        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        self._store = serve_rendezvous(world)  # bound before any worker starts: no port race
         ctx = mp.get_context("spawn")  # CUDA and OpenMP state must not be forked
         self._workers: list[BaseProcess] = []
         pipes: list[Connection] = []
@@ -73,7 +72,7 @@ class MultiprocExecutor:
         try:
             for rank in range(1, world):
                 receive, send = ctx.Pipe(duplex=False)
-                args = WorkerArgs(config, self.seed, TPShard(rank, world), init_method)
+                args = WorkerArgs(config, self.seed, TPShard(rank, world), self._store.port)
                 proc = ctx.Process(target=worker_main, args=(args, send), name=f"cinq-tp-rank{rank}", daemon=True)
                 proc.start()
                 send.close()
@@ -81,7 +80,7 @@ class MultiprocExecutor:
                 pipes.append(receive)
             self.driver = UniProcExecutor(config, self.seed, TPShard(0, world))
             self._wait_ready(pipes)
-            self._control = init_process_groups(self.driver.device.type, TPShard(0, world), init_method)
+            self._control = init_process_groups(self.driver.device.type, TPShard(0, world), self._store)
         except BaseException:
             self._finalizer()
             raise
@@ -189,8 +188,3 @@ def _describe_dead(dead: list[tuple[int, BaseProcess]]) -> str:
     parts = [f"rank {rank} (pid {p.pid}, exit code {p.exitcode})" for rank, p in dead]
     return f"tensor-parallel worker {', '.join(parts)} died; the engine cannot continue"
 
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from cinq.config import EngineConfig
-from cinq.distributed.parallel_state import TPShard, broadcast_command, init_process_groups
+from cinq.distributed.parallel_state import TPShard, broadcast_command, init_process_groups, join_rendezvous
 from cinq.engine.uniproc_executor import UniProcExecutor
 
 INIT_CACHE = "init_cache"
@@ -35,7 +35,7 @@ class WorkerArgs:
     config: EngineConfig
     seed: int
     shard: TPShard
-    init_method: str  # tcp://host:port of the group's rendezvous
+    rendezvous_port: int  # of rank 0's rendezvous store on 127.0.0.1
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -60,7 +60,8 @@ def worker_main(args: WorkerArgs, ready: Connection) -> None:
         raise
     ready.send(None)
     ready.close()
-    control = init_process_groups(executor.device.type, args.shard, args.init_method)
+    control = init_process_groups(executor.device.type, args.shard,
+                                  join_rendezvous(args.rendezvous_port, args.shard.size))
     try:
         while True:
             command, arg = broadcast_command(None, control)  # type: ignore[misc]

@@ -6,13 +6,17 @@ from __future__ import annotations
 import math
 import os
 import signal
+import socket
 import sys
+from datetime import timedelta
 
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import pytest
 
 from cinq import LLM, SamplingParams
+from cinq.distributed.parallel_state import TPShard, init_process_groups, serve_rendezvous
 from cinq.engine.multiproc_executor import MultiprocExecutor, TensorParallelError
 from cinq.engine.step_profile import profile_rows
 from cinq.errors import InvalidParameterError
@@ -173,6 +177,27 @@ def test_shutdown_stops_the_workers_and_a_new_engine_can_start(tiny_llama):
         assert run(again, PROMPTS[:1], SamplingParams(max_tokens=2))[0].token_ids
     finally:
         again.engine.shutdown()
+
+
+def test_a_failed_rendezvous_leaves_no_trace_for_the_next_engine(tiny_llama):
+    """A group that never formed (here: no peer within 1 s) must not shift how the next one names its keys: in CI
+    one failed start made every later tensor-parallel engine of the process time out."""
+    store = serve_rendezvous(2)
+    with pytest.raises(dist.DistError):
+        init_process_groups("cpu", TPShard(0, 2), store, timeout=timedelta(seconds=1))
+    assert not dist.is_initialized()
+    llm = tp_llm(tiny_llama)
+    try:
+        assert run(llm, PROMPTS[:1], SamplingParams(max_tokens=2))[0].token_ids
+    finally:
+        llm.engine.shutdown()
+
+
+def test_the_rendezvous_port_stays_bound_from_before_the_workers_start():
+    """The port is the store's own from the moment rank 0 picks it: nothing can take it while workers load."""
+    store = serve_rendezvous(2)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s, pytest.raises(OSError):
+        s.bind(("127.0.0.1", store.port))
 
 
 @pytest.mark.timeout(60)
