@@ -79,7 +79,8 @@ def native_module(name: str) -> Any | None:
     return module
 
 
-def _build_or_load(name: str, sources: Path = _SOURCES, register_ops: bool = True) -> Any:
+def _build_or_load(name: str, sources: Path = _SOURCES, register_ops: bool = True,
+                   extra_cflags: tuple[str, ...] = ()) -> Any:
     """Load ``cpu/<name>.cpp``'s extension from the cache, compiling it first when this source (by content), Python
     environment, torch version and CPU have no build yet. The source is compiled from a copy inside its build
     folder, so every checkout of the same source using one environment shares one build instead of recompiling
@@ -92,7 +93,7 @@ def _build_or_load(name: str, sources: Path = _SOURCES, register_ops: bool = Tru
     from cinq.cache import cache_dir
     source = (sources / f"{name}.cpp").read_bytes()
     headers = _included_headers(source, sources)
-    cflags = _CFLAGS if register_ops else [f for f in _CFLAGS if f != "-DCINQ_REGISTER_OPS"]
+    cflags = (_CFLAGS if register_ops else [f for f in _CFLAGS if f != "-DCINQ_REGISTER_OPS"]) + list(extra_cflags)
     # The build command holds this interpreter's include paths: two environments sharing one build folder would
     # each see the other's command and recompile every time, so the environment is part of the key.
     key = hashlib.sha256(source + b"".join(headers.values()) + sys.prefix.encode()
@@ -141,12 +142,14 @@ def clear_stale_lock(build: Path, now: float | None = None) -> bool:
     return True
 
 
-def module_from(name: str, sources: Path) -> Any:
+def module_from(name: str, sources: Path = _SOURCES, extra_cflags: tuple[str, ...] = ()) -> Any:
     """``cpu/<name>.cpp``'s extension built from another copy of the kernel sources (a folder holding that file
     and the headers it includes, e.g. an earlier commit's ``cinq/kernels/cpu``): what a benchmark times this
-    checkout's kernel against in the same process. Cached by content as native_module's builds are; built without
-    the torch.ops.cinq registrations, which a process holds once (this checkout's)."""
-    return _build_or_load(name, sources, register_ops=False)
+    checkout's kernel against in the same process. ``extra_cflags`` follow ``-march=native`` (``-mno-avx512f``:
+    the code another CPU of the same family would run, which tests compare with this CPU's). Cached by content and
+    flags as native_module's builds are; built without the torch.ops.cinq registrations, which a process holds once
+    (this checkout's)."""
+    return _build_or_load(name, sources, register_ops=False, extra_cflags=extra_cflags)
 
 
 def _included_headers(source: bytes, sources: Path = _SOURCES) -> dict[str, bytes]:

@@ -277,3 +277,41 @@ def test_out_writes_its_columns_of_a_wider_output_and_nothing_else(available, fo
         else:
             mod.int4_affine_linear_i8_out(x, t["codes"], t["scales"], mins, group, offset,
                                           torch.empty(m, 95).bfloat16())
+
+
+@pytest.fixture(scope="module")
+def avx2_build(available):
+    """This kernel built as a CPU with AVX2 + FMA but no AVX-512 runs it (4-bit lanes through vpmaddubsw, Q8_0 rows
+    without the lane order): code the suite's AVX-512 machines never execute otherwise (~40 s to build, cached)."""
+    from cinq.kernels.cpu_native import module_from
+    if not i8.i8_module().has_vnni():
+        pytest.skip("this CPU has no AVX512-VNNI: its native build already is the AVX2 path")
+    mod = module_from("int8_activation_linear", extra_cflags=("-mno-avx512f",))
+    assert mod.has_fast_path() and not mod.has_vnni()
+    return mod
+
+
+@pytest.mark.parametrize("form", GGUF_FORMS)
+def test_the_avx2_build_is_batch_invariant_and_computes_the_same_math(avx2_build, threads, form):
+    """On an AVX2 CPU as here: every row of a call equals that row called alone, bit for bit, at the row counts the
+    kernels special-case (1, the lane-order thresholds 2 and 3, a block of 8 and past it), and within the bf16
+    rounding of the quantized math. (Against the AVX-512 build it may differ by one bf16 step in about 1 output of
+    2,000: its float sums run in another order.)"""
+    gen = torch.Generator().manual_seed(11 + len(form))
+    for k in (224, 576):
+        if form == "int4 g64" and k % 64:
+            continue
+        t, group, offset, w = gguf_form(form, 515, k, gen)
+        mins = t.get("mins", torch.empty(0, dtype=t["scales"].dtype))
+
+        def linear(x: torch.Tensor) -> torch.Tensor:
+            if form == "q8_0":
+                return avx2_build.int8_grouped_linear_i8(x, t["codes"], t["scales"], mins, group)
+            return avx2_build.int4_affine_linear_i8(x, t["codes"], t["scales"], mins, group, offset)
+
+        for m in (1, 2, 3, 5, 8, 11):
+            x = (torch.randn(m, k, generator=gen) * 3).bfloat16()
+            y = linear(x)
+            assert_same_math(y, x, w)
+            for r in range(m):
+                assert torch.equal(linear(x[r:r + 1].contiguous()), y[r:r + 1]), (k, m, r)
