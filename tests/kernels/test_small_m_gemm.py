@@ -108,3 +108,26 @@ def test_a_rows_result_does_not_depend_on_how_many_rows_share_the_call() -> None
     for m in range(2, SMALL_M_MAX_ROWS + 1):  # past 8 rows the kernel runs passes of 8 over each block of outputs
         y = mod.small_m_linear(x[:m].contiguous(), w, torch.empty(0), 0)
         assert all(torch.equal(y[i], alone[i]) for i in range(m)), m
+
+
+@pytest.fixture(scope="module")
+def avx2_kernel(kernel):
+    """This kernel built as a CPU with AVX2 + FMA but no AVX-512 runs it (AMD Zen 3, say): the suite's AVX512-BF16
+    machines never execute its AVX2 tiles otherwise (~40 s to build, cached)."""
+    from cinq.kernels.cpu_native import module_from
+    mod = module_from("small_m_gemm", extra_cflags=("-mno-avx512f",))
+    assert mod.has_fast_path() and not mod.has_amx()
+    return mod
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_the_avx2_build_matches_float32_and_is_batch_invariant(avx2_kernel, n, k):
+    g = torch.Generator().manual_seed(n + k)
+    w = torch.randn(n, k, generator=g).bfloat16()
+    b = torch.randn(n, generator=g)
+    x = torch.randn(SMALL_M_MAX_ROWS, k, generator=g).bfloat16()
+    alone = [avx2_kernel.small_m_linear(x[i:i + 1].contiguous(), w, b, 0) for i in range(SMALL_M_MAX_ROWS)]
+    for m in (1, 2, 3, 5, 8, 9, 17, SMALL_M_MAX_ROWS):
+        y = avx2_kernel.small_m_linear(x[:m].contiguous(), w, b, 0)
+        assert_matches_float32(y, x[:m], w, b)
+        assert all(torch.equal(y[i:i + 1], alone[i]) for i in range(m)), m
