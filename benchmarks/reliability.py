@@ -27,148 +27,17 @@ import sys
 import threading
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-WORDS = ("the cat sat on a mat and looked at the sky while the rain fell over the old town hall near the river "
-         "where boats drift slowly past gardens full of roses and quiet people reading books").split()
-STOPS = [".", "\n", " and"]
+sys.path.insert(0, str(ROOT))
 
-
-# ---- requests ---------------------------------------------------------------------------------------------------
-@dataclass(slots=True)
-class Req:
-    """One HTTP request of a run: route, JSON body (or raw bytes for big bodies), streamed or not."""
-
-    kind: str
-    path: str
-    body: dict
-    stream: bool
-    raw: bytes | None = None  # sent as is instead of ``body`` (big bodies are built once)
-    probe: int | None = None  # index of a seeded probe, compared with its solo run
-
-
-@dataclass(slots=True)
-class Outcome:
-    kind: str
-    status: int
-    ok: bool
-    error: str = ""
-    texts: list[str] = field(default_factory=list)  # choice texts in index order (probes are compared)
-
-
-def _words(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n))
-
-
-def _prefixes(seed: int = 7, count: int = 4) -> list[str]:
-    rng = random.Random(seed)
-    return [_words(rng, 60) for _ in range(count)]
-
-
-PREFIXES = _prefixes()
-
-
-def probe_request(k: int, model: str) -> Req:
-    """The k-th seeded probe: sampled (temperature 0.9), seeded, so its text must not depend on batch mates."""
-    rng = random.Random(1000 + k)
-    body = {"model": model, "prompt": PREFIXES[k % len(PREFIXES)] + " " + _words(rng, 8), "max_tokens": 16,
-            "temperature": 0.9, "seed": 100 + k, "n": 2 if k % 2 else 1, "logprobs": 1 if k % 3 == 0 else None,
-            "stream": bool(k % 2)}
-    return Req("probe", "/v1/completions", body, stream=bool(k % 2), probe=k)
-
-
-def mixed_request(i: int, rng: random.Random, model: str, big_every: int = 0, big_body: bytes | None = None,
-                  num_probes: int = 8, probe_every: int = 50) -> Req:
-    """The i-th request of a mixed run (deterministic given ``rng``'s state)."""
-    if probe_every and i % probe_every == probe_every - 1:
-        return probe_request((i // probe_every) % num_probes, model)
-    if big_every and big_body is not None and i % big_every == big_every // 2:
-        return Req("big_body", "/v1/completions", {}, stream=False, raw=big_body)
-    shared = rng.random() < 0.5
-    prompt = (rng.choice(PREFIXES) + " " if shared else "") + _words(rng, rng.randint(3, 30))
-    sampled = rng.random() < 0.5
-    common = {"model": model, "max_tokens": rng.randint(1, 24), "temperature": 0.8 if sampled else 0.0}
-    if sampled and rng.random() < 0.5:
-        common["seed"] = rng.randrange(1 << 20)
-    r = rng.random()
-    if r < 0.15:
-        return Req("completion", "/v1/completions", {**common, "prompt": prompt}, stream=False)
-    if r < 0.30:
-        return Req("completion_stream_logprobs", "/v1/completions",
-                   {**common, "prompt": prompt, "logprobs": 2, "stream": True,
-                    "stream_options": {"include_usage": True}}, stream=True)
-    if r < 0.40:
-        stream = rng.random() < 0.5
-        return Req("completion_n2_stop", "/v1/completions",
-                   {**common, "prompt": prompt, "n": 2, "stop": rng.sample(STOPS, 2), "stream": stream,
-                    "temperature": 0.8, "seed": rng.randrange(1 << 20)}, stream=stream)
-    if r < 0.50:
-        return Req("completion_echo_logprobs", "/v1/completions",
-                   {**common, "prompt": prompt, "echo": True, "logprobs": 1,
-                    "max_tokens": rng.choice([0, common["max_tokens"]])}, stream=False)
-    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": prompt}]
-    if r < 0.70:
-        return Req("chat_stream", "/v1/chat/completions",
-                   {**common, "messages": messages, "stream": True, "logprobs": rng.random() < 0.5,
-                    "stop": [rng.choice(STOPS)]}, stream=True)
-    if r < 0.85:
-        return Req("chat_n2_logprobs", "/v1/chat/completions",
-                   {**common, "messages": messages, "n": 2, "logprobs": True, "top_logprobs": 2}, stream=False)
-    return Req("chat", "/v1/chat/completions", {**common, "messages": messages}, stream=False)
-
-
-def big_body(model: str, mb: int) -> bytes:
-    """A completions body of about ``mb`` MB: a tiny request with a very long ``user`` field."""
-    return json.dumps({"model": model, "prompt": "a big body", "max_tokens": 2,
-                       "user": "u" * (mb << 20)}).encode()
-
-
-async def send(client: httpx.AsyncClient, base: str, req: Req) -> Outcome:
-    """Send one request and check its answer: 200, and for streams every event parsed and no error event."""
-    out = Outcome(req.kind, 0, False)
-    kwargs = {"content": req.raw, "headers": {"content-type": "application/json"}} if req.raw is not None \
-        else {"json": req.body}
-    try:
-        if not req.stream:
-            resp = await client.post(base + req.path, **kwargs)
-            out.status = resp.status_code
-            data = resp.json()
-            if resp.status_code != 200:
-                out.error = f"HTTP {resp.status_code}: {data.get('error', {}).get('message', '')[:120]}"
-                return out
-            out.texts = [c.get("text", (c.get("message") or {}).get("content")) for c in data["choices"]]
-            out.ok = True
-            return out
-        texts: dict[int, str] = {}
-        async with client.stream("POST", base + req.path, **kwargs) as resp:
-            out.status = resp.status_code
-            if resp.status_code != 200:
-                out.error = f"HTTP {resp.status_code}: {(await resp.aread())[:120]!r}"
-                return out
-            done = False
-            async for line in resp.aiter_lines():
-                if line == "data: [DONE]":
-                    done = True
-                elif line.startswith("data: "):
-                    chunk = json.loads(line[6:])
-                    if "error" in chunk:
-                        out.error = "error event: " + chunk["error"].get("message", "")[:120]
-                        return out
-                    for c in chunk.get("choices", []):
-                        piece = c.get("text") if "text" in c else (c.get("delta") or {}).get("content")
-                        texts[c["index"]] = texts.get(c["index"], "") + (piece or "")
-        out.texts = [texts[i] for i in sorted(texts)]
-        out.ok = done
-        if not done:
-            out.error = "stream ended without [DONE]"
-    except (httpx.HTTPError, ValueError, KeyError) as e:
-        out.error = f"{type(e).__name__}: {e}"[:160]
-    return out
+from benchmarks.reliability_report import plot, to_markdown  # noqa: E402
+from benchmarks.reliability_requests import (Outcome, Req, big_body, mixed_request, probe_request,  # noqa: E402
+                                             random_words, send)
 
 
 # ---- server and sampling ------------------------------------------------------------------------------------------
@@ -280,7 +149,7 @@ async def overload(base: str, model: str, streams: int = 128, prompt_words: int 
     before = stats(base)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
         reqs = [Req("overload", "/v1/completions",
-                    {"model": model, "prompt": _words(rng, prompt_words), "max_tokens": max_tokens,
+                    {"model": model, "prompt": random_words(rng, prompt_words), "max_tokens": max_tokens,
                      "ignore_eos": True, "temperature": 0.0, "stream": True}, stream=True) for _ in range(streams)]
         t0 = time.monotonic()
         outs = await asyncio.gather(*(send(client, base, r) for r in reqs))
@@ -300,7 +169,7 @@ async def overload(base: str, model: str, streams: int = 128, prompt_words: int 
 async def _vanish(base: str, model: str, how: str, rng: random.Random) -> None:
     """One client that goes away: mid-stream after a few events, before a whole answer, or mid-body."""
     host, port = re.match(r"http://([^:/]+):(\d+)", base).groups()  # type: ignore[union-attr]
-    body = json.dumps({"model": model, "prompt": _words(rng, 20), "max_tokens": 400, "ignore_eos": True,
+    body = json.dumps({"model": model, "prompt": random_words(rng, 20), "max_tokens": 400, "ignore_eos": True,
                        "stream": how == "mid_stream"}).encode()
     reader, writer = await asyncio.open_connection(host, int(port))
     head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
@@ -358,68 +227,6 @@ def rss_summary(samples: list[tuple[float, int, int]], warmup: int) -> dict:
 
 
 # ---- report -----------------------------------------------------------------------------------------------------
-def to_markdown(report: dict) -> str:
-    cfg = report["config"]
-    lines = ["# Reliability runs", "", f"`{cfg['command']}`", "",
-             f"Server: `cinq serve` ({cfg['model']}, {cfg['server_flags']}) on loopback; client on the same "
-             f"machine ({cfg['machine']}).", "",
-             "| run | what was tried | how much | completed | failed | aborted | preemptions | blocks free after "
-             "| other |", "|---|---|---|---|---|---|---|---|---|"]
-    s = report.get("soak")
-    if s:
-        rss = s["rss"]
-        lines.append(
-            f"| soak | mixed chat + completions, streaming, n=2, stops, logprobs, echo, shared prefixes, seeded "
-            f"probes, {cfg['big_body_mb']} MB bodies every {cfg['big_every']} | {s['requests']} requests at "
-            f"{s['concurrency']} concurrent, {s['duration_s']:.0f} s | {s['completed']} | {s['failed']} | 0 | "
-            f"{s['preemptions']} | {s['free_blocks_after']}/{s['num_kv_blocks']} | RSS {rss['start_mib']:.0f} MiB at "
-            f"start, {rss['after_warmup_mib']:.0f} after {cfg['warmup']} requests, max after "
-            f"{rss['max_after_warmup_mib']:.0f}, end {rss['end_mib']:.0f} (**{rss['growth_after_warmup_pct']:+.1f}%** "
-            f"after warm-up; bound 15%); seeded probes {s['probes_under_load']}, mismatches with solo "
-            f"{s['probe_mismatches']} |")
-    o = report.get("overload")
-    if o:
-        lines.append(f"| overload | {o['streams']} concurrent streams x {o['max_tokens']} tokens on "
-                     f"{o['num_kv_blocks']} KV blocks (~{o['demand_x']:.1f}x capacity) | {o['streams']} streams, "
-                     f"{o['duration_s']:.0f} s | {o['completed']} | {o['failed']} | 0 | {o['preemptions']} | "
-                     f"{o['free_blocks_after']}/{o['num_kv_blocks']} | step failures {o['step_failures']} |")
-    d = report.get("disconnects")
-    if d:
-        kinds = ", ".join(f"{k} {v}" for k, v in sorted(d["by_kind"].items()))
-        lines.append(f"| disconnects | clients vanish mid-stream, before the answer, mid-body ({kinds}) | "
-                     f"{d['clients']} clients in waves of 30 | - | - | {d['aborted']} | - | "
-                     f"{d['free_blocks_after']}/{d['num_kv_blocks']} | slowest wave idle after "
-                     f"{d['max_s_to_idle_after_wave']:.2f} s; running {d['running_after']}, waiting "
-                     f"{d['waiting_after']} after |")
-    lines += ["", "Failed: a non-200 answer, an error event in a stream, or a stream without `[DONE]`. Aborted: "
-                  "requests the server aborted because their client vanished (a mid-body client never becomes a "
-                  "request). Blocks free after: KV blocks not held by a live request once the run is over. "
-                  "Mid-body clients count as aborted only if their request had started."]
-    if s and s.get("errors"):
-        lines += ["", "Soak errors: " + "; ".join(f"{k} x{v}" for k, v in s["errors"].items())]
-    if cfg.get("note"):
-        lines += ["", cfg["note"]]
-    return "\n".join(lines) + "\n"
-
-
-def plot(report: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    samples = report["soak"]["rss_samples"]
-    fig, ax = plt.subplots(figsize=(8, 4))
-    ax.plot([d for _, d, _ in samples], [r / 2**20 for _, _, r in samples], "-", lw=1)
-    ax.axvline(report["config"]["warmup"], color="gray", ls=":", label="end of warm-up")
-    ax.set_xlabel("requests done")
-    ax.set_ylabel("server RSS (MiB)")
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=.3)
-    ax.legend()
-    ax.set_title(f"cinq serve RSS over a {report['soak']['requests']}-request mixed soak")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
 def _run_on_server(model: str | None, flags: list[str], fn) -> tuple[dict, list[tuple[float, int, int]]]:
     proc, base = start_server(model, flags)
     progress = [0]
