@@ -37,7 +37,7 @@ CONFIGS: dict[str, dict[str, Any] | None] = {
 def measure(model: str, threads: int, steps: int, repeats: int, compilation: dict[str, Any] | None) -> dict[str, Any]:
     """One configuration's numbers (in a child process): benchmarks/step_breakdown.py's engine and clean step."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from step_breakdown import _engine, clean_steps
+    from step_breakdown_measure import _engine, clean_steps
 
     t0 = time.perf_counter()
     engine = _engine(model, threads, compilation_config=compilation)

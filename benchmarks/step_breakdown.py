@@ -36,246 +36,21 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+
+# The measurement by its bare name, from this script's folder (a script's first path entry; appended for an import
+# as benchmarks.step_breakdown), not as benchmarks.step_breakdown_measure: a child (--measure-only) must not have
+# this checkout's root on its path, or its `import cinq` could find this checkout instead of the tree it measures.
+sys.path.append(str(Path(__file__).resolve().parent))
+from step_breakdown_measure import PHASES, measure  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 BASE_COMMIT = "c961254"
 COMPILED = {"mode": 3, "backend": "inductor", "compile_sizes": [1]}  # the compiled decode step measured
-PHASES = ("schedule", "prepare_inputs", "embed", "input_norm", "qkv_proj", "qk_norm", "rope", "attention",
-          "o_proj", "post_attn_norm", "mlp", "final_norm", "lm_head", "sampler", "scheduler_update",
-          "output_processing")
 
-
-# ------------------------------------------------------------------------------------ one measurement (child)
-
-_clock = time.process_time  # CPU seconds of this process (all its threads)
-
-
-class _Timers:
-    """Accumulated CPU time per phase, by wrapping callables and module hooks of one engine."""
-
-    def __init__(self) -> None:
-        self.ms: dict[str, float] = defaultdict(float)
-        self.on = False
-
-    def wrap(self, obj: Any, attr: str, phase: str) -> None:
-        fn = getattr(obj, attr)
-
-        def timed(*a: Any, **kw: Any) -> Any:
-            t0 = _clock()
-            try:
-                return fn(*a, **kw)
-            finally:
-                if self.on:
-                    self.ms[phase] += 1e3 * (_clock() - t0)
-        setattr(obj, attr, timed)
-
-    def hook(self, module: Any, phase: str) -> None:
-        start: list[float] = []
-
-        def pre(*_: Any) -> None:
-            start.append(_clock())
-
-        def post(*_: Any) -> None:
-            t0 = start.pop()
-            if self.on:
-                self.ms[phase] += 1e3 * (_clock() - t0)
-        module.register_forward_pre_hook(pre)
-        module.register_forward_hook(post)
-
-
-def _instrument(engine: Any) -> _Timers:
-    import cinq.engine.runner as runner_mod
-
-    t = _Timers()
-    runner = engine.executor.runner
-    t.wrap(engine.scheduler, "schedule", "schedule")
-    t.wrap(engine.scheduler, "update", "scheduler_update")
-    t.wrap(engine.output_processor, "process", "output_processing")
-    t.wrap(runner_mod, "build_batch", "prepare_inputs")
-    t.wrap(runner, "_compute_logits", "lm_head")
-    t.wrap(runner, "_sample", "sampler")
-    model = runner.model.model
-    t.hook(model.embed_tokens, "embed")
-    t.hook(model.norm, "final_norm")
-    for layer in model.layers:
-        attn = layer.self_attn
-        t.hook(layer.input_layernorm, "input_norm")
-        t.hook(layer.post_attention_layernorm, "post_attn_norm")
-        t.hook(layer.mlp, "mlp")
-        for name, phase in (("qkv_proj", "qkv_proj"), ("rotary_emb", "rope"), ("attn", "attention"),
-                            ("o_proj", "o_proj"), ("q_norm", "qk_norm")):
-            sub = getattr(attn, name, None)
-            if sub is not None:
-                t.hook(sub, phase)
-    return t
-
-
-class _Counter:
-    """ATen ops (TorchDispatchMode) and host syncs of the steps run inside it."""
-
-    def __init__(self) -> None:
-        self.ops: dict[str, int] = defaultdict(int)
-        self.syncs = 0
-
-    def run(self, fn: Callable[[], Any]) -> None:
-        import torch
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        counter = self
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-                counter.ops[str(func.overloadpacket)] += 1
-                if func.overloadpacket is torch.ops.aten._local_scalar_dense:
-                    counter.syncs += 1
-                return func(*args, **(kwargs or {}))
-
-        tolist = torch.Tensor.tolist
-
-        def counted_tolist(self_: torch.Tensor) -> Any:
-            counter.syncs += 1
-            return tolist(self_)
-        torch.Tensor.tolist = counted_tolist  # tolist reads the data without an ATen op: count it here
-        try:
-            with Mode():
-                fn()
-        finally:
-            torch.Tensor.tolist = tolist
-
-
-def _engine(model: str, threads: int, prompt_len: int = 32, batch: int = 1, **engine_args: Any) -> Any:
-    """An engine (``engine_args``: further EngineConfig fields) with ``batch`` greedy requests of ``prompt_len``
-    prompt tokens each, past their prefill."""
-    import torch
-
-    from cinq.config import EngineConfig
-    from cinq.engine.engine import LLMEngine
-    from cinq.sampling_params import SamplingParams
-
-    torch.set_num_threads(threads)
-    engine = LLMEngine(EngineConfig(model=model, dtype="bfloat16", kv_cache_memory=0.5, seed=0,
-                                    max_num_seqs=max(4, batch), **engine_args))
-    for i in range(batch):
-        engine.add_request(f"b{i}", list(range(10 + i, 10 + i + prompt_len)),
-                           SamplingParams(temperature=0, max_tokens=100_000 // 100, ignore_eos=True))
-    while engine.scheduler.waiting or any(not r.output_token_ids for r in engine.scheduler.running):
-        engine.step()  # prefill (in chunks when the prompts exceed a step's token budget)
-    return engine
-
-
-def kernel_ms(engine: Any, steps: int = 10) -> tuple[float, float]:
-    """Wall ms per step inside the step's kernels (see the module docstring) and ATen + native op calls per step,
-    from ``steps`` profiled steps."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    import cinq.kernels.cpu_native as cpu_native
-    import cinq.layers.quantization.native as int_native
-    from cinq.kernels import custom_ops  # noqa: F401  (torch.ops.cinq.*: the profiler sees the native kernels)
-
-    real = cpu_native.call_native
-    cpu_native.call_native = int_native.call_native = lambda mod, name, *a: getattr(torch.ops.cinq, name)(*a)
-    try:
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            for _ in range(steps):
-                engine.step()
-    finally:
-        cpu_native.call_native = int_native.call_native = real
-    ops = [e for e in prof.key_averages() if e.key.startswith(("cinq::", "aten::"))]
-    total_us = sum(e.self_cpu_time_total for e in ops if e.key.startswith("cinq::") or e.key[6:] not in _HOST_OPS)
-    return total_us / 1e3 / steps, sum(e.count for e in ops) / steps
-
-
-# ATen ops that move no data (views, allocations, dispatch wrappers): host work, not kernel time
-_HOST_OPS = frozenset(("empty", "empty_strided", "empty_like", "view", "select", "slice", "as_strided", "split",
-                       "split_with_sizes", "reshape", "unsqueeze", "squeeze", "transpose", "t", "expand", "detach",
-                       "detach_", "lift_fresh", "alias", "resolve_conj", "resolve_neg", "_unsafe_view", "to",
-                       "contiguous", "chunk", "narrow", "permute", "flatten", "unbind", "numpy_T", "set_"))
-
-
-def measure(model: str, threads: int, steps: int, repeats: int,
-            compilation: dict[str, Any] | None = None, prompt_len: int = 32, batch: int = 1) -> dict[str, Any]:
-    """One code version's numbers (runs in a child process whose ``cinq`` is the version measured)."""
-    import torch
-
-    import cinq
-
-    engine = _engine(model, threads, prompt_len, batch,
-                     **({"compilation_config": compilation} if compilation else {}))
-    step_ms, cpu_ms = clean_steps(engine, steps, repeats)
-    kernels, profiled_ops = kernel_ms(engine) if hasattr(torch.ops, "cinq") else (float("nan"), 0.0)
-    tokens = engine.scheduler.running[0].output_token_ids if engine.scheduler.running else []
-    if compilation:  # hooks, timers and a dispatch mode inside the compiled graph would make it recompile
-        return {"cinq": cinq.__file__, "threads": threads, "torch_threads": torch.get_num_threads(),
-                "step_ms_median": statistics.median(step_ms), "step_ms_all": step_ms,
-                "cpu_ms_median": statistics.median(cpu_ms), "cpu_ms_all": cpu_ms, "kernel_ms": kernels,
-                "host_ms": statistics.median(step_ms) - kernels, "profiled_ops": profiled_ops,
-                "instrumented_step_ms_median": float("nan"),
-                "phases_ms": {p: float("nan") for p in (*PHASES, "other")},
-                "aten_ops": -1, "host_syncs": -1, "top_ops": {}, "first_tokens": list(tokens[:64]),
-                "loadavg": os.getloadavg(), "weight_mb": _weight_mb(engine)}
-    counter = _Counter()
-    counter.run(engine.step)
-    # The clean steps above ran the fused decode step (cinq/model/decode_layers.py) where it applies; its layers
-    # have no Python phases, so the phases below time the Python layers it replaces.
-    try:
-        from cinq.model.decode_layers import set_fused_decode
-    except ImportError:  # a baseline from before the fused step
-        fused_steps = 0
-    else:
-        fused_steps = set_fused_decode(engine.executor.runner.model, False)
-    timers = _instrument(engine)
-    per_repeat: list[dict[str, float]] = []
-    instrumented_ms = []
-    for _ in range(repeats):
-        timers.ms.clear()
-        timers.on = True
-        t0 = _clock()
-        for _ in range(steps):
-            engine.step()
-        instrumented_ms.append(1e3 * (_clock() - t0) / steps)
-        timers.on = False
-        per_repeat.append({k: v / steps for k, v in timers.ms.items()})
-    phases = {p: statistics.median(r.get(p, 0.0) for r in per_repeat) for p in PHASES}
-    phases["other"] = statistics.median(instrumented_ms) - sum(phases.values())  # engine / runner / layer glue
-    tokens = engine.scheduler.running[0].output_token_ids if engine.scheduler.running else []
-    return {"cinq": cinq.__file__, "threads": threads, "torch_threads": torch.get_num_threads(),
-            "step_ms_median": statistics.median(step_ms), "step_ms_all": step_ms,
-            "cpu_ms_median": statistics.median(cpu_ms), "cpu_ms_all": cpu_ms, "kernel_ms": kernels,
-            "host_ms": statistics.median(step_ms) - kernels,
-            "instrumented_step_ms_median": statistics.median(instrumented_ms), "phases_ms": phases,
-            "aten_ops": sum(counter.ops.values()), "host_syncs": counter.syncs,
-            "top_ops": dict(sorted(counter.ops.items(), key=lambda kv: -kv[1])[:12]),
-            "first_tokens": list(tokens[:64]), "loadavg": os.getloadavg(), "weight_mb": _weight_mb(engine),
-            "profiled_ops": profiled_ops, "fused_steps": fused_steps}
-
-
-def _weight_mb(engine: Any) -> float:
-    model = engine.executor.runner.model
-    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers())) / 1e6
-
-
-def clean_steps(engine: Any, steps: int, repeats: int) -> tuple[list[float], list[float]]:
-    """After 20 warm-up steps (shapes, caches, native kernels), ``repeats`` times the wall and process CPU ms per
-    step over ``steps`` decode steps, without any instrumentation."""
-    for _ in range(20):
-        engine.step()
-    step_ms, cpu_ms = [], []
-    for _ in range(repeats):
-        t0, c0 = time.perf_counter(), _clock()
-        for _ in range(steps):
-            engine.step()
-        step_ms.append(1e3 * (time.perf_counter() - t0) / steps)
-        cpu_ms.append(1e3 * (_clock() - c0) / steps)
-    return step_ms, cpu_ms
-
-
-# ------------------------------------------------------------------------------------------------- the parent
 
 def _baseline_tree(commit: str, into: Path) -> Path:
     """The repository's tree at ``commit`` extracted into ``into`` (no checkout, no change to this worktree)."""
@@ -401,8 +176,8 @@ def main() -> None:
             b, a = run["before"], run["after"]
             print(f"{run['model']} t={run['threads']}: before {b['step_ms_median']:.3f} ms ({b['cpu_ms_median']:.3f} "
                   f"CPU), after {a['step_ms_median']:.3f} ms ({a['cpu_ms_median']:.3f} CPU): wall "
-                  f"{b['step_ms_median'] / a['step_ms_median']:.2f}x, CPU {b['cpu_ms_median'] / a['cpu_ms_median']:.2f}x"
-                  f"; tokens identical: {same}")
+                  f"{b['step_ms_median'] / a['step_ms_median']:.2f}x, "
+                  f"CPU {b['cpu_ms_median'] / a['cpu_ms_median']:.2f}x; tokens identical: {same}")
     if not args.no_write:
         _write(result, Path(args.out))
 

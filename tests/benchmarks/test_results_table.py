@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import results_figures as figures
 from benchmarks import results_table as rt
 
 
@@ -67,12 +68,12 @@ def test_the_wait_policy_figure_leaves_out_the_benchmark_made_load_and_failed_ru
     rows = [row("cinq int4", "PASSIVE", 40.0), row("cinq int4", "ACTIVE", 60.0), row("cinq int4", "SPIN=1000", None),
             row("llama.cpp q4_0", "PASSIVE", 80.0), row("llama.cpp q4_0", "ACTIVE", 120.0),
             row("llama.cpp q4_0", "PASSIVE", 500.0, load=2)]  # not a quiet figure: left out of best vs best
-    assert rt.wait_policy({"rows": rows}) == "int4: 60.0 vs 120.0 tok/s (**0.50x**)"
+    assert figures.wait_policy({"rows": rows}) == "int4: 60.0 vs 120.0 tok/s (**0.50x**)"
     # each cinq variant against llama.cpp on the same weights, at any thread count and at 1; int4 over bf16
     rows += [row("cinq int4", "ACTIVE", 50.0, threads=1), row("llama.cpp q4_0", "ACTIVE", 25.0, threads=1),
              row("cinq bf16", "PASSIVE", 20.0), row("llama.cpp bf16", "PASSIVE", 10.0)]
-    assert rt.wait_policy({"rows": rows}) == ("int4: 60.0 vs 120.0 tok/s (**0.50x**), 1 thr 50.0 vs 25.0 (2.00x); "
-                                              "bf16: 20.0 vs 10.0 tok/s (**2.00x**); cinq int4 / bf16: 3.00x")
+    assert figures.wait_policy({"rows": rows}) == ("int4: 60.0 vs 120.0 tok/s (**0.50x**), 1 thr 50.0 vs 25.0 (2.00x); "
+                                                   "bf16: 20.0 vs 10.0 tok/s (**2.00x**); cinq int4 / bf16: 3.00x")
 
 
 def test_a_speculation_figure_starts_at_the_smallest_batch_the_run_measured() -> None:
@@ -81,14 +82,14 @@ def test_a_speculation_figure_starts_at_the_smallest_batch_the_run_measured() ->
                 "tokens_per_step": 1.4, "decode_speedup": speedup}
 
     sweep = {"rows": [row("ngram k=4", 4, 0.9), row("ngram k=4", 16, 0.8), row("ngram k=4", 4, 0.7)]}
-    assert rt.speculation_real(sweep).startswith("batch 4: ngram k=4 **0.90x**")
-    assert rt.speculation_real(sweep).endswith("; batch 16: ngram k=4 0.80x")
+    assert figures.speculation_real(sweep).startswith("batch 4: ngram k=4 **0.90x**")
+    assert figures.speculation_real(sweep).endswith("; batch 16: ngram k=4 0.80x")
     single = {"rows": [row("eagle3 k=3", 1, 1.03), {**row("eagle3 k=3", 1, 2.0), "sampling": "sampled"}]}
-    assert rt.speculation_real(single) == ("batch 1: eagle3 k=3 **1.03x** (tau 1.50, 1.40 tokens per step, "
-                                           "decode 1.03x)")
+    assert figures.speculation_real(single) == ("batch 1: eagle3 k=3 **1.03x** (tau 1.50, 1.40 tokens per step, "
+                                                "decode 1.03x)")
     # an adaptive arm that turned speculation off on most steps says so
     off = {"rows": [{**row("ngram adaptive k<=4", 1, 0.98), "k_share": [0.995, 0.005, 0.0]},
                     {**row("ngram adaptive k<=8", 1, 1.5), "k_share": [0.2, 0.8]}]}
-    assert rt.speculation_real(off) == ("batch 1: ngram adaptive k<=4 **0.98x** (tau 1.50, 1.40 tokens per step, "
-                                        "decode 0.98x, k = 0 on 100% of steps), ngram adaptive k<=8 **1.50x** "
-                                        "(tau 1.50, 1.40 tokens per step, decode 1.50x)")
+    assert figures.speculation_real(off) == ("batch 1: ngram adaptive k<=4 **0.98x** (tau 1.50, 1.40 tokens per step, "
+                                             "decode 0.98x, k = 0 on 100% of steps), ngram adaptive k<=8 **1.50x** "
+                                             "(tau 1.50, 1.40 tokens per step, decode 1.50x)")
