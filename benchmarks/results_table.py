@@ -257,7 +257,7 @@ def full_table() -> str:
                      if p.stem != "README" and not (RESULTS / f"{p.stem}.json").exists())
     lines = ["# Where we stand: every result", "",
              "Written by `python benchmarks/results_table.py` from the JSON files here; do not edit by hand. Each "
-             "figure is computed from the JSON (`FIGURES` in the script) or is the one-line headline its script "
+             "figure is computed from the JSON (`FIGURES` in results_figures.py) or is the one-line headline its script "
              "wrote (the JSON's `headline`, or the bold line of its `.md`); `run` is how the run recorded its "
              "machine: quiet (nothing else running when it began), draft (shared machine: rerun alone before "
              "quoting timings), not recorded, or from a log.", "",
