@@ -256,9 +256,9 @@ def full_table() -> str:
     only_md = sorted(p.stem for p in RESULTS.glob("*.md")
                      if p.stem != "README" and not (RESULTS / f"{p.stem}.json").exists())
     lines = ["# Where we stand: every result", "",
-             "Written by `python benchmarks/results_table.py` from the JSON files here; do not edit by hand. Each "
-             "figure is computed from the JSON (`FIGURES` in results_figures.py) or is the one-line headline its script "
-             "wrote (the JSON's `headline`, or the bold line of its `.md`); `run` is how the run recorded its "
+             "Written by `python benchmarks/results_table.py` from the JSON files here; do not edit by hand. "
+             "Each figure is computed from the JSON (`FIGURES` in results_figures.py) or is the one-line headline its "
+             "script wrote (the JSON's `headline`, or the bold line of its `.md`); `run` is how the run recorded its "
              "machine: quiet (nothing else running when it began), draft (shared machine: rerun alone before "
              "quoting timings), not recorded, or from a log.", "",
              markdown_table(["result", "what", "figure", "script", "run"], rows, "lllll"), ""]
