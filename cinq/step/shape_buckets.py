@@ -14,13 +14,18 @@ stay cached.
 from __future__ import annotations
 
 MAX_PAD_ROWS = 128  # the runner's scratch KV room for padding tokens is sized from this
-_EXACT_BELOW = 5  # few rows run the native small-M kernel (no oneDNN primitive): no padding
+# Up to 32 rows a step runs exactly as many: the native small-row kernels take them on the CPU (bf16 up to
+# small_m_rows(), int4 up to 32, the int8-activation kernels further; no oneDNN primitive), and 32 exact sizes
+# keep the set of shapes bounded where they do not. Padding them had cost up to 3 rows of 17-32 in every linear,
+# and a padding sequence of several tokens beside one-token decodes made the step ragged, which Gemma 3's fused
+# decode program does not take (batch 17-19 decoded on the Python layers).
+EXACT_ROWS = 32
 
 
 def bucket_rows(n: int) -> int:
-    """The padded row count for ``n`` rows: ``n`` itself below 5, else ``n`` rounded up to a multiple of a
-    quarter of its power of two (capped at ``MAX_PAD_ROWS``)."""
-    if n < _EXACT_BELOW:
+    """The padded row count for ``n`` rows: ``n`` itself up to ``EXACT_ROWS``, else ``n`` rounded up to a multiple
+    of a quarter of its power of two (capped at ``MAX_PAD_ROWS``)."""
+    if n <= EXACT_ROWS:
         return n
     step = min(MAX_PAD_ROWS, 1 << max(n.bit_length() - 3, 0))
     return -(-n // step) * step

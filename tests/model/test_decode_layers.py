@@ -282,11 +282,7 @@ def test_the_real_smollm2_file_is_bit_identical(monkeypatch):
     check_same(smol.path(), monkeypatch, max_tokens=8)
 
 
-@pytest.mark.parametrize("spec", [None, {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}])
-def test_gemma3_stack_is_bit_identical_past_its_window(monkeypatch, tmp_path, spec):
-    # Gemma 3's own program: sandwich and q/k norms, a window of 8 on the local layers (the prompts run past it)
-    # with their own KV group's tables, GeGLU; greedy tokens and logprobs equal to the Python layers', verify
-    # steps of n-gram drafts included
+def _gemma3_folder(tmp_path: Path) -> Path:
     from cinq.model.config import ModelConfig
     from cinq.model.byte_tokenizer import save_byte_tokenizer
     from cinq.model.saver import init_random_model, save_model
@@ -298,6 +294,15 @@ def test_gemma3_stack_is_bit_identical_past_its_window(monkeypatch, tmp_path, sp
                 p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(7)) * 0.3)
     path = save_model(model, tmp_path / "gemma3")
     save_byte_tokenizer(path)
+    return path
+
+
+@pytest.mark.parametrize("spec", [None, {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}])
+def test_gemma3_stack_is_bit_identical_past_its_window(monkeypatch, tmp_path, spec):
+    # Gemma 3's own program: sandwich and q/k norms, a window of 8 on the local layers (the prompts run past it)
+    # with their own KV group's tables, GeGLU; greedy tokens and logprobs equal to the Python layers', verify
+    # steps of n-gram drafts included
+    path = _gemma3_folder(tmp_path)
     looping = [[5, 6, 7, 8] * 4 + [5, 6], [9, 10, 11] * 5 + [9], [12, 13] * 8]  # each drafts from its first step
     program = check_same(path, monkeypatch, max_tokens=16, speculative_config=spec,
                          prompts=looping if spec else PROMPTS)
@@ -308,6 +313,14 @@ def test_gemma3_stack_is_bit_identical_past_its_window(monkeypatch, tmp_path, sp
         program = check_same(path, monkeypatch, max_tokens=16, speculative_config=spec,
                              prompts=looping if spec else PROMPTS)
         assert program.program.split_attention_calls() > 0
+
+
+def test_gemma3_decodes_17_sequences_in_its_program(monkeypatch, tmp_path):
+    # a step of 17 one-token decodes is not padded to a row bucket (shape_buckets.EXACT_ROWS): a padding sequence of
+    # 3 tokens made it ragged, and Gemma's program, one row count per sequence, left every such step to Python
+    prompts = [[5 + i % 7, 6, 7, 8 + i % 3] * 2 for i in range(17)]
+    program = check_same(_gemma3_folder(tmp_path), monkeypatch, max_tokens=4, prompts=prompts, max_num_seqs=17)
+    assert program.most_rows == 17
 
 
 def test_qwen3_q_k_norms_are_bit_identical(tiny_models, monkeypatch):

@@ -16,17 +16,21 @@ PAD_BLOCKS = [90, 91]
 
 
 def test_decodes_come_first_and_padding_rounds_the_rows_up() -> None:
-    seqs = [ScheduledSeq("prefill", list(range(7)), 0, [0, 1], 1), ScheduledSeq("a", [5], 9, [2, 3, 4], 1),
-            ScheduledSeq("b", [6], 3, [5], 1)]
+    seqs = [ScheduledSeq("prefill", list(range(37)), 0, list(range(10, 20)), 1),
+            ScheduledSeq("a", [5], 9, [2, 3, 4], 1), ScheduledSeq("b", [6], 3, [5], 1)]
     b = build_batch(seqs, BS, PAD_BLOCKS, torch.device("cpu"))
     assert [s.request_id for s in b.seqs] == ["a", "b", "prefill"]
     assert b.meta.num_decodes == 2 and b.meta.decode_query_len == 1
-    assert b.starts == [0, 1, 2, 9]
-    assert b.last_rows() == [0, 1, 8]
-    assert b.input_ids.shape[0] == 10 and b.meta.seq_lens_cpu[-1] == 1  # one padding row, on its own blocks
+    assert b.starts == [0, 1, 2, 39]
+    assert b.last_rows() == [0, 1, 38]
+    assert b.input_ids.shape[0] == 40 and b.meta.seq_lens_cpu[-1] == 1  # one padding row, on its own blocks
     assert b.positions[:9].tolist() == [9, 3, 0, 1, 2, 3, 4, 5, 6]
     assert b.meta.slot_mapping[:2].tolist() == [4 * BS + 1, 5 * BS + 3]  # position 9 in block 4, 3 in block 5
-    assert int(b.meta.slot_mapping[9]) // BS in PAD_BLOCKS and PAD_ID not in [s.request_id for s in b.seqs]
+    assert int(b.meta.slot_mapping[39]) // BS in PAD_BLOCKS and PAD_ID not in [s.request_id for s in b.seqs]
+    # up to EXACT_ROWS rows no padding: 17 one-token decodes stay 17 decode-like sequences
+    decodes = [ScheduledSeq(str(i), [5], 9, [2, 3, 4], 1) for i in range(17)]
+    small = build_batch(decodes, BS, PAD_BLOCKS, torch.device("cpu")).meta
+    assert small.num_seqs == small.num_decodes == 17 and small.slot_mapping.shape[0] == 17
 
 
 def test_decode_query_len_is_the_most_common_verify_length() -> None:
@@ -36,7 +40,7 @@ def test_decode_query_len_is_the_most_common_verify_length() -> None:
 
 
 def test_a_step_of_verifies_of_several_lengths_is_ragged_one_with_a_prompt_chunk_is_not() -> None:
-    # requests verifying 3, 0 and 1 drafts (and the padding to 9 rows): every sequence is decode-like, so the CPU
+    # requests verifying 3, 0 and 1 drafts: every sequence is decode-like, so the CPU
     # kernels attend all of them from the pages (ragged_decodes); a prompt chunk, or a verify past
     # RAGGED_MAX_ROWS rows, keeps the chunk path
     verify = [ScheduledSeq("a", [1] * 4, 8, [2, 3, 4], 4), ScheduledSeq("b", [6], 3, [5], 1),

@@ -8,15 +8,15 @@ import random
 import torch
 
 from cinq import LLM, SamplingParams
-from cinq.step.shape_buckets import MAX_PAD_ROWS, bucket_rows
+from cinq.step.shape_buckets import EXACT_ROWS, MAX_PAD_ROWS, bucket_rows
 
 
 def test_buckets_are_few_and_pad_little():
     sizes = {bucket_rows(n) for n in range(1, 4097)}
-    assert len(sizes) <= 60
+    assert len(sizes) <= EXACT_ROWS + 48  # exact sizes, then 4-8 per power of two up to 4096
     for n in range(1, 4097):
         b = bucket_rows(n)
-        assert n <= b < n + MAX_PAD_ROWS and (n < 5 and b == n or b - n <= n // 4)
+        assert n <= b < n + MAX_PAD_ROWS and (n <= EXACT_ROWS and b == n or b - n <= n // 4)
 
 
 def test_linears_see_only_bucketed_rows_and_outputs_do_not_change(tiny_llama):
