@@ -18,7 +18,7 @@ MAX_PAD_ROWS = 128  # the runner's scratch KV room for padding tokens is sized f
 # small_m_rows(), int4 up to 32, the int8-activation kernels further; no oneDNN primitive), and 32 exact sizes
 # keep the set of shapes bounded where they do not. Padding them had cost up to 3 rows of 17-32 in every linear,
 # and a padding sequence of several tokens beside one-token decodes made the step ragged, which Gemma 3's fused
-# decode program does not take (batch 17-19 decoded on the Python layers).
+# decode program does not take (batches 17-18, 21-22, 25-26 and 29-30 decoded on the Python layers).
 EXACT_ROWS = 32
 
 
