@@ -27,12 +27,16 @@ class IncrementalDetokenizer:
         self.stop = list(params.stop)
         self.include_stop = params.include_stop_str_in_output
         self.max_stop_len = max((len(s) for s in self.stop), default=0)
+        # as vLLM: stop strings count only in the text of output tokens past min_tokens
+        self.min_tokens = params.min_tokens
+        self.num_output = 0
         self.output_text = ""
 
     def update(self, new_token_ids: list[int]) -> str | None:
         """Append tokens; returns the stop string if one now appears (the text is cut at it)."""
         for tok in new_token_ids:
             self.tokens.append(tok)
+            self.num_output += 1
             prefix = self.tokenizer.decode(self.tokens[self.prefix_offset:self.read_offset], self.skip_special_tokens)
             full = self.tokenizer.decode(self.tokens[self.prefix_offset:], self.skip_special_tokens)
             if full.endswith("\ufffd") and len(self.tokens) - self.read_offset < _MAX_CHAR_TOKENS:
@@ -42,7 +46,7 @@ class IncrementalDetokenizer:
             delta = full[len(prefix):] if len(full) > len(prefix) else ""
             self.output_text += delta
             self.prefix_offset, self.read_offset = self.read_offset, len(self.tokens)
-            if self.stop:
+            if self.stop and self.num_output > self.min_tokens:
                 hit = self._find_stop(len(delta))
                 if hit is not None:
                     return hit

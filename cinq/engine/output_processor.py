@@ -158,8 +158,11 @@ class OutputProcessor:
             parent.num_cached_tokens = core.num_cached_tokens
         new_logprobs = core.new_logprobs
         if comp.finish_reason is None and new:
+            # stopped by the core on a token (EOS or one of stop_token_ids): as vLLM, that token's text stays out
+            # of the output unless include_stop_str_in_output (its id stays in token_ids)
+            by_token = core.finished and core.finish_reason == "stop" and not comp.detok.include_stop
             before = len(comp.detok.tokens)
-            hit = comp.detok.update(new)
+            hit = comp.detok.update(new[:-1] if by_token else new)
             if hit is not None:  # a stop string ends the request, even one that also ended on a token
                 comp.finish_reason, comp.stop_reason = "stop", hit
                 if not core.finished:

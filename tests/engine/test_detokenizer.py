@@ -58,3 +58,13 @@ def test_several_tokens_in_one_update(tok):
     d = IncrementalDetokenizer(tok, [], SamplingParams(stop=["字"]))
     assert d.update(tok.encode(TEXT, add_special_tokens=False)) == "字"
     assert d.output_text == "héllo wörld — 中文"
+
+
+def test_stop_strings_count_only_past_min_tokens(tok):
+    # vLLM's rule: a stop string is looked for in the text of output tokens past the first min_tokens
+    ids = tok.encode("a.b.c.", add_special_tokens=False)  # one token a character
+    d = IncrementalDetokenizer(tok, [], SamplingParams(stop=["."], min_tokens=3, max_tokens=10))
+    hits = [d.update([i]) for i in ids[:4]]
+    assert hits == [None, None, None, "."] and d.output_text == "a.b"  # the "." of token 2 does not count
+    plain = IncrementalDetokenizer(tok, [], SamplingParams(stop=["."]))
+    assert [plain.update([i]) for i in ids[:2]] == [None, "."] and plain.output_text == "a"

@@ -68,3 +68,20 @@ def test_tokens_after_a_stop_string_in_the_same_step_are_dropped(tok):
     outs, stopped = op.process([EngineCoreOutput("r", new, lps)], ["r"])[:2]
     comp = outs[0].outputs[0]
     assert stopped == ["r"] and comp.text == "a" and comp.token_ids == ids(tok, "axy") and len(comp.logprobs) == 3
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_a_token_stop_leaves_its_text_out_unless_asked(tok, include):
+    # as vLLM: the EOS / stop_token_ids token that ended the request is in token_ids, its text only with
+    # include_stop_str_in_output; a request that ran out of tokens keeps its last token's text
+    op = OutputProcessor(tok)
+    comma = ids(tok, ",")[0]
+    op.add_request("r", None, [1], SamplingParams(stop_token_ids=[comma], include_stop_str_in_output=include),
+                   ["r"], 0.0)
+    outs, _, _ = op.process([EngineCoreOutput("r", ids(tok, "1,"), finish_reason="stop", stop_reason=comma)], [])
+    out = outs[0].outputs[0]
+    assert out.text == ("1," if include else "1") and out.token_ids == ids(tok, "1,")
+    assert out.finish_reason == "stop" and out.stop_reason == comma
+    op.add_request("s", None, [1], SamplingParams(), ["s"], 0.0)
+    outs, _, _ = op.process([EngineCoreOutput("s", ids(tok, "1,"), finish_reason="length")], [])
+    assert outs[0].outputs[0].text == "1,"
