@@ -52,8 +52,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        self.stop = list(self.stop or [])
-        self.stop_token_ids = list(self.stop_token_ids or [])
+        self.stop = _as_list(self.stop, "stop", "a string or a list of strings")
+        self.stop_token_ids = _as_list(self.stop_token_ids, "stop_token_ids", "a list of token ids")
         if isinstance(self.structured_outputs, dict):
             self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
         self.validate()
@@ -112,6 +112,16 @@ class SamplingParams:
         values["eos_token_ids"] = list(self.eos_token_ids)
         values.update(changes)
         return SamplingParams(**values)  # type: ignore[arg-type]
+
+
+def _as_list(value: object, name: str, what: str) -> list:
+    """``value`` (None, a list or a tuple) as a new list; anything else names the field (``stop=5`` raised a bare
+    TypeError)."""
+    if value is None:
+        return []
+    if not isinstance(value, (list, tuple)):
+        raise InvalidParameterError(f"{name} must be {what}, got {value!r}", name)
+    return list(value)
 
 
 def _num(value: object, name: str, lo: float, hi: float, lo_open: bool = False) -> None:

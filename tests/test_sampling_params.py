@@ -25,6 +25,8 @@ from cinq.sampling_params import SamplingParams
     ("n", 1.5, "integer"),
     ("stop", [""], "non-empty"),
     ("stop_token_ids", [-1], "non-negative"),
+    ("stop", 5, "a string or a list of strings"),
+    ("stop_token_ids", 7, "a list of token ids"),
 ])
 def test_out_of_range_names_field_and_range(field, value, fragment):
     with pytest.raises(InvalidParameterError) as e:
