@@ -18,6 +18,9 @@ BUILT_METHODS = ("ngram", "draft_model", "medusa", "eagle", "eagle3")  # the met
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
 
 
+NGRAM_DEFAULT_LOOKUP = 5  # vLLM's prompt_lookup_min / max when an n-gram config gives neither
+
+
 @dataclass(slots=True)
 class SpeculativeConfig:
     """How requests speculate. ``method`` is inferred as ``draft_model`` when only ``model`` is given.
@@ -60,12 +63,12 @@ class SpeculativeConfig:
         if self.num_speculative_tokens is None:
             raise InvalidParameterError("speculative_config.num_speculative_tokens is required", "num_speculative_tokens")
         _check_int("num_speculative_tokens", self.num_speculative_tokens, 1, 64)
-        if self.method == "ngram" and self.prompt_lookup_max is None:
-            raise InvalidParameterError("speculative_config: method 'ngram' needs prompt_lookup_max",
-                                        "prompt_lookup_max")
-        if self.prompt_lookup_min is not None and self.prompt_lookup_max is None:
-            raise InvalidParameterError("speculative_config: prompt_lookup_min needs prompt_lookup_max",
-                                        "prompt_lookup_max")
+        # vLLM's n-gram defaults: neither bound given, both 5; one given, the other equals it
+        if self.method == "ngram" and self.prompt_lookup_min is None and self.prompt_lookup_max is None:
+            self.prompt_lookup_min = self.prompt_lookup_max = NGRAM_DEFAULT_LOOKUP
+        if self.prompt_lookup_max is None and self.prompt_lookup_min is not None:
+            _check_int("prompt_lookup_min", self.prompt_lookup_min, 1, 1024)
+            self.prompt_lookup_max = self.prompt_lookup_min
         if self.prompt_lookup_max is not None:
             if self.prompt_lookup_min is None:
                 _check_int("prompt_lookup_max", self.prompt_lookup_max, 1, 1024)

@@ -14,6 +14,16 @@ def test_vllm_style_dicts_parse() -> None:
     assert c.lookup_first is False and d.lookup_first is False and d.prompt_lookup_min is None
 
 
+def test_ngram_lookup_bounds_default_as_vllm() -> None:
+    # neither bound: both 5; one bound: the other equals it (vLLM's SpeculativeConfig)
+    bare = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 2})
+    assert (bare.prompt_lookup_min, bare.prompt_lookup_max) == (5, 5)
+    low = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 2})
+    assert (low.prompt_lookup_min, low.prompt_lookup_max) == (2, 2)
+    with pytest.raises(InvalidParameterError, match="prompt_lookup_min"):
+        SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 0})
+
+
 def test_prompt_lookup_fields_with_a_model_method_put_lookup_first() -> None:
     c = SpeculativeConfig.from_dict({"method": "eagle3", "model": "head", "num_speculative_tokens": 3,
                                      "prompt_lookup_max": 4})
@@ -39,14 +49,12 @@ def test_per_batch_size_ranges_override_k() -> None:
     ({"method": "beam", "model": "x", "num_speculative_tokens": 2}, "method"),
     ({"method": "ngram", "prompt_lookup_max": 2}, "num_speculative_tokens"),
     ({"method": "ngram", "num_speculative_tokens": 0, "prompt_lookup_max": 2}, "num_speculative_tokens"),
-    ({"method": "ngram", "num_speculative_tokens": 2}, "prompt_lookup_max"),
     ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2},
      "prompt_lookup_max"),
     ({"model": "x", "num_speculative_tokens": 2, "draft_sample_method": "top"}, "draft_sample_method"),
     ({"model": "x", "num_speculative_tokens": 2, "num_speculative_tokens_per_batch_size": [[1, 8, 2], [8, 9, 1]]},
      "num_speculative_tokens_per_batch_size"),
     ({"model": "x", "num_speculative_tokens": 2, "k": 3}, "k"),
-    ({"method": "eagle3", "model": "x", "num_speculative_tokens": 2, "prompt_lookup_min": 2}, "prompt_lookup_max"),
     ({"method": "eagle3", "model": "x", "num_speculative_tokens": 2, "prompt_lookup_max": 0}, "prompt_lookup_max"),
 ])
 def test_invalid_configs_name_the_field(d: dict, param: str) -> None:
