@@ -129,6 +129,11 @@ class EngineCore:
                  "(%.3f GiB); max_model_len %d", config.model, mcfg.architecture, f", {quant}" if quant else "",
                  config.dtype, self.executor.attention_backend, time.perf_counter() - t0, self.num_blocks,
                  config.block_size, self.num_blocks * config.block_size, kv_gib, self.max_model_len)
+        spec = config.speculative_config
+        if spec is not None:  # as vLLM, the speculation in force is said at start-up
+            log.info("speculative decoding: %s, num_speculative_tokens %d%s%s", spec.method,
+                     spec.num_speculative_tokens, f", model {spec.model}" if spec.model else "",
+                     ", adaptive k" if spec.adaptive else "")
 
     @property
     def model_config(self) -> ModelConfig:

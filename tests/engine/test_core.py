@@ -133,3 +133,11 @@ def test_step_read_bytes_leaves_out_an_unshared_embedding_table():
         if huge_pages_available():
             assert pack_weights(ex.model, min_bytes=0) is not None
             assert (step_read_bytes(ex), served_weight_bytes(ex)) == before
+
+
+def test_start_up_says_which_speculation_is_in_force(tiny_llama, caplog):
+    with caplog.at_level("INFO", logger="cinq.engine.core"):
+        spec = EngineCore(EngineConfig.from_kwargs(str(tiny_llama), dtype="float32", num_kv_blocks=16, block_size=8,
+                                                   speculative_config={"method": "ngram", "num_speculative_tokens": 3}))
+    spec.shutdown()
+    assert "speculative decoding: ngram, num_speculative_tokens 3" in caplog.text
