@@ -67,7 +67,7 @@ class ModelConfig:
         if self.num_attention_heads % size:
             problems.append(f"num_attention_heads {self.num_attention_heads}")
         if kv % size and size % kv:
-            problems.append(f"num_key_value_heads {kv} (nor does it divide {size})")
+            problems.append(f"num_key_value_heads {kv} (nor is it a multiple of them)")
         if self.intermediate_size % size:
             problems.append(f"intermediate_size {self.intermediate_size}")
         return problems

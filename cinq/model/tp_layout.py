@@ -23,7 +23,7 @@ def check_divisible(config: ModelConfig, size: int) -> None:
     problems = config.tensor_parallel_problems(size)
     if problems:
         raise InvalidParameterError(f"tensor_parallel_size {size} does not divide the model's "
-                                    f"{', '.join(problems)}", "tensor_parallel_size")
+                                    f"{' or its '.join(problems)}", "tensor_parallel_size")
 
 
 @dataclass(slots=True, frozen=True)

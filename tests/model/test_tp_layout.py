@@ -49,3 +49,10 @@ def test_sizes_that_do_not_divide_are_refused_naming_the_field(kw, size, what):
     with pytest.raises(InvalidParameterError, match=what) as e:
         check_divisible(config(**kw), size)
     assert e.value.param == "tensor_parallel_size"
+
+
+def test_several_problems_read_as_one_sentence():
+    with pytest.raises(InvalidParameterError) as e:
+        check_divisible(config(kv=2, heads=12, inter=1024), 3)
+    assert str(e.value) == ("tensor_parallel_size 3 does not divide the model's num_key_value_heads 2 (nor is it a "
+                            "multiple of them) or its intermediate_size 1024")
