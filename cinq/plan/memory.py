@@ -68,6 +68,10 @@ class Precision:
     @classmethod
     def from_quantization_config(cls, qc: dict) -> Precision:
         """The precision a checkpoint's ``quantization_config`` stores (read by the loader's own parser)."""
+        if qc.get("quant_method") == "gguf":  # a GGUF file's blocks (cinq/model/gguf/plan.py says their bits)
+            bits = int(qc.get("bits", 16))
+            return cls.from_name("bfloat16") if bits == 16 else cls({8: "int8", 4: "int4"}[bits], bits,
+                                                                     int(qc.get("group_size", 32)))
         from cinq.layers.quantization.format import QuantFormat
         fmt = QuantFormat.from_hf(qc)
         name = {8: "int8", 4: "int4"}.get(int(fmt.bits or 0))
@@ -107,10 +111,16 @@ def decoder_param_count(cfg: ModelConfig) -> int:
     return cfg.num_hidden_layers * per_layer + h
 
 
+def tied_head(cfg: ModelConfig) -> bool:
+    """The LM head is the input embedding (a GGUF file serves its tied head from the embedding's own blocks, as an
+    untied linear over the same bytes)."""
+    return cfg.tie_word_embeddings or bool((cfg.quantization_config or {}).get("tied_head"))
+
+
 def param_count(cfg: ModelConfig) -> int:
     """Every parameter, a tied embedding counted once."""
     embed = cfg.vocab_size * cfg.hidden_size
-    return decoder_param_count(cfg) + embed * (1 if cfg.tie_word_embeddings else 2)
+    return decoder_param_count(cfg) + embed * (1 if tied_head(cfg) else 2)
 
 
 @dataclass(slots=True, frozen=True)
@@ -138,7 +148,7 @@ def weight_bytes(cfg: ModelConfig, p: Precision) -> WeightBytes:
     embed = cfg.vocab_size * cfg.hidden_size * dense
     linears = sum(linear_bytes(k, n, p) for k, n in linear_shapes(cfg)) * cfg.num_hidden_layers
     others = (decoder_param_count(cfg) - cfg.num_hidden_layers * sum(k * n for k, n in linear_shapes(cfg))) * dense
-    return WeightBytes(embed, 0 if cfg.tie_word_embeddings else embed, linears + others)
+    return WeightBytes(embed, 0 if tied_head(cfg) else embed, linears + others)
 
 
 def kv_heads_per_card(cfg: ModelConfig, tensor_parallel_size: int) -> int:

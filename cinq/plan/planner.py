@@ -111,6 +111,9 @@ def build_plan(shape: ModelShape, device: Device, precision: Precision, settings
     """The plan of ``shape`` on ``device``; the tensor-parallel sweep covers the valid degrees up to
     ``sweep_up_to`` (and the one asked for) on devices with an interconnect."""
     cfg, s = shape.config, settings
+    if s.max_model_len > cfg.max_position_embeddings:  # the engine refuses it (engine/core.py): so does the plan
+        raise InvalidParameterError(f"max_model_len ({s.max_model_len}) exceeds what the model supports "
+                                    f"({cfg.max_position_embeddings})", "max_model_len")
 
     def memory(tp: int) -> MemoryPlan:
         return plan_memory(cfg, precision, device.memory_gib, device.reserved_gib, s.max_model_len, tp,

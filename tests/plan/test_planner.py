@@ -57,6 +57,11 @@ def test_tp_must_divide_the_heads():
     assert e.value.param == "tensor_parallel_size" and "32" in str(e.value)
 
 
+def test_a_context_past_the_model_is_refused_as_the_engine_refuses_it():
+    with pytest.raises(InvalidParameterError, match=r"max_model_len \(1000000\) exceeds what the model supports"):
+        build_plan(resolve_shape("Llama-3-8B"), get_device("H100-80GB"), BF16, PlanSettings(max_model_len=1_000_000))
+
+
 @pytest.mark.parametrize("field, kwargs", [("max_model_len", {"max_model_len": 0}),
                                            ("concurrency", {"concurrency": 0}),
                                            ("gpu_memory_utilization", {"gpu_memory_utilization": 1.5}),

@@ -56,6 +56,14 @@ class GGUFFormat:
     def quantizes(self, prefix: str) -> bool:
         return prefix in self.native
 
+    def decoder_bits(self) -> int:
+        """The code bits of the type most decoder linears are served as (4 or 8), 16 when most are dense."""
+        kinds = [k for name, k in self.native.items() if name.startswith("model.layers.")]
+        if not kinds:
+            return 16
+        top = max(set(kinds), key=kinds.count)
+        return 8 if top in ("Q8_0", "Q5_0") else 4
+
     def make_linear(self, in_features: int, out_features: int, bias: bool, prefix: str, compute_dtype: Any,
                     output_shards: Any = None, split: Any = None) -> Any:
         from cinq.layers.quantization.gguf_linear import GGUFLinear
@@ -89,7 +97,10 @@ def gguf_model_dict(gguf: GGUFFile) -> dict[str, Any]:
     fmt = GGUFFormat.of(gguf, cfg["num_hidden_layers"], cfg["tie_word_embeddings"])
     if fmt.head_from_embedding:
         cfg["tie_word_embeddings"] = False
-    cfg["quantization_config"] = {"quant_method": GGUF_QUANT_METHOD, "summary": fmt.summary()}
+    cfg["quantization_config"] = {"quant_method": GGUF_QUANT_METHOD, "summary": fmt.summary(),
+                                  # for `cinq plan`: the bits most decoder linears are served with (16: dense) in
+                                  # blocks of 32, and whether the head reads the embedding's own blocks
+                                  "bits": fmt.decoder_bits(), "group_size": 32, "tied_head": fmt.head_from_embedding}
     eos = [cfg["eos_token_id"]] if "eos_token_id" in cfg else []
     cfg["eos_token_id"] = list(dict.fromkeys(eos + end_of_turn_ids(gguf)))
     return cfg

@@ -79,6 +79,12 @@ def test_config_special_tokens_and_template_come_from_the_file():
     assert tok.id_to_token(cfg.eos_token_ids[0]) == "<|im_end|>" and tok.bos_token == "<|im_start|>"
     assert "<|im_start|>assistant\n" in tok.apply_chat_template([{"role": "user", "content": "hi"}])
     assert "Q4_1 served natively" in cfg.quantization_config["summary"]
+    # what `cinq plan` reads of it: Q4_1 blocks of 32, the head served from the tied embedding (counted once)
+    from cinq.plan.memory import Precision, param_count
+    qc = cfg.quantization_config
+    assert (qc["bits"], qc["group_size"], qc["tied_head"]) == (4, 32, True)
+    assert Precision.from_quantization_config(qc) == Precision("int4", 4, 32)
+    assert 134_000_000 < param_count(cfg) < 135_000_000  # SmolLM2-135M: 134.5M with the embedding once
 
 
 def test_float32_logits_equal_transformers(ours, hf_model, chats):
