@@ -204,9 +204,11 @@ def build_engines(config: EngineConfig, variants: tuple[str, ...], baselines: tu
     cinq_runners: dict[str, CinqRunner] = {}  # one engine per variant: torch threads are set per measurement
     hf_runner = HFRunner(dense_folder(config, work), hf_dtype) if hf else None
     engines: list[TimedEngine] = []
+    # no variant: cinq as configured, named for its weights (a GGUF model runs its file's blocks, not bf16 ones)
+    as_configured = "cinq file" if source_gguf(config) is not None else f"cinq {short_dtype(config.dtype)}"
     for t in threads:
         for i, variant in enumerate(variants or ("",)):
-            name = f"cinq {variant}" if variant else f"cinq {short_dtype(config.dtype)}"
+            name = f"cinq {variant}" if variant else as_configured
             if name not in cinq_runners:
                 cinq_runners[name] = CinqRunner(variant_config(config, variant, work) if variant else config)
             gguf_name = f"llama.cpp {GGUF_TYPE.get(variant, '')}" if variant != "file" else "llama.cpp file"

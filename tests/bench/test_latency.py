@@ -84,3 +84,13 @@ def test_llama_cpp_without_variants_pairs_cinq_bf16_with_gguf_bf16(tiny_llama, t
     assert [(r["engine"], r["vs"]) for r in result.data["rows"]] == [("cinq bf16", "llama.cpp bf16"),
                                                                      ("llama.cpp bf16", None)]
     assert result.data["rows"][1]["first_tokens"]  # llama.cpp hands its tokens back
+
+
+def test_a_gguf_model_as_configured_is_named_for_its_file(tiny_llama, monkeypatch, tmp_path):
+    # its rows run the file's blocks, not bf16 weights: "cinq bf16" against HF bf16 read as a like-for-like pair
+    from cinq.export.gguf import export_gguf
+    monkeypatch.setattr("cinq.bench.hf_baseline.hf_available", lambda: False)
+    path = export_gguf(tiny_llama, tmp_path / "m.gguf", "q8_0").path
+    config = EngineConfig(model=str(path), dtype="bfloat16", num_kv_blocks=64)
+    result = run_latency(config, LatencyOptions(input_lens=(8,), output_len=3, num_iters=1), progress=False)
+    assert [r["engine"] for r in result.data["rows"]] == ["cinq file"]
