@@ -1,6 +1,6 @@
-"""cinq: cheap LLM inference — an engine with a paged KV cache and continuous batching, flash attention kernels
-and weight quantization (RTN, GPTQ, AWQ, SmoothQuant), plus the training and distillation of the small models it
-serves. Speculative decoding is planned, not built.
+"""cinq: cheap LLM inference — an engine with a paged KV cache and continuous batching, flash attention kernels,
+weight quantization (RTN, GPTQ, AWQ, SmoothQuant, NF4, FP8) and speculative decoding (n-gram lookup, a draft
+model, EAGLE / EAGLE-3 and Medusa heads), plus the training and distillation of the small models it serves.
 
 Importing cinq sets nothing process-wide: a program that wants cinq's OpenMP setting calls
 ``cinq.process_env.set_omp_wait_policy()`` before importing torch (the ``cinq`` command does).

@@ -108,7 +108,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.run(args) or 0)
+        status = int(args.run(args) or 0)
+        sys.stdout.flush()  # here, not at exit: a reader gone by now is a BrokenPipeError this handler sees
+        return status
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise  # a pipe of the command's own (a worker's, a socket's): not the reader going away
+        return _reader_gone()
     except KeyboardInterrupt:
         return 130
     except (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
@@ -116,6 +122,37 @@ def main(argv: list[str] | None = None) -> int:
         # read: one clear line, no traceback
         print(f"cinq {args.command}: error: {e}", file=sys.stderr)
         return 2
+
+
+# 128 + SIGPIPE: the status of a tool that a closed pipe stops (`yes | head -1` under `set -o pipefail`), so a
+# script can still tell that not all of the output was read; the shell prints nothing for it.
+EXIT_READER_GONE = 141
+
+
+def _stdout_closed() -> bool:
+    """True when stdout is a pipe whose reader has closed it (``cinq generate --json | head -1``)."""
+    import select
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):
+        return False  # no file behind stdout (captured, embedded): the broken pipe was another one
+    if not hasattr(select, "poll"):
+        return True  # no way to ask: the reader of stdout is by far the likeliest pipe to break
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    # the write end of a pipe without readers polls as POLLERR (what makes a write raise EPIPE)
+    return any(event & (select.POLLERR | select.POLLHUP) for _, event in poller.poll(0))
+
+
+def _reader_gone() -> int:
+    """Exit quietly when the reader of stdout went away, as the Python docs recommend (library/signal.html, "Note
+    on SIGPIPE"): stdout pointed at /dev/null, so the interpreter's flush at exit of what is still buffered
+    raises nothing more; no traceback, and EXIT_READER_GONE."""
+    import os
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_READER_GONE
 
 
 if __name__ == "__main__":

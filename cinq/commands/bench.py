@@ -6,7 +6,6 @@ progress goes to stderr. The implementations live in ``cinq/bench/``."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import TYPE_CHECKING
 
@@ -29,6 +28,7 @@ KINDS: dict[str, str] = {
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    from cinq.commands.flag_errors import parser_flags
     p = sub.add_parser("bench", help="benchmarks: " + " | ".join(KINDS),
                        description="Run a benchmark with the engine's own flags; each measures its baseline in the "
                                    "same run and writes --out PREFIX.json/.md/.png.")
@@ -37,7 +37,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         q = kinds.add_parser(kind, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
         _add_common(q)
         _FLAGS[kind](q)
+        q.set_defaults(flags={**parser_flags(q), **_RENAMED.get(kind, {})})
     p.set_defaults(run=run, bench_kind=None)
+
+
+# Each benchmark's option fields whose flag is not spelled as the field (the others' are): the options name their
+# fields in errors ("num_requests must be an integer >= 1"), the user typed the flag.
+_RENAMED: dict[str, dict[str, str]] = {
+    "throughput": {"num_requests": "--num-prompts", "input_lens": "--input-len", "output_lens": "--output-len"},
+    "prefix": {"num_requests": "--num-prompts"},
+    "spec": {"prompt_len": "--input-len", "max_tokens": "--output-len"},
+    "stack": {"num_requests": "--num-prompts", "n_problems": "--num-problems",
+              "speculative_config": "--stack-speculative-config"},
+}
 
 
 def _add_common(q: argparse.ArgumentParser) -> None:
@@ -145,6 +157,7 @@ def _add_stack(q: argparse.ArgumentParser) -> None:
     from cinq.bench.mixed_workload import MixedOptions
     from cinq.bench.served_quality import QualitySettings
     from cinq.bench.stack import StackOptions
+    from cinq.commands.json_arg import json_object_or_null
     d, w, qs = StackOptions(), MixedOptions(), QualitySettings()
     b = q.add_argument_group("stack")
     b.add_argument("--num-prompts", type=int, default=w.num_requests,
@@ -158,7 +171,7 @@ def _add_stack(q: argparse.ArgumentParser) -> None:
     b.add_argument("--quant", default=d.quant, help="the quantized weights row, as cinq eval --variants names one "
                                                     "(default %(default)s)")
     b.add_argument("--student", default=d.student, help="the distilled student (default %(default)s; '' skips)")
-    b.add_argument("--stack-speculative-config", type=json.loads, default=d.speculative_config,
+    b.add_argument("--stack-speculative-config", type=json_object_or_null, default=d.speculative_config,
                    help="the speculation row's config (default %(default)s; 'null' skips the row)")
     b.add_argument("--flash-backend", default=None, help="attention backend of the flash row (default: triton on "
                                                          "CUDA, flash-torch elsewhere)")
@@ -182,8 +195,10 @@ def run(args: argparse.Namespace) -> int:
     if kind is None:
         raise InvalidParameterError(f"give a benchmark: cinq bench {{{','.join(KINDS)}}} (--help for each)", "kind")
     from cinq.commands.engine_args import engine_config_from_args
+    from cinq.commands.flag_errors import naming_flags
     config = engine_config_from_args(args)
-    result = _RUNNERS[kind](config, args, not args.no_progress)
+    with naming_flags(args.flags):  # the options' checks run inside each benchmark
+        result = _RUNNERS[kind](config, args, not args.no_progress)
     print_report(result)
     paths = write_report(result, args.out or f"cinq-bench-{kind}")
     print("wrote " + ", ".join(str(p) for p in paths), flush=True)

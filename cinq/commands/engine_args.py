@@ -20,15 +20,16 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from cinq.config import EngineConfig, resolve_model
+from cinq.config import EngineConfig, json_object, resolve_model
 from cinq.config_argv import POSITIONAL, flag_fields, flag_name
 from cinq.errors import InvalidParameterError
 
+
 def add_engine_args(p: argparse.ArgumentParser, model_optional: bool = True) -> None:
     """Add MODEL (positional; default: the embedded model) and the EngineConfig flags."""
-    model = next(f for f in dataclasses.fields(EngineConfig) if f.name == POSITIONAL)
-    p.add_argument(POSITIONAL, nargs="?" if model_optional else None, default=None,
-                   help=model.metadata["help"] + "; default: the embedded cinq-tiny")
+    from cinq.commands import json_arg
+    from cinq.commands.model_args import model_help
+    p.add_argument(POSITIONAL, nargs="?" if model_optional else None, default=None, help=model_help())
     g = p.add_argument_group("engine")
     g.add_argument("--config", dest="engine_config_file", default=None, metavar="FILE",
                    help="engine arguments from a JSON (or, with PyYAML, YAML) file whose keys are these flags' "
@@ -37,6 +38,8 @@ def add_engine_args(p: argparse.ArgumentParser, model_optional: bool = True) -> 
     for f in flag_fields():
         flag = flag_name(f)
         kind = f.metadata.get("parse") or _scalar_type(hints[f.name])
+        if kind is json_object:  # config's raises ValueError: argparse would print its name, not the reason
+            kind = json_arg.json_object
         if kind is bool:
             g.add_argument(flag, dest=f.name, action="store_false" if f.default else "store_true",
                            help=f.metadata["help"])
@@ -45,9 +48,12 @@ def add_engine_args(p: argparse.ArgumentParser, model_optional: bool = True) -> 
                        help=f.metadata["help"])
 
 
-def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+def engine_config_from_args(args: argparse.Namespace, local_device: bool = True) -> EngineConfig:
     """EngineConfig from parsed flags, MODEL resolved to its folder (none: the embedded default model; an
-    embedded model's name: its folder; anything else: a one-line ModelLoadError naming "model")."""
+    embedded model's name: its folder; anything else, a speculative head included: a one-line error naming
+    "model"), and ``--device`` checked (``local_device``: that this machine has it; see ``check_device``)."""
+    from cinq.commands.device_arg import check_device
+    from cinq.commands.model_args import check_not_a_head
     flags = {f.name: getattr(args, f.name) for f in flag_fields()}
     model = args.model
     path = getattr(args, "engine_config_file", None)
@@ -61,7 +67,10 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                 model = model or value
             elif flags[name] == defaults[name]:
                 flags[name] = value
-    return EngineConfig(model=resolve_model(model, "model"), **flags)
+    check_device(flags["device"], local=local_device)
+    resolved = resolve_model(model, "model")
+    check_not_a_head(resolved, model)
+    return EngineConfig(model=resolved, **flags)
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:

@@ -60,9 +60,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def structured_from_args(args: argparse.Namespace):  # noqa: ANN201 - StructuredOutputsParams | None
     """The constraint the structured-output flags give (None: none); errors name the flag."""
-    import json
-    from pathlib import Path
-
     from cinq.errors import InvalidParameterError
     from cinq.structured.params import StructuredOutputsParams
     given = {name: value for name, value in (("--json-schema", args.json_schema), ("--json-object",
@@ -74,26 +71,47 @@ def structured_from_args(args: argparse.Namespace):  # noqa: ANN201 - Structured
     if len(given) > 1:
         raise InvalidParameterError(f"give only one of {', '.join(given)}", list(given)[1])
     (flag, value), = given.items()
-    try:
-        if flag == "--json-schema":
-            try:
-                schema = json.loads(Path(value).read_text())
-            except ValueError as e:
-                raise InvalidParameterError(f"--json-schema: {value} is not JSON ({e})", flag) from None
-            return StructuredOutputsParams(json=schema)
+    if flag in ("--json-schema", "--grammar"):
+        text = read_flag_file(flag, value)
         if flag == "--grammar":
-            return StructuredOutputsParams(grammar=Path(value).read_text())
-        return StructuredOutputsParams(**{flag[2:].replace("-", "_"): value})
+            kwargs: dict[str, object] = {"grammar": text}
+        else:
+            try:
+                kwargs = {"json": json.loads(text)}
+            except ValueError as e:
+                raise InvalidParameterError(f"{flag}: {value} is not JSON ({e})", flag) from None
+    else:
+        kwargs = {flag[2:].replace("-", "_"): value}
+    try:
+        return StructuredOutputsParams(**kwargs)
     except InvalidParameterError as e:
         raise InvalidParameterError(f"{flag}: {e}", flag) from None
 
 
+def read_flag_file(flag: str, path: str) -> str:
+    """The text of the file a flag names; one line naming the flag when it cannot be read (missing, a folder,
+    not UTF-8), instead of a bare "[Errno 2] No such file or directory"."""
+    from cinq.errors import InvalidParameterError
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise InvalidParameterError(f"{flag}: cannot read {path}: {e.strerror or e}", flag) from None
+    except UnicodeDecodeError as e:
+        raise InvalidParameterError(f"{flag}: {path} is not UTF-8 text ({e.reason} at byte {e.start})",
+                                    flag) from None
+
+
 def _prompts(args: argparse.Namespace) -> list[str]:
+    from cinq.errors import InvalidParameterError
+    if args.prompt and args.prompt_file is not None:
+        # one would be dropped without a word; which one the user meant is theirs to say
+        raise InvalidParameterError("give --prompt or --prompt-file, not both", "prompt_file")
     if args.prompt:
         return args.prompt
-    if args.prompt_file:
-        with open(args.prompt_file, encoding="utf-8") as f:
-            return [line.rstrip("\n") for line in f if line.strip()]
+    if args.prompt_file is not None:
+        text = read_flag_file("--prompt-file", args.prompt_file)
+        return [line for line in text.split("\n") if line.strip()]  # \n only, as the lines of a file iterate
     if not sys.stdin.isatty():
         lines = [line.rstrip("\n") for line in sys.stdin if line.strip()]
         if lines:

@@ -96,7 +96,9 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameterError(f"--port must be in [0, 65535], got {args.port}", "port")
     limits = ConnectionLimits(args.request_body_timeout, args.limit_concurrency or None)
     limits.validate()  # before the model loads
-    config = engine_config_from_args(args)  # a bad model argument: one line, before the port is taken
+    # a bad model argument or device: one line, before the port is taken; replicas on a Ray cluster run on
+    # its machines, so only the device's spelling is checked here
+    config = engine_config_from_args(args, local_device=args.ray_address is None)
     log_stats_interval = stats_interval(args)
     # Bind first: a taken port fails in a second, not after loading the model; --port 0 reports the real port.
     family, kind, proto, _, addr = socket.getaddrinfo(args.host, args.port, type=socket.SOCK_STREAM)[0]

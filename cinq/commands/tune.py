@@ -6,13 +6,14 @@ that `cinq serve --config` accepts."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     from cinq.commands.engine_args import add_engine_args
+    from cinq.commands.flag_errors import parser_flags
+    from cinq.commands.json_arg import json_object
     from cinq.tune.search import TuneOptions
     from cinq.tune.space import SearchSpace
     d, s = TuneOptions(), SearchSpace()
@@ -39,7 +40,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sp.add_argument("--spec-method", default=d.speculative_method, help="speculative method (default %(default)s)")
     sp.add_argument("--spec-model", default=d.speculative_model,
                     help="its draft model or heads (default %(default)s; '' for none, e.g. ngram)")
-    sp.add_argument("--spec-extra", type=json.loads, default={},
+    sp.add_argument("--spec-extra", type=json_object, default={},
                     help="further speculative_config fields as JSON, e.g. '{\"prompt_lookup_max\": 3}' for ngram")
     sp.add_argument("--max-num-seqs-values", default=",".join(map(str, s.max_num_seqs)),
                     help="max running sequences to try (default %(default)s)")
@@ -56,13 +57,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sp.add_argument("--variants-dir", default=None, help="where quantized folders go (default: the cinq cache)")
     p.add_argument("--out", default="cinq-tune", metavar="PREFIX",
                    help="write PREFIX.md, PREFIX.json and PREFIX.config.json (default %(default)s)")
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, flags=parser_flags(p))
+
+
+# TuneOptions' fields whose flag is not spelled as the field: for errors in the flags' words
+_RENAMED = {"quants": "--quant", "variants": "--quant", "spec_ks": "--spec-k",
+            "max_num_seqs": "--max-num-seqs-values", "max_num_batched_tokens": "--max-num-batched-tokens-values",
+            "n_problems": "--num-problems", "speculative_method": "--spec-method",
+            "speculative_model": "--spec-model", "speculative_extra": "--spec-extra", "device": "--plan-device"}
 
 
 def run(args: argparse.Namespace) -> int:
     from cinq.bench.report import print_report, write_report
     from cinq.bench.served_quality import QualitySettings
     from cinq.commands.engine_args import engine_config_from_args
+    from cinq.commands.flag_errors import naming_flags
     from cinq.tune.report import config_file_text, options_dict, tune_result
     from cinq.tune.search import SLO, TuneOptions, run_tune
     from cinq.tune.space import SearchSpace, parse_list
@@ -76,6 +85,10 @@ def run(args: argparse.Namespace) -> int:
                        args.spec_model or None, args.spec_extra, args.max_trials,
                        QualitySettings(ppl_tokens=args.ppl_tokens, n_problems=args.num_problems, seed=seed),
                        args.variants_dir, seed)
+    # the options' checks, before the engine starts: named by the flags typed, not by TuneOptions' fields
+    # (cinq.quant.variants says "--variants", cinq eval's name for what `cinq tune` calls --quant)
+    with naming_flags({**args.flags, **_RENAMED}):
+        opts.validate()
     config = engine_config_from_args(args)
     data = run_tune(config, opts, log=lambda msg: print(msg, file=sys.stderr, flush=True))
     result = tune_result(data, options_dict(opts), config.model)

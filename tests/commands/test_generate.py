@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 
 def cinq(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "cinq.cli", *args], input=stdin, capture_output=True, text=True,
@@ -113,3 +115,56 @@ def test_structured_output_flags(tmp_path, run_cli):
     assert "Traceback" not in r.stderr and "/project" not in r.stderr
     r = run_cli("generate", "cinq-tiny", "-p", "x", "--regex", "a", "--choice", "b")
     assert r.returncode == 2 and "give only one of --regex, --choice" in r.stderr
+
+
+def test_prompt_and_prompt_file_together_is_an_error(tmp_path, run_cli):
+    (tmp_path / "p.txt").write_text("from the file\n")
+    for path in (tmp_path / "p.txt", tmp_path / "missing.txt"):  # neither is dropped without a word
+        r = run_cli("generate", "cinq-tiny", "-p", "hi", "--prompt-file", str(path))
+        assert r.returncode == 2 and r.stderr == "cinq generate: error: give --prompt or --prompt-file, not both\n"
+
+
+def test_an_unreadable_prompt_file_names_the_flag(tmp_path, run_cli):
+    r = run_cli("generate", "cinq-tiny", "--prompt-file", str(tmp_path / "missing.txt"))
+    assert r.returncode == 2
+    assert r.stderr == (f"cinq generate: error: --prompt-file: cannot read {tmp_path / 'missing.txt'}: "
+                        f"No such file or directory\n")
+
+
+def test_prompt_file_lines_are_the_prompts(tmp_path, run_cli):
+    (tmp_path / "p.txt").write_text("one\n\ntwo\n")
+    r = run_cli("generate", "cinq-tiny", "--prompt-file", str(tmp_path / "p.txt"), "--max-tokens", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(line)["prompt"] for line in r.stdout.splitlines()] == ["one", "two"]
+
+
+def test_structured_output_files_name_their_flag_once(tmp_path, run_cli):
+    for flag in ("--json-schema", "--grammar"):
+        r = run_cli("generate", "cinq-tiny", "-p", "x", flag, str(tmp_path / "nope"))
+        assert r.returncode == 2
+        assert r.stderr == (f"cinq generate: error: {flag}: cannot read {tmp_path / 'nope'}: No such file or "
+                            f"directory\n")
+    (tmp_path / "nj.json").write_text("{not json")
+    r = run_cli("generate", "cinq-tiny", "-p", "x", "--json-schema", str(tmp_path / "nj.json"))
+    assert r.returncode == 2
+    assert r.stderr.startswith(f"cinq generate: error: --json-schema: {tmp_path / 'nj.json'} is not JSON (")
+    assert r.stderr.count("--json-schema") == 1
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly():
+    """`cinq generate --json | head -1`: the reader is gone before the output is written; status 141 (128 +
+    SIGPIPE, as `yes | head -1` under pipefail), no traceback."""
+    p = subprocess.Popen([sys.executable, "-m", "cinq.cli", "generate", "cinq-tiny", "-p", "a", "-p", "b",
+                          "--max-tokens", "2", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()  # no reader left: the first write to stdout fails with EPIPE
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 141, err.decode()
+    assert b"Traceback" not in err and b"BrokenPipeError" not in err and b"Exception ignored" not in err
+
+
+def test_a_broken_pipe_that_is_not_stdout_is_not_hidden(run_cli, monkeypatch):
+    def broken(args):
+        raise BrokenPipeError(32, "Broken pipe")
+    monkeypatch.setattr("cinq.commands.generate.run", broken)
+    with pytest.raises(BrokenPipeError):
+        run_cli("generate", "-p", "hi")  # stdout here is pytest's capture, a live one

@@ -58,3 +58,67 @@ def test_generate_with_the_embedded_model_by_name_writes_a_few_lines_and_repeats
     row = json.loads(runs[0].stdout)
     assert 24 <= row["num_tokens"] <= 96  # the shipped generation config's min_new_tokens / max_new_tokens
     assert "default sampling parameters from the model's generation_config.json" in runs[0].stderr
+
+
+@pytest.mark.parametrize("name,method,target", [
+    ("smollm2-135m-instruct-eagle3", "eagle3", "smollm2-135m-instruct"),
+    ("cinq-tiny-eagle", "eagle", "cinq-tiny"),
+    ("cinq-tiny-medusa", "medusa", "cinq-tiny"),
+])
+def test_a_speculative_head_given_as_the_model_says_where_it_goes(name, method, target, run_cli):
+    if shipped_model_path(name) is None:
+        pytest.skip(f"{name} is not shipped in this checkout")
+    r = run_cli("generate", name, "-p", "hi")
+    assert r.returncode == 2, r.stderr
+    spec = json.dumps({"method": method, "model": name, "num_speculative_tokens": 3})
+    assert r.stderr.strip() == (f"cinq generate: error: model: {name} is a speculative-decoding head, not a model: "
+                                f"give its target model ({target}) and pass the head in --speculative-config "
+                                f"'{spec}'")
+
+
+def test_heads_are_found_by_their_config_not_their_name(tmp_path):
+    from cinq.assets import ASSETS_DIR
+    from cinq.commands.model_args import speculative_head_method
+    assert speculative_head_method(ASSETS_DIR / "cinq-tiny") is None
+    assert speculative_head_method(ASSETS_DIR / "cinq-tiny-eagle3") == "eagle3"
+    assert speculative_head_method(tmp_path / "missing") is None  # the loader reports it
+    for archs, method in ((["LlamaForCausalLMEagle3"], "eagle3"), (["EagleLlamaForCausalLM"], "eagle"),
+                          (["MedusaModel"], "medusa"), (["Qwen2ForCausalLM"], None)):
+        folder = tmp_path / archs[0]
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"architectures": archs}))  # vLLM's heads: no cinq_spec
+        assert speculative_head_method(folder) == method
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text("{not json")
+    assert speculative_head_method(tmp_path / "bad") is None
+
+
+def test_a_foreign_head_folder_is_refused_too(tmp_path, run_cli):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["EagleLlamaForCausalLM"]}))
+    r = run_cli("generate", str(tmp_path), "-p", "hi")
+    assert r.returncode == 2
+    assert r.stderr.startswith(f"cinq generate: error: model: {tmp_path} is a speculative-decoding head, not a "
+                               f"model: give its target model and pass the head in --speculative-config")
+
+
+def test_model_help_lists_the_names_the_cli_accepts(run_cli):
+    from cinq.assets import embedded_model_names
+    from cinq.real_models import REAL_MODELS
+    text = " ".join(run_cli("generate", "--help").stdout.split()).replace("- ", "-")  # lines wrap at hyphens
+    model_help = text[text.index("positional arguments:"):text.index("options:")]
+    for name in [*embedded_model_names(), *REAL_MODELS]:
+        assert name in model_help
+    assert "GGUF file" in model_help and "Hugging Face model folder" in model_help
+    # the heads are named as heads, not among the models
+    models = model_help[:model_help.index("speculative heads")]
+    assert "cinq-tiny-student" in models and "eagle" not in models and "medusa" not in models
+
+
+def test_the_package_docstring_says_speculative_decoding_is_built():
+    import cinq
+    from cinq.spec.config import BUILT_METHODS
+    assert "planned" not in cinq.__doc__
+    said = {"ngram": "n-gram", "draft_model": "draft model", "eagle": "EAGLE", "eagle3": "EAGLE-3",
+            "medusa": "Medusa"}
+    assert set(said) == set(BUILT_METHODS)
+    assert all(word in " ".join(cinq.__doc__.split()) for word in said.values())

@@ -79,3 +79,12 @@ def test_bad_input_is_one_line_naming_the_flag(args, flag, run_cli):
     r = run_cli("plan", *args)
     assert r.returncode == 2 and flag in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) <= 2  # argparse's own: usage + message
+
+
+def test_json_to_a_reader_that_stops_early_ends_quietly():
+    """`cinq plan MODEL --json | head -3`: no traceback, status 141 (128 + SIGPIPE)."""
+    p = subprocess.Popen([sys.executable, "-m", "cinq.cli", "plan", "Llama-3-8B", "--json"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, cwd=REPO)
+    p.stdout.close()  # the reader is gone before the plan is written
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 141 and err == b"", err.decode()
