@@ -124,6 +124,7 @@ class EngineConfig:
         if self.dtype not in DTYPES + _DTYPE_ALIASES:
             raise InvalidParameterError(
                 f"dtype must be one of bfloat16, float32, float16; got {self.dtype!r}", "dtype")
+        check_device_name(self.device)
         _check_int(self, "block_size", 1, 1024)
         if self.block_size & (self.block_size - 1):
             raise InvalidParameterError(f"block_size must be a power of two, got {self.block_size}", "block_size")
@@ -209,6 +210,24 @@ class EngineConfig:
             raise InvalidParameterError(
                 f"unknown engine argument(s) {unknown}; known: {sorted(cls.field_names())}", unknown[0])
         return cls(model=model, **kwargs)  # type: ignore[arg-type]
+
+
+# The device types cinq's engine runs on (its kernels, executors and memory accounting know no other).
+ENGINE_DEVICE_TYPES = ("cpu", "cuda")
+
+
+def check_device_name(device: object) -> None:
+    """A device string torch parses, of a type the engine runs on (whether this machine has it is the engine's
+    start-up, or the CLI's ``--device`` check, to say: a Ray replica's device is on another machine)."""
+    import torch
+    try:
+        dev = torch.device(device)  # type: ignore[arg-type]
+    except (RuntimeError, TypeError, ValueError):
+        raise InvalidParameterError(f"device {device}: not a device torch knows (cinq runs on cpu or cuda[:N])",
+                                    "device") from None
+    if dev.type not in ENGINE_DEVICE_TYPES:
+        raise InvalidParameterError(f"device {device}: cinq's engine runs on cpu or cuda[:N], not {dev.type}",
+                                    "device")
 
 
 def _check_int(cfg: object, name: str, lo: int, hi: int) -> None:

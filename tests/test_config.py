@@ -84,3 +84,12 @@ def test_generation_config_defaults_to_auto_and_must_be_a_non_empty_string():
         with pytest.raises(InvalidParameterError, match="generation_config must be 'auto', 'vllm' or a folder") as e:
             EngineConfig(generation_config=bad)
         assert e.value.param == "generation_config"
+
+
+@pytest.mark.parametrize("device,said", [("nonsense", "device nonsense: not a device torch knows"),
+                                         ("meta", "device meta: cinq's engine runs on cpu or cuda[:N], not meta")])
+def test_a_device_the_engine_cannot_run_on_is_refused_by_the_config(device, said):
+    # LLM(device=...) too: it was a traceback from inside the engine core
+    with pytest.raises(InvalidParameterError) as e:
+        EngineConfig(model="cinq-tiny", device=device)
+    assert str(e.value).startswith(said) and e.value.param == "device"
