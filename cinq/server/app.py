@@ -23,7 +23,8 @@ from cinq.engine.protocol import EngineClient
 from cinq.outputs import EngineStats, mean_acceptance_length
 from cinq.server.auth import APIKeyMiddleware
 from cinq.server.body import read_json_object
-from cinq.server.chat import create_chat_completion, render_chat_prompt
+from cinq.server.chat import create_chat_completion
+from cinq.server.chat_prompt import render_chat_prompt
 from cinq.server.completions import create_completion
 from cinq.server.context import ServerContext
 from cinq.server.errors import APIError, install_error_handlers, to_api_error
@@ -85,11 +86,18 @@ def build_app(llm: EngineClient, model_names: list[str], model_path: str, api_ke
     async def chat_completions(raw: Request) -> Response:
         return await _serve(raw, ChatCompletionRequest, lambda req: create_chat_completion(ctx, req, raw))
 
+    def model_card(name: str) -> dict:
+        return {"id": name, "object": "model", "created": ctx.created, "owned_by": "cinq", "root": ctx.model_path,
+                "parent": None, "max_model_len": ctx.llm.max_model_len, "permission": []}
+
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [
-            {"id": name, "object": "model", "created": ctx.created, "owned_by": "cinq", "root": ctx.model_path,
-             "parent": None, "max_model_len": ctx.llm.max_model_len, "permission": []} for name in ctx.model_names]}
+        return {"object": "list", "data": [model_card(name) for name in ctx.model_names]}
+
+    @app.get("/v1/models/{model_id:path}")  # :path: served names may hold a slash ("org/model")
+    async def model(model_id: str) -> dict:
+        ctx.check_model(model_id)  # an unknown name: OpenAI's 404 model_not_found (the APIError handler)
+        return model_card(model_id)
 
     @app.post("/tokenize")
     async def tokenize(raw: Request) -> Response:
@@ -99,7 +107,8 @@ def build_app(llm: EngineClient, model_names: list[str], model_path: str, api_ke
                 raise APIError(400, "send exactly one of prompt or messages", "prompt", "invalid_value")
             if req.messages is not None:
                 msgs = template_messages(req.messages)
-                ids = (await render_chat_prompt(ctx, msgs, req.add_generation_prompt, None)).token_ids
+                ids = (await render_chat_prompt(ctx, msgs, req.generation_prompt(), None,
+                                                req.continue_final_message)).token_ids
             else:
                 ids = await ctx.encode(req.prompt, req.add_special_tokens)  # type: ignore[arg-type]
             return {"count": len(ids), "max_model_len": ctx.llm.max_model_len, "tokens": ids}
@@ -119,6 +128,13 @@ def build_app(llm: EngineClient, model_names: list[str], model_path: str, api_ke
             why = f"the engine core {llm.dead_error}" if llm.dead_error else "the engine loop is not running"
             return APIError(503, why, None, "engine_unavailable").response()
         return JSONResponse({"status": "ok"})
+
+    # vLLM's /ping (SageMaker's probe, GET or POST): the health check under another name
+    app.add_api_route("/ping", health, methods=["GET", "POST"])
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": __version__}
 
     @app.get("/metrics")
     async def prometheus() -> Response:

@@ -2,9 +2,10 @@
 
 It is an ASGI middleware rather than a route dependency so that nothing escapes it: unknown paths and wrong methods
 answer 401 too (an unauthenticated client learns nothing about the routes), and so do routes added later. Open
-without a key: ``/health`` (load balancers and orchestrators probe it bare), the playground page ``/`` (static HTML
-holding no data; a browser cannot send a header to load it, and the page sends the key on every call it makes),
-and ``/metrics`` unless ``metrics_require_key`` (vLLM leaves it open: Prometheus scrapers rarely carry the key).
+without a key: ``/health`` and its alias ``/ping`` (load balancers and orchestrators probe them bare), the
+playground page ``/`` (static HTML holding no data; a browser cannot send a header to load it, and the page sends
+the key on every call it makes), and ``/metrics`` unless ``metrics_require_key`` (vLLM leaves it open: Prometheus
+scrapers rarely carry the key).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from cinq.server.errors import APIError
 
-OPEN_PATHS = frozenset({"/health", "/"})
+OPEN_PATHS = frozenset({"/health", "/ping", "/"})
 
 
 class APIKeyMiddleware:

@@ -1,5 +1,6 @@
 """POST /v1/chat/completions: messages rendered with the model's chat template (jinja2, from its tokenizer
-config), then generated like a completion; the reply comes back whole or as ``chat.completion.chunk`` deltas."""
+config; server/chat_prompt.py), then generated like a completion; the reply comes back whole or as
+``chat.completion.chunk`` deltas."""
 
 from __future__ import annotations
 
@@ -10,33 +11,34 @@ from fastapi.responses import JSONResponse
 from starlette.requests import Request
 
 from cinq.engine.async_engine import RequestStream
+from cinq.errors import CinqError
 from cinq.outputs import CompletionOutput
+from cinq.server.chat_prompt import render_chat_prompt
 from cinq.server.context import Prompt, ServerContext, new_id
 from cinq.server.errors import to_api_error
 from cinq.server.logprobs import chat_logprobs
-from cinq.server.protocol import ChatCompletionRequest
+from cinq.server.protocol import ChatCompletionRequest, rename_max_tokens
 from cinq.server.streams import DONE, SSEResponse, final_outputs, merge_streams, sse, unless_disconnected
 from cinq.server.structured import add_all_naming
 from cinq.server.tools import ToolCallStreamer, prepare_messages
 
 
-async def render_chat_prompt(ctx: ServerContext, req_messages: list[dict], add_generation_prompt: bool,
-                             template_kwargs: dict | None) -> Prompt:
-    """Apply the chat template and tokenize (the template writes the special tokens itself)."""
-    text = ctx.llm.tokenizer.apply_chat_template(req_messages, add_generation_prompt, **(template_kwargs or {}))
-    return Prompt(await ctx.encode(text, add_special_tokens=False), text)
-
-
 async def create_chat_completion(ctx: ServerContext, req: ChatCompletionRequest, raw: Request):
     ctx.check_model(req.model)
     params = req.to_sampling_params(ctx.llm.default_sampling_params)
+    ctx.check_token_ids(params.stop_token_ids, "stop_token_ids")
+    add_generation_prompt = req.generation_prompt()
     # tools: given to a template that renders them, else described in a system message (server/tools.py)
     messages, tool_kwargs = prepare_messages(req.template_messages(), req._tool_plan,
                                              "tools" in (ctx.llm.tokenizer.chat_template or ""))
-    prompt = await render_chat_prompt(ctx, messages, req.add_generation_prompt,
-                                      {**tool_kwargs, **(req.chat_template_kwargs or {})})
+    prompt = await render_chat_prompt(ctx, messages, add_generation_prompt,
+                                      {**tool_kwargs, **(req.chat_template_kwargs or {})},
+                                      req.continue_final_message, limit_param="messages")
     request_id = new_id("chatcmpl")
-    streams = await add_all_naming(ctx, req._constraint_field, request_id, [prompt], params, req.language)
+    try:
+        streams = await add_all_naming(ctx, req._constraint_field, request_id, [prompt], params, req.language)
+    except CinqError as e:  # the engine says max_tokens whichever field the client used
+        raise rename_max_tokens(e, req.max_tokens_field) from None
     job = _Chat(ctx, req, request_id, prompt)
     if req.stream:
         return SSEResponse(job.stream(streams), streams, ctx.release)

@@ -26,8 +26,13 @@ from cinq.server.streams import DONE, SSEResponse, final_outputs, merge_streams,
 async def create_completion(ctx: ServerContext, req: CompletionRequest, raw: Request):
     ctx.check_model(req.model)
     params = req.to_sampling_params(ctx.llm.default_sampling_params)
+    ctx.check_token_ids(params.stop_token_ids, "stop_token_ids")
+    given = req.prompts()
+    for p in given:  # all of them before tokenizing any: a batch with one prompt too long is refused at once
+        if isinstance(p, str):
+            ctx.check_fits(p, "prompt")
     prompts = []
-    for p in req.prompts():
+    for p in given:
         if isinstance(p, str):
             prompts.append(Prompt(await ctx.encode(p), p))
         else:

@@ -10,9 +10,11 @@ from dataclasses import dataclass, field
 
 from cinq.engine.async_engine import RequestStream
 from cinq.engine.protocol import EngineClient
+from cinq.errors import PromptTooLongError
 from cinq.sampling_params import SamplingParams
 from cinq.server.errors import APIError
 from cinq.server.metrics import ServerMetrics
+from cinq.server.prompt_bound import max_prompt_bytes
 
 _INLINE_TOKENIZE_CHARS = 4096  # longer texts are tokenized in a worker thread, not on the event loop
 
@@ -35,6 +37,11 @@ class ServerContext:
     metrics: ServerMetrics
     api_key: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
+    # The most UTF-8 bytes a prompt that fits the context can have (server/prompt_bound.py; None: no bound)
+    max_prompt_bytes: int | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        self.max_prompt_bytes = max_prompt_bytes(self.llm.tokenizer.backend_tokenizer, self.llm.max_model_len)
 
     @property
     def model_name(self) -> str:
@@ -46,10 +53,30 @@ class ServerContext:
             raise APIError(404, f"The model `{name}` does not exist. This server serves {self.model_name!r}.",
                            "model", "model_not_found")
 
-    async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    async def encode(self, text: str, add_special_tokens: bool = True, limit_param: str | None = None) -> list[int]:
+        """Token ids of ``text``. With ``limit_param`` (the request field the text came from) a text too long to fit
+        the context in any tokenization is refused first, untokenized: a 400 context_length_exceeded."""
+        if limit_param is not None:
+            self.check_fits(text, limit_param)
         if len(text) <= _INLINE_TOKENIZE_CHARS:
             return self.llm.tokenizer.encode(text, add_special_tokens)
-        return await asyncio.to_thread(self.llm.tokenizer.encode, text, add_special_tokens)
+        # encode_batch lets go of the GIL while it works (encode holds it: a long text stalled every other
+        # request, /health included); one text in, the same ids out.
+        batch = self.llm.tokenizer.backend_tokenizer.encode_batch
+        (encoding,) = await asyncio.to_thread(batch, [text], add_special_tokens=add_special_tokens)
+        return encoding.ids
+
+    def check_fits(self, text: str, param: str) -> None:
+        """Refuse a text with more UTF-8 bytes than ``max_model_len`` tokens of this tokenizer can spell."""
+        limit = self.max_prompt_bytes
+        if limit is None or len(text) <= limit // 4:  # a character is at most 4 bytes: no need to encode it
+            return
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > limit:
+            context = self.llm.max_model_len
+            raise PromptTooLongError(
+                f"This model's maximum context length is {context} tokens, but the prompt is {size} bytes long: "
+                f"more than {context} tokens of its tokenizer can hold (at most {limit} bytes)", param)
 
     def check_token_ids(self, ids: list[int], param: str) -> None:
         vocab = self.llm.vocab_size
@@ -72,8 +99,8 @@ class ServerContext:
                 if not isinstance(r, BaseException):
                     r.abort()
             raise errors[0]
-        for rid in ids:
-            self.metrics.track(rid, params.n)
+        for rid, p in zip(ids, prompts):
+            self.metrics.track(rid, params.n, len(p.token_ids))
         return list(results)
 
     def release(self, streams: list[RequestStream]) -> None:

@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cinq.engine.async_engine import EngineDeadError, EngineOverloadedError, RequestFailedError
 from cinq.errors import CinqError, PromptTooLongError
+from cinq.server.messages import ROLE_ERROR
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,10 @@ def _from_validation(errors: list[dict]) -> APIError:
 
     err = max(errors, key=lambda e: len(location(e)))  # max keeps the first of equals: pydantic's order
     parts = location(err)
+    if err.get("type") == ROLE_ERROR and isinstance(err.get("input"), dict):
+        # the message's role is missing or unknown: say so of messages[i].role, as of any other missing key
+        parts.append("role")
+        err = {**err, "input": err["input"]["role"]} if "role" in err["input"] else {**err, "type": "missing"}
     path = ""
     for p in parts:
         path += f"[{p}]" if isinstance(p, int) else (f".{p}" if path else str(p))

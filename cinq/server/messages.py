@@ -112,11 +112,12 @@ def _role_tag(value: Any) -> str | None:
     return f"role:{role}" if role in ROLES else None
 
 
+ROLE_ERROR = "invalid_role"  # the error type of a message without a known role (server/errors.py words it)
 ChatMessage = Annotated[
     Union[Annotated[SystemMessage, Tag("role:system")], Annotated[DeveloperMessage, Tag("role:developer")],
           Annotated[UserMessage, Tag("role:user")], Annotated[AssistantMessage, Tag("role:assistant")],
           Annotated[ToolMessage, Tag("role:tool")], Annotated[FunctionMessage, Tag("role:function")]],
-    Discriminator(_role_tag, custom_error_type="invalid_role",
+    Discriminator(_role_tag, custom_error_type=ROLE_ERROR,
                   custom_error_message=f"role must be one of {', '.join(repr(r) for r in ROLES)}")]
 
 

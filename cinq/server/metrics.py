@@ -2,7 +2,9 @@
 find-and-replace of the prefix.
 
 Engine state and counters are read from the engine's stats snapshot at scrape time (no double bookkeeping);
-latency histograms are observed once per finished request from its ``RequestMetrics``.
+latency histograms are observed once per finished request from its ``RequestMetrics``. ``prompt_tokens`` is the
+server's own count, as vLLM's is: every admitted request's whole prompt, once (the engine's count leaves out the
+prefix-cache hits and counts a preempted prompt again; ``prefix_cache_hits`` says how much was cached).
 
 The speculative-decoding counters ``spec_decode_num_drafts`` / ``_num_draft_tokens`` / ``_num_accepted_tokens``
 carry, besides the series without a language (all requests, as vLLM has it), one series per language tag that
@@ -37,8 +39,8 @@ FINISH_REASONS = ("stop", "length", "abort")
 class _EngineCollector(Collector):
     """Gauges and counters straight from the engine's latest stats snapshot."""
 
-    def __init__(self, stats: Callable[[], EngineStats], model_name: str) -> None:
-        self.stats, self.model_name = stats, model_name
+    def __init__(self, stats: Callable[[], EngineStats], model_name: str, prompt_tokens: Callable[[], int]) -> None:
+        self.stats, self.model_name, self.prompt_tokens = stats, model_name, prompt_tokens
 
     def collect(self) -> Iterator[Metric]:
         s, labels = self.stats(), ["model_name"]
@@ -60,7 +62,8 @@ class _EngineCollector(Collector):
         yield counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", s.prefix_cache_queries)
         yield counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.", s.prefix_cache_hits)
         yield counter("num_preemptions", "Preemptions (a running sequence's blocks taken back).", s.num_preemptions)
-        yield counter("prompt_tokens", "Prompt tokens computed (prefix-cache hits excluded).", s.prompt_tokens)
+        yield counter("prompt_tokens", "Prompt tokens of the requests admitted: each request's whole prompt, once "
+                      "(prefix-cache hits included).", self.prompt_tokens())
         yield counter("generation_tokens", "Tokens generated.", s.generation_tokens)
         def by_language(name: str, doc: str, total: int, attr: str) -> CounterMetricFamily:
             c = counter(name, doc + " Without language: all requests; with it: those sent with that tag.", total)
@@ -92,7 +95,8 @@ class ServerMetrics:
 
     def __init__(self, model_name: str, stats: Callable[[], EngineStats]) -> None:
         self.registry = CollectorRegistry()
-        self.registry.register(_EngineCollector(stats, model_name))
+        self.prompt_tokens = 0  # read at scrape time; added to on the event loop, as scrapes run there too
+        self.registry.register(_EngineCollector(stats, model_name, lambda: self.prompt_tokens))
         self.model_name = model_name
 
         def hist(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
@@ -108,8 +112,10 @@ class ServerMetrics:
         # final output holds only the completions that changed in its last step, so its n cannot be read there.
         self._num_seqs: dict[str, int] = {}
 
-    def track(self, request_id: str, n: int) -> None:
-        """Remember a request's ``n`` until it finishes (or ``release`` drops it: aborted, never finishes)."""
+    def track(self, request_id: str, n: int, num_prompt_tokens: int = 0) -> None:
+        """Count an admitted request's prompt; remember its ``n`` until it finishes (or ``release`` drops it:
+        aborted, never finishes)."""
+        self.prompt_tokens += num_prompt_tokens
         if n > 1:
             self._num_seqs[request_id] = n
 

@@ -6,7 +6,9 @@ size, ``max_tokens`` below the context length), the constraints that ``SamplingP
 lengths, exactly one of ``prompt`` / ``messages``), both content types of the generation routes (JSON, or
 ``text/event-stream`` with ``stream: true``) and every status a client can get. A client generated from it, or a
 fuzzer, then agrees with the server. What no schema can say (a prompt's token count against the context length)
-is a documented 400 with code ``context_length_exceeded``.
+is a documented 400 with code ``context_length_exceeded``, and ``continue_final_message`` with a final message that
+is not the assistant's or has no text is a 400 the schema cannot state either (it cannot single out an array's last
+item).
 """
 
 from __future__ import annotations
@@ -61,12 +63,13 @@ RESPONSES: dict[str, dict] = {
             index=_INT, message=_obj(role={"const": "assistant"}, content=_STR),
             logprobs=_nullable(_CHAT_LOGPROBS), **_FINISH)},
         usage=_ref("Usage")),
-    "ModelList": _obj(object={"const": "list"}, data={"type": "array", "items": _obj(
-        id=_STR, object={"const": "model"}, created=_INT, owned_by=_STR, root=_STR, parent=_NULL,
-        max_model_len=_INT, permission={"type": "array", "maxItems": 0})}),
+    "Model": _obj(id=_STR, object={"const": "model"}, created=_INT, owned_by=_STR, root=_STR, parent=_NULL,
+                  max_model_len=_INT, permission={"type": "array", "maxItems": 0}),
+    "ModelList": _obj(object={"const": "list"}, data={"type": "array", "items": _ref("Model")}),
     "TokenizeResponse": _obj(count=_INT, max_model_len=_INT, tokens={"type": "array", "items": _INT}),
     "DetokenizeResponse": _obj(prompt=_STR),
     "Health": _obj(status={"const": "ok"}),
+    "Version": _obj(version=_STR),
     "Stats": {"type": "object", "required": ["model", "num_requests_running", "num_requests_waiting",
                                              "kv_cache_usage", "num_kv_blocks"]},
 }
@@ -141,19 +144,25 @@ def build_openapi(vocab_size: int, max_model_len: int, auth: bool, metrics_requi
         return {"get": op}
 
     text = {"description": "OK", "content": {"text/plain": {"schema": _STR}}}
+    health = get(_json("Health"), "Liveness", open_route=True, **_errors(503))
     paths = {
         "/v1/completions": post("CompletionRequest", generation("Completion"), 500, 503, summary="Completions"),
         "/v1/chat/completions": post("ChatCompletionRequest", generation("ChatCompletion"), 500, 503,
                                      summary="Chat completions"),
         "/v1/models": get(_json("ModelList"), "The served model"),
+        "/v1/models/{model_id}": get(_json("Model"), "One served model, by name", **_errors(404)),
         "/tokenize": post("TokenizeRequest", _json("TokenizeResponse"), summary="Text or chat -> token ids"),
         "/detokenize": post("DetokenizeRequest", _json("DetokenizeResponse"), summary="Token ids -> text"),
-        "/health": get(_json("Health"), "Liveness", open_route=True, **_errors(503)),
+        "/health": health,
+        "/ping": {"get": health["get"], "post": health["get"]},  # vLLM's (SageMaker's) name for it
+        "/version": get(_json("Version"), "cinq's version"),
         "/metrics": get(text, "Prometheus metrics", open_route=not metrics_require_key),
         "/stats": get(_json("Stats"), "Live engine state (JSON)"),
         "/": get({"description": "the playground page", "content": {"text/html": {"schema": _STR}}},
                  "Playground", open_route=True),
     }
+    paths["/v1/models/{model_id}"]["get"]["parameters"] = [
+        {"name": "model_id", "in": "path", "required": True, "schema": _STR}]
     doc: dict = {"openapi": "3.1.0", "info": {"title": "cinq", "version": version}, "paths": paths,
                  "components": {"schemas": schemas}}
     if auth:

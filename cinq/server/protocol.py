@@ -4,23 +4,28 @@ Types are strict (``"5"`` is not an integer, ``true`` is not a number) so that a
 field it is in; value ranges are checked once, by ``SamplingParams``, so the server and the offline API agree,
 and are *stated* here (``_schema``) for the OpenAPI document (server/openapi.py). Fields that OpenAI defines and
 cinq cannot honour are rejected by name rather than silently ignored; unknown top-level fields are ignored, as
-OpenAI does; chat messages (server/messages.py) allow exactly their role's keys, as OpenAI does.
+OpenAI does; chat messages (server/messages.py) allow exactly their role's keys, as OpenAI does. vLLM's extra
+fields that cinq does not implement (beam search, allowed / bad words, prompt truncation ...) are accepted only at a
+value that asks for nothing (null, false, [] or their default) and otherwise rejected by name, as ``logit_bias`` is.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from cinq.engine.spec_metrics import MAX_LANGUAGE_LEN, check_language
-from cinq.errors import InvalidParameterError
+from cinq.errors import CinqError, InvalidParameterError
 from cinq.model.generation_defaults import fill_defaults
 from cinq.sampling_params import MAX_LOGPROBS, OutputKind, SamplingParams
+from cinq.server.chat_prompt import generation_flags
 from cinq.server.messages import ChatMessage, template_messages
 from cinq.server.structured import constraint_from_fields, constraint_from_response_format
 from cinq.server.tools import ToolPlan, tool_plan
+from cinq.structured.manager import DEFAULT_BACKEND
 from cinq.structured.params import StructuredOutputsParams
 
 _STRICT = ConfigDict(strict=True, extra="ignore")
@@ -34,12 +39,40 @@ def _schema(default: Any = None, **constraints: Any) -> Any:
     return Field(default, json_schema_extra=constraints)
 
 
+def _unsupported(*allowed: Any, **constraints: Any) -> Any:
+    """A vLLM field cinq does not implement: only ``allowed`` values (or what ``constraints`` such as
+    ``maxItems=0`` let through) ask for nothing; ``_check_unsupported`` rejects the others by name."""
+    if allowed:
+        constraints["enum"] = list(allowed)
+    return _schema(None, description="not supported by cinq: omit it (null, false, [] and the default are "
+                                     "accepted)", **constraints)
+
+
+# The vLLM fields _check_unsupported refuses when they ask for something; length_penalty's no-op value is 1
+_UNSUPPORTED_COMMON = ("allowed_token_ids", "bad_words", "truncate_prompt_tokens", "use_beam_search", "length_penalty",
+                       "return_tokens_as_token_ids", "prompt_logprobs", "guided_whitespace_pattern")
+_NO_EFFECT = {"length_penalty": 1.0}
+
+
+def rename_max_tokens(error: CinqError, field: str) -> CinqError:
+    """``error`` naming ``field`` (``max_completion_tokens``) where it says ``max_tokens``, when that field carried
+    the value (SamplingParams and the engine know only ``max_tokens``)."""
+    if field == "max_tokens" or error.param not in ("max_tokens", "min_tokens"):
+        return error
+    message = re.sub(r"\bmax_tokens\b", field, str(error))
+    return type(error)(message, field if error.param == "max_tokens" else error.param)
+
+
 TokenId = Annotated[int, Field(json_schema_extra={"minimum": 0, TOKEN_ID_MARK: True})]
 TokenIds = Annotated[list[TokenId], Field(json_schema_extra={"minItems": 1})]
 NonEmptyStr = Annotated[str, Field(json_schema_extra={"minLength": 1})]
 TextPrompt = Annotated[str, Field(json_schema_extra={TEXT_PROMPT_MARK: True})]  # minLength 1 unless BOS is added
 _STREAM_ONLY = {"if": {"required": ["stream_options"], "properties": {"stream_options": {"type": "object"}}},
                 "then": {"required": ["stream"], "properties": {"stream": {"const": True}}}}
+# An explicit add_generation_prompt: true clashes with continue_final_message (the final message's role, the
+# assistant's, is beyond what a schema can say of an array's last item)
+_CONTINUE = {"if": {"required": ["continue_final_message"], "properties": {"continue_final_message": {"const": True}}},
+             "then": {"properties": {"add_generation_prompt": {"const": False}}}}
 
 
 class StreamOptions(BaseModel):
@@ -63,7 +96,7 @@ class _SamplingRequest(BaseModel):
     repetition_penalty: float | None = _schema(exclusiveMinimum=0, maximum=100)
     seed: int | None = _schema(minimum=-(1 << 63), maximum=(1 << 63) - 1)
     stop: NonEmptyStr | Annotated[list[NonEmptyStr], Field(json_schema_extra={"maxItems": 16})] | None = None
-    stop_token_ids: list[Annotated[int, Field(json_schema_extra={"minimum": 0})]] | None = None
+    stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
     min_tokens: int = _schema(0, minimum=0, maximum=1 << 24, description="at most max_tokens")
     skip_special_tokens: bool = True
@@ -84,6 +117,17 @@ class _SamplingRequest(BaseModel):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    guided_decoding_backend: str | None = _schema(enum=[DEFAULT_BACKEND, "auto", None],
+                                                  description=f"cinq compiles every constraint with {DEFAULT_BACKEND}")
+    # vLLM's extras that cinq does not implement (_check_unsupported)
+    allowed_token_ids: list[int] | None = _unsupported(maxItems=0)
+    bad_words: list[str] | None = _unsupported(maxItems=0)
+    truncate_prompt_tokens: int | None = _unsupported(None)
+    use_beam_search: bool | None = _unsupported(False, None)
+    length_penalty: float | None = _unsupported(1, None)
+    return_tokens_as_token_ids: bool | None = _unsupported(False, None)
+    prompt_logprobs: int | None = _unsupported(None)
+    guided_whitespace_pattern: str | None = _unsupported(None)
     # set by to_sampling_params: the field the constraint came from (compile errors name it), the tool plan
     _constraint_field: str | None = PrivateAttr(None)
     _tool_plan: ToolPlan | None = PrivateAttr(None)
@@ -101,6 +145,18 @@ class _SamplingRequest(BaseModel):
             raise InvalidParameterError(f"best_of ({self.best_of}) other than n ({self.n}) is not supported",
                                         "best_of")
         check_language(self.language)
+        self._check_unsupported(_UNSUPPORTED_COMMON)
+        if self.guided_decoding_backend not in (None, "auto", DEFAULT_BACKEND):
+            raise InvalidParameterError(
+                f"guided_decoding_backend {self.guided_decoding_backend!r}: this server compiles every constraint "
+                f"with {DEFAULT_BACKEND!r} (no per-request backend)", "guided_decoding_backend")
+
+    def _check_unsupported(self, names: tuple[str, ...]) -> None:
+        for name in names:
+            value = getattr(self, name)
+            if value is None or value is False or value == [] or (name in _NO_EFFECT and value == _NO_EFFECT[name]):
+                continue
+            raise InvalidParameterError(f"{name} is not supported by cinq (got {value!r:.60}); omit it", name)
 
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None,
                          defaults: Mapping[str, Any] | None,
@@ -131,10 +187,13 @@ class _SamplingRequest(BaseModel):
 class CompletionRequest(_SamplingRequest):
     """POST /v1/completions."""
 
-    model_config = ConfigDict(strict=True, extra="ignore", json_schema_extra=_STREAM_ONLY)
+    model_config = ConfigDict(strict=True, extra="ignore", json_schema_extra={"allOf": [_STREAM_ONLY, {
+        "if": {"required": ["max_tokens"], "properties": {"max_tokens": {"const": 0}}},
+        "then": {"required": ["echo"], "properties": {"echo": {"const": True}}}}]})
     prompt: (TextPrompt | Annotated[list[TextPrompt], Field(json_schema_extra={"minItems": 1})] | TokenIds
              | Annotated[list[TokenIds], Field(json_schema_extra={"minItems": 1})])
-    max_tokens: int | None = _schema(16, minimum=0, **{MAX_TOKENS_MARK: True})
+    max_tokens: int | None = _schema(16, minimum=0, description="0 only with echo: score the prompt",
+                                     **{MAX_TOKENS_MARK: True})
     logprobs: int | None = _schema(minimum=0, maximum=MAX_LOGPROBS)
     echo: bool = False
     suffix: str | None = _schema(maxLength=0, description="not supported: omit, null or ''")
@@ -144,6 +203,9 @@ class CompletionRequest(_SamplingRequest):
         self._check_common()
         if self.suffix:
             raise InvalidParameterError("suffix is not supported by cinq", "suffix")
+        if self.max_tokens == 0 and not self.echo:
+            raise InvalidParameterError("max_tokens must be at least 1, got 0 (0 is for scoring the prompt: only "
+                                        "with echo true)", "max_tokens")
         prompt_logprobs = self.logprobs if self.echo and self.logprobs is not None else None
         # omitted: the model's max_new_tokens, else OpenAI's 16; an explicit null: up to the context
         max_tokens = self.max_tokens if "max_tokens" in self.model_fields_set \
@@ -182,15 +244,19 @@ class ResponseFormat(BaseModel):
 class ChatCompletionRequest(_SamplingRequest):
     """POST /v1/chat/completions."""
 
-    model_config = ConfigDict(strict=True, extra="ignore", json_schema_extra={"allOf": [_STREAM_ONLY, {
+    model_config = ConfigDict(strict=True, extra="ignore", json_schema_extra={"allOf": [_STREAM_ONLY, _CONTINUE, {
         "if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer"}}},
         "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}}]})
     messages: Annotated[list[ChatMessage], Field(json_schema_extra={"minItems": 1})]
-    max_tokens: int | None = _schema(minimum=0, **{MAX_TOKENS_MARK: True})
-    max_completion_tokens: int | None = _schema(minimum=0, **{MAX_TOKENS_MARK: True})
+    max_tokens: int | None = _schema(minimum=1, **{MAX_TOKENS_MARK: True})
+    max_completion_tokens: int | None = _schema(minimum=1, **{MAX_TOKENS_MARK: True})
     logprobs: bool = False
     top_logprobs: int | None = _schema(minimum=0, maximum=MAX_LOGPROBS)
     add_generation_prompt: bool = True
+    continue_final_message: bool = _schema(False, description="leave the final (assistant) message open for the "
+                                                              "model to continue; add_generation_prompt must not "
+                                                              "be true as well")
+    echo: bool | None = _unsupported(False, None)
     chat_template_kwargs: dict[str, Any] | None = None
     response_format: ResponseFormat | None = None
     tools: list[Any] | None = None
@@ -207,11 +273,28 @@ class ChatCompletionRequest(_SamplingRequest):
         if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_LOGPROBS:
             raise InvalidParameterError(
                 f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {self.top_logprobs}", "top_logprobs")
+        self._check_unsupported(("echo",))
+        field = self.max_tokens_field
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        if max_tokens is not None and max_tokens < 1:  # OpenAI's and vLLM's floor: a reply of nothing is no reply
+            raise InvalidParameterError(f"{field} must be at least 1, got {max_tokens}", field)
         if max_tokens is None:  # neither given: the model's max_new_tokens, else up to the context
             max_tokens = (defaults or {}).get("max_tokens")
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        return self._sampling_params(max_tokens, logprobs, None, defaults, structured)
+        try:
+            return self._sampling_params(max_tokens, logprobs, None, defaults, structured)
+        except CinqError as e:
+            raise rename_max_tokens(e, field) from None
+
+    @property
+    def max_tokens_field(self) -> str:
+        """The field the completion's length came from, for errors about it."""
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+
+    def generation_prompt(self) -> bool:
+        """``add_generation_prompt`` to render with, ``continue_final_message`` checked (server/chat_prompt.py)."""
+        return generation_flags(self.messages, self.add_generation_prompt,
+                                "add_generation_prompt" in self.model_fields_set, self.continue_final_message)
 
     def _structured_constraint(self) -> StructuredOutputsParams | None:
         """One constraint from response_format, the vLLM fields or a required / named tool choice (the field it
@@ -240,7 +323,7 @@ class ChatCompletionRequest(_SamplingRequest):
 class TokenizeRequest(BaseModel):
     """POST /tokenize: either ``prompt`` or ``messages`` (rendered with the chat template)."""
 
-    model_config = ConfigDict(strict=True, extra="ignore", json_schema_extra={"oneOf": [
+    model_config = ConfigDict(strict=True, extra="ignore", json_schema_extra={"allOf": [_CONTINUE], "oneOf": [
         {"required": [given], "properties": {given: {"type": kind}},
          "not": {"required": [other], "properties": {other: {"type": other_kind}}}}  # null counts as absent
         for given, kind, other, other_kind in (("prompt", "string", "messages", "array"),
@@ -250,6 +333,12 @@ class TokenizeRequest(BaseModel):
     messages: Annotated[list[ChatMessage], Field(json_schema_extra={"minItems": 1})] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+    def generation_prompt(self) -> bool:
+        """``add_generation_prompt`` to render ``messages`` with, ``continue_final_message`` checked."""
+        return generation_flags(self.messages or [], self.add_generation_prompt,
+                                "add_generation_prompt" in self.model_fields_set, self.continue_final_message)
 
 
 class DetokenizeRequest(BaseModel):

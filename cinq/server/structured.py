@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from cinq.errors import InvalidParameterError
+from cinq.structured.manager import DEFAULT_BACKEND
 from cinq.structured.params import StructuredOutputsParams
 
 GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
@@ -50,8 +51,21 @@ def constraint_from_fields(values: dict[str, Any]) -> tuple[StructuredOutputsPar
         if unknown:
             raise InvalidParameterError(f"structured_outputs: unknown key {unknown[0]!r} (one of "
                                         f"{', '.join(_STRUCTURED_KEYS)})", f"structured_outputs.{unknown[0]}")
+        _check_options(value)
         return _build(field, **{k: v for k, v in value.items() if k in _STRUCTURED_KEYS}), field
     return _build(field, **{GUIDED[field]: value}), field
+
+
+def _check_options(value: dict[str, Any]) -> None:
+    """vLLM's per-request options: one backend compiles everything here, and JSON never has free whitespace
+    (``disable_any_whitespace`` is what cinq always does), so a whitespace pattern cannot apply."""
+    backend = value.get("backend")
+    if backend not in (None, "auto", DEFAULT_BACKEND):
+        raise InvalidParameterError(f"structured_outputs.backend {backend!r}: this server compiles every constraint "
+                                    f"with {DEFAULT_BACKEND!r} (no per-request backend)", "structured_outputs.backend")
+    if value.get("whitespace_pattern") is not None:
+        raise InvalidParameterError("structured_outputs.whitespace_pattern is not supported by cinq (JSON is "
+                                    "generated without free whitespace)", "structured_outputs.whitespace_pattern")
 
 
 def constraint_from_response_format(fmt: Any) -> StructuredOutputsParams | None:

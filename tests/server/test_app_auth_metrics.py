@@ -50,12 +50,35 @@ def test_metrics_names_and_counts(server):
         assert delta(f"cinq:{hist}_sum") >= 0
     assert after[("cinq:num_requests_running", ())] == 0
     assert after[("cinq:kv_cache_usage_perc", ())] == 0
-    stats = server.stats()
-    assert after[("cinq:prompt_tokens_total", ())] == stats["prompt_tokens"]
+    assert delta("cinq:prompt_tokens_total") == sum(len(server.llm.tokenizer.encode(f"metrics {i}"))
+                                                    for i in range(3))
+
+
+def test_prompt_tokens_count_every_prompt_whole_once(server):
+    """vLLM's prompt_tokens_total: the same prompt sent twice adds its length twice, though the second time it is
+    (almost) all prefix-cache hits; the hits have their own counter."""
+    prompt = list(range(3, 53))  # 50 tokens
+    server.wait_idle()
+    before = scrape(server.url)
+    for _ in range(2):
+        r = httpx.post(server.url + "/v1/completions", json={"model": MODEL_NAME, "prompt": prompt, "max_tokens": 1,
+                                                             "n": 2}, timeout=30)
+        assert r.status_code == 200, r.text
+    server.wait_idle()
+    after = scrape(server.url)
+    key = ("cinq:prompt_tokens_total", ())
+    assert after[key] - before[key] == 2 * 50
+    hits = ("cinq:prefix_cache_hits_total", ())
+    assert after[hits] - before.get(hits, 0.0) >= 48  # the second request's 3 full blocks of 16
 
 
 def test_health_and_stats(server):
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+    for method in ("GET", "POST"):  # vLLM's /ping: the health check under SageMaker's name
+        r = httpx.request(method, server.url + "/ping")
+        assert r.status_code == 200 and r.json() == {"status": "ok"}
+    from cinq import __version__
+    assert httpx.get(server.url + "/version").json() == {"version": __version__}
     s = server.stats()
     assert s["num_kv_blocks"] == server.engine.num_blocks and s["model"] == MODEL_NAME
 

@@ -43,6 +43,14 @@ def test_models_lists_the_served_model(client, server):
     assert models[0].model_extra["max_model_len"] == server.engine.max_model_len
 
 
+def test_one_model_by_name(client, server):
+    """GET /v1/models/{id}: the same object as in the list; an unknown id is OpenAI's 404 model_not_found."""
+    assert client.models.retrieve(MODEL_NAME).model_dump() == client.models.list().data[0].model_dump()
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("org/other-model")
+    assert e.value.body["code"] == "model_not_found" and "org/other-model" in e.value.body["message"]
+
+
 def test_completion_usage_matches_tokenizer(client, tokenizer):
     out = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=12, extra_body=NO_EOS, **GREEDY)
     assert out.object == "text_completion" and out.id.startswith("cmpl-") and out.created > 0

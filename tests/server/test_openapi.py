@@ -114,3 +114,47 @@ def test_405_carries_allow(server):
     r = httpx.request("TRACE", server.url + "/health")
     assert r.status_code == 405 and r.headers["allow"] == "GET"
     assert r.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_max_tokens_floors_agree_with_the_server(doc, server):
+    """Chat needs at least one token; completions allow 0 only with echo (scoring), and the schema says so."""
+    schemas = _schemas(doc)
+    post = lambda route, body: httpx.post(server.url + route, json={"model": MODEL_NAME, **body},  # noqa: E731
+                                          timeout=30)
+    chat = {"messages": [{"role": "user", "content": "hi"}], "ignore_eos": True}
+    for field in ("max_tokens", "max_completion_tokens"):
+        lowest = schemas["ChatCompletionRequest"]["properties"][field]["minimum"]
+        assert post("/v1/chat/completions", {**chat, field: lowest}).status_code == 200
+        assert post("/v1/chat/completions", {**chat, field: lowest - 1}).json()["error"]["param"] == field
+    assert schemas["CompletionRequest"]["properties"]["max_tokens"]["minimum"] == 0
+    echo_only = {"if": {"required": ["max_tokens"], "properties": {"max_tokens": {"const": 0}}},
+                 "then": {"required": ["echo"], "properties": {"echo": {"const": True}}}}
+    assert echo_only in schemas["CompletionRequest"]["allOf"]
+    assert post("/v1/completions", {"prompt": "x", "max_tokens": 0, "echo": True}).status_code == 200
+    assert post("/v1/completions", {"prompt": "x", "max_tokens": 0}).status_code == 400
+
+
+def test_stop_token_ids_are_documented_below_the_vocab_size(doc, server):
+    items = _schemas(doc)["CompletionRequest"]["properties"]["stop_token_ids"]["anyOf"][0]["items"]
+    assert items["maximum"] == server.engine.vocab_size - 1
+
+
+def test_the_probe_version_and_model_routes_are_documented(doc):
+    paths = doc["paths"]
+    assert set(paths["/ping"]) == {"get", "post"} and "503" in paths["/ping"]["get"]["responses"]
+    assert paths["/version"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith(
+        "/Version")
+    op = paths["/v1/models/{model_id}"]["get"]
+    assert {"200", "404"} <= set(op["responses"]) and op["parameters"][0]["name"] == "model_id"
+
+
+def test_continue_final_message_and_an_explicit_generation_prompt_exclude_each_other(doc, server):
+    clash = {"if": {"required": ["continue_final_message"], "properties": {"continue_final_message": {"const": True}}},
+             "then": {"properties": {"add_generation_prompt": {"const": False}}}}
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello"}]
+    for name, route in (("ChatCompletionRequest", "/v1/chat/completions"), ("TokenizeRequest", "/tokenize")):
+        assert clash in _schemas(doc)[name]["allOf"]
+        body = {"messages": messages, "continue_final_message": True, "max_tokens": 1}
+        assert httpx.post(server.url + route, json=body, timeout=30).status_code == 200
+        clashing = httpx.post(server.url + route, json={**body, "add_generation_prompt": True}, timeout=30)
+        assert clashing.json()["error"]["param"] == "continue_final_message"

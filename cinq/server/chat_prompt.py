@@ -1,0 +1,61 @@
+"""A conversation as prompt tokens: the model's chat template rendered (cinq/model/tokenizer.py), then tokenized.
+
+With vLLM's ``continue_final_message`` the final message, the assistant's, is left open so that the model goes
+on writing it (a "prefill"): the template is rendered without a generation prompt and the text is cut right after
+that message's content, before whatever the template writes to close a turn. The cut is transformers'
+``apply_chat_template(continue_final_message=True)``, which vLLM calls: the last occurrence of the content in the
+rendered text, keeping trailing whitespace only where the template kept it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cinq.errors import InvalidParameterError
+from cinq.server.context import Prompt, ServerContext
+
+FIELD = "continue_final_message"
+
+
+def generation_flags(messages: list[Any], add_generation_prompt: bool, add_given: bool,
+                     continue_final_message: bool) -> bool:
+    """The ``add_generation_prompt`` to render with, after checking ``continue_final_message`` (a 400 naming it):
+    the two cannot both be true (``add_generation_prompt`` defaults to true, so only an explicit true clashes, as
+    vLLM checks the request body), and the message to continue must be the assistant's."""
+    if not continue_final_message:
+        return add_generation_prompt
+    if add_given and add_generation_prompt:
+        raise InvalidParameterError("Cannot set both continue_final_message and add_generation_prompt to true",
+                                    FIELD)
+    role = getattr(messages[-1], "role", None) if messages else None
+    if role != "assistant":
+        raise InvalidParameterError(f"continue_final_message needs the final message to be the assistant's (the "
+                                    f"reply to continue), got role {role!r}", FIELD)
+    return False
+
+
+def cut_after_final_message(rendered: str, content: str) -> str:
+    """``rendered`` (the whole conversation, no generation prompt) cut right after the final message's ``content``;
+    a 400 naming continue_final_message when the content is blank or the template did not write it out."""
+    stripped = content.strip()
+    if not stripped:
+        raise InvalidParameterError("continue_final_message: the final message has no text to continue", FIELD)
+    at = rendered.rfind(stripped)
+    if at < 0:
+        raise InvalidParameterError("continue_final_message: the final message's content does not appear in the "
+                                    "text the chat template renders, so it cannot be continued", FIELD)
+    # Where the template kept the message's trailing whitespace, keep it; where it trimmed it, cut at the text.
+    kept = content.lstrip()
+    end = at + len(kept) if rendered[at:at + len(kept)] == content else at + len(stripped)
+    return rendered[:end]
+
+
+async def render_chat_prompt(ctx: ServerContext, messages: list[dict[str, Any]], add_generation_prompt: bool,
+                             template_kwargs: dict[str, Any] | None, continue_final_message: bool = False,
+                             limit_param: str | None = None) -> Prompt:
+    """Apply the chat template and tokenize (the template writes the special tokens itself). ``limit_param``: the
+    field to name when the rendered text is too long for the context in any tokenization (``ServerContext.encode``)."""
+    text = ctx.llm.tokenizer.apply_chat_template(messages, add_generation_prompt, **(template_kwargs or {}))
+    if continue_final_message:
+        text = cut_after_final_message(text, messages[-1].get("content") or "")
+    return Prompt(await ctx.encode(text, add_special_tokens=False, limit_param=limit_param), text)

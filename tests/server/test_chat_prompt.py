@@ -1,0 +1,77 @@
+"""continue_final_message (vLLM's chat extra): the final assistant message is left open, so the prompt ends with its
+content and the model goes on writing it, in /v1/chat/completions and /tokenize; misuse is a 400 naming it."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from cinq.errors import InvalidParameterError
+from cinq.server.chat_prompt import cut_after_final_message
+from tests.server.harness import MODEL_NAME
+
+CHAT = "/v1/chat/completions"
+PREFILL = "Once upon a time"
+CONVERSATION = [{"role": "user", "content": "Tell me a story."}, {"role": "assistant", "content": PREFILL}]
+
+
+def test_the_cut_is_right_after_the_final_content():
+    rendered = "<u>hi<end><a>Sure, here<end>"
+    assert cut_after_final_message(rendered, "Sure, here") == "<u>hi<end><a>Sure, here"
+    # the last occurrence: earlier turns may say the same words
+    assert cut_after_final_message("<a>ok<end><a>ok<end>", "ok") == "<a>ok<end><a>ok"
+    # trailing whitespace: kept where the template kept it, dropped where the template trimmed it
+    assert cut_after_final_message("<a>Sure \n<end>", "Sure \n") == "<a>Sure \n"
+    assert cut_after_final_message("<a>Sure<end>", "Sure \n") == "<a>Sure"
+
+
+@pytest.mark.parametrize("rendered,content,words", [
+    ("<a>x<end>", "  ", "no text"),
+    ("<a>x<end>", "absent", "does not appear"),
+])
+def test_the_cut_refuses_what_it_cannot_find(rendered, content, words):
+    with pytest.raises(InvalidParameterError, match=words) as e:
+        cut_after_final_message(rendered, content)
+    assert e.value.param == "continue_final_message"
+
+
+def test_tokenize_leaves_the_final_message_open(server, tokenizer):
+    r = httpx.post(server.url + "/tokenize", json={"messages": CONVERSATION, "continue_final_message": True,
+                                                   "add_generation_prompt": False}, timeout=30)
+    assert r.status_code == 200, r.text
+    ids, content = r.json()["tokens"], tokenizer.encode(PREFILL, add_special_tokens=False)
+    assert ids[-len(content):] == content  # not the end-of-turn token the template writes after it
+    closed = httpx.post(server.url + "/tokenize", json={"messages": CONVERSATION, "add_generation_prompt": False},
+                        timeout=30).json()["tokens"]
+    assert closed[-1] in tokenizer.eos_token_ids and closed[:len(ids)] == ids
+
+
+def test_chat_continues_the_final_message(server, tokenizer):
+    finished = []
+    server.llm.finished_callbacks.append(finished.append)
+    try:
+        # add_generation_prompt left out: its default (true) gives way, as only an explicit true clashes
+        r = httpx.post(server.url + CHAT, json={"model": MODEL_NAME, "messages": CONVERSATION, "max_tokens": 3,
+                                                "ignore_eos": True, "continue_final_message": True}, timeout=60)
+        assert r.status_code == 200, r.text
+        server.wait_idle()
+    finally:
+        server.llm.finished_callbacks.remove(finished.append)
+    (out,) = finished
+    content = tokenizer.encode(PREFILL, add_special_tokens=False)
+    assert out.prompt_token_ids[-len(content):] == content
+    assert r.json()["usage"]["prompt_tokens"] == len(out.prompt_token_ids)
+
+
+@pytest.mark.parametrize("route", [CHAT, "/tokenize"])
+@pytest.mark.parametrize("body,words", [
+    ({"messages": CONVERSATION, "continue_final_message": True, "add_generation_prompt": True}, "Cannot set both"),
+    ({"messages": CONVERSATION[:1], "continue_final_message": True}, "assistant"),
+    ({"messages": [*CONVERSATION[:1], {"role": "assistant", "content": ""}], "continue_final_message": True},
+     "no text"),
+], ids=["both", "user-last", "empty"])
+def test_misuse_is_a_400_naming_the_field(server, route, body, words):
+    r = httpx.post(server.url + route, json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "continue_final_message" and words in err["message"], err

@@ -1,0 +1,78 @@
+"""vLLM's extra request fields that cinq does not implement are refused by name when they ask for something (they
+used to be accepted and silently ignored), and accepted at the values that ask for nothing; the OpenAPI document
+says which values those are."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.server.harness import MODEL_NAME
+
+CMPL, CHAT = "/v1/completions", "/v1/chat/completions"
+USER = [{"role": "user", "content": "hi"}]
+
+# (field, a value that asks for something, values that ask for nothing)
+UNSUPPORTED = [
+    ("allowed_token_ids", [1, 2], [None, []]),
+    ("bad_words", ["bad"], [None, []]),
+    ("truncate_prompt_tokens", 3, [None]),
+    ("use_beam_search", True, [None, False]),
+    ("length_penalty", 0.5, [None, 1.0, 1]),
+    ("return_tokens_as_token_ids", True, [None, False]),
+    ("prompt_logprobs", 0, [None]),
+    ("guided_whitespace_pattern", r"[ ]?", [None]),
+    ("guided_decoding_backend", "outlines", [None, "auto", "xgrammar"]),
+]
+
+
+def _post(server, route: str, extra: dict) -> httpx.Response:
+    body = {"prompt": "x"} if route == CMPL else {"messages": USER}
+    return httpx.post(server.url + route, json={"model": MODEL_NAME, "max_tokens": 1, **body, **extra}, timeout=30)
+
+
+@pytest.mark.parametrize("route", [CMPL, CHAT])
+@pytest.mark.parametrize("field,value,_", UNSUPPORTED, ids=[c[0] for c in UNSUPPORTED])
+def test_an_unsupported_field_asking_for_something_is_a_400(server, route, field, value, _):
+    r = _post(server, route, {field: value})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == field and field in err["message"], err
+
+
+@pytest.mark.parametrize("field,_,values", UNSUPPORTED, ids=[c[0] for c in UNSUPPORTED])
+def test_an_unsupported_field_asking_for_nothing_is_accepted(server, field, _, values):
+    for value in values:
+        r = _post(server, CHAT, {field: value})
+        assert r.status_code == 200, (value, r.text)
+
+
+def test_chat_echo_is_refused_when_true(server):
+    r = _post(server, CHAT, {"echo": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "echo", r.text
+    assert _post(server, CHAT, {"echo": False}).status_code == 200
+
+
+@pytest.mark.parametrize("options,param", [
+    ({"backend": "outlines"}, "structured_outputs.backend"),
+    ({"whitespace_pattern": " "}, "structured_outputs.whitespace_pattern"),
+])
+def test_structured_outputs_options_cinq_cannot_honour(server, options, param):
+    r = _post(server, CMPL, {"structured_outputs": {"choice": ["a", "b"], **options}})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+    ok = _post(server, CMPL, {"structured_outputs": {"choice": ["a", "b"], "backend": "xgrammar",
+                                                     "disable_any_whitespace": True}})
+    assert ok.status_code == 200, ok.text
+
+
+def test_the_schema_names_the_values_that_ask_for_nothing(server):
+    props = httpx.get(server.url + "/openapi.json").json()["components"]["schemas"]["ChatCompletionRequest"]
+    props = props["properties"]
+    for field, value, accepted in UNSUPPORTED:
+        prop = props[field]
+        if "enum" in prop:
+            assert value not in prop["enum"] and all(v in prop["enum"] for v in accepted), field
+        else:
+            assert prop["anyOf"][0]["type"] == "array" and prop["maxItems"] == 0, field
+    assert props["echo"]["enum"] == [False, None]
