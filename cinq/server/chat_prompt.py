@@ -1,6 +1,6 @@
 """A conversation as prompt tokens: the model's chat template rendered (cinq/model/tokenizer.py), then tokenized.
 
-With vLLM's ``continue_final_message`` the final message, the assistant's, is left open so that the model goes
+With vLLM's ``continue_final_message`` the final message (usually the assistant's) is left open so that the model goes
 on writing it (a "prefill"): the template is rendered without a generation prompt and the text is cut right after
 that message's content, before whatever the template writes to close a turn. The cut is transformers'
 ``apply_chat_template(continue_final_message=True)``, which vLLM calls: the last occurrence of the content in the
@@ -21,17 +21,13 @@ def generation_flags(messages: list[Any], add_generation_prompt: bool, add_given
                      continue_final_message: bool) -> bool:
     """The ``add_generation_prompt`` to render with, after checking ``continue_final_message`` (a 400 naming it):
     the two cannot both be true (``add_generation_prompt`` defaults to true, so only an explicit true clashes, as
-    vLLM checks the request body), and the message to continue must be the assistant's."""
+    vLLM checks the request body)."""
     if not continue_final_message:
         return add_generation_prompt
     if add_given and add_generation_prompt:
         raise InvalidParameterError("Cannot set both continue_final_message and add_generation_prompt to true",
                                     FIELD)
-    role = getattr(messages[-1], "role", None) if messages else None
-    if role != "assistant":
-        raise InvalidParameterError(f"continue_final_message needs the final message to be the assistant's (the "
-                                    f"reply to continue), got role {role!r}", FIELD)
-    return False
+    return False  # any role's message may be continued, as in vLLM (usually the assistant's reply)
 
 
 def cut_after_final_message(rendered: str, content: str) -> str:

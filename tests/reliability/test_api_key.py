@@ -18,7 +18,8 @@ WRONG = [None, "", "Bearer", "Bearer wrong", KEY, "Basic " + KEY, "Bearer " + KE
 # every route the app serves (from its schema) plus ones it does not, with a wrong method too
 ROUTES = [("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("GET", "/v1/models"),
           ("POST", "/tokenize"), ("POST", "/detokenize"), ("GET", "/stats"), ("GET", "/openapi.json"),
-          ("GET", "/v1/completions"), ("DELETE", "/v1/models"), ("GET", "/v1/nothing"), ("POST", "/admin")]
+          ("GET", "/v1/completions"), ("DELETE", "/v1/models"), ("GET", "/v1/nothing"), ("POST", "/admin"),
+          ("GET", "/version"), ("GET", "/v1/models/{model_id}")]
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,7 @@ def _headers(value: str | bytes | None) -> dict:
 def test_routes_in_the_schema_are_all_covered(secured):
     doc = httpx.get(secured.url + "/openapi.json", headers=_headers("Bearer " + KEY)).json()
     listed = {(m.upper(), p) for p, ops in doc["paths"].items() for m in ops}
-    guarded = {r for r in listed if r[1] not in ("/health", "/", "/metrics")}
+    guarded = {r for r in listed if r[1] not in ("/health", "/ping", "/", "/metrics")}
     assert guarded <= set(ROUTES), guarded - set(ROUTES)
     assert doc["security"] == [{"bearer": []}] and doc["paths"]["/health"]["get"]["security"] == []
 
