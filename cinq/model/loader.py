@@ -35,6 +35,7 @@ from cinq.model.config import ModelConfig
 from cinq.model.interface import CausalLM
 from cinq.model.registry import ModelRegistry
 from cinq.model.gguf.file import GGUF_QUANT_METHOD, find_gguf_file
+from cinq.model.head_marker import speculative_head_method
 from cinq.model.memory import check_fits
 
 # checkpoint_files is re-exported: the offline tools find a folder's shards through this module.
@@ -228,6 +229,10 @@ def load_model(path: str | Path, dtype: str | torch.dtype = "bfloat16", device: 
     gguf = find_gguf_file(path)
     if gguf is not None:
         return load_gguf_model(gguf, dtype, device, attention_backend, shard)
+    method = speculative_head_method(path)
+    if method is not None:
+        raise ModelLoadError(f"{path}: a speculative-decoding head ({method}), not a model: give it as "
+                             f"speculative_config's model, beside the target model it was trained for", "model")
     config = ModelConfig.from_pretrained(path)
     for file in checkpoint_files(path):  # a hostile file is refused before memory is allocated for the model
         check_safetensors_file(file)
