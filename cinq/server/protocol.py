@@ -69,8 +69,7 @@ NonEmptyStr = Annotated[str, Field(json_schema_extra={"minLength": 1})]
 TextPrompt = Annotated[str, Field(json_schema_extra={TEXT_PROMPT_MARK: True})]  # minLength 1 unless BOS is added
 _STREAM_ONLY = {"if": {"required": ["stream_options"], "properties": {"stream_options": {"type": "object"}}},
                 "then": {"required": ["stream"], "properties": {"stream": {"const": True}}}}
-# An explicit add_generation_prompt: true clashes with continue_final_message (the final message's role, the
-# assistant's, is beyond what a schema can say of an array's last item)
+# An explicit add_generation_prompt: true clashes with continue_final_message, as in vLLM
 _CONTINUE = {"if": {"required": ["continue_final_message"], "properties": {"continue_final_message": {"const": True}}},
              "then": {"properties": {"add_generation_prompt": {"const": False}}}}
 
