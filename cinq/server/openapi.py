@@ -6,9 +6,8 @@ size, ``max_tokens`` below the context length), the constraints that ``SamplingP
 lengths, exactly one of ``prompt`` / ``messages``), both content types of the generation routes (JSON, or
 ``text/event-stream`` with ``stream: true``) and every status a client can get. A client generated from it, or a
 fuzzer, then agrees with the server. What no schema can say (a prompt's token count against the context length)
-is a documented 400 with code ``context_length_exceeded``, and ``continue_final_message`` with a final message that
-is not the assistant's or has no text is a 400 the schema cannot state either (it cannot single out an array's last
-item).
+is a documented 400 with code ``context_length_exceeded``, and ``continue_final_message`` with a final message whose
+text the chat template does not write out is a 400 the schema cannot state either (it depends on the template).
 """
 
 from __future__ import annotations

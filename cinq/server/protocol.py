@@ -23,7 +23,7 @@ from cinq.model.generation_defaults import fill_defaults
 from cinq.sampling_params import MAX_LOGPROBS, OutputKind, SamplingParams
 from cinq.server.chat_prompt import generation_flags
 from cinq.server.messages import ChatMessage, template_messages
-from cinq.server.structured import constraint_from_fields, constraint_from_response_format
+from cinq.server.structured import GUIDED, constraint_from_fields, constraint_from_response_format
 from cinq.server.tools import ToolPlan, tool_plan
 from cinq.structured.manager import DEFAULT_BACKEND
 from cinq.structured.params import StructuredOutputsParams
@@ -72,6 +72,18 @@ _STREAM_ONLY = {"if": {"required": ["stream_options"], "properties": {"stream_op
 # An explicit add_generation_prompt: true clashes with continue_final_message, as in vLLM
 _CONTINUE = {"if": {"required": ["continue_final_message"], "properties": {"continue_final_message": {"const": True}}},
              "then": {"properties": {"add_generation_prompt": {"const": False}}}}
+
+_CONSTRAINT_FIELDS = ("structured_outputs", *GUIDED)
+_GIVEN = {"not": {"type": "null"}}  # null counts as absent
+
+
+def _at_most_one_constraint() -> list[dict]:
+    """At most one of the vLLM constraint fields given non-null (constraint_from_fields checks the same). Written
+    as if/then (once one is given, the others are null), which schemathesis generates from; ``not: anyOf`` of the
+    pairs it could not."""
+    return [{"if": {"required": [a], "properties": {a: _GIVEN}},
+             "then": {"properties": {b: {"type": "null"} for b in _CONSTRAINT_FIELDS if b != a}}}
+            for a in _CONSTRAINT_FIELDS]
 
 
 class StreamOptions(BaseModel):
@@ -186,7 +198,8 @@ class _SamplingRequest(BaseModel):
 class CompletionRequest(_SamplingRequest):
     """POST /v1/completions."""
 
-    model_config = ConfigDict(strict=True, extra="ignore", json_schema_extra={"allOf": [_STREAM_ONLY, {
+    model_config = ConfigDict(strict=True, extra="ignore", json_schema_extra={"allOf": [
+        _STREAM_ONLY, *_at_most_one_constraint(), {
         "if": {"required": ["max_tokens"], "properties": {"max_tokens": {"const": 0}}},
         "then": {"required": ["echo"], "properties": {"echo": {"const": True}}}}]})
     prompt: (TextPrompt | Annotated[list[TextPrompt], Field(json_schema_extra={"minItems": 1})] | TokenIds
@@ -243,6 +256,7 @@ class ResponseFormat(BaseModel):
 class ChatCompletionRequest(_SamplingRequest):
     """POST /v1/chat/completions."""
 
+    # No _at_most_one_constraint here: with it schemathesis cannot generate this schema at all ("Schema Error")
     model_config = ConfigDict(strict=True, extra="ignore", json_schema_extra={"allOf": [_STREAM_ONLY, _CONTINUE, {
         "if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer"}}},
         "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}}]})

@@ -4,7 +4,9 @@
 - zero 5xx (``not_a_server_error``) and zero response-conformance failures (status code, content type, headers,
   body schema), zero wrong answers to undeclared methods (405 + Allow) and no other check failing;
 - the only failures tolerated are "schema-valid request rejected" on the two generation routes, where the
-  context length (a prompt's token count plus ``max_tokens``) is a limit no JSON schema can state;
+  context length (a prompt's token count plus ``max_tokens``) and ``min_tokens <= max_tokens`` (when ``max_tokens``
+  is left at its default) are limits no JSON schema can state; /tokenize has none (a blank final message under
+  ``continue_final_message`` was one: it is opened empty now, as vLLM accepts it);
 - the server is healthy after: /health ok, no request running or waiting, every KV block free, no step failed.
 
 schemathesis generates only strings that UTF-8 can hold, so a second fuzz takes schema-valid bodies it generates
