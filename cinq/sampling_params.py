@@ -43,6 +43,8 @@ class SamplingParams:
     logprobs: int | None = None  # top-k logprobs per generated token (the sampled token is always included)
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    # Keep only the prompt's last k tokens (-1: the model's context length), as vLLM's; None: no truncation
+    truncate_prompt_tokens: int | None = None
     output_kind: OutputKind = OutputKind.CUMULATIVE
     # Constrained decoding (JSON schema, regex, choice, grammar, any JSON object): cinq/structured/.
     structured_outputs: StructuredOutputsParams | None = None
@@ -76,6 +78,11 @@ class SamplingParams:
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise InvalidParameterError(
                 f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})", "min_tokens")
+        if self.truncate_prompt_tokens is not None:
+            _int(self.truncate_prompt_tokens, "truncate_prompt_tokens", -1, 1 << 24)
+            if self.truncate_prompt_tokens == 0:
+                raise InvalidParameterError("truncate_prompt_tokens must be -1 (the context length) or at least 1, "
+                                            "got 0", "truncate_prompt_tokens")
         if self.logprobs is not None:
             _int(self.logprobs, "logprobs", 0, MAX_LOGPROBS)
         if self.prompt_logprobs is not None:

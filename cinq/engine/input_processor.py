@@ -32,6 +32,18 @@ class ProcessedRequest:
         return [r.request_id for r in self.core_requests]
 
 
+def truncate_prompt(prompt_ids: list[int], truncate_prompt_tokens: int | None, max_model_len: int) -> list[int]:
+    """The prompt's last ``truncate_prompt_tokens`` tokens (vLLM's left truncation; -1: ``max_model_len``; None:
+    all); a size past the context is an error naming the field, as in vLLM."""
+    if truncate_prompt_tokens is None:
+        return prompt_ids
+    keep = max_model_len if truncate_prompt_tokens == -1 else truncate_prompt_tokens
+    if keep > max_model_len:
+        raise InvalidParameterError(f"truncate_prompt_tokens ({keep}) is greater than max_model_len "
+                                    f"({max_model_len}): choose a smaller truncation size", "truncate_prompt_tokens")
+    return prompt_ids[-keep:]
+
+
 class InputProcessor:
     """Validation and fan-out for one core (its vocabulary, context and KV cache size)."""
 
@@ -52,6 +64,10 @@ class InputProcessor:
             prompt_ids = self.tokenizer.encode(prompt)
         else:
             prompt_ids = list(prompt)
+        kept = truncate_prompt(prompt_ids, params.truncate_prompt_tokens, self.info.max_model_len)
+        if len(kept) < len(prompt_ids) and prompt_text is not None:
+            prompt_text = self.tokenizer.decode(kept, skip_special_tokens=False)  # the text the model sees
+        prompt_ids = kept
         self.validate_prompt(prompt_ids)
         max_tokens = self.resolve_max_tokens(len(prompt_ids), params)
         if params.structured_outputs is not None:

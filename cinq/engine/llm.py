@@ -51,6 +51,10 @@ class LLM:
     def tokenizer(self):
         return self.engine.tokenizer
 
+    def get_tokenizer(self):
+        """The model's tokenizer (vLLM's ``LLM.get_tokenizer``)."""
+        return self.engine.tokenizer
+
     @property
     def model(self):
         return self.engine.model

@@ -31,9 +31,11 @@ async def create_chat_completion(ctx: ServerContext, req: ChatCompletionRequest,
     # tools: given to a template that renders them, else described in a system message (server/tools.py)
     messages, tool_kwargs = prepare_messages(req.template_messages(), req._tool_plan,
                                              "tools" in (ctx.llm.tokenizer.chat_template or ""))
-    prompt = await render_chat_prompt(ctx, messages, add_generation_prompt,
-                                      {**tool_kwargs, **(req.chat_template_kwargs or {})},
-                                      req.continue_final_message, limit_param="messages")
+    truncating = params.truncate_prompt_tokens is not None  # then a long conversation is cut, not refused
+    prompt = ctx.truncate(await render_chat_prompt(ctx, messages, add_generation_prompt,
+                                                   {**tool_kwargs, **(req.chat_template_kwargs or {})},
+                                                   req.continue_final_message,
+                                                   limit_param=None if truncating else "messages"), params)
     request_id = new_id("chatcmpl")
     try:
         streams = await add_all_naming(ctx, req._constraint_field, request_id, [prompt], params, req.language)

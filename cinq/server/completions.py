@@ -28,16 +28,17 @@ async def create_completion(ctx: ServerContext, req: CompletionRequest, raw: Req
     params = req.to_sampling_params(ctx.llm.default_sampling_params)
     ctx.check_token_ids(params.stop_token_ids, "stop_token_ids")
     given = req.prompts()
+    truncating = params.truncate_prompt_tokens is not None  # then a long prompt is cut, not refused
     for p in given:  # all of them before tokenizing any: a batch with one prompt too long is refused at once
-        if isinstance(p, str):
+        if isinstance(p, str) and not truncating:
             ctx.check_fits(p, "prompt")
     prompts = []
     for p in given:
         if isinstance(p, str):
-            prompts.append(Prompt(await ctx.encode(p), p))
+            prompts.append(ctx.truncate(Prompt(await ctx.encode(p), p), params))
         else:
             ctx.check_token_ids(p, "prompt")
-            prompts.append(Prompt(p, None))
+            prompts.append(ctx.truncate(Prompt(p, None), params))
     request_id = new_id("cmpl")
     streams = await add_all_naming(ctx, req._constraint_field, request_id, prompts, params, req.language)
     job = _Completion(ctx, req, request_id, prompts)

@@ -9,6 +9,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from cinq.engine.async_engine import RequestStream
+from cinq.engine.input_processor import truncate_prompt
 from cinq.engine.protocol import EngineClient
 from cinq.errors import PromptTooLongError
 from cinq.sampling_params import SamplingParams
@@ -83,6 +84,14 @@ class ServerContext:
         bad = next((t for t in ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise APIError(400, f"{param}: token id {bad} is out of range [0, {vocab})", param, "invalid_value")
+
+    def truncate(self, prompt: Prompt, params: SamplingParams) -> Prompt:
+        """``prompt`` cut to the request's ``truncate_prompt_tokens`` (its last tokens), so that usage counts and
+        echo show what the model sees; the engine's own cut then keeps it whole."""
+        ids = truncate_prompt(prompt.token_ids, params.truncate_prompt_tokens, self.llm.max_model_len)
+        if len(ids) == len(prompt.token_ids):
+            return prompt
+        return Prompt(ids, None if prompt.text is None else self.llm.tokenizer.decode(ids, skip_special_tokens=False))
 
     async def add_all(self, request_id: str, prompts: list[Prompt], params: SamplingParams,
                       language: str | None = None) -> list[RequestStream]:

@@ -16,8 +16,8 @@ from typing import Any
 
 from pydantic.json_schema import models_json_schema
 
-from cinq.server.protocol import (MAX_TOKENS_MARK, TEXT_PROMPT_MARK, TOKEN_ID_MARK, ChatCompletionRequest,
-                                  CompletionRequest, DetokenizeRequest, TokenizeRequest)
+from cinq.server.protocol import (CONTEXT_MARK, MAX_TOKENS_MARK, TEXT_PROMPT_MARK, TOKEN_ID_MARK,
+                                  ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest)
 
 _REF = "#/components/schemas/{model}"
 _STR, _INT, _NUM = {"type": "string"}, {"type": "integer"}, {"type": "number"}
@@ -106,6 +106,8 @@ def _limits(node: Any, vocab_size: int, max_model_len: int, empty_text_ok: bool)
             node["maximum"] = vocab_size - 1
         if node.pop(MAX_TOKENS_MARK, False):
             node["maximum"] = max_model_len - 1  # a prompt holds at least one token
+        if node.pop(CONTEXT_MARK, False):
+            node["maximum"] = max_model_len
         if node.pop(TEXT_PROMPT_MARK, False) and not empty_text_ok:
             node["minLength"] = 1
         for value in node.values():

@@ -31,6 +31,7 @@ from cinq.structured.params import StructuredOutputsParams
 _STRICT = ConfigDict(strict=True, extra="ignore")
 # Markers the OpenAPI builder (server/openapi.py) replaces with this server's limits, known when the app is built.
 TOKEN_ID_MARK, MAX_TOKENS_MARK, TEXT_PROMPT_MARK = "x-cinq-token-id", "x-cinq-max-tokens", "x-cinq-text-prompt"
+CONTEXT_MARK = "x-cinq-context"  # at most max_model_len
 
 
 def _schema(default: Any = None, **constraints: Any) -> Any:
@@ -49,7 +50,7 @@ def _unsupported(*allowed: Any, **constraints: Any) -> Any:
 
 
 # The vLLM fields _check_unsupported refuses when they ask for something; length_penalty's no-op value is 1
-_UNSUPPORTED_COMMON = ("allowed_token_ids", "bad_words", "truncate_prompt_tokens", "use_beam_search", "length_penalty",
+_UNSUPPORTED_COMMON = ("allowed_token_ids", "bad_words", "use_beam_search", "length_penalty",
                        "return_tokens_as_token_ids", "prompt_logprobs", "guided_whitespace_pattern")
 _NO_EFFECT = {"length_penalty": 1.0}
 
@@ -112,6 +113,9 @@ class _SamplingRequest(BaseModel):
     min_tokens: int = _schema(0, minimum=0, maximum=1 << 24, description="at most max_tokens")
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    truncate_prompt_tokens: int | None = _schema(minimum=-1, **{"not": {"const": 0}, CONTEXT_MARK: True},
+                                                 description="keep only the prompt's last k tokens (-1: the context "
+                                                             "length), at most max_model_len")
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -133,7 +137,6 @@ class _SamplingRequest(BaseModel):
     # vLLM's extras that cinq does not implement (_check_unsupported)
     allowed_token_ids: list[int] | None = _unsupported(maxItems=0)
     bad_words: list[str] | None = _unsupported(maxItems=0)
-    truncate_prompt_tokens: int | None = _unsupported(None)
     use_beam_search: bool | None = _unsupported(False, None)
     length_penalty: float | None = _unsupported(1, None)
     return_tokens_as_token_ids: bool | None = _unsupported(False, None)
@@ -187,6 +190,7 @@ class _SamplingRequest(BaseModel):
             stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos, logprobs=logprobs,
             prompt_logprobs=prompt_logprobs, skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
+            truncate_prompt_tokens=self.truncate_prompt_tokens,
             output_kind=OutputKind.DELTA if self.stream else OutputKind.FINAL_ONLY, structured_outputs=structured,
             **values)
 

@@ -68,3 +68,21 @@ def test_prompts_within_the_bound_are_tokenized_as_before(server, tokenizer):
     r = httpx.post(server.url + "/tokenize", json={"prompt": text}, timeout=60)
     assert r.status_code == 200 and r.json()["tokens"] == tokenizer.encode(text), r.text[:200]
     server.wait_idle()
+
+
+@pytest.mark.parametrize("route", [CMPL, CHAT])
+def test_truncate_prompt_tokens_cuts_a_prompt_past_the_bound_instead_of_refusing_it(server, tokenizer, route):
+    context = server.engine.max_model_len
+    text = "ab " * (13 * context)  # past the byte bound: refused untokenized without the field
+    body = {"prompt": text} if route == CMPL else {"messages": [{"role": "user", "content": text}]}
+    assert _post(server, route, {**body, "max_tokens": 2}).json()["error"]["code"] == "context_length_exceeded"
+    r = _post(server, route, {**body, "max_tokens": 2, "ignore_eos": True, "truncate_prompt_tokens": 10})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == 10  # usage counts what the model saw, as vLLM's
+    if route == CMPL:  # echo shows the kept text
+        echoed = _post(server, CMPL, {"prompt": text, "max_tokens": 0, "echo": True, "truncate_prompt_tokens": 4})
+        kept = tokenizer.encode(text)[-4:]
+        assert echoed.json()["choices"][0]["text"] == tokenizer.decode(kept, skip_special_tokens=False)
+    too_far = _post(server, route, {**body, "truncate_prompt_tokens": context + 1})
+    err = too_far.json()["error"]
+    assert too_far.status_code == 400 and err["param"] == "truncate_prompt_tokens" and str(context) in err["message"]

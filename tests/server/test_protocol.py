@@ -16,7 +16,6 @@ USER = [{"role": "user", "content": "hi"}]
 UNSUPPORTED = [
     ("allowed_token_ids", [1, 2], [None, []]),
     ("bad_words", ["bad"], [None, []]),
-    ("truncate_prompt_tokens", 3, [None]),
     ("use_beam_search", True, [None, False]),
     ("length_penalty", 0.5, [None, 1.0, 1]),
     ("return_tokens_as_token_ids", True, [None, False]),
