@@ -13,6 +13,7 @@ from typing import Any
 
 from cinq.compilation_config import CompilationConfig
 from cinq.errors import InvalidParameterError
+from cinq.model.chat_template import load_chat_template
 from cinq.spec.config import BUILT_METHODS, SpeculativeConfig
 
 DTYPES = ("bfloat16", "float32", "float16")
@@ -74,6 +75,8 @@ class EngineConfig:
     model: str = _arg("", "Hugging Face model folder (config.json + safetensors + tokenizer.json) or the name of "
                           "an embedded model (cinq-tiny, cinq-tiny-student)")
     tokenizer: str | None = _arg(None, "tokenizer folder (default: the model folder)")
+    chat_template: str | None = _arg(
+        None, "chat template (jinja2) in place of the tokenizer's: a file's path or the template inline (as vLLM)")
     # float32 for parity tests; bf16 is the fast path on CPU
     dtype: str = _arg("bfloat16", "compute dtype (default %(default)s; float32 for exact parity)", choices=DTYPES)
     device: str = _arg("cpu", "torch device (default %(default)s)")
@@ -125,6 +128,8 @@ class EngineConfig:
             raise InvalidParameterError(
                 f"dtype must be one of bfloat16, float32, float16; got {self.dtype!r}", "dtype")
         check_device_name(self.device)
+        if self.chat_template is not None:
+            load_chat_template(self.chat_template)  # a path that is no file is refused before any loading
         _check_int(self, "block_size", 1, 1024)
         if self.block_size & (self.block_size - 1):
             raise InvalidParameterError(f"block_size must be a power of two, got {self.block_size}", "block_size")

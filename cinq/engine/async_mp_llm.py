@@ -56,7 +56,7 @@ class AsyncMPLLM(AsyncFrontend):
             info = self.client.info
             self.config = config if info.model == config.model else _with_model(config, info.model)
             self.tokenizer = Tokenizer.from_pretrained(self.config.tokenizer or self.config.model,
-                                                       info.model_eos_token_ids)
+                                                       info.model_eos_token_ids, self.config.chat_template)
         except BaseException:
             self.client.shutdown()
             raise

@@ -42,7 +42,7 @@ class LLMEngine:
         self.default_sampling_params: dict[str, Any] = core.default_sampling_params
         try:
             self.tokenizer = Tokenizer.from_pretrained(self.config.tokenizer or self.config.model,
-                                                       core.model_config.eos_token_ids)
+                                                       core.model_config.eos_token_ids, self.config.chat_template)
         except BaseException:
             core.shutdown()
             raise

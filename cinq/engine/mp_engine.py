@@ -33,7 +33,8 @@ class MPLLMEngine:
         try:
             info = self.client.info
             self.config = config if info.model == config.model else dataclasses.replace(config, model=info.model)
-            self.tokenizer = Tokenizer.from_pretrained(config.tokenizer or info.model, info.model_eos_token_ids)
+            self.tokenizer = Tokenizer.from_pretrained(config.tokenizer or info.model, info.model_eos_token_ids,
+                                                       config.chat_template)
         except BaseException:
             self.client.shutdown()
             raise

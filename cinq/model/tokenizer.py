@@ -104,9 +104,20 @@ class Tokenizer:
             self.chat_template = named.get("default", next(iter(named.values()), None))
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, eos_token_ids: list[int] | None = None) -> Tokenizer:
+    def from_pretrained(cls, path: str | Path, eos_token_ids: list[int] | None = None,
+                        chat_template: str | None = None) -> Tokenizer:
         """Load ``tokenizer.json`` + ``tokenizer_config.json`` (+ a ``chat_template.jinja`` if present), or the
-        vocabulary of a GGUF file (cinq/model/gguf/tokenizer.py); a file that is missing, too large, not a regular file or corrupted is a ModelLoadError naming it."""
+        vocabulary of a GGUF file (cinq/model/gguf/tokenizer.py); a file that is missing, too large, not a regular
+        file or corrupted is a ModelLoadError naming it. ``chat_template``: a template file's path or the template
+        inline, used in place of the model's (model/chat_template.py)."""
+        tok = cls._load(Path(path), eos_token_ids)
+        if chat_template is not None:
+            from cinq.model.chat_template import load_chat_template
+            tok.use_chat_template(load_chat_template(chat_template))
+        return tok
+
+    @classmethod
+    def _load(cls, path: Path, eos_token_ids: list[int] | None) -> Tokenizer:
         path = Path(path)
         from cinq.model.gguf.file import find_gguf_file
         gguf = find_gguf_file(path)
@@ -196,14 +207,28 @@ class Tokenizer:
         except TemplateError as e:
             raise InvalidParameterError(f"messages: the chat template rejected them: {e}", "messages") from e
 
+    def use_chat_template(self, template: str) -> None:
+        """Render conversations with ``template`` (jinja2 text) from now on; one that does not compile is an
+        InvalidParameterError naming ``chat_template``, and the tokenizer keeps its own."""
+        try:
+            compiled = _compile_template(template)
+        except TemplateError as e:
+            raise InvalidParameterError(f"chat_template does not compile: {e}", "chat_template") from e
+        self.chat_template = template
+        self.__dict__["_template"] = compiled
+
     @cached_property
     def _template(self):  # compiled once
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        return _compile_template(self.chat_template)
 
-        def raise_exception(message: str) -> None:
-            raise TemplateError(message)
 
-        env.filters["tojson"] = lambda v, indent=None, **_: json.dumps(v, indent=indent, ensure_ascii=False)
-        env.globals["raise_exception"] = raise_exception
-        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-        return env.from_string(self.chat_template)
+def _compile_template(template: str):
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+    def raise_exception(message: str) -> None:
+        raise TemplateError(message)
+
+    env.filters["tojson"] = lambda v, indent=None, **_: json.dumps(v, indent=indent, ensure_ascii=False)
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(template)
