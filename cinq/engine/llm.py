@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections.abc import Sequence
 from pathlib import Path
@@ -101,14 +102,26 @@ class LLM:
         return self._run(ids, use_tqdm)
 
     def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
-             sampling_params: SamplingParams | None = None, add_generation_prompt: bool = True,
-             use_tqdm: bool = False, language: str | Sequence[str | None] | None = None) -> list[RequestOutput]:
-        """Render each conversation with the model's chat template and generate the assistant's reply
-        (``language``: as in ``generate``, one tag or one per conversation)."""
+             sampling_params: SamplingParams | None = None, use_tqdm: bool = False,
+             chat_template: str | None = None, add_generation_prompt: bool | None = None,
+             continue_final_message: bool = False, chat_template_kwargs: dict[str, Any] | None = None,
+             language: str | Sequence[str | None] | None = None) -> list[RequestOutput]:
+        """Render each conversation with the model's chat template (or ``chat_template``: a file's path or the
+        template inline) and generate the assistant's reply, as vLLM's ``LLM.chat``: ``continue_final_message``
+        leaves the final message open for the model to go on writing (``add_generation_prompt``, true unless
+        continuing, must not then be true); ``chat_template_kwargs`` are the template's extra variables;
+        ``language``: as in ``generate``."""
+        from cinq.model.chat_template import generation_flags, load_chat_template, render_conversation
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         tok = self.tokenizer
-        prompts = [{"prompt_token_ids": tok.encode(tok.apply_chat_template(conv, add_generation_prompt),
-                                                   add_special_tokens=False)} for conv in conversations]
+        if chat_template is not None:
+            tok = copy.copy(tok)  # this call's template only
+            tok.use_chat_template(load_chat_template(chat_template))
+        add = generation_flags(conversations[0], add_generation_prompt is not False,
+                               add_generation_prompt is not None, continue_final_message)
+        texts = [render_conversation(tok, conv, add, continue_final_message, chat_template_kwargs)
+                 for conv in conversations]
+        prompts = [{"prompt_token_ids": tok.encode(t, add_special_tokens=False)} for t in texts]
         return self.generate(prompts, sampling_params, use_tqdm, language)
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:

@@ -21,7 +21,7 @@ from cinq.engine.spec_metrics import MAX_LANGUAGE_LEN, check_language
 from cinq.errors import CinqError, InvalidParameterError
 from cinq.model.generation_defaults import fill_defaults
 from cinq.sampling_params import MAX_LOGPROBS, OutputKind, SamplingParams
-from cinq.server.chat_prompt import generation_flags
+from cinq.model.chat_template import generation_flags
 from cinq.server.messages import ChatMessage, template_messages
 from cinq.server.structured import GUIDED, constraint_from_fields, constraint_from_response_format
 from cinq.server.tools import ToolPlan, tool_plan

@@ -6,33 +6,11 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from cinq.errors import InvalidParameterError
-from cinq.server.chat_prompt import cut_after_final_message
 from tests.server.harness import MODEL_NAME
 
 CHAT = "/v1/chat/completions"
 PREFILL = "Once upon a time"
 CONVERSATION = [{"role": "user", "content": "Tell me a story."}, {"role": "assistant", "content": PREFILL}]
-
-
-def test_the_cut_is_right_after_the_final_content():
-    rendered = "<u>hi<end><a>Sure, here<end>"
-    assert cut_after_final_message(rendered, "Sure, here") == "<u>hi<end><a>Sure, here"
-    # the last occurrence: earlier turns may say the same words
-    assert cut_after_final_message("<a>ok<end><a>ok<end>", "ok") == "<a>ok<end><a>ok"
-    # trailing whitespace: kept where the template kept it, dropped where the template trimmed it
-    assert cut_after_final_message("<a>Sure \n<end>", "Sure \n") == "<a>Sure \n"
-    assert cut_after_final_message("<a>Sure<end>", "Sure \n") == "<a>Sure"
-
-
-@pytest.mark.parametrize("rendered,content,words", [
-    ("<a>x<end>", "  ", "does not appear"),
-    ("<a>x<end>", "absent", "does not appear"),
-])
-def test_the_cut_refuses_what_it_cannot_find(rendered, content, words):
-    with pytest.raises(InvalidParameterError, match=words) as e:
-        cut_after_final_message(rendered, content)
-    assert e.value.param == "continue_final_message"
 
 
 def test_tokenize_leaves_the_final_message_open(server, tokenizer):
