@@ -46,6 +46,10 @@ class SamplingParams:
     # Keep only the prompt's last k tokens (-1: the model's context length), as vLLM's; None: no truncation
     truncate_prompt_tokens: int | None = None
     output_kind: OutputKind = OutputKind.CUMULATIVE
+    # Added to the logits before penalties and sampling (OpenAI's, -100..100 per token id), and the only tokens that
+    # may be sampled: both as vLLM's, greedy requests included
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
     # Constrained decoding (JSON schema, regex, choice, grammar, any JSON object): cinq/structured/.
     structured_outputs: StructuredOutputsParams | None = None
     # Filled by the engine from the model's generation config; not user-facing.
@@ -96,6 +100,16 @@ class SamplingParams:
             if not isinstance(t, int) or isinstance(t, bool) or t < 0:
                 raise InvalidParameterError(f"stop_token_ids must be non-negative integers, got {t!r}",
                                             "stop_token_ids")
+        if self.logit_bias is not None:
+            _check_logit_bias(self.logit_bias)
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = _as_list(self.allowed_token_ids, "allowed_token_ids", "a list of token ids")
+            if not self.allowed_token_ids:
+                raise InvalidParameterError("allowed_token_ids must hold at least one token id", "allowed_token_ids")
+            for t in self.allowed_token_ids:
+                if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+                    raise InvalidParameterError(f"allowed_token_ids must be non-negative integers, got {t!r}",
+                                                "allowed_token_ids")
         if self.structured_outputs is not None and not isinstance(self.structured_outputs,
                                                                    StructuredOutputsParams):
             raise InvalidParameterError(f"structured_outputs must be a StructuredOutputsParams, got "
@@ -108,6 +122,11 @@ class SamplingParams:
         return self.temperature < _GREEDY_EPS
 
     @property
+    def has_logit_bias(self) -> bool:
+        """True when the logits get a bias or a mask of allowed tokens before sampling."""
+        return bool(self.logit_bias) or self.allowed_token_ids is not None
+
+    @property
     def has_penalties(self) -> bool:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
@@ -117,8 +136,26 @@ class SamplingParams:
         values["stop"] = list(self.stop)
         values["stop_token_ids"] = list(self.stop_token_ids)
         values["eos_token_ids"] = list(self.eos_token_ids)
+        values["logit_bias"] = None if self.logit_bias is None else dict(self.logit_bias)
+        values["allowed_token_ids"] = None if self.allowed_token_ids is None else list(self.allowed_token_ids)
         values.update(changes)
         return SamplingParams(**values)  # type: ignore[arg-type]
+
+
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range, -100..100
+
+
+def _check_logit_bias(bias: object) -> None:
+    """A dict of token id (int >= 0) -> finite bias in [-100, 100]; an error naming logit_bias otherwise."""
+    if not isinstance(bias, dict):
+        raise InvalidParameterError(f"logit_bias must be a dict of token id -> bias, got {type(bias).__name__}",
+                                    "logit_bias")
+    for t, b in bias.items():
+        if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+            raise InvalidParameterError(f"logit_bias keys must be non-negative token ids, got {t!r}", "logit_bias")
+        if not isinstance(b, (int, float)) or isinstance(b, bool) or not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS:
+            raise InvalidParameterError(f"logit_bias values must be numbers in [-100, 100], got {b!r} for token {t}",
+                                        "logit_bias")
 
 
 def _as_list(value: object, name: str, what: str) -> list:

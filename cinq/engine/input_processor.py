@@ -69,6 +69,7 @@ class InputProcessor:
             prompt_text = self.tokenizer.decode(kept, skip_special_tokens=False)  # the text the model sees
         prompt_ids = kept
         self.validate_prompt(prompt_ids)
+        self.validate_token_ids(params)
         max_tokens = self.resolve_max_tokens(len(prompt_ids), params)
         if params.structured_outputs is not None:
             self.compile_structured(params)
@@ -98,6 +99,22 @@ class InputProcessor:
                    None)
         if bad is not None:
             raise InvalidParameterError(f"prompt token id {bad!r} is out of range [0, {vocab})", "prompt")
+
+    def validate_token_ids(self, params: SamplingParams) -> None:
+        """The token ids ``logit_bias`` and ``allowed_token_ids`` name must be in the vocabulary (vLLM's check), and
+        ``allowed_token_ids`` must leave a token that ``min_tokens`` does not ban."""
+        vocab = self.info.vocab_size
+        named = (("logit_bias", params.logit_bias or ()), ("allowed_token_ids", params.allowed_token_ids or ()))
+        for name, ids in named:
+            bad = sorted(t for t in ids if t >= vocab)
+            if bad:
+                raise InvalidParameterError(f"{name}: token id(s) {bad[:8]} are out of range [0, {vocab})", name)
+        allowed = set(params.allowed_token_ids or ())
+        ends = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_token_ids))
+        if allowed and params.min_tokens and allowed <= ends:  # nothing could be sampled before min_tokens
+            raise InvalidParameterError(f"allowed_token_ids holds only end tokens {sorted(allowed)[:8]}, which "
+                                        f"min_tokens ({params.min_tokens}) bans: nothing could be sampled",
+                                        "allowed_token_ids")
 
     def resolve_max_tokens(self, prompt_len: int, params: SamplingParams) -> int:
         limit, block_size = self.info.max_model_len, self.info.block_size

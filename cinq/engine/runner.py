@@ -22,7 +22,7 @@ from cinq.engine.kv_cache_groups import FULL, add_group_tables, allocate_group_c
 from cinq.engine.kv_cache_virtual import VirtualKVRegion, VirtualKVSpec
 from cinq.errors import InvalidParameterError
 from cinq.host_memory import kv_cache_tensor
-from cinq.layers.sampler import Sampler, SamplingMetadata
+from cinq.layers.sampler import Sampler, SamplingMetadata, logit_bias_row
 from cinq.model.interface import check_supported
 from cinq.model.llama import LlamaForCausalLM
 from cinq.sampling_params import SamplingParams
@@ -48,13 +48,15 @@ class _RequestState:
     seen_mask: torch.Tensor | None = None  # [V] bool, prompt + output tokens
     token_ids: list[int] | None = None  # prompt + emitted tokens, kept only for a proposer (its catch-up reads them)
     matcher: GrammarMatcher | None = None  # structured outputs: the grammar's state over the emitted tokens
+    bias: torch.Tensor | None = None  # [V] float32: logit_bias, -inf outside allowed_token_ids
 
 
 def _plain_greedy(state: _RequestState, num_output: int) -> bool:
-    """True when the request's next token is the argmax of the raw logits: greedy, no penalties, no logprobs, no
-    min_tokens ban at this output count."""
+    """True when the request's next token is the argmax of the raw logits: greedy, no penalties, no logit bias, no
+    logprobs, no min_tokens ban at this output count."""
     p = state.params
-    return p.greedy and state.output_counts is None and p.logprobs is None and num_output >= p.min_tokens
+    return (p.greedy and state.output_counts is None and state.bias is None and p.logprobs is None
+            and num_output >= p.min_tokens)
 
 
 class ModelRunner:
@@ -232,6 +234,8 @@ class ModelRunner:
             state.generator.manual_seed(params.seed)
         if params.structured_outputs is not None:
             state.matcher = self._structured().matcher(params.structured_outputs)
+        if params.has_logit_bias:
+            state.bias = logit_bias_row(params, self.vocab_size, self.device)
         if params.has_penalties:
             state.output_counts = torch.zeros(self.vocab_size, dtype=torch.int32, device=self.device)
             state.seen_mask = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.device)
@@ -301,6 +305,10 @@ class ModelRunner:
             for name in ("presence_penalty", "frequency_penalty", "repetition_penalty"):
                 setattr(meta, name, torch.tensor([getattr(params[i], name) for i in pen], dtype=torch.float32,
                                                  device=dev))
+        biased = [i for i, st in enumerate(states) if st.bias is not None]
+        if biased:
+            meta.bias_rows = torch.tensor(biased, device=dev)
+            meta.bias = torch.stack([states[i].bias for i in biased])
         for i, (st, num_output) in enumerate(zip(states, num_outputs)):
             p = st.params
             if num_output < p.min_tokens:

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from cinq.kernels.cpu_native import argmax_native
+from cinq.sampling_params import SamplingParams
 
 
 @dataclass(slots=True)
@@ -36,6 +37,9 @@ class SamplingMetadata:
     presence_penalty: torch.Tensor | None = None  # [P]
     frequency_penalty: torch.Tensor | None = None  # [P]
     repetition_penalty: torch.Tensor | None = None  # [P]
+    # logit_bias / allowed_token_ids, for the rows listed in bias_rows only: added to the raw logits first
+    bias_rows: torch.Tensor | None = None  # [R] int64
+    bias: torch.Tensor | None = None  # [R, V] float32 (-inf outside allowed_token_ids)
     banned: list[tuple[int, list[int]]] = field(default_factory=list)  # (row, token ids) banned by min_tokens
     max_num_logprobs: int | None = None  # None: no row asked for logprobs
 
@@ -75,7 +79,10 @@ class Sampler(nn.Module):
 
     @staticmethod
     def apply_bans_and_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
-        """min_tokens bans (-inf), then repetition / frequency / presence penalties; a new tensor when any."""
+        """logit_bias and allowed_token_ids, min_tokens bans (-inf), then repetition / frequency / presence
+        penalties (vLLM's order); a new tensor when any."""
+        if meta.bias_rows is not None:
+            logits = logits.index_add(0, meta.bias_rows, meta.bias)
         if meta.banned:
             logits = logits.clone()
             for row, ids in meta.banned:
@@ -112,6 +119,22 @@ def row_argmax(x: torch.Tensor) -> torch.Tensor:
     PyTorch's on a row of logits; cinq/kernels/cpu/argmax.cpp), else PyTorch's."""
     out = argmax_native(x)
     return x.argmax(-1) if out is None else out
+
+
+def logit_bias_row(params: SamplingParams, vocab_size: int, device: torch.device) -> torch.Tensor:
+    """One request's additive bias over the vocabulary [V] float32: ``logit_bias`` at its ids, -inf outside
+    ``allowed_token_ids`` (ids past the model's vocabulary, e.g. a padded tokenizer's, are left out)."""
+    bias = torch.zeros(vocab_size, dtype=torch.float32, device=device)
+    if params.allowed_token_ids is not None:
+        bias.fill_(float("-inf"))
+        allowed = [t for t in params.allowed_token_ids if t < vocab_size]
+        bias[torch.tensor(allowed, dtype=torch.long, device=device)] = 0.0
+    if params.logit_bias:
+        items = [(t, b) for t, b in params.logit_bias.items() if t < vocab_size]
+        if items:
+            ids = torch.tensor([t for t, _ in items], dtype=torch.long, device=device)
+            bias[ids] += torch.tensor([float(b) for _, b in items], dtype=torch.float32, device=device)
+    return bias
 
 
 def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:

@@ -32,6 +32,8 @@ _STRICT = ConfigDict(strict=True, extra="ignore")
 # Markers the OpenAPI builder (server/openapi.py) replaces with this server's limits, known when the app is built.
 TOKEN_ID_MARK, MAX_TOKENS_MARK, TEXT_PROMPT_MARK = "x-cinq-token-id", "x-cinq-max-tokens", "x-cinq-text-prompt"
 CONTEXT_MARK = "x-cinq-context"  # at most max_model_len
+TOKEN_ID_KEY_MARK = "x-cinq-token-id-key"  # a decimal string below the vocab size
+TOKEN_ID_KEY = re.compile(r"0|[1-9][0-9]{0,8}")  # what the schema's pattern also requires (no leading zeros)
 
 
 def _schema(default: Any = None, **constraints: Any) -> Any:
@@ -50,7 +52,7 @@ def _unsupported(*allowed: Any, **constraints: Any) -> Any:
 
 
 # The vLLM fields _check_unsupported refuses when they ask for something; length_penalty's no-op value is 1
-_UNSUPPORTED_COMMON = ("allowed_token_ids", "bad_words", "use_beam_search", "length_penalty",
+_UNSUPPORTED_COMMON = ("bad_words", "use_beam_search", "length_penalty",
                        "return_tokens_as_token_ids", "prompt_logprobs", "guided_whitespace_pattern")
 _NO_EFFECT = {"length_penalty": 1.0}
 
@@ -109,6 +111,8 @@ class _SamplingRequest(BaseModel):
     seed: int | None = _schema(minimum=-(1 << 63), maximum=(1 << 63) - 1)
     stop: NonEmptyStr | Annotated[list[NonEmptyStr], Field(json_schema_extra={"maxItems": 16})] | None = None
     stop_token_ids: list[TokenId] | None = None
+    allowed_token_ids: Annotated[list[TokenId], Field(json_schema_extra={"minItems": 1})] | None = _schema(
+        description="the only tokens that may be sampled")
     ignore_eos: bool = False
     min_tokens: int = _schema(0, minimum=0, maximum=1 << 24, description="at most max_tokens")
     skip_special_tokens: bool = True
@@ -119,7 +123,10 @@ class _SamplingRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    logit_bias: dict[str, float] | None = _schema(maxProperties=0, description="not supported: omit, null or {}")
+    logit_bias: dict[str, float] | None = _schema(
+        propertyNames={TOKEN_ID_KEY_MARK: True}, additionalProperties={"type": "number", "minimum": -100,
+                                                                      "maximum": 100},
+        description="token id (a decimal string, below the vocabulary size) -> bias added to its logit, -100..100")
     best_of: int | None = _schema(description="not supported other than equal to n")
     # cinq's extra: labels this request's speculative-decoding counters in /metrics and /stats
     language: str | None = _schema(minLength=1, maxLength=MAX_LANGUAGE_LEN, pattern="^[A-Za-z0-9_-]+$",
@@ -135,7 +142,6 @@ class _SamplingRequest(BaseModel):
     guided_decoding_backend: str | None = _schema(enum=[DEFAULT_BACKEND, "auto", None],
                                                   description=f"cinq compiles every constraint with {DEFAULT_BACKEND}")
     # vLLM's extras that cinq does not implement (_check_unsupported)
-    allowed_token_ids: list[int] | None = _unsupported(maxItems=0)
     bad_words: list[str] | None = _unsupported(maxItems=0)
     use_beam_search: bool | None = _unsupported(False, None)
     length_penalty: float | None = _unsupported(1, None)
@@ -153,8 +159,10 @@ class _SamplingRequest(BaseModel):
     def _check_common(self) -> None:
         if self.stream_options is not None and not self.stream:
             raise InvalidParameterError("stream_options is only allowed when stream is true", "stream_options")
-        if self.logit_bias:
-            raise InvalidParameterError("logit_bias is not supported by cinq", "logit_bias")
+        bad_key = next((k for k in self.logit_bias or () if not TOKEN_ID_KEY.fullmatch(k)), None)
+        if bad_key is not None:
+            raise InvalidParameterError(f"logit_bias keys must be token ids (decimal strings without leading zeros), "
+                                        f"got {bad_key!r:.40}", "logit_bias")
         if self.best_of is not None and self.best_of != self.n:
             raise InvalidParameterError(f"best_of ({self.best_of}) other than n ({self.n}) is not supported",
                                         "best_of")
@@ -191,6 +199,8 @@ class _SamplingRequest(BaseModel):
             prompt_logprobs=prompt_logprobs, skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
             truncate_prompt_tokens=self.truncate_prompt_tokens,
+            logit_bias=None if self.logit_bias is None else {int(t): b for t, b in self.logit_bias.items()},
+            allowed_token_ids=self.allowed_token_ids,
             output_kind=OutputKind.DELTA if self.stream else OutputKind.FINAL_ONLY, structured_outputs=structured,
             **values)
 

@@ -1,6 +1,7 @@
 """InputProcessor: vLLM's ``truncate_prompt_tokens`` keeps a prompt's last k tokens (-1: the context length) before
 the context check, so a prompt too long for the model is cut instead of refused; a size past the context, or 0, is
-an error naming the field."""
+an error naming the field. The token ids of ``logit_bias`` and ``allowed_token_ids`` are checked against the
+vocabulary."""
 
 from __future__ import annotations
 
@@ -64,3 +65,19 @@ def test_a_size_past_the_context_names_the_field(llm):
     with pytest.raises(InvalidParameterError) as e:
         llm.generate(["hi"], SamplingParams(truncate_prompt_tokens=CONTEXT + 1), use_tqdm=False)
     assert e.value.param == "truncate_prompt_tokens" and str(CONTEXT) in str(e.value)
+
+
+def test_token_ids_of_logit_bias_and_allowed_token_ids_are_checked(llm):
+    vocab = llm.engine.info.vocab_size
+    for field, params in (("logit_bias", SamplingParams(logit_bias={vocab: 1.0})),
+                          ("allowed_token_ids", SamplingParams(allowed_token_ids=[1, vocab + 5]))):
+        with pytest.raises(InvalidParameterError, match=str(vocab)) as e:
+            llm.generate(["hi"], params, use_tqdm=False)
+        assert e.value.param == field
+    # only end tokens allowed while min_tokens bans them: nothing could be sampled (it emitted token 0)
+    eos = llm.get_tokenizer().eos_token_ids
+    with pytest.raises(InvalidParameterError, match="nothing could be sampled"):
+        llm.generate(["hi"], SamplingParams(min_tokens=2, allowed_token_ids=eos), use_tqdm=False)
+    (ok,) = llm.generate(["hi"], SamplingParams(min_tokens=2, max_tokens=3, allowed_token_ids=eos, ignore_eos=True),
+                         use_tqdm=False)
+    assert set(ok.outputs[0].token_ids) <= set(eos)

@@ -60,3 +60,29 @@ def test_fast_paths_match_the_pytorch_paths(arch, tiny_models, monkeypatch):
     fast, slow = _both_ways(model, {"min": (PROMPTS[0], GREEDY.clone(min_tokens=3, stop_token_ids=[first]))},
                             monkeypatch)
     assert fast["min"][0] == slow["min"][0] and fast["min"][0][0] != first
+
+
+@pytest.mark.parametrize("spec", [None, {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2,
+                                         "prompt_lookup_min": 1}], ids=["plain", "ngram"])
+def test_logit_bias_and_allowed_token_ids_steer_every_step(tiny_llama, spec):
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", kv_cache_memory=0.05, seed=0,
+                                    speculative_config=spec))
+    prompt = PROMPTS[0]
+    cases = {
+        "plain": GREEDY,
+        "forced": GREEDY.clone(logit_bias={42: 100.0}),  # +100 outweighs any logit of this model
+        "allowed": GREEDY.clone(allowed_token_ids=[5, 9, 60]),
+        "sampled": GREEDY.clone(temperature=1.0, seed=3, allowed_token_ids=[5, 9, 60], logit_bias={9: -100.0}),
+        "banned": GREEDY.clone(logit_bias={t: -100.0 for t in range(0, engine.model_config.vocab_size, 2)}),
+    }
+    tokens = {}
+    for batch in (["plain", "forced", "allowed", "banned"], ["sampled"]):  # all greedy (the argmax shortcut), then not
+        for rid in batch:
+            engine.add_request(rid, prompt, cases[rid])
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                tokens[out.request_id] = list(out.outputs[0].token_ids)
+    assert tokens["forced"] == [42] * 24 != tokens["plain"]
+    assert set(tokens["allowed"]) <= {5, 9, 60}
+    assert set(tokens["sampled"]) <= {5, 60} and len(set(tokens["sampled"])) == 2  # 9 all but banned; sampled
+    assert all(t % 2 for t in tokens["banned"])

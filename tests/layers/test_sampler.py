@@ -136,3 +136,23 @@ def test_top_k_sorts_only_the_k_most_likely_with_the_full_sorts_result(with_top_
     assert kept[0] == 1 and (kept <= k).all() and (not with_top_p or kept[3] < 300)
     # the runner passes the largest k it read on the host (no device sync): the same rows survive
     assert torch.equal(apply_top_k_top_p(logits, k, p, max_top_k=300), fast)
+
+
+def test_logit_bias_and_allowed_tokens_shape_greedy_and_sampled_rows():
+    from cinq.layers.sampler import logit_bias_row
+    from cinq.sampling_params import SamplingParams
+
+    bias = logit_bias_row(SamplingParams(logit_bias={3: 5.0}), len(LOGITS), torch.device("cpu"))
+    assert bias.tolist() == [0, 0, 0, 5.0, 0]
+    only = logit_bias_row(SamplingParams(allowed_token_ids=[2, 4], logit_bias={4: 1.0}), len(LOGITS),
+                          torch.device("cpu"))
+    assert only[[2, 4]].tolist() == [0.0, 1.0] and torch.isinf(only[[0, 1, 3]]).all()
+    # greedy: the biased token wins; sampled: the distribution is softmax(logits + bias), only allowed ids drawn
+    rows = torch.tensor([0])
+    greedy = meta(1, 0.0, bias_rows=rows, bias=bias[None])
+    assert Sampler()(LOGITS[None].clone(), greedy).token_ids.tolist() == [3]
+    m = meta(ROWS, 1.0, bias_rows=torch.arange(ROWS), bias=only.expand(ROWS, -1))
+    assert (freqs(sample(m)) - (LOGITS + only).softmax(-1)).abs().max() < 0.01
+    # rows without a bias are untouched
+    mixed = meta(2, 0.0, bias_rows=torch.tensor([1]), bias=bias[None])
+    assert Sampler()(LOGITS.expand(2, -1).clone(), mixed).token_ids.tolist() == [0, 3]

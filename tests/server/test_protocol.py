@@ -1,6 +1,6 @@
-"""vLLM's extra request fields that cinq does not implement are refused by name when they ask for something (they
-used to be accepted and silently ignored), and accepted at the values that ask for nothing; the OpenAPI document
-says which values those are."""
+"""vLLM's extra request fields: logit_bias and allowed_token_ids steer the reply; those cinq does not implement are
+refused by name when they ask for something (they used to be accepted and silently ignored), and accepted at the
+values that ask for nothing; the OpenAPI document says which values those are."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ USER = [{"role": "user", "content": "hi"}]
 
 # (field, a value that asks for something, values that ask for nothing)
 UNSUPPORTED = [
-    ("allowed_token_ids", [1, 2], [None, []]),
     ("bad_words", ["bad"], [None, []]),
     ("use_beam_search", True, [None, False]),
     ("length_penalty", 0.5, [None, 1.0, 1]),
@@ -75,3 +74,20 @@ def test_the_schema_names_the_values_that_ask_for_nothing(server):
         else:
             assert prop["anyOf"][0]["type"] == "array" and prop["maxItems"] == 0, field
     assert props["echo"]["enum"] == [False, None]
+
+
+@pytest.mark.parametrize("route", [CMPL, CHAT])
+def test_logit_bias_and_allowed_token_ids_steer_the_reply(server, route):
+    forced = _post(server, route, {"max_tokens": 4, "ignore_eos": True, "temperature": 0,
+                                   "logit_bias": {"42": 100}, "logprobs": route == CHAT or 1})
+    assert forced.status_code == 200, forced.text
+    steered = _post(server, route, {"max_tokens": 6, "ignore_eos": True, "temperature": 1.0, "seed": 1,
+                                    "allowed_token_ids": [5, 60], "logprobs": route == CHAT or 1})
+    assert steered.status_code == 200, steered.text
+    if route == CMPL:
+        ids = [r.json()["choices"][0]["logprobs"]["tokens"] for r in (forced, steered)]
+    else:
+        ids = [[t["token"] for t in r.json()["choices"][0]["logprobs"]["content"]] for r in (forced, steered)]
+    tok = server.llm.tokenizer
+    names = [[tok.decode([i], skip_special_tokens=False) for i in allowed] for allowed in ([42], [5, 60])]
+    assert set(ids[0]) == set(names[0]) and set(ids[1]) <= set(names[1])
