@@ -10,6 +10,8 @@ from cinq.errors import InvalidParameterError
 from cinq.structured.params import StructuredOutputsParams
 
 MAX_LOGPROBS = 20
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range, -100..100
+MAX_BAD_WORDS = 128  # each is checked against the output at every step
 _GREEDY_EPS = 1e-5
 
 
@@ -50,10 +52,14 @@ class SamplingParams:
     # may be sampled: both as vLLM's, greedy requests included
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
+    # Words never to generate (vLLM's): a word's last token is banned wherever its other tokens end the output
+    bad_words: list[str] | None = None
     # Constrained decoding (JSON schema, regex, choice, grammar, any JSON object): cinq/structured/.
     structured_outputs: StructuredOutputsParams | None = None
     # Filled by the engine from the model's generation config; not user-facing.
     eos_token_ids: list[int] = field(default_factory=list)
+    # Filled by the engine from bad_words and its tokenizer; not user-facing.
+    bad_words_token_ids: list[list[int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -110,6 +116,14 @@ class SamplingParams:
                 if not isinstance(t, int) or isinstance(t, bool) or t < 0:
                     raise InvalidParameterError(f"allowed_token_ids must be non-negative integers, got {t!r}",
                                                 "allowed_token_ids")
+        if self.bad_words is not None:
+            self.bad_words = _as_list(self.bad_words, "bad_words", "a list of strings")
+            if len(self.bad_words) > MAX_BAD_WORDS:
+                raise InvalidParameterError(f"bad_words may hold at most {MAX_BAD_WORDS} words, got "
+                                            f"{len(self.bad_words)}", "bad_words")
+            for w in self.bad_words:
+                if not isinstance(w, str) or not w.strip():
+                    raise InvalidParameterError(f"bad_words must be non-blank strings, got {w!r:.40}", "bad_words")
         if self.structured_outputs is not None and not isinstance(self.structured_outputs,
                                                                    StructuredOutputsParams):
             raise InvalidParameterError(f"structured_outputs must be a StructuredOutputsParams, got "
@@ -138,11 +152,12 @@ class SamplingParams:
         values["eos_token_ids"] = list(self.eos_token_ids)
         values["logit_bias"] = None if self.logit_bias is None else dict(self.logit_bias)
         values["allowed_token_ids"] = None if self.allowed_token_ids is None else list(self.allowed_token_ids)
+        values["bad_words"] = None if self.bad_words is None else list(self.bad_words)
+        values["bad_words_token_ids"] = [list(w) for w in self.bad_words_token_ids]
         values.update(changes)
         return SamplingParams(**values)  # type: ignore[arg-type]
 
 
-MAX_LOGIT_BIAS = 100.0  # OpenAI's range, -100..100
 
 
 def _check_logit_bias(bias: object) -> None:

@@ -44,6 +44,20 @@ def truncate_prompt(prompt_ids: list[int], truncate_prompt_tokens: int | None, m
     return prompt_ids[-keep:]
 
 
+def bad_words_token_ids(tokenizer: Tokenizer, words: list[str]) -> list[list[int]]:
+    """Each bad word as the token sequences that spell it at the start of a text and after a space (vLLM's two
+    spellings; the spaced one only where it is a different word token of the same length)."""
+    sequences: list[list[int]] = []
+    for word in words:
+        bare = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+        spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+        other_word = bool(bare) and bool(spaced) and spaced[0] != bare[0] and len(spaced) == len(bare)
+        for ids in (bare, spaced) if other_word else (bare,):
+            if ids and ids not in sequences:
+                sequences.append(ids)
+    return sequences
+
+
 class InputProcessor:
     """Validation and fan-out for one core (its vocabulary, context and KV cache size)."""
 
@@ -70,6 +84,8 @@ class InputProcessor:
         prompt_ids = kept
         self.validate_prompt(prompt_ids)
         self.validate_token_ids(params)
+        if params.bad_words and not params.bad_words_token_ids:
+            params = params.clone(bad_words_token_ids=bad_words_token_ids(self.tokenizer, params.bad_words))
         max_tokens = self.resolve_max_tokens(len(prompt_ids), params)
         if params.structured_outputs is not None:
             self.compile_structured(params)

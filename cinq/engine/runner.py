@@ -22,7 +22,7 @@ from cinq.engine.kv_cache_groups import FULL, add_group_tables, allocate_group_c
 from cinq.engine.kv_cache_virtual import VirtualKVRegion, VirtualKVSpec
 from cinq.errors import InvalidParameterError
 from cinq.host_memory import kv_cache_tensor
-from cinq.layers.sampler import Sampler, SamplingMetadata, logit_bias_row
+from cinq.layers.sampler import Sampler, SamplingMetadata, bad_word_bans, logit_bias_row
 from cinq.model.interface import check_supported
 from cinq.model.llama import LlamaForCausalLM
 from cinq.sampling_params import SamplingParams
@@ -49,14 +49,15 @@ class _RequestState:
     token_ids: list[int] | None = None  # prompt + emitted tokens, kept only for a proposer (its catch-up reads them)
     matcher: GrammarMatcher | None = None  # structured outputs: the grammar's state over the emitted tokens
     bias: torch.Tensor | None = None  # [V] float32: logit_bias, -inf outside allowed_token_ids
+    output_ids: list[int] | None = None  # the tokens emitted so far, kept only for bad_words
 
 
 def _plain_greedy(state: _RequestState, num_output: int) -> bool:
-    """True when the request's next token is the argmax of the raw logits: greedy, no penalties, no logit bias, no
-    logprobs, no min_tokens ban at this output count."""
+    """True when the request's next token is the argmax of the raw logits: greedy, no penalties, no logit bias or
+    bad words, no logprobs, no min_tokens ban at this output count."""
     p = state.params
-    return (p.greedy and state.output_counts is None and state.bias is None and p.logprobs is None
-            and num_output >= p.min_tokens)
+    return (p.greedy and state.output_counts is None and state.bias is None and state.output_ids is None
+            and p.logprobs is None and num_output >= p.min_tokens)
 
 
 class ModelRunner:
@@ -236,6 +237,8 @@ class ModelRunner:
             state.matcher = self._structured().matcher(params.structured_outputs)
         if params.has_logit_bias:
             state.bias = logit_bias_row(params, self.vocab_size, self.device)
+        if params.bad_words_token_ids:
+            state.output_ids = []
         if params.has_penalties:
             state.output_counts = torch.zeros(self.vocab_size, dtype=torch.int32, device=self.device)
             state.seen_mask = torch.zeros(self.vocab_size, dtype=torch.bool, device=self.device)
@@ -273,6 +276,8 @@ class ModelRunner:
             tok = tokens[i]
             out.sampled[seq.request_id] = [tok]
             advance(st.matcher, [tok], seq.request_id)
+            if st.output_ids is not None:
+                st.output_ids.append(tok)
             if st.output_counts is not None:
                 st.output_counts[tok] += 1
                 st.seen_mask[tok] = True
@@ -281,7 +286,10 @@ class ModelRunner:
             out.logprobs[seqs[i].request_id] = [TokenLogprobs(
                 tokens[i], lp[i], rank[i], top_ids[i][:k] if top_ids else [], top_vals[i][:k] if top_vals else [])]
 
-    def _sampling_metadata(self, states: list[_RequestState], num_outputs: list[int]) -> SamplingMetadata:
+    def _sampling_metadata(self, states: list[_RequestState], num_outputs: list[int],
+                           drafted: list[list[int]] | None = None) -> SamplingMetadata:
+        """The rows' sampling metadata; ``drafted``: per row, the draft tokens before it that count as output
+        (speculative verification's path to the row)."""
         dev = self.device
         params = [st.params for st in states]
         greedy = [p.greedy for p in params]
@@ -316,6 +324,10 @@ class ModelRunner:
                           if t < self.vocab_size]
                 if banned:
                     meta.banned.append((i, banned))
+            if st.output_ids is not None:
+                words = bad_word_bans(p.bad_words_token_ids, st.output_ids + (drafted[i] if drafted else []))
+                if words:
+                    meta.banned.append((i, words))
         lp = [p.logprobs for p in params if p.logprobs is not None]
         meta.max_num_logprobs = max(lp) if lp else None
         return meta

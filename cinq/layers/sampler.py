@@ -137,6 +137,17 @@ def logit_bias_row(params: SamplingParams, vocab_size: int, device: torch.device
     return bias
 
 
+def bad_word_bans(words: list[list[int]], output: list[int]) -> list[int]:
+    """The tokens ``words`` (token sequences) ban after ``output``: each word's last token where its other tokens
+    end the output (a one-token word: always)."""
+    banned = []
+    for w in words:
+        head = len(w) - 1
+        if head == 0 or (len(output) >= head and output[-head:] == w[:-1]):
+            banned.append(w[-1])
+    return banned
+
+
 def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
     """Repetition penalty (divide positive / multiply negative logits of seen tokens), then frequency
     (minus f * count) and presence (minus p if the token occurred) penalties on output tokens."""

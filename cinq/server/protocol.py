@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from cinq.engine.spec_metrics import MAX_LANGUAGE_LEN, check_language
 from cinq.errors import CinqError, InvalidParameterError
 from cinq.model.generation_defaults import fill_defaults
-from cinq.sampling_params import MAX_LOGPROBS, OutputKind, SamplingParams
+from cinq.sampling_params import MAX_BAD_WORDS, MAX_LOGPROBS, OutputKind, SamplingParams
 from cinq.model.chat_template import generation_flags
 from cinq.server.messages import ChatMessage, template_messages
 from cinq.server.structured import GUIDED, constraint_from_fields, constraint_from_response_format
@@ -52,7 +52,7 @@ def _unsupported(*allowed: Any, **constraints: Any) -> Any:
 
 
 # The vLLM fields _check_unsupported refuses when they ask for something; length_penalty's no-op value is 1
-_UNSUPPORTED_COMMON = ("bad_words", "use_beam_search", "length_penalty",
+_UNSUPPORTED_COMMON = ("use_beam_search", "length_penalty",
                        "return_tokens_as_token_ids", "prompt_logprobs", "guided_whitespace_pattern")
 _NO_EFFECT = {"length_penalty": 1.0}
 
@@ -113,6 +113,9 @@ class _SamplingRequest(BaseModel):
     stop_token_ids: list[TokenId] | None = None
     allowed_token_ids: Annotated[list[TokenId], Field(json_schema_extra={"minItems": 1})] | None = _schema(
         description="the only tokens that may be sampled")
+    bad_words: Annotated[list[Annotated[str, Field(json_schema_extra={"pattern": r"\S"})]],
+                         Field(json_schema_extra={"maxItems": MAX_BAD_WORDS})] | None = _schema(
+        description="words never to generate (each is banned wherever the output spells it)")
     ignore_eos: bool = False
     min_tokens: int = _schema(0, minimum=0, maximum=1 << 24, description="at most max_tokens")
     skip_special_tokens: bool = True
@@ -142,7 +145,6 @@ class _SamplingRequest(BaseModel):
     guided_decoding_backend: str | None = _schema(enum=[DEFAULT_BACKEND, "auto", None],
                                                   description=f"cinq compiles every constraint with {DEFAULT_BACKEND}")
     # vLLM's extras that cinq does not implement (_check_unsupported)
-    bad_words: list[str] | None = _unsupported(maxItems=0)
     use_beam_search: bool | None = _unsupported(False, None)
     length_penalty: float | None = _unsupported(1, None)
     return_tokens_as_token_ids: bool | None = _unsupported(False, None)
@@ -200,7 +202,7 @@ class _SamplingRequest(BaseModel):
             include_stop_str_in_output=self.include_stop_str_in_output,
             truncate_prompt_tokens=self.truncate_prompt_tokens,
             logit_bias=None if self.logit_bias is None else {int(t): b for t, b in self.logit_bias.items()},
-            allowed_token_ids=self.allowed_token_ids,
+            allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,
             output_kind=OutputKind.DELTA if self.stream else OutputKind.FINAL_ONLY, structured_outputs=structured,
             **values)
 

@@ -38,10 +38,12 @@ class RequestSampling(Protocol):
     output_counts: torch.Tensor | None
     seen_mask: torch.Tensor | None
     matcher: Any
+    output_ids: list[int] | None
 
 
-# (states of the rows, output count at each row) -> the rows' sampling metadata (the runner builds it)
-MetadataFn = Callable[[list[Any], list[int]], SamplingMetadata]
+# (states of the rows, output count at each row, the drafts before each row) -> the rows' sampling metadata (the
+# runner builds it)
+MetadataFn = Callable[[list[Any], list[int], list[list[int]]], SamplingMetadata]
 
 
 class Verifier:
@@ -111,7 +113,7 @@ class Verifier:
                    row_history: list[list[int]]) -> torch.Tensor:
         """Each row's distribution as plain decoding would sample it (greedy rows: the banned, penalised logits,
         whose argmax is all they need)."""
-        meta = self.sampling_metadata(row_states, row_outputs)
+        meta = self.sampling_metadata(row_states, row_outputs, row_history)
         if meta.penalty_rows is not None:
             for n, r in enumerate(meta.penalty_rows.tolist()):
                 if row_history[r]:
@@ -126,6 +128,8 @@ class Verifier:
               rows: list[int], out: RunnerOutput) -> None:
         out.sampled[seq.request_id] = tokens
         advance(st.matcher, tokens, seq.request_id)
+        if st.output_ids is not None:
+            st.output_ids.extend(tokens)
         if st.params.logprobs is not None:  # raw, as without drafts: emitted token j comes from kept row j
             raw = raw_logits[torch.tensor(rows, device=self.device)].float().log_softmax(-1)
             out.logprobs[seq.request_id] = token_logprobs(raw, tokens, st.params.logprobs)

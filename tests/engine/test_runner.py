@@ -4,6 +4,7 @@ sampler, the range-built inputs) give the same tokens and logprobs as the plain 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from cinq.config import EngineConfig
 from cinq.engine import runner as runner_mod
@@ -86,3 +87,58 @@ def test_logit_bias_and_allowed_token_ids_steer_every_step(tiny_llama, spec):
     assert set(tokens["allowed"]) <= {5, 9, 60}
     assert set(tokens["sampled"]) <= {5, 60} and len(set(tokens["sampled"])) == 2  # 9 all but banned; sampled
     assert all(t % 2 for t in tokens["banned"])
+
+
+@pytest.mark.parametrize("spec", [None, {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2,
+                                         "prompt_lookup_min": 1}], ids=["plain", "ngram"])
+def test_bad_words_never_appear_in_the_output(tiny_llama, spec):
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", kv_cache_memory=0.05, seed=0,
+                                    speculative_config=spec))
+    prompt = PROMPTS[0]
+    greedy = GREEDY.clone(max_tokens=32)
+    engine.add_request("plain", prompt, greedy)
+    plain = _drain(engine)["plain"]
+    # a two-token word the plain greedy output spells at 10..11, given as token ids (the tokenization is tested
+    # apart): its second token must give way right there, drafted or not
+    pair = plain[10:12]
+    params = greedy.clone(bad_words=["w"], bad_words_token_ids=[pair])
+    engine.add_request("clean", prompt, params)
+    engine.add_request("sampled", prompt, params.clone(temperature=0.8, seed=5))
+    outs = _drain(engine)
+    for rid in ("clean", "sampled"):
+        out = outs[rid]
+        assert not any(out[i:i + 2] == pair for i in range(len(out) - 1)), (rid, pair, out)
+    assert outs["clean"][:11] == plain[:11] and outs["clean"][11] != plain[11]
+
+
+def test_bad_words_are_tokenized_at_the_start_and_after_a_space(tiny_llama):
+    from cinq.engine.input_processor import bad_words_token_ids
+    from cinq.model.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_pretrained(tiny_llama)
+    for seq in bad_words_token_ids(tok, ["hello", " world"]):
+        assert tok.decode(seq).strip() in ("hello", "world")
+    spellings = {tuple(s) for s in bad_words_token_ids(tok, ["hello"])}
+    assert tuple(tok.encode("hello", add_special_tokens=False)) in spellings
+
+
+def _drain(engine: LLMEngine) -> dict[str, list[int]]:
+    tokens = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens[out.request_id] = list(out.outputs[0].token_ids)
+    return tokens
+
+
+def test_a_verify_row_bans_a_bad_word_after_the_drafts_before_it(tiny_llama):
+    # row j of a verify step scores the token after the output plus the first j drafts: a word [a, b] bans b in the
+    # row after a drafted a, not in the row before it (the verifier passes each row's drafts to the metadata)
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", kv_cache_memory=0.05, seed=0,
+                                    speculative_config={"method": "ngram", "num_speculative_tokens": 2}))
+    runner = engine.core.executor.runner
+    a, b = 11, 12
+    st = runner_mod._RequestState(GREEDY.clone(bad_words=["w"], bad_words_token_ids=[[a, b]]), [1, 2],
+                                  output_ids=[7])
+    logits = torch.zeros(3, runner.vocab_size)
+    processed = runner.verifier._processed(logits, [st, st, st], [1, 2, 3], [[], [a], [a, 9]])
+    assert torch.isinf(processed[:, b]).tolist() == [False, True, False]

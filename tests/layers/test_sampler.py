@@ -156,3 +156,13 @@ def test_logit_bias_and_allowed_tokens_shape_greedy_and_sampled_rows():
     # rows without a bias are untouched
     mixed = meta(2, 0.0, bias_rows=torch.tensor([1]), bias=bias[None])
     assert Sampler()(LOGITS.expand(2, -1).clone(), mixed).token_ids.tolist() == [0, 3]
+
+
+def test_a_bad_words_last_token_is_banned_where_its_other_tokens_end_the_output():
+    from cinq.layers.sampler import bad_word_bans
+
+    words = [[7], [3, 4, 5], [9, 4]]
+    assert bad_word_bans(words, []) == [7]
+    assert bad_word_bans(words, [1, 3, 4]) == [7, 5]
+    assert bad_word_bans(words, [3, 4, 9]) == [7, 4]
+    assert bad_word_bans(words, [4]) == [7]  # [3, 4] is not there

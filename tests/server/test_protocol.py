@@ -1,6 +1,6 @@
-"""vLLM's extra request fields: logit_bias and allowed_token_ids steer the reply; those cinq does not implement are
-refused by name when they ask for something (they used to be accepted and silently ignored), and accepted at the
-values that ask for nothing; the OpenAPI document says which values those are."""
+"""vLLM's extra request fields: logit_bias, allowed_token_ids and bad_words steer the reply; those cinq does not
+implement are refused by name when they ask for something (they used to be accepted and silently ignored), and
+accepted at the values that ask for nothing; the OpenAPI document says which values those are."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ USER = [{"role": "user", "content": "hi"}]
 
 # (field, a value that asks for something, values that ask for nothing)
 UNSUPPORTED = [
-    ("bad_words", ["bad"], [None, []]),
     ("use_beam_search", True, [None, False]),
     ("length_penalty", 0.5, [None, 1.0, 1]),
     ("return_tokens_as_token_ids", True, [None, False]),
@@ -91,3 +90,15 @@ def test_logit_bias_and_allowed_token_ids_steer_the_reply(server, route):
     tok = server.llm.tokenizer
     names = [[tok.decode([i], skip_special_tokens=False) for i in allowed] for allowed in ([42], [5, 60])]
     assert set(ids[0]) == set(names[0]) and set(ids[1]) <= set(names[1])
+
+
+def test_bad_words_win_over_a_logit_bias_and_blank_ones_are_refused(server):
+    (x,) = httpx.post(server.url + "/tokenize", json={"prompt": "x", "add_special_tokens": False},
+                      timeout=30).json()["tokens"]
+    body = {"max_tokens": 6, "ignore_eos": True, "temperature": 0, "logit_bias": {str(x): 100}, "logprobs": 0}
+    forced = _post(server, CMPL, body).json()["choices"][0]["text"]
+    avoided = _post(server, CMPL, {**body, "bad_words": ["x"]})
+    assert avoided.status_code == 200, avoided.text
+    assert forced == "x" * 6 and "x" not in avoided.json()["choices"][0]["text"]
+    blank = _post(server, CMPL, {"bad_words": ["  "]})
+    assert blank.status_code == 400 and blank.json()["error"]["param"] == "bad_words"
