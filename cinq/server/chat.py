@@ -12,11 +12,11 @@ from starlette.requests import Request
 
 from cinq.engine.async_engine import RequestStream
 from cinq.errors import CinqError
-from cinq.outputs import CompletionOutput
+from cinq.outputs import CompletionOutput, RequestOutput
 from cinq.server.chat_prompt import render_chat_prompt
 from cinq.server.context import Prompt, ServerContext, new_id
 from cinq.server.errors import to_api_error
-from cinq.server.logprobs import chat_logprobs
+from cinq.server.logprobs import chat_logprobs, prompt_logprobs
 from cinq.server.protocol import ChatCompletionRequest, rename_max_tokens
 from cinq.server.streams import DONE, SSEResponse, final_outputs, merge_streams, sse, unless_disconnected
 from cinq.server.structured import add_all_naming
@@ -48,7 +48,7 @@ async def create_chat_completion(ctx: ServerContext, req: ChatCompletionRequest,
         (out,) = await unless_disconnected(raw, final_outputs(streams))
     finally:
         ctx.release(streams)
-    return JSONResponse(job.response(out.outputs))
+    return JSONResponse(job.response(out))
 
 
 class _Chat:
@@ -76,7 +76,8 @@ class _Chat:
         finish = "tool_calls" if comp.finish_reason == "stop" else comp.finish_reason
         return {"role": "assistant", "content": content, "tool_calls": calls}, finish
 
-    def response(self, comps: list[CompletionOutput]) -> dict:
+    def response(self, out: RequestOutput) -> dict:
+        comps = out.outputs
         choices = []
         for c in comps:
             message, finish = self._message(c)
@@ -84,7 +85,14 @@ class _Chat:
                             "finish_reason": finish, "stop_reason": c.stop_reason})
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.ctx.model_name,
                 "choices": choices, "usage": self._usage(sum(len(c.token_ids) for c in comps)),
-                "system_fingerprint": None}
+                "system_fingerprint": None, **self._prompt_logprobs(out)}
+
+    def _prompt_logprobs(self, out: RequestOutput) -> dict:
+        """vLLM's top-level ``prompt_logprobs`` of a chat response, when asked for."""
+        if self.req.prompt_logprobs is None:
+            return {}
+        return {"prompt_logprobs": prompt_logprobs(self.ctx.llm.tokenizer, out.prompt_token_ids,
+                                                   out.prompt_logprobs or [], self.req.prompt_logprobs)}
 
     def _chunk(self, choices: list[dict], usage: dict | None = None) -> dict:
         chunk = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,

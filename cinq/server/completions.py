@@ -17,7 +17,7 @@ from cinq.engine.async_engine import RequestStream
 from cinq.outputs import CompletionOutput, RequestOutput
 from cinq.server.context import Prompt, ServerContext, new_id
 from cinq.server.errors import to_api_error
-from cinq.server.logprobs import CompletionLogprobs
+from cinq.server.logprobs import CompletionLogprobs, prompt_logprobs
 from cinq.server.structured import add_all_naming
 from cinq.server.protocol import CompletionRequest
 from cinq.server.streams import DONE, SSEResponse, final_outputs, merge_streams, sse, unless_disconnected
@@ -90,7 +90,11 @@ class _Completion:
             for comp in out.outputs:
                 text = self._echo_text(prompt) + comp.text if self.req.echo else comp.text
                 lp = self._logprobs(CompletionLogprobs(self.ctx.llm.tokenizer), out, comp, self.req.echo)
-                choices.append(self._choice(i * self.n + comp.index, text, lp, comp))
+                choice = self._choice(i * self.n + comp.index, text, lp, comp)
+                if self.req.prompt_logprobs is not None:
+                    choice["prompt_logprobs"] = prompt_logprobs(self.ctx.llm.tokenizer, out.prompt_token_ids,
+                                                                out.prompt_logprobs or [], self.req.prompt_logprobs)
+                choices.append(choice)
                 generated += len(comp.token_ids)
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.ctx.model_name,
                 "choices": choices, "usage": self._usage(generated), "system_fingerprint": None}

@@ -65,3 +65,19 @@ def chat_logprobs(tokenizer: Tokenizer, token_ids: list[int], positions: list[Po
                 top.append({"token": alt_text, "logprob": _lp(alt.logprob), "bytes": list(alt_text.encode())})
         content.append({"token": text, "logprob": _lp(lp), "bytes": list(text.encode()), "top_logprobs": top})
     return {"content": content}
+
+
+def prompt_logprobs(tokenizer: Tokenizer, token_ids: list[int], positions: list[PositionLogprobs | None],
+                    num_top: int) -> list[dict | None]:
+    """vLLM's ``prompt_logprobs``: per prompt token (None for the first, which nothing predicts) its top
+    ``num_top`` and itself, token id (a string key) -> ``{"logprob", "rank", "decoded_token"}``."""
+    out: list[dict | None] = []
+    for token_id, entry in zip(token_ids, positions):
+        if entry is None:
+            out.append(None)
+            continue
+        out.append({str(tid): {"logprob": _lp(lp.logprob), "rank": lp.rank,
+                               "decoded_token": _token_text(tokenizer, tid, entry)}
+                    for tid, lp in sorted(entry.items(), key=lambda kv: kv[1].rank or 0)
+                    if tid == token_id or (lp.rank or 0) <= num_top})
+    return out

@@ -46,6 +46,14 @@ _COMPLETION_LOGPROBS = _obj(
     top_logprobs={"type": "array", "items": _nullable({"type": "object", "additionalProperties": _NUM})},
     text_offset={"type": "array", "items": _INT})
 _TOP = _obj(token=_STR, logprob=_NUM, bytes={"type": "array", "items": _INT})
+# vLLM's prompt_logprobs: per prompt token null (the first) or token id -> its logprob, rank and text
+_PROMPT_LOGPROBS = {"type": "array", "items": _nullable({"type": "object", "additionalProperties": _obj(
+    logprob=_NUM, rank=_nullable(_INT), decoded_token=_STR)})}
+
+
+def _optional(schema: dict, *names: str) -> dict:
+    """``schema`` (an ``_obj``) with ``names`` no longer required."""
+    return {**schema, "required": [r for r in schema["required"] if r not in names]}
 _CHAT_LOGPROBS = _obj(content={"type": "array", "items": _obj(
     token=_STR, logprob=_NUM, bytes={"type": "array", "items": _INT}, top_logprobs={"type": "array", "items": _TOP})})
 
@@ -54,15 +62,16 @@ RESPONSES: dict[str, dict] = {
     "Usage": _USAGE,
     "Completion": _obj(
         id=_STR, object={"const": "text_completion"}, created=_INT, model=_STR, system_fingerprint=_NULL,
-        choices={"type": "array", "items": _obj(index=_INT, text=_STR, logprobs=_nullable(_COMPLETION_LOGPROBS),
-                                                **_FINISH)},
+        choices={"type": "array", "items": _optional(_obj(
+            index=_INT, text=_STR, logprobs=_nullable(_COMPLETION_LOGPROBS), prompt_logprobs=_PROMPT_LOGPROBS,
+            **_FINISH), "prompt_logprobs")},
         usage=_ref("Usage")),
-    "ChatCompletion": _obj(
+    "ChatCompletion": _optional(_obj(
         id=_STR, object={"const": "chat.completion"}, created=_INT, model=_STR, system_fingerprint=_NULL,
         choices={"type": "array", "items": _obj(
             index=_INT, message=_obj(role={"const": "assistant"}, content=_STR),
             logprobs=_nullable(_CHAT_LOGPROBS), **_FINISH)},
-        usage=_ref("Usage")),
+        usage=_ref("Usage"), prompt_logprobs=_PROMPT_LOGPROBS), "prompt_logprobs"),
     "Model": _obj(id=_STR, object={"const": "model"}, created=_INT, owned_by=_STR, root=_STR, parent=_NULL,
                   max_model_len=_INT, permission={"type": "array", "maxItems": 0}),
     "ModelList": _obj(object={"const": "list"}, data={"type": "array", "items": _ref("Model")}),

@@ -53,7 +53,7 @@ def _unsupported(*allowed: Any, **constraints: Any) -> Any:
 
 # The vLLM fields _check_unsupported refuses when they ask for something; length_penalty's no-op value is 1
 _UNSUPPORTED_COMMON = ("use_beam_search", "length_penalty",
-                       "return_tokens_as_token_ids", "prompt_logprobs", "guided_whitespace_pattern")
+                       "return_tokens_as_token_ids", "guided_whitespace_pattern")
 _NO_EFFECT = {"length_penalty": 1.0}
 
 
@@ -120,15 +120,18 @@ class _SamplingRequest(BaseModel):
     min_tokens: int = _schema(0, minimum=0, maximum=1 << 24, description="at most max_tokens")
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    truncate_prompt_tokens: int | None = _schema(minimum=-1, **{"not": {"const": 0}, CONTEXT_MARK: True},
+    prompt_logprobs: int | None = _schema(minimum=0, maximum=MAX_LOGPROBS,
+                                          description="the top k logprobs of every prompt token (not with stream: "
+                                                      "true; schemathesis cannot generate from one more if/then)")
+    truncate_prompt_tokens: int | None = _schema(minimum=-1, **{CONTEXT_MARK: True},
                                                  description="keep only the prompt's last k tokens (-1: the context "
-                                                             "length), at most max_model_len")
+                                                             "length; 0 is refused), at most max_model_len")
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    logit_bias: dict[str, float] | None = _schema(
-        propertyNames={TOKEN_ID_KEY_MARK: True}, additionalProperties={"type": "number", "minimum": -100,
-                                                                      "maximum": 100},
+    logit_bias: Annotated[dict[str, float], Field(json_schema_extra={
+        "propertyNames": {TOKEN_ID_KEY_MARK: True},
+        "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}})] | None = _schema(
         description="token id (a decimal string, below the vocabulary size) -> bias added to its logit, -100..100")
     best_of: int | None = _schema(description="not supported other than equal to n")
     # cinq's extra: labels this request's speculative-decoding counters in /metrics and /stats
@@ -148,7 +151,6 @@ class _SamplingRequest(BaseModel):
     use_beam_search: bool | None = _unsupported(False, None)
     length_penalty: float | None = _unsupported(1, None)
     return_tokens_as_token_ids: bool | None = _unsupported(False, None)
-    prompt_logprobs: int | None = _unsupported(None)
     guided_whitespace_pattern: str | None = _unsupported(None)
     # set by to_sampling_params: the field the constraint came from (compile errors name it), the tool plan
     _constraint_field: str | None = PrivateAttr(None)
@@ -161,6 +163,8 @@ class _SamplingRequest(BaseModel):
     def _check_common(self) -> None:
         if self.stream_options is not None and not self.stream:
             raise InvalidParameterError("stream_options is only allowed when stream is true", "stream_options")
+        if self.prompt_logprobs is not None and self.stream:  # as vLLM: they would come before any token
+            raise InvalidParameterError("prompt_logprobs is not available with stream: true", "prompt_logprobs")
         bad_key = next((k for k in self.logit_bias or () if not TOKEN_ID_KEY.fullmatch(k)), None)
         if bad_key is not None:
             raise InvalidParameterError(f"logit_bias keys must be token ids (decimal strings without leading zeros), "
@@ -234,7 +238,8 @@ class CompletionRequest(_SamplingRequest):
         if self.max_tokens == 0 and not self.echo:
             raise InvalidParameterError("max_tokens must be at least 1, got 0 (0 is for scoring the prompt: only "
                                         "with echo true)", "max_tokens")
-        prompt_logprobs = self.logprobs if self.echo and self.logprobs is not None else None
+        asked = [k for k in (self.logprobs if self.echo else None, self.prompt_logprobs) if k is not None]
+        prompt_logprobs = max(asked) if asked else None  # each use keeps its own top k
         # omitted: the model's max_new_tokens, else OpenAI's 16; an explicit null: up to the context
         max_tokens = self.max_tokens if "max_tokens" in self.model_fields_set \
             else (defaults or {}).get("max_tokens", self.max_tokens)
@@ -311,7 +316,7 @@ class ChatCompletionRequest(_SamplingRequest):
             max_tokens = (defaults or {}).get("max_tokens")
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         try:
-            return self._sampling_params(max_tokens, logprobs, None, defaults, structured)
+            return self._sampling_params(max_tokens, logprobs, self.prompt_logprobs, defaults, structured)
         except CinqError as e:
             raise rename_max_tokens(e, field) from None
 

@@ -17,7 +17,6 @@ UNSUPPORTED = [
     ("use_beam_search", True, [None, False]),
     ("length_penalty", 0.5, [None, 1.0, 1]),
     ("return_tokens_as_token_ids", True, [None, False]),
-    ("prompt_logprobs", 0, [None]),
     ("guided_whitespace_pattern", r"[ ]?", [None]),
     ("guided_decoding_backend", "outlines", [None, "auto", "xgrammar"]),
 ]
@@ -102,3 +101,21 @@ def test_bad_words_win_over_a_logit_bias_and_blank_ones_are_refused(server):
     assert forced == "x" * 6 and "x" not in avoided.json()["choices"][0]["text"]
     blank = _post(server, CMPL, {"bad_words": ["  "]})
     assert blank.status_code == 400 and blank.json()["error"]["param"] == "bad_words"
+
+
+@pytest.mark.parametrize("route", [CMPL, CHAT])
+def test_prompt_logprobs_score_every_prompt_token(server, route, tokenizer):
+    r = _post(server, route, {"prompt_logprobs": 2, "max_tokens": 1})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    lps = body["choices"][0]["prompt_logprobs"] if route == CMPL else body["prompt_logprobs"]
+    prompt = httpx.post(server.url + "/tokenize", json={"prompt": "x"} if route == CMPL else {"messages": USER},
+                        timeout=30).json()["tokens"]
+    assert len(lps) == len(prompt) == body["usage"]["prompt_tokens"] and lps[0] is None
+    for token, entry in zip(prompt[1:], lps[1:]):
+        assert str(token) in entry and len(entry) <= 3  # the top 2 and the prompt's own token
+        ranks = sorted(e["rank"] for e in entry.values())
+        assert ranks[:2] == [1, 2] and all(e["logprob"] <= 0 for e in entry.values())
+        assert entry[str(token)]["decoded_token"] == tokenizer.decode([token], skip_special_tokens=False)
+    streamed = _post(server, route, {"prompt_logprobs": 1, "stream": True})
+    assert streamed.status_code == 400 and streamed.json()["error"]["param"] == "prompt_logprobs"
