@@ -59,7 +59,8 @@ class _Chat:
     def _logprobs(self, comp: CompletionOutput) -> dict | None:
         if not self.req.logprobs or comp.logprobs is None:
             return None
-        return chat_logprobs(self.ctx.llm.tokenizer, comp.token_ids, comp.logprobs, self.req.top_logprobs or 0)
+        return chat_logprobs(self.ctx.llm.tokenizer, comp.token_ids, comp.logprobs, self.req.top_logprobs or 0,
+                             bool(self.req.return_tokens_as_token_ids))
 
     def _usage(self, completion_tokens: int) -> dict:
         n = len(self.prompt.token_ids)

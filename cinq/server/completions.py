@@ -59,6 +59,9 @@ class _Completion:
         self.created = int(time.time())
         self.n = req.n
 
+    def _builder(self) -> CompletionLogprobs:
+        return CompletionLogprobs(self.ctx.llm.tokenizer, as_ids=bool(self.req.return_tokens_as_token_ids))
+
     def _echo_text(self, prompt: Prompt) -> str:
         return prompt.text if prompt.text is not None else self.ctx.llm.tokenizer.decode(prompt.token_ids)
 
@@ -89,7 +92,7 @@ class _Completion:
         for i, (prompt, out) in enumerate(zip(self.prompts, outputs)):
             for comp in out.outputs:
                 text = self._echo_text(prompt) + comp.text if self.req.echo else comp.text
-                lp = self._logprobs(CompletionLogprobs(self.ctx.llm.tokenizer), out, comp, self.req.echo)
+                lp = self._logprobs(self._builder(), out, comp, self.req.echo)
                 choice = self._choice(i * self.n + comp.index, text, lp, comp)
                 if self.req.prompt_logprobs is not None:
                     choice["prompt_logprobs"] = prompt_logprobs(self.ctx.llm.tokenizer, out.prompt_token_ids,
@@ -119,7 +122,7 @@ class _Completion:
                     first = index not in started
                     started.add(index)
                     if index not in builders:  # one builder per choice for the whole stream
-                        builders[index] = CompletionLogprobs(self.ctx.llm.tokenizer)
+                        builders[index] = self._builder()
                     builder = builders[index]
                     text = comp.text
                     if first and self.req.echo:

@@ -52,8 +52,7 @@ def _unsupported(*allowed: Any, **constraints: Any) -> Any:
 
 
 # The vLLM fields _check_unsupported refuses when they ask for something; length_penalty's no-op value is 1
-_UNSUPPORTED_COMMON = ("use_beam_search", "length_penalty",
-                       "return_tokens_as_token_ids", "guided_whitespace_pattern")
+_UNSUPPORTED_COMMON = ("use_beam_search", "length_penalty", "guided_whitespace_pattern")
 _NO_EFFECT = {"length_penalty": 1.0}
 
 
@@ -123,6 +122,7 @@ class _SamplingRequest(BaseModel):
     prompt_logprobs: int | None = _schema(minimum=0, maximum=MAX_LOGPROBS,
                                           description="the top k logprobs of every prompt token (not with stream: "
                                                       "true; schemathesis cannot generate from one more if/then)")
+    return_tokens_as_token_ids: bool | None = _schema(description="name logprobs' tokens 'token_id:<id>'")
     truncate_prompt_tokens: int | None = _schema(minimum=-1, **{CONTEXT_MARK: True},
                                                  description="keep only the prompt's last k tokens (-1: the context "
                                                              "length; 0 is refused), at most max_model_len")
@@ -150,7 +150,6 @@ class _SamplingRequest(BaseModel):
     # vLLM's extras that cinq does not implement (_check_unsupported)
     use_beam_search: bool | None = _unsupported(False, None)
     length_penalty: float | None = _unsupported(1, None)
-    return_tokens_as_token_ids: bool | None = _unsupported(False, None)
     guided_whitespace_pattern: str | None = _unsupported(None)
     # set by to_sampling_params: the field the constraint came from (compile errors name it), the tool plan
     _constraint_field: str | None = PrivateAttr(None)

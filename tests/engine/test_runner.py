@@ -15,6 +15,8 @@ from cinq.sampling_params import OutputKind, SamplingParams
 
 PROMPTS = ([3, 17, 29, 41, 5, 8, 60, 2, 33, 12, 90, 7, 7, 14, 22, 31, 48, 9], [11, 4, 70])
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, output_kind=OutputKind.FINAL_ONLY)
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2, "prompt_lookup_min": 1}
+WITH_AND_WITHOUT_NGRAM = pytest.mark.parametrize("spec", [None, NGRAM], ids=["plain", "ngram"])
 
 
 def _generate(model: str, requests: dict[str, tuple[list[int], SamplingParams]]
@@ -63,11 +65,9 @@ def test_fast_paths_match_the_pytorch_paths(arch, tiny_models, monkeypatch):
     assert fast["min"][0] == slow["min"][0] and fast["min"][0][0] != first
 
 
-@pytest.mark.parametrize("spec", [None, {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2,
-                                         "prompt_lookup_min": 1}], ids=["plain", "ngram"])
+@WITH_AND_WITHOUT_NGRAM
 def test_logit_bias_and_allowed_token_ids_steer_every_step(tiny_llama, spec):
-    engine = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", kv_cache_memory=0.05, seed=0,
-                                    speculative_config=spec))
+    engine = _fp32_engine(tiny_llama, spec)
     prompt = PROMPTS[0]
     cases = {
         "plain": GREEDY,
@@ -80,20 +80,16 @@ def test_logit_bias_and_allowed_token_ids_steer_every_step(tiny_llama, spec):
     for batch in (["plain", "forced", "allowed", "banned"], ["sampled"]):  # all greedy (the argmax shortcut), then not
         for rid in batch:
             engine.add_request(rid, prompt, cases[rid])
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                tokens[out.request_id] = list(out.outputs[0].token_ids)
+        tokens.update(_drain(engine))
     assert tokens["forced"] == [42] * 24 != tokens["plain"]
     assert set(tokens["allowed"]) <= {5, 9, 60}
     assert set(tokens["sampled"]) <= {5, 60} and len(set(tokens["sampled"])) == 2  # 9 all but banned; sampled
     assert all(t % 2 for t in tokens["banned"])
 
 
-@pytest.mark.parametrize("spec", [None, {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2,
-                                         "prompt_lookup_min": 1}], ids=["plain", "ngram"])
+@WITH_AND_WITHOUT_NGRAM
 def test_bad_words_never_appear_in_the_output(tiny_llama, spec):
-    engine = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", kv_cache_memory=0.05, seed=0,
-                                    speculative_config=spec))
+    engine = _fp32_engine(tiny_llama, spec)
     prompt = PROMPTS[0]
     greedy = GREEDY.clone(max_tokens=32)
     engine.add_request("plain", prompt, greedy)
@@ -122,6 +118,11 @@ def test_bad_words_are_tokenized_at_the_start_and_after_a_space(tiny_llama):
     assert tuple(tok.encode("hello", add_special_tokens=False)) in spellings
 
 
+def _fp32_engine(model, spec: dict | None) -> LLMEngine:
+    return LLMEngine(EngineConfig(model=str(model), dtype="float32", kv_cache_memory=0.05, seed=0,
+                                  speculative_config=spec))
+
+
 def _drain(engine: LLMEngine) -> dict[str, list[int]]:
     tokens = {}
     while engine.has_unfinished_requests():
@@ -133,8 +134,7 @@ def _drain(engine: LLMEngine) -> dict[str, list[int]]:
 def test_a_verify_row_bans_a_bad_word_after_the_drafts_before_it(tiny_llama):
     # row j of a verify step scores the token after the output plus the first j drafts: a word [a, b] bans b in the
     # row after a drafted a, not in the row before it (the verifier passes each row's drafts to the metadata)
-    engine = LLMEngine(EngineConfig(model=str(tiny_llama), dtype="float32", kv_cache_memory=0.05, seed=0,
-                                    speculative_config={"method": "ngram", "num_speculative_tokens": 2}))
+    engine = _fp32_engine(tiny_llama, NGRAM)
     runner = engine.core.executor.runner
     a, b = 11, 12
     st = runner_mod._RequestState(GREEDY.clone(bad_words=["w"], bad_words_token_ids=[[a, b]]), [1, 2],

@@ -16,7 +16,6 @@ USER = [{"role": "user", "content": "hi"}]
 UNSUPPORTED = [
     ("use_beam_search", True, [None, False]),
     ("length_penalty", 0.5, [None, 1.0, 1]),
-    ("return_tokens_as_token_ids", True, [None, False]),
     ("guided_whitespace_pattern", r"[ ]?", [None]),
     ("guided_decoding_backend", "outlines", [None, "auto", "xgrammar"]),
 ]
@@ -119,3 +118,21 @@ def test_prompt_logprobs_score_every_prompt_token(server, route, tokenizer):
         assert entry[str(token)]["decoded_token"] == tokenizer.decode([token], skip_special_tokens=False)
     streamed = _post(server, route, {"prompt_logprobs": 1, "stream": True})
     assert streamed.status_code == 400 and streamed.json()["error"]["param"] == "prompt_logprobs"
+
+
+@pytest.mark.parametrize("route", [CMPL, CHAT])
+def test_return_tokens_as_token_ids_names_every_logprob_token_by_id(server, route, tokenizer):
+    body = {"max_tokens": 4, "ignore_eos": True, "temperature": 0, "return_tokens_as_token_ids": True,
+            "logit_bias": {"42": 100}}
+    body.update({"logprobs": 2} if route == CMPL else {"logprobs": True, "top_logprobs": 2})
+    r = _post(server, route, body)
+    assert r.status_code == 200, r.text
+    lp = r.json()["choices"][0]["logprobs"]
+    if route == CMPL:
+        names, tops = lp["tokens"], [k for top in lp["top_logprobs"] for k in top]
+        assert lp["text_offset"] == [0, 1, 2, 3]  # offsets into the text, which is "****"
+    else:
+        names = [c["token"] for c in lp["content"]]
+        tops = [t["token"] for c in lp["content"] for t in c["top_logprobs"]]
+        assert all(c["bytes"] == list(tokenizer.decode([42]).encode()) for c in lp["content"])
+    assert names == ["token_id:42"] * 4 and all(t.startswith("token_id:") for t in tops) and len(tops) >= 8
