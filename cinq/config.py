@@ -13,7 +13,6 @@ from typing import Any
 
 from cinq.compilation_config import CompilationConfig
 from cinq.errors import InvalidParameterError
-from cinq.model.chat_template import load_chat_template
 from cinq.spec.config import BUILT_METHODS, SpeculativeConfig
 
 DTYPES = ("bfloat16", "float32", "float16")
@@ -128,8 +127,9 @@ class EngineConfig:
             raise InvalidParameterError(
                 f"dtype must be one of bfloat16, float32, float16; got {self.dtype!r}", "dtype")
         check_device_name(self.device)
-        if self.chat_template is not None:
-            load_chat_template(self.chat_template)  # a path that is no file is refused before any loading
+        if self.chat_template is not None:  # a path that is no file is refused before any loading
+            from cinq.model.chat_template import load_chat_template  # here: the kernels import this module
+            load_chat_template(self.chat_template)
         _check_int(self, "block_size", 1, 1024)
         if self.block_size & (self.block_size - 1):
             raise InvalidParameterError(f"block_size must be a power of two, got {self.block_size}", "block_size")
