@@ -11,7 +11,8 @@ from cinq.outputs import CompletionOutput, Logprob, RequestOutput
 from cinq.sampling_params import SamplingParams
 from cinq.structured.params import StructuredOutputsParams
 
-__all__ = ["LLM", "LLMEngine", "EngineConfig", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput", "Logprob"]
+__all__ = ["LLM", "LLMEngine", "EngineConfig", "SamplingParams", "BeamSearchParams", "StructuredOutputsParams",
+           "RequestOutput", "CompletionOutput", "Logprob"]
 __version__ = "0.1.0"
 
 
@@ -20,6 +21,9 @@ def __getattr__(name: str) -> type:
     if name == "LLM":
         from cinq.engine.llm import LLM
         return LLM
+    if name == "BeamSearchParams":
+        from cinq.engine.beam_search import BeamSearchParams
+        return BeamSearchParams
     if name == "LLMEngine":
         from cinq.engine.engine import LLMEngine
         return LLMEngine

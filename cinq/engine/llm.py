@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from cinq.config import EngineConfig
+from cinq.engine.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from cinq.engine.protocol import OfflineEngine, check_engine_core, default_offline_engine_core, make_llm_engine
 from cinq.engine.spec_metrics import check_language
 from cinq.errors import InvalidParameterError
@@ -123,6 +124,33 @@ class LLM:
                  for conv in conversations]
         prompts = [{"prompt_token_ids": tok.encode(t, add_special_tokens=False)} for t in texts]
         return self.generate(prompts, sampling_params, use_tqdm, language)
+
+    def beam_search(self, prompts: Prompt | Sequence[Prompt], params: BeamSearchParams,
+                    use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """vLLM's ``LLM.beam_search``: the ``params.beam_width`` best continuations of each prompt, best first
+        (engine/beam_search.py: one-token generations of every live beam per step, all prompts batched)."""
+        prompts = _normalize_prompts(prompts)
+        tok = self.tokenizer
+        searches = []
+        for prompt in prompts:
+            text, tokens = _split_prompt(prompt)
+            ids = tokens if tokens is not None else tok.encode(text)
+            searches.append(BeamSearch(ids, params, tok.eos_token_ids, self.engine.max_model_len))
+        step = params.step_params()
+        while any(not s.done for s in searches):
+            active = [s for s in searches if not s.done]
+            outs = self.generate([{"prompt_token_ids": b.tokens} for s in active for b in s.live], step, use_tqdm)
+            for s in active:
+                n = len(s.live)
+                s.advance(outs[:n])
+                outs = outs[n:]
+        results = []
+        for s in searches:
+            best = s.result()
+            for beam in best:
+                beam.text = tok.decode(s.generated(beam))
+            results.append(BeamSearchOutput(best))
+        return results
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         results: dict[str, RequestOutput] = {}
