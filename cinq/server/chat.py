@@ -14,6 +14,9 @@ from cinq.engine.async_engine import RequestStream
 from cinq.errors import CinqError
 from cinq.outputs import CompletionOutput, RequestOutput
 from cinq.server.chat_prompt import render_chat_prompt
+from cinq.engine.beam_search import BeamSearchSequence
+from cinq.server.beam_search import beam_search_all
+from cinq.server.beam_search import usage as beam_usage
 from cinq.server.context import Prompt, ServerContext, new_id
 from cinq.server.errors import to_api_error
 from cinq.server.logprobs import chat_logprobs, prompt_logprobs
@@ -37,6 +40,10 @@ async def create_chat_completion(ctx: ServerContext, req: ChatCompletionRequest,
                                                    req.continue_final_message,
                                                    limit_param=None if truncating else "messages"), params)
     request_id = new_id("chatcmpl")
+    if req.use_beam_search:
+        (result,) = await unless_disconnected(raw, beam_search_all(ctx, request_id, [prompt], params.max_tokens,
+                                                                   req.beam_search_params))
+        return JSONResponse(_Chat(ctx, req, request_id, prompt).beam_response(result))
     try:
         streams = await add_all_naming(ctx, req._constraint_field, request_id, [prompt], params, req.language)
     except CinqError as e:  # the engine says max_tokens whichever field the client used
@@ -87,6 +94,14 @@ class _Chat:
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.ctx.model_name,
                 "choices": choices, "usage": self._usage(sum(len(c.token_ids) for c in comps)),
                 "system_fingerprint": None, **self._prompt_logprobs(out)}
+
+    def beam_response(self, result: tuple[list[BeamSearchSequence], int]) -> dict:
+        """The ``n`` best beams as the ``n`` choices, best first."""
+        beams, _ = result
+        choices = [{"index": i, "message": {"role": "assistant", "content": beam.text or ""}, "logprobs": None,
+                    "finish_reason": beam.finish_reason, "stop_reason": None} for i, beam in enumerate(beams)]
+        return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.ctx.model_name,
+                "choices": choices, "usage": beam_usage([result]), "system_fingerprint": None}
 
     def _prompt_logprobs(self, out: RequestOutput) -> dict:
         """vLLM's top-level ``prompt_logprobs`` of a chat response, when asked for."""

@@ -15,6 +15,9 @@ from starlette.requests import Request
 
 from cinq.engine.async_engine import RequestStream
 from cinq.outputs import CompletionOutput, RequestOutput
+from cinq.engine.beam_search import BeamSearchSequence
+from cinq.server.beam_search import beam_search_all
+from cinq.server.beam_search import usage as beam_usage
 from cinq.server.context import Prompt, ServerContext, new_id
 from cinq.server.errors import to_api_error
 from cinq.server.logprobs import CompletionLogprobs, prompt_logprobs
@@ -40,6 +43,11 @@ async def create_completion(ctx: ServerContext, req: CompletionRequest, raw: Req
             ctx.check_token_ids(p, "prompt")
             prompts.append(ctx.truncate(Prompt(p, None), params))
     request_id = new_id("cmpl")
+    if req.use_beam_search:
+        results = await unless_disconnected(raw, beam_search_all(ctx, request_id, prompts, params.max_tokens,
+                                                                 req.beam_search_params))
+        job = _Completion(ctx, req, request_id, prompts)
+        return JSONResponse(job.beam_response(results))
     streams = await add_all_naming(ctx, req._constraint_field, request_id, prompts, params, req.language)
     job = _Completion(ctx, req, request_id, prompts)
     if req.stream:
@@ -101,6 +109,14 @@ class _Completion:
                 generated += len(comp.token_ids)
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.ctx.model_name,
                 "choices": choices, "usage": self._usage(generated), "system_fingerprint": None}
+
+    def beam_response(self, results: list[tuple[list[BeamSearchSequence], int]]) -> dict:
+        """Each prompt's ``n`` best beams as its ``n`` choices, best first."""
+        choices = [self._choice(i * self.n + j, beam.text or "", None, None) | {
+                   "finish_reason": beam.finish_reason, "stop_reason": None}
+                   for i, (beams, _) in enumerate(results) for j, beam in enumerate(beams)]
+        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.ctx.model_name,
+                "choices": choices, "usage": beam_usage(results), "system_fingerprint": None}
 
     def _chunk(self, choices: list[dict], usage: dict | None = None) -> dict:
         chunk = {"id": self.id, "object": "text_completion", "created": self.created,

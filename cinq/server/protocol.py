@@ -17,6 +17,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
+from cinq.engine.beam_search import MAX_BEAM_WIDTH, BeamSearchParams
 from cinq.engine.spec_metrics import MAX_LANGUAGE_LEN, check_language
 from cinq.errors import CinqError, InvalidParameterError
 from cinq.model.generation_defaults import fill_defaults
@@ -51,9 +52,13 @@ def _unsupported(*allowed: Any, **constraints: Any) -> Any:
                                      "accepted)", **constraints)
 
 
-# The vLLM fields _check_unsupported refuses when they ask for something; length_penalty's no-op value is 1
-_UNSUPPORTED_COMMON = ("use_beam_search", "length_penalty", "guided_whitespace_pattern")
-_NO_EFFECT = {"length_penalty": 1.0}
+# The vLLM fields _check_unsupported refuses when they ask for something
+_UNSUPPORTED_COMMON = ("guided_whitespace_pattern",)
+# What a use_beam_search request may give besides its prompt (engine/beam_search.py uses nothing else)
+_BEAM_FIELDS = {"model", "prompt", "messages", "n", "max_tokens", "max_completion_tokens", "temperature", "ignore_eos",
+                "length_penalty", "use_beam_search", "user", "language", "add_generation_prompt",
+                "continue_final_message", "chat_template_kwargs", "truncate_prompt_tokens", "skip_special_tokens",
+                "stream", "best_of"}
 
 
 def rename_max_tokens(error: CinqError, field: str) -> CinqError:
@@ -148,8 +153,9 @@ class _SamplingRequest(BaseModel):
     guided_decoding_backend: str | None = _schema(enum=[DEFAULT_BACKEND, "auto", None],
                                                   description=f"cinq compiles every constraint with {DEFAULT_BACKEND}")
     # vLLM's extras that cinq does not implement (_check_unsupported)
-    use_beam_search: bool | None = _unsupported(False, None)
-    length_penalty: float | None = _unsupported(1, None)
+    use_beam_search: bool | None = _schema(description="beam search (n beams, each a choice) in place of sampling")
+    length_penalty: float | None = _schema(minimum=-10, maximum=10, description="beam search: scores are "
+                                           "cum_logprob / generated_len ** length_penalty")
     guided_whitespace_pattern: str | None = _unsupported(None)
     # set by to_sampling_params: the field the constraint came from (compile errors name it), the tool plan
     _constraint_field: str | None = PrivateAttr(None)
@@ -173,15 +179,37 @@ class _SamplingRequest(BaseModel):
                                         "best_of")
         check_language(self.language)
         self._check_unsupported(_UNSUPPORTED_COMMON)
+        if self.use_beam_search:
+            self._check_beam_search()
+        elif self.length_penalty not in (None, 1):
+            raise InvalidParameterError("length_penalty applies to beam search only (use_beam_search: true)",
+                                        "length_penalty")
         if self.guided_decoding_backend not in (None, "auto", DEFAULT_BACKEND):
             raise InvalidParameterError(
                 f"guided_decoding_backend {self.guided_decoding_backend!r}: this server compiles every constraint "
                 f"with {DEFAULT_BACKEND!r} (no per-request backend)", "guided_decoding_backend")
 
+    def _check_beam_search(self) -> None:
+        """A beam search request gives no field that beam search would ignore, and no more beams than it keeps."""
+        for name in sorted(self.model_fields_set - _BEAM_FIELDS):
+            value = getattr(self, name)
+            if value is not None and value is not False and value != [] and value != {}:
+                raise InvalidParameterError(f"{name} is not used by beam search (use_beam_search: true); omit it", name)
+        if self.stream:
+            raise InvalidParameterError("use_beam_search does not stream: give stream false", "stream")
+        if self.n > MAX_BEAM_WIDTH:
+            raise InvalidParameterError(f"n (the beam width under use_beam_search) must be <= {MAX_BEAM_WIDTH}, got "
+                                        f"{self.n}", "n")
+
+    def beam_search_params(self, max_tokens: int) -> BeamSearchParams:
+        """The request as ``BeamSearchParams`` (``n`` beams); ``max_tokens``: resolved against the prompt."""
+        return BeamSearchParams(self.n, max_tokens, self.ignore_eos, self.temperature or 0.0,
+                                1.0 if self.length_penalty is None else self.length_penalty)
+
     def _check_unsupported(self, names: tuple[str, ...]) -> None:
         for name in names:
             value = getattr(self, name)
-            if value is None or value is False or value == [] or (name in _NO_EFFECT and value == _NO_EFFECT[name]):
+            if value is None or value is False or value == []:
                 continue
             raise InvalidParameterError(f"{name} is not supported by cinq (got {value!r:.60}); omit it", name)
 

@@ -14,8 +14,6 @@ USER = [{"role": "user", "content": "hi"}]
 
 # (field, a value that asks for something, values that ask for nothing)
 UNSUPPORTED = [
-    ("use_beam_search", True, [None, False]),
-    ("length_penalty", 0.5, [None, 1.0, 1]),
     ("guided_whitespace_pattern", r"[ ]?", [None]),
     ("guided_decoding_backend", "outlines", [None, "auto", "xgrammar"]),
 ]
@@ -136,3 +134,57 @@ def test_return_tokens_as_token_ids_names_every_logprob_token_by_id(server, rout
         tops = [t["token"] for c in lp["content"] for t in c["top_logprobs"]]
         assert all(c["bytes"] == list(tokenizer.decode([42]).encode()) for c in lp["content"])
     assert names == ["token_id:42"] * 4 and all(t.startswith("token_id:") for t in tops) and len(tops) >= 8
+
+
+@pytest.mark.parametrize("route", [CMPL, CHAT])
+def test_use_beam_search_returns_the_offline_searchs_beams(server, route):
+    from cinq import BeamSearchParams
+    from cinq.engine.beam_search import BeamSearch
+
+    r = _post(server, route, {"use_beam_search": True, "n": 3, "max_tokens": 4, "ignore_eos": True,
+                              "length_penalty": 0.5})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    texts = [c["message"]["content"] if route == CHAT else c["text"] for c in body["choices"]]
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    # the same search driven offline over this server's engine gives the same beams
+    prompt = httpx.post(server.url + "/tokenize", json={"prompt": "x"} if route == CMPL else {"messages": USER},
+                        timeout=30).json()["tokens"]
+    assert body["usage"]["prompt_tokens"] == len(prompt) and body["usage"]["completion_tokens"] == 12
+    search = BeamSearch(prompt, BeamSearchParams(3, 4, True, 0.0, 0.5), [], server.engine.max_model_len)
+    step = search.params.step_params()
+    while not search.done:
+        outs = []
+        for beam in search.live:
+            rid = f"offline-{len(beam.tokens)}-{beam.tokens[-1]}-{len(outs)}"
+            outs.append(_run_one(server, rid, beam.tokens, step))
+        search.advance(outs)
+    assert texts == [server.llm.tokenizer.decode(search.generated(b)) for b in search.result()]
+
+
+def _run_one(server, rid, tokens, params):
+    finished = []
+    server.llm.finished_callbacks.append(finished.append)
+    try:
+        r = httpx.post(server.url + CMPL, json={"model": MODEL_NAME, "prompt": tokens, "max_tokens": 1,
+                                                "logprobs": params.logprobs, "temperature": 0, "ignore_eos": True},
+                       timeout=30)
+        assert r.status_code == 200, r.text
+        server.wait_idle()
+    finally:
+        server.llm.finished_callbacks.remove(finished.append)
+    (out,) = finished
+    return out
+
+
+@pytest.mark.parametrize("extra,field", [({"stream": True}, "stream"), ({"logprobs": 1}, "logprobs"),
+                                         ({"stop": ["a"]}, "stop"), ({"n": 11}, "n"),
+                                         ({"top_p": 0.5}, "top_p")])
+def test_use_beam_search_refuses_what_it_would_ignore(server, extra, field):
+    r = _post(server, CMPL, {"use_beam_search": True, "n": 2, **extra})
+    assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+
+
+def test_length_penalty_without_beam_search_is_refused(server):
+    r = _post(server, CMPL, {"length_penalty": 0.5})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "length_penalty"
