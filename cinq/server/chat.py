@@ -75,10 +75,12 @@ class _Chat:
 
     def _message(self, comp: CompletionOutput) -> tuple[dict, str | None]:
         """The reply's message (tool calls parsed out when tools were offered) and its finish reason."""
-        plan = self.req._tool_plan
+        plan, echoed = self.req._tool_plan, self.req.echoed
         if plan is None or plan.choice == "none":
-            return {"role": "assistant", "content": comp.text}, comp.finish_reason
+            return {"role": "assistant", "content": echoed + comp.text}, comp.finish_reason
         content, calls = plan.parse(comp.text)
+        if echoed:
+            content = echoed + (content or "")
         if not calls:
             return {"role": "assistant", "content": content}, comp.finish_reason
         finish = "tool_calls" if comp.finish_reason == "stop" else comp.finish_reason
@@ -98,7 +100,8 @@ class _Chat:
     def beam_response(self, result: tuple[list[BeamSearchSequence], int]) -> dict:
         """The ``n`` best beams as the ``n`` choices, best first."""
         beams, _ = result
-        choices = [{"index": i, "message": {"role": "assistant", "content": beam.text or ""}, "logprobs": None,
+        choices = [{"index": i, "message": {"role": "assistant", "content": self.req.echoed + (beam.text or "")},
+                    "logprobs": None,
                     "finish_reason": beam.finish_reason, "stop_reason": None} for i, beam in enumerate(beams)]
         return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.ctx.model_name,
                 "choices": choices, "usage": beam_usage([result]), "system_fingerprint": None}
@@ -143,6 +146,10 @@ class _Chat:
             for i in range(self.req.n):
                 yield sse(self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
                                         "logprobs": None, "finish_reason": None}]))
+            if self.req.echoed:  # then the echoed final message, as vLLM sends it
+                for i in range(self.req.n):
+                    yield sse(self._chunk([{"index": i, "delta": {"content": self.req.echoed}, "logprobs": None,
+                                            "finish_reason": None}]))
             async for _, out in merge_streams(streams):
                 choices = []
                 for comp in out.outputs:

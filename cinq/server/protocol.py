@@ -33,7 +33,7 @@ _STRICT = ConfigDict(strict=True, extra="ignore")
 # Markers the OpenAPI builder (server/openapi.py) replaces with this server's limits, known when the app is built.
 TOKEN_ID_MARK, MAX_TOKENS_MARK, TEXT_PROMPT_MARK = "x-cinq-token-id", "x-cinq-max-tokens", "x-cinq-text-prompt"
 CONTEXT_MARK = "x-cinq-context"  # at most max_model_len
-TOKEN_ID_KEY_MARK = "x-cinq-token-id-key"  # a decimal string below the vocab size
+TOKEN_ID_KEY_MARK = "x-cinq-token-id-key"  # a decimal token id, no more digits than the largest
 TOKEN_ID_KEY = re.compile(r"0|[1-9][0-9]{0,8}")  # what the schema's pattern also requires (no leading zeros)
 
 
@@ -317,7 +317,8 @@ class ChatCompletionRequest(_SamplingRequest):
     continue_final_message: bool = _schema(False, description="leave the final (assistant) message open for the "
                                                               "model to continue; add_generation_prompt must not "
                                                               "be true as well")
-    echo: bool | None = _unsupported(False, None)
+    echo: bool | None = _schema(description="prepend the final message's content to the reply when it is the "
+                                            "assistant's (vLLM's; with continue_final_message, the whole message)")
     chat_template_kwargs: dict[str, Any] | None = None
     response_format: ResponseFormat | None = None
     tools: list[Any] | None = None
@@ -334,7 +335,6 @@ class ChatCompletionRequest(_SamplingRequest):
         if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_LOGPROBS:
             raise InvalidParameterError(
                 f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {self.top_logprobs}", "top_logprobs")
-        self._check_unsupported(("echo",))
         field = self.max_tokens_field
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         if max_tokens is not None and max_tokens < 1:  # OpenAI's and vLLM's floor: a reply of nothing is no reply
@@ -376,6 +376,14 @@ class ChatCompletionRequest(_SamplingRequest):
                                         sources[1][1])
         self._constraint_field = sources[0][1] if sources else None
         return sources[0][0] if sources else None
+
+    @property
+    def echoed(self) -> str:
+        """What ``echo`` prepends to each choice's content: the final message's text when it is the assistant's."""
+        if not self.echo or not self.messages:
+            return ""
+        final = self.template_messages()[-1]
+        return final["content"] if final.get("role") == "assistant" else ""
 
     def template_messages(self) -> list[dict[str, Any]]:
         return template_messages(self.messages)

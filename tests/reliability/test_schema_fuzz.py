@@ -65,8 +65,16 @@ def fuzz_server(tiny_llama):
         yield s
 
 
+# CPython 3.11 (before 3.11.9, gh-106905) can raise this from ast.parse deep in a recursion, which hypothesis reaches
+# when it pretty-prints the strategies of these nested schemas: a crash of the fuzzer's own, not of the server
+CPYTHON_AST_BUG = "SystemError: AST constructor recursion depth mismatch"
+
+
 def test_schema_fuzz_finds_no_5xx_and_no_schema_violation(fuzz_server, tmp_path):
     report = run_schemathesis(fuzz_server.url + "/openapi.json", tmp_path / "report.json")
+    if report["errors"] and CPYTHON_AST_BUG in report["_stdout"]:  # once more, with the next seed
+        print(f"schemathesis hit the CPython bug ({CPYTHON_AST_BUG}); running it again with seed 2")
+        report = run_schemathesis(fuzz_server.url + "/openapi.json", tmp_path / "report2.json", seed=2)
     cases = report["test_cases"]
     print(f"schemathesis: {cases['generated']} requests, {cases['unique_failures']} unique failures, "
           f"{report['failures']}, stopped by {report['stop_reason']} after {report['running_time']:.1f} s")

@@ -3,6 +3,8 @@ content and the model goes on writing it, in /v1/chat/completions and /tokenize;
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -63,3 +65,22 @@ def test_misuse_is_a_400_naming_the_field(server, route):
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == "continue_final_message" and "Cannot set both" in err["message"], err
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_prepends_the_final_assistant_message(server, stream):
+    body = {"model": MODEL_NAME, "messages": CONVERSATION, "max_tokens": 3, "ignore_eos": True, "temperature": 0,
+            "continue_final_message": True, "add_generation_prompt": False, "stream": stream}
+    plain = httpx.post(server.url + CHAT, json={**body, "stream": False}, timeout=60).json()
+    r = httpx.post(server.url + CHAT, json={**body, "echo": True}, timeout=60)
+    assert r.status_code == 200, r.text
+    if stream:
+        chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+        content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    else:
+        content = r.json()["choices"][0]["message"]["content"]
+    assert content == PREFILL + plain["choices"][0]["message"]["content"]
+    # a final user message is not echoed (vLLM echoes the assistant's own turn only)
+    asked = httpx.post(server.url + CHAT, json={"model": MODEL_NAME, "messages": CONVERSATION[:1], "max_tokens": 2,
+                                                "echo": True, "temperature": 0, "ignore_eos": True}, timeout=60)
+    assert not asked.json()["choices"][0]["message"]["content"].startswith("Tell me")

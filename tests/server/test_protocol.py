@@ -40,12 +40,6 @@ def test_an_unsupported_field_asking_for_nothing_is_accepted(server, field, _, v
         assert r.status_code == 200, (value, r.text)
 
 
-def test_chat_echo_is_refused_when_true(server):
-    r = _post(server, CHAT, {"echo": True})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "echo", r.text
-    assert _post(server, CHAT, {"echo": False}).status_code == 200
-
-
 @pytest.mark.parametrize("options,param", [
     ({"backend": "outlines"}, "structured_outputs.backend"),
     ({"whitespace_pattern": " "}, "structured_outputs.whitespace_pattern"),
@@ -68,7 +62,6 @@ def test_the_schema_names_the_values_that_ask_for_nothing(server):
             assert value not in prop["enum"] and all(v in prop["enum"] for v in accepted), field
         else:
             assert prop["anyOf"][0]["type"] == "array" and prop["maxItems"] == 0, field
-    assert props["echo"]["enum"] == [False, None]
 
 
 @pytest.mark.parametrize("route", [CMPL, CHAT])
