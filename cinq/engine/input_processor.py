@@ -46,13 +46,12 @@ def truncate_prompt(prompt_ids: list[int], truncate_prompt_tokens: int | None, m
 
 def bad_words_token_ids(tokenizer: Tokenizer, words: list[str]) -> list[list[int]]:
     """Each bad word as the token sequences that spell it at the start of a text and after a space (vLLM's two
-    spellings; the spaced one only where it is a different word token of the same length)."""
+    spellings; the spaced one whatever its length: " Tokyo" is one SmolLM2 token where "Tokyo" is two, and vLLM's
+    same-length rule let it through)."""
     sequences: list[list[int]] = []
     for word in words:
-        bare = tokenizer.encode(word.lstrip(), add_special_tokens=False)
-        spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
-        other_word = bool(bare) and bool(spaced) and spaced[0] != bare[0] and len(spaced) == len(bare)
-        for ids in (bare, spaced) if other_word else (bare,):
+        for text in (word.lstrip(), " " + word.lstrip()):
+            ids = tokenizer.encode(text, add_special_tokens=False)
             if ids and ids not in sequences:
                 sequences.append(ids)
     return sequences

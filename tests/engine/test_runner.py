@@ -142,3 +142,14 @@ def test_a_verify_row_bans_a_bad_word_after_the_drafts_before_it(tiny_llama):
     logits = torch.zeros(3, runner.vocab_size)
     processed = runner.verifier._processed(logits, [st, st, st], [1, 2, 3], [[], [a], [a, 9]])
     assert torch.isinf(processed[:, b]).tolist() == [False, True, False]
+
+
+def test_a_bad_word_is_spelled_both_ways_whatever_the_lengths():
+    # SmolLM2 spells "Tokyo" in two tokens and " Tokyo" in one: both are banned (vLLM's same-length rule missed it)
+    from cinq.engine.input_processor import bad_words_token_ids
+
+    class Tok:
+        def encode(self, text, add_special_tokens=False):
+            return {"Tokyo": [10, 11], " Tokyo": [12], "a": [5], " a": [5]}[text]
+
+    assert bad_words_token_ids(Tok(), ["Tokyo", " a"]) == [[10, 11], [12], [5]]
