@@ -65,7 +65,7 @@ def fuzz_server(tiny_llama):
         yield s
 
 
-# CPython 3.11 (before 3.11.9, gh-106905) can raise this from ast.parse deep in a recursion, which hypothesis reaches
+# CPython 3.11.7 (an interpreter bug) can raise this from ast.parse deep in a recursion, which hypothesis reaches
 # when it pretty-prints the strategies of these nested schemas: a crash of the fuzzer's own, not of the server
 CPYTHON_AST_BUG = "SystemError: AST constructor recursion depth mismatch"
 
