@@ -71,6 +71,7 @@ SCRIPTS = {
     "step_breakdown": "benchmarks/step_breakdown.py",
     "step_breakdown_context_b1": "benchmarks/step_breakdown.py --smollm2-only --prompt-len 1024 --batch 1",
     "step_breakdown_context_b4": "benchmarks/step_breakdown.py --smollm2-only --prompt-len 1024 --batch 4",
+    "step_breakdown_smollm2_1t": "benchmarks/step_breakdown.py --smollm2-only --baseline none --threads 1",
     "structured_backends": "benchmarks/structured_backends.py",
     "structured_outputs": "benchmarks/structured_outputs.py", "throughput": "benchmarks/throughput.py",
     "throughput_gemma3": "benchmarks/throughput.py", "throughput_smollm2": "benchmarks/throughput.py --smollm2",

@@ -325,7 +325,7 @@ class ModelRunner:
                 if banned:
                     meta.banned.append((i, banned))
             if st.output_ids is not None:
-                words = bad_word_bans(p.bad_words_token_ids, st.output_ids + (drafted[i] if drafted else []))
+                words = bad_word_bans(p.bad_words_token_ids, st.output_ids, drafted[i] if drafted else ())
                 if words:
                     meta.banned.append((i, words))
         lp = [p.logprobs for p in params if p.logprobs is not None]

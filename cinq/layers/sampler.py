@@ -137,13 +137,16 @@ def logit_bias_row(params: SamplingParams, vocab_size: int, device: torch.device
     return bias
 
 
-def bad_word_bans(words: list[list[int]], output: list[int]) -> list[int]:
-    """The tokens ``words`` (token sequences) ban after ``output``: each word's last token where its other tokens
-    end the output (a one-token word: always)."""
+def bad_word_bans(words: list[list[int]], output: list[int], drafted: list[int] = ()) -> list[int]:
+    """The tokens ``words`` (token sequences) ban after ``output`` + ``drafted``: each word's last token where its
+    other tokens end them (a one-token word: always). Only the tail a word can reach is read: no per-step copy of
+    the whole output."""
+    longest = max(len(w) for w in words) - 1
+    tail = output[len(output) - min(longest, len(output)):] + list(drafted) if longest else []
     banned = []
     for w in words:
         head = len(w) - 1
-        if head == 0 or (len(output) >= head and output[-head:] == w[:-1]):
+        if head == 0 or (len(tail) >= head and tail[len(tail) - head:] == w[:-1]):
             banned.append(w[-1])
     return banned
 

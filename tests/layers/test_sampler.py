@@ -166,3 +166,5 @@ def test_a_bad_words_last_token_is_banned_where_its_other_tokens_end_the_output(
     assert bad_word_bans(words, [1, 3, 4]) == [7, 5]
     assert bad_word_bans(words, [3, 4, 9]) == [7, 4]
     assert bad_word_bans(words, [4]) == [7]  # [3, 4] is not there
+    assert bad_word_bans(words, [1, 3], [4]) == [7, 5]  # the drafts before a verify row count as output
+    assert bad_word_bans(words, list(range(100)) + [9]) == [7, 4]
