@@ -2,10 +2,10 @@
 // AVX2 and AVX512 pieces (horizontal sums, activations quantized to int16) they build on.
 //
 // Why one split for all: at decode a linear is a stream over its weights, and a stream runs at memory speed only
-// when every core reads one long contiguous run of it. The output rows are therefore cut into exactly one
-// contiguous range per thread (torch's own pool and thread count, so nothing oversubscribes it), each range read
-// front to back; a small weight runs on the calling thread alone, where waking a sleeping worker
-// (OMP_WAIT_POLICY=PASSIVE) would cost more than it saves.
+// when every core reads long contiguous runs of it. The output rows are therefore cut into a few contiguous ranges
+// per thread (torch's own pool and thread count, so nothing oversubscribes it), each range read front to back and
+// claimed by whichever thread is free, so a worker still waking up does not hold the call; a small weight runs on
+// the calling thread alone, where waking a sleeping worker (OMP_WAIT_POLICY=PASSIVE) would cost more than it saves.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -15,6 +15,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -60,19 +61,29 @@ void def_linear_op(torch::Library& m, const char* schema, at::Tensor (*cpu)(at::
 // stream's time: it pays from bytes / (2 * per-core bandwidth ~20-26 GB/s) > 11 us, i.e. ~450-570 KB.
 constexpr int64_t kMinParallelBytes = 512 << 10;
 
-// f(n0, n1) over [0, N) in one contiguous range per thread, boundaries on multiples of `align` outputs.
+// Ranges a parallel call is cut into per thread, claimed in turn: a sleeping worker (OMP_WAIT_POLICY=PASSIVE) took
+// ~0.4 ms to wake on this VM after a 1 ms gap, and with one fixed range per thread the call waited for it (the
+// SmolLM2 LM head at 2 threads: 1.2 ms after a gap, 0.78 ms back to back); with claimed ranges the threads that are
+// awake take the late one's share.
+constexpr int64_t kPartsPerThread = 4;
+
+// f(n0, n1) over [0, N) in contiguous ranges, boundaries on multiples of `align` outputs: one range on the calling
+// thread for a small call, else kPartsPerThread ranges per thread, each claimed by whichever thread is free next.
 // `bytes` is the call's whole weight stream (to decide whether a second thread pays).
 template <typename F>
 void split_outputs(int64_t N, int64_t align, int64_t bytes, const F& f) {
   const int64_t blocks = (N + align - 1) / align;
-  const int64_t parts = std::min<int64_t>(at::get_num_threads(), blocks);
-  if (parts <= 1 || bytes < kMinParallelBytes || at::in_parallel_region()) {
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), blocks);
+  if (threads <= 1 || bytes < kMinParallelBytes || at::in_parallel_region()) {
     f(0, N);
     return;
   }
-  // grain 1 over `parts` items: at::parallel_for starts exactly `parts` threads, one item each
-  at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
+  const int64_t parts = std::min<int64_t>(blocks, threads * kPartsPerThread);
+  std::atomic<int64_t> next{0};
+  // grain 1 over `threads` items: at::parallel_for starts exactly `threads` threads, one item each
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t p = next.fetch_add(1, std::memory_order_relaxed); p < parts;
+         p = next.fetch_add(1, std::memory_order_relaxed)) {
       const int64_t b0 = blocks * p / parts, b1 = blocks * (p + 1) / parts;
       if (b0 < b1) f(b0 * align, std::min(N, b1 * align));
     }
