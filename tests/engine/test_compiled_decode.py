@@ -82,6 +82,28 @@ def test_steps_past_the_largest_size_run_eager(tiny_llama):
     assert 0 < compiled.steps < 12
 
 
+def test_a_size_that_fails_to_compile_runs_eager(tiny_llama, monkeypatch, caplog):
+    # a compiler error (inductor's C++ build, a capture) at one size: logged, that size's steps run eager, the
+    # other sizes stay compiled, and the tokens are eager's
+    from cinq.engine.compiled_decode import CompiledDecode
+    real = CompiledDecode._call
+
+    def failing_call(self, size):
+        if size == 4 and size not in self.compile_times_s:
+            raise RuntimeError("simulated compiler error\nits long log")
+        return real(self, size)
+
+    eager, _ = generate(tiny_llama, None, "float32")
+    monkeypatch.setattr(CompiledDecode, "_call", failing_call)
+    with caplog.at_level("WARNING", logger="cinq.engine.compiled_decode"):
+        tokens, compiled = generate(tiny_llama, {"mode": 3, "backend": "aot_eager", "compile_sizes": [1, 4]},
+                                    "float32")
+    assert compiled.failed == {4} and sorted(compiled.compile_times_s) == [1] and compiled.steps > 0
+    assert tokens == eager
+    assert "torch.compile of the decode step at batch size 4 failed (simulated compiler error); it runs eager" \
+        in caplog.text
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype, options", [("bfloat16", {}), ("float32", {}), ("bfloat16", {"cpp_wrapper": True})])
 def test_inductor_step_gives_the_eager_tokens(tiny_llama, dtype, options):
