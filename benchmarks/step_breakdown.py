@@ -10,9 +10,10 @@ o projection / post-attention norm / MLP, final norm, LM head (runner._compute_l
 is measured separately, without any instrumentation, both as wall time and as process CPU time. Counts (noise-free): ATen ops per decode step (a
 TorchDispatchMode counter; the native kernels' calls are not ATen ops and are counted apart) and host syncs
 (``Tensor.item`` / ``tolist`` / ``bool`` of a tensor). Host time: the clean step's wall time minus its kernel time,
-the self (wall) time of the step's kernels (the native ``cinq::`` kernels, routed through their registered ops for the
-profiled steps, and ATen's compute ops; views, allocations and the compiler's wrappers are host work) under the
-torch profiler.
+the self (wall) time of the step's kernels on the thread that runs the step (the native ``cinq::`` kernels, routed
+through their registered ops for the profiled steps, and ATen's compute ops; views, allocations and the compiler's
+wrappers are host work) under the torch profiler; at 2+ threads the team's parts on other threads overlap it and
+are not added, and what the step waits for them is host time.
 
     python benchmarks/step_breakdown.py                      # cinq-tiny, 1 and 2 threads, vs c961254
     python benchmarks/step_breakdown.py --baseline none --compiled --smollm2 --threads 1

@@ -151,9 +151,18 @@ def kernel_ms(engine: Any, steps: int = 10) -> tuple[float, float]:
                 engine.step()
     finally:
         cpu_native.call_native = int_native.call_native = real
-    ops = [e for e in prof.key_averages() if e.key.startswith(("cinq::", "aten::"))]
-    total_us = sum(e.self_cpu_time_total for e in ops if e.key.startswith("cinq::") or e.key[6:] not in _HOST_OPS)
-    return total_us / 1e3 / steps, sum(e.count for e in ops) / steps
+    ops = [e for e in prof.events() if e.name.startswith(("cinq::", "aten::"))]
+    # The calling thread's kernels only: at 2+ threads the fused step's team runs parts of a linear on other
+    # threads at the same time, and summing their self time as well counted the same wall time twice (a 2-thread
+    # host time came out negative). What the step waits for its team then counts as host time.
+    # (the profiler numbers threads itself; the stepping thread is the one that ran nearly every op)
+    per_thread: dict[int, int] = defaultdict(int)
+    for e in ops:
+        per_thread[e.thread] += 1
+    main = max(per_thread, key=per_thread.__getitem__, default=0)
+    total_us = sum(e.self_cpu_time_total for e in ops if e.thread == main
+                   and (e.name.startswith("cinq::") or e.name[6:] not in _HOST_OPS))
+    return total_us / 1e3 / steps, len(ops) / steps
 
 
 # ATen ops that move no data (views, allocations, dispatch wrappers): host work, not kernel time
