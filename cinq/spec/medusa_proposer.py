@@ -65,8 +65,9 @@ class MedusaProposer:
                 out.token_ids[s.request_id] = drafts + drafts[-1:] * (m - len(drafts))
                 if q is not None:  # a repeated guess is deterministic: one-hot q there
                     rows = q[i * k:i * k + min(m, k)]
-                    extra = torch.nn.functional.one_hot(torch.tensor(drafts[-1:] * (m - len(drafts))),
-                                                        rows.shape[-1]).to(rows)
+                    # long even when empty (m <= k, the usual case): an empty float tensor fails one_hot
+                    repeats = torch.tensor(drafts[-1:] * (m - len(drafts)), dtype=torch.long, device=rows.device)
+                    extra = torch.nn.functional.one_hot(repeats, rows.shape[-1]).to(rows)
                     out.probs[s.request_id] = torch.cat([rows, extra])
         for s in want:  # no hidden state kept yet (cannot happen after a prefill; guards a bug, stays exact)
             out.token_ids.setdefault(s.request_id, [history[s.request_id][-1]] * s.num_draft_slots)

@@ -14,9 +14,11 @@ empirical distribution of n samples over K outcomes, ``P(||p_hat - p||_1 >= eps)
 distance ``TV = ||p_hat_on - p_hat_off||_1 / 2 <= eps`` except with probability ``2 * 2^K exp(-n eps^2 / 2)``,
 so ``eps = sqrt(2 (K ln 2 + ln(2 / delta)) / n)`` at ``delta = 1e-6`` per comparison. A verifier that skips the check (keeps
 every draft) is caught on both of the verifier's paths: EAGLE-3's sampled drafts with their q
-(``draft_sample_method: probabilistic``) and its greedy drafts, verified with a one-hot q. (Dropping q alone
+(``draft_sample_method: probabilistic``) and its greedy drafts, verified with a one-hot q, and on the tree path
+(a static tree's greedy candidates, accepted one sibling after another against the residual). (Dropping q alone
 would not do as a broken variant: for the first draft, accepting with p(x) and resampling from p without x
-still emits exactly p.) The broken-verifier runs are marked slow.
+still emits exactly p.) Methods: n-gram lookup, a draft model (another random model of the same tokenizer),
+Medusa heads and EAGLE-3 (sampled drafts, greedy drafts, prompt lookup first, a static tree).
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ from cinq.model.loader import load_model
 from cinq.spec import verifier
 from cinq.spec.eagle import save_eagle_head
 from cinq.spec.eagle3 import new_eagle3_head
+from cinq.spec.medusa import new_medusa_heads, save_medusa_heads
 from cinq.spec.rejection import DraftBatch, target_rows
+from tests.model_factory import build_tiny_model
 
 N = 600  # samples per arm
 POSITIONS = (1, 2, 3)  # output positions (0-based) that verification decides
@@ -95,9 +99,41 @@ def eagle3_head(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     return save_eagle_head(head, tmp_path_factory.mktemp("eagle3"))
 
 
-def methods(head: Path) -> dict[str, dict]:
+@pytest.fixture(scope="module")
+def drafters(tiny_llama: Path, eagle3_head: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The model-backed proposers' folders: EAGLE-3's head, a draft model, Medusa heads."""
+    target = load_model(tiny_llama, torch.float32)
+    torch.manual_seed(2)
+    medusa = new_medusa_heads(target, num_heads=3)
+    with torch.no_grad():  # distinct, confident guesses (the default init proposes little)
+        for p in medusa.parameters():
+            if p.dim() == 2:
+                p.add_(torch.randn_like(p) * 0.3)
+    # the draft model: another random model of the same tokenizer whose LM head favours even ids (as the EAGLE-3
+    # head drafts only even ids), so that drafts kept unchecked show in the parity cells
+    from transformers import AutoModelForCausalLM
+    folder = build_tiny_model(tmp_path_factory.mktemp("draft"), "llama", seed=1)
+    draft = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    with torch.no_grad():
+        w = draft.get_output_embeddings().weight
+        w[1::2] = 0.0
+        w[0::2] *= 4.0
+    draft.save_pretrained(folder)
+    return {"eagle3": eagle3_head, "medusa": save_medusa_heads(medusa, tmp_path_factory.mktemp("medusa")),
+            "draft": folder}
+
+
+def methods(heads: dict[str, Path]) -> dict[str, dict]:
+    head = heads["eagle3"]
     return {
         "ngram": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1},
+        "draft_model": {"method": "draft_model", "model": str(heads["draft"]), "num_speculative_tokens": 3,
+                        "draft_sample_method": "probabilistic"},
+        "medusa": {"method": "medusa", "model": str(heads["medusa"]), "num_speculative_tokens": 3,
+                   "draft_sample_method": "probabilistic"},
+        # a static tree: each node's greedy candidates, verified sibling by sibling (cinq/spec/tree.py)
+        "eagle3-tree": {"method": "eagle3", "model": str(head), "num_speculative_tokens": 4,
+                        "speculative_token_tree": [[0], [1], [0, 0], [1, 0]]},
         "eagle3": {"method": "eagle3", "model": str(head), "num_speculative_tokens": 3,
                    "draft_sample_method": "probabilistic"},
         # greedy drafts: the verifier's one-hot q path
@@ -115,10 +151,11 @@ def test_the_bound_is_what_the_docstring_says() -> None:
     assert [cell(t) for t in (5, 9, 4, 7)] == [5, 9, "even", "odd"]
 
 
-@pytest.mark.parametrize("method", ["ngram", "eagle3", "eagle3-greedy", "eagle3-lookup"])
-def test_sampling_with_speculation_follows_the_plain_distribution(tiny_llama: Path, plain, cell, eagle3_head: Path,
+@pytest.mark.parametrize("method", ["ngram", "draft_model", "medusa", "eagle3", "eagle3-greedy", "eagle3-lookup",
+                                    "eagle3-tree"])
+def test_sampling_with_speculation_follows_the_plain_distribution(tiny_llama: Path, plain, cell, drafters,
                                                                   method: str) -> None:
-    on = continuations(tiny_llama, methods(eagle3_head)[method], 20_000)
+    on = continuations(tiny_llama, methods(drafters)[method], 20_000)
     assert worst_excess(on, plain, cell) <= 0
 
 
@@ -139,10 +176,28 @@ def _accept_every_draft(real):  # noqa: ANN001, ANN202
     return broken
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("method", ["eagle3", "eagle3-greedy", "eagle3-lookup"])
-def test_a_broken_verifier_fails_the_same_check(tiny_llama: Path, plain, cell, eagle3_head: Path, method: str,
+def _accept_every_tree_draft(real):  # noqa: ANN001, ANN202
+    """A tree verifier that skips the check: at every node its first child is kept (the node's row made one-hot
+    at the child's token); past the last kept node the target is sampled as usual."""
+    def broken(probs, tokens, parents, greedy, generators=None, generator=None):  # noqa: ANN001, ANN202
+        probs = probs.clone()
+        at = 0
+        for toks, par in zip(tokens, parents):
+            for node in range(len(par)):
+                first = next((c for c in range(1, len(par)) if par[c] == node), None)
+                if first is not None:
+                    probs[at + node] = 0.0
+                    probs[at + node, toks[first]] = 1.0
+            at += len(par)
+        return real(probs, tokens, parents, greedy, generators, generator)
+    return broken
+
+
+@pytest.mark.parametrize("method", ["draft_model", "medusa", "eagle3", "eagle3-greedy", "eagle3-lookup",
+                                    "eagle3-tree"])
+def test_a_broken_verifier_fails_the_same_check(tiny_llama: Path, plain, cell, drafters, method: str,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(verifier, "rejection_sample", _accept_every_draft(verifier.rejection_sample))
-    on = continuations(tiny_llama, methods(eagle3_head)[method], 20_000)
+    monkeypatch.setattr(verifier, "verify_tree", _accept_every_tree_draft(verifier.verify_tree))
+    on = continuations(tiny_llama, methods(drafters)[method], 20_000)
     assert worst_excess(on, plain, cell) > 0
