@@ -54,6 +54,9 @@ from cinq.model.tokenizer import Tokenizer  # noqa: E402
 from cinq.train.spec_head_prompts import CHAT_LANGUAGES, chat_prompts  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
+# --weights: what the target serves
+WEIGHTS = {"file": "its Q4_1 file", "bf16": "the file dequantized to bf16 weights",
+           "q4_0": "the bf16 weights exported as a q4_0 file, served natively (a second quantization)"}
 SAMPLED = (0.7, 0.9)  # temperature, top_p of the sampled rows
 
 
@@ -199,9 +202,10 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=None, help="new tokens per request (default: 48 chat, "
                     "128 copy: a renamed function is answered whole)")
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--weights", choices=("file", "bf16"), default="file",
-                    help="the target's weights: its Q4_1 file (int8-activation kernels) or the file dequantized to a "
-                         "bf16 folder (the skinny bf16 kernel; cinq bench latency's 'bf16' variant)")
+    ap.add_argument("--weights", choices=tuple(WEIGHTS), default="file",
+                    help="the target's weights: its Q4_1 file (int8-activation kernels), the file dequantized to a "
+                         "bf16 folder (the skinny bf16 kernel; cinq bench latency's 'bf16' variant), or that folder "
+                         "exported as a q4_0 file (latency's 'int4': a second quantization, served natively)")
     ap.add_argument("--no-languages", action="store_true", help="skip the per-language tau table")
     ap.add_argument("--trees", action="store_true",
                     help="EAGLE-3's chain against a static and EAGLE-2's dynamic tree (within 8 verify rows), alone and "
@@ -236,10 +240,12 @@ def main() -> int:
     longest = max(len(p) for p in prompts) + args.max_tokens + k_max + 1
     blocks = max(batches + [int(b) for b in args.sample_batches.split(",") if b]) * -(-longest // 16) + 16
     model = MODEL
-    if args.weights == "bf16":
-        from cinq.bench.latency_engines import dense_folder
+    if args.weights != "file":  # the latency benchmark's files, cached where it keeps them
+        from cinq.bench.latency_engines import dense_folder, variant_config
         from cinq.cache import cache_dir
-        model = str(dense_folder(EngineConfig(model=MODEL), cache_dir() / "bench-latency"))
+        work = cache_dir() / "bench-latency"
+        model = (str(dense_folder(EngineConfig(model=MODEL), work)) if args.weights == "bf16"
+                 else variant_config(EngineConfig(model=MODEL), "int4", work).model)
     plain_config = EngineConfig(model=model, dtype=args.dtype, num_kv_blocks=blocks)
     # each engine loads once: an adaptive one keeps what it learned at other batch sizes, as a server would
     plain = engine(plain_config)
@@ -276,7 +282,7 @@ def main() -> int:
                 + ("; speculation off: " + ", ".join(f"{v:.2f}x (b{b})" for b, v in off.items()) if off else ""))
     result = BenchResult(
         out.name, f"Speculative decoding on SmolLM2-135M-Instruct ({args.workload} workload)",
-        f"{note} Target {MODEL} ({'its Q4_1 file' if args.weights == 'file' else 'the file dequantized to bf16 weights'}, "
+        f"{note} Target {MODEL} ({WEIGHTS[args.weights]}, "
         f"{args.dtype} compute), {what}, "
         f"{'up to ' if args.stop_at_eos else ''}{args.max_tokens} new tokens each, "
         f"{'ending at end of text' if args.stop_at_eos else 'ignore_eos'}; greedy "
