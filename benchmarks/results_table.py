@@ -86,6 +86,12 @@ SCRIPTS = {
     "speculative_smollm2_bf16_b1": "benchmarks/speculative_smollm2.py --weights bf16 --head "
                                    "smollm2-135m-instruct-eagle3 --batch-sizes 1 --rounds 5 --sample-batches '' "
                                    "--no-languages",
+    "speculative_smollm2_bf16_b1_sampled": "benchmarks/speculative_smollm2.py --weights bf16 --head "
+                                           "smollm2-135m-instruct-eagle3 --batch-sizes 1 --rounds 3 "
+                                           "--sample-batches 1 --no-languages",
+    "speculative_smollm2_q4_0_b1": "benchmarks/speculative_smollm2.py --weights q4_0 --head "
+                                   "smollm2-135m-instruct-eagle3 --batch-sizes 1 --rounds 3 --sample-batches '' "
+                                   "--no-languages",
     "speculative_smollm2_bf16_batches": "benchmarks/speculative_smollm2.py --weights bf16 --head "
                                         "smollm2-135m-instruct-eagle3 --batch-sizes 4,8,16,32 --rounds 3 "
                                         "--sample-batches '' --no-languages",
