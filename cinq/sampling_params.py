@@ -36,7 +36,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     seed: int | None = None
-    max_tokens: int | None = 16  # None: up to the model context
+    max_tokens: int | None = 16  # None: up to the model context; 0: no completion (scoring: with prompt_logprobs)
     min_tokens: int = 0
     stop: list[str] | str | None = None
     stop_token_ids: list[int] | None = None

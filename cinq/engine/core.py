@@ -129,6 +129,13 @@ class EngineCore:
                  "(%.3f GiB); max_model_len %d", config.model, mcfg.architecture, f", {quant}" if quant else "",
                  config.dtype, self.executor.attention_backend, time.perf_counter() - t0, self.num_blocks,
                  config.block_size, self.num_blocks * config.block_size, kv_gib, self.max_model_len)
+        if self.num_blocks * config.block_size < self.max_model_len:
+            # vLLM refuses to start here; cinq serves, and refuses each request that would not fit (naming both
+            # numbers), so a small pool set on purpose (tests, a tight host) keeps working
+            log.warning("the KV cache holds %d tokens (num_kv_blocks %d x block_size %d), fewer than max_model_len "
+                        "%d: requests needing more are refused; raise num_kv_blocks / kv_cache_memory or lower "
+                        "max_model_len", self.num_blocks * config.block_size, self.num_blocks, config.block_size,
+                        self.max_model_len)
         spec = config.speculative_config
         if spec is not None:  # as vLLM, the speculation in force is said at start-up
             log.info("speculative decoding: %s, num_speculative_tokens %d%s%s", spec.method,

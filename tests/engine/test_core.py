@@ -141,3 +141,17 @@ def test_start_up_says_which_speculation_is_in_force(tiny_llama, caplog):
                                                    speculative_config={"method": "ngram", "num_speculative_tokens": 3}))
     spec.shutdown()
     assert "speculative decoding: ngram, num_speculative_tokens 3" in caplog.text
+
+
+def test_a_kv_cache_smaller_than_max_model_len_is_said_at_start_up(tiny_llama, caplog):
+    with caplog.at_level("WARNING", logger="cinq.engine.core"):
+        small = EngineCore(EngineConfig.from_kwargs(str(tiny_llama), dtype="float32", num_kv_blocks=4, block_size=8,
+                                                    max_model_len=64))
+        small.shutdown()
+        assert "the KV cache holds 32 tokens (num_kv_blocks 4 x block_size 8), fewer than max_model_len 64" \
+            in caplog.text
+        caplog.clear()
+        enough = EngineCore(EngineConfig.from_kwargs(str(tiny_llama), dtype="float32", num_kv_blocks=8, block_size=8,
+                                                     max_model_len=64))
+        enough.shutdown()
+    assert "fewer than max_model_len" not in caplog.text
