@@ -31,6 +31,7 @@ def test_the_test_part_selects_the_cuda_graph_test_and_the_triton_tests():
     out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-o", "addopts=", "-m", "not slow",
                           "-k", expr, *files], cwd=SCRIPT.parents[1], capture_output=True, text=True, timeout=300)
     ids = [line for line in out.stdout.splitlines() if "::" in line]
-    assert "tests/engine/test_compiled_decode.py::test_cuda_graph_step_gives_the_eager_tokens" in ids, out.stdout[-2000:]
+    cuda_test = "tests/engine/test_compiled_decode.py::test_cuda_graph_step_gives_the_eager_tokens"
+    assert cuda_test in ids, out.stdout[-2000:]
     assert not [i for i in ids if "test_compiled_decode.py" in i and "cuda" not in i]  # the CPU ones run in CI
     assert sum("test_triton_decode.py" in i for i in ids) > 10 and any("test_compiled_kernels" in i for i in ids)
