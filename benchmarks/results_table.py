@@ -104,7 +104,7 @@ SCRIPTS = {
                                          "--rounds 3",
     "speculative_smollm2_copy_bf16_eos_b1": "benchmarks/speculative_smollm2.py --workload copy --weights bf16 "
                                             "--stop-at-eos --head smollm2-135m-instruct-eagle3 --batch-sizes 1 "
-                                            "--rounds 3",
+                                            "--rounds 5",
     "speculative_smollm2_copy_eos": "benchmarks/speculative_smollm2.py --workload copy --stop-at-eos",
     "speculative_smollm2_greedy": "benchmarks/speculative_smollm2.py --no-languages --sample-batches ''",
     "speculative_draft_vocab": "benchmarks/speculative_draft_vocab.py",
