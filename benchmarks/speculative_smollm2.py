@@ -191,6 +191,14 @@ def language_table(plain: Any, configs: dict[str, Any], pairs: list[tuple[str, l
     return lt, langs
 
 
+
+def _describe(target: str) -> str:
+    """A --target folder as its quantization config says (no path: results stay machine-independent)."""
+    from cinq.model.config import ModelConfig
+    q = ModelConfig.from_pretrained(target).quantization_config or {}
+    return (f"a {q.get('quant_method', 'quantized')} folder, {q.get('bits', '?')} bits, group "
+            f"{q.get('group_size', '?')}, served natively")
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workload", choices=("chat", "copy"), default="chat")
@@ -206,6 +214,9 @@ def main() -> int:
                     help="the target's weights: its Q4_1 file (int8-activation kernels), the file dequantized to a "
                          "bf16 folder (the skinny bf16 kernel; cinq bench latency's 'bf16' variant), or that folder "
                          "exported as a q4_0 file (latency's 'int4': a second quantization, served natively)")
+    ap.add_argument("--target", default=None,
+                    help="a quantized folder of SmolLM2 (e.g. `cinq quantize ... --method gptq`) as the target, in "
+                         "place of --weights")
     ap.add_argument("--no-languages", action="store_true", help="skip the per-language tau table")
     ap.add_argument("--trees", action="store_true",
                     help="EAGLE-3's chain against a static and EAGLE-2's dynamic tree (within 8 verify rows), alone and "
@@ -240,7 +251,9 @@ def main() -> int:
     longest = max(len(p) for p in prompts) + args.max_tokens + k_max + 1
     blocks = max(batches + [int(b) for b in args.sample_batches.split(",") if b]) * -(-longest // 16) + 16
     model = MODEL
-    if args.weights != "file":  # the latency benchmark's files, cached where it keeps them
+    if args.target is not None:
+        model = args.target
+    elif args.weights != "file":  # the latency benchmark's files, cached where it keeps them
         from cinq.bench.latency_engines import dense_folder, variant_config
         from cinq.cache import cache_dir
         work = cache_dir() / "bench-latency"
@@ -282,7 +295,7 @@ def main() -> int:
                 + ("; speculation off: " + ", ".join(f"{v:.2f}x (b{b})" for b, v in off.items()) if off else ""))
     result = BenchResult(
         out.name, f"Speculative decoding on SmolLM2-135M-Instruct ({args.workload} workload)",
-        f"{note} Target {MODEL} ({WEIGHTS[args.weights]}, "
+        f"{note} Target {MODEL} ({WEIGHTS[args.weights] if args.target is None else _describe(args.target)}, "
         f"{args.dtype} compute), {what}, "
         f"{'up to ' if args.stop_at_eos else ''}{args.max_tokens} new tokens each, "
         f"{'ending at end of text' if args.stop_at_eos else 'ignore_eos'}; greedy "
