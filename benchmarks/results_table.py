@@ -89,6 +89,11 @@ SCRIPTS = {
     "speculative_smollm2_bf16_b1_sampled": "benchmarks/speculative_smollm2.py --weights bf16 --head "
                                            "smollm2-135m-instruct-eagle3 --batch-sizes 1 --rounds 3 "
                                            "--sample-batches 1 --no-languages",
+    "speculative_smollm2_gptq4_b1": "cinq quantize <the dense folder> --method gptq --bits 4 --group-size 64 "
+                                    "--calib calibration --calib-samples 16 --calib-dtype float32; "
+                                    "benchmarks/speculative_smollm2.py --target <that folder> --head "
+                                    "smollm2-135m-instruct-eagle3 --batch-sizes 1 --rounds 3 --sample-batches '' "
+                                    "--no-languages",
     "speculative_smollm2_q4_0_b1": "benchmarks/speculative_smollm2.py --weights q4_0 --head "
                                    "smollm2-135m-instruct-eagle3 --batch-sizes 1 --rounds 3 --sample-batches '' "
                                    "--no-languages",
