@@ -310,7 +310,8 @@ def main() -> int:
         f"arms it never measured there are absent). Head: {args.head or 'none'}. Commit {commit}.", tables, headline,
         {"draft": draft, "machine": machine_info(), "commit": commit, "head": args.head, "rows": rows,
          "languages": langs,
-         "options": {**vars(args), "out": str(out.relative_to(ROOT)) if out.is_relative_to(ROOT) else out.name}})
+         "options": {**vars(args), "out": str(out.relative_to(ROOT)) if out.is_relative_to(ROOT) else out.name,
+                     "target": None if args.target is None else _describe(args.target)}})  # no machine path
     print_report(result)
     write_report(result, str(out))
     return 0
