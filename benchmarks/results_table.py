@@ -77,6 +77,8 @@ SCRIPTS = {
     "structured_backends": "benchmarks/structured_backends.py",
     "structured_outputs": "benchmarks/structured_outputs.py", "throughput": "benchmarks/throughput.py",
     "throughput_gemma3": "benchmarks/throughput.py", "throughput_smollm2": "benchmarks/throughput.py --smollm2",
+    "throughput_smollm2_long": "bash scripts/bench_real_model.sh throughput (cinq bench throughput, 64 requests, "
+                               "outputs 32-256)",
     "train_sizing": "cinq train --measure",
     "tune": "cinq tune", "vattention": "benchmarks/vattention.py", "wide_linear": "benchmarks/wide_linear.py",
     "int8_activations": "benchmarks/int8_activations.py", "offline_engine_core": "benchmarks/offline_engine_core.py",
