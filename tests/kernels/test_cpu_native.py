@@ -121,6 +121,42 @@ def test_paged_decode_results_do_not_depend_on_its_key_tile(dtype):
         assert all(torch.equal(a, b) for a, b in zip(runs[1], runs[floats]))
 
 
+def test_bf16_decode_results_do_not_depend_on_how_far_it_reads_ahead():
+    """The bf16 path reads a call's K/V rows ahead in segments of touch_bytes (decode_attention_bf16.h), keeping
+    each query row's weighted sum between segments: segments of one 16-key tile, of a few tiles, or the whole span
+    give the same bits (SmolLM2's heads, contexts up to 199 tokens, query rows of k + 1 tokens with a window), and
+    a context of 700 tokens (segmented at the default) matches the float64 reference."""
+    mod = native_module("paged_decode")
+    before = mod.touch_bytes()
+    q, cache, meta = decode_step(5, 9, 3, 64, torch.bfloat16, seed=12)
+    q3 = torch.cat([q, q.flip(0), q * 0.5]).view(3, 5, 9, 64).transpose(0, 1).reshape(15, 9, 64)  # ql = 3
+    lens = meta.seq_lens.clamp(min=3)
+    cache = torch.nan_to_num(cache)  # the clamped contexts read 2 unwritten slots
+    no_tree, runs = torch.empty(0, dtype=torch.bool), {}
+    try:
+        for touch in (1, 20_000, 1 << 30):
+            mod.set_touch_bytes(touch)
+            runs[touch] = (mod.paged_decode(q, cache, meta.block_tables, meta.seq_lens, 0.125, 1, no_tree),
+                           mod.paged_decode_window(q3, cache, meta.block_tables, lens, 0.125, 3, no_tree, 37))
+    finally:
+        mod.set_touch_bytes(before)
+    for touch in (20_000, 1 << 30):
+        assert all(torch.equal(a, b) for a, b in zip(runs[1], runs[touch]))
+    g = torch.Generator().manual_seed(5)
+    n, bs = 700, 16
+    long = torch.randn(2, -(-n // bs), bs, 3, 64, generator=g).to(torch.bfloat16)
+    assert 2 * n * 3 * 64 * 2 > before  # the default reads it in segments
+    tables = torch.arange(long.shape[1], dtype=torch.int32).flip(0)[None]  # pages in reverse order
+    meta = AttentionMetadata(slot_mapping=torch.zeros(1, dtype=torch.long),
+                             query_start_loc=torch.arange(2, dtype=torch.int32), seq_lens=torch.tensor([n]).int(),
+                             block_tables=tables, query_lens_cpu=[1], seq_lens_cpu=[n], num_decodes=1,
+                             max_query_len=1, max_seq_len=n, block_size=bs)
+    q = torch.randn(1, 9, 64, generator=g).to(torch.bfloat16)
+    ref = paged_attention_reference(q.double(), long.double(), meta, 0.125)[0]
+    out = paged_decode_native(q, long, tables, meta.seq_lens, 0.125)
+    assert out is not None and ((out.double() - ref).norm() / ref.norm()).item() <= 1e-2
+
+
 def test_a_kernel_build_is_keyed_by_the_headers_it_includes_only():
     """Editing one header rebuilds the kernels that include it (directly or through another header), not all."""
     from cinq.kernels import cpu_native

@@ -180,6 +180,11 @@ inline void weighted_sum(const float* p, const float* values, int64_t stride, in
 // not depend on it.
 inline int64_t tile_floats = 4096;
 
+// K and V bytes the bf16 path reads ahead of their use at once (decode_attention_bf16.h's touch): half of a 1 MB L2
+// (Zen 4; Intel's are 1.25-2 MB), the rest for the scores, the query and the accumulators. Settable
+// (paged_decode's set_touch_bytes) so that a test can show results do not depend on it.
+inline int64_t touch_bytes = 512 << 10;
+
 // Per-thread buffers, reused across the work items of a call.
 struct Scratch {
   std::vector<float> q, scores, acc, inv;

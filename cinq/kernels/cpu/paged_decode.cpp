@@ -306,4 +306,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_varlen_seqs", &paged_decode_varlen_seqs, "sequences [begin, end) of paged_decode_varlen");
   m.def("set_tile_floats", [](int64_t floats) { cinq_decode::tile_floats = floats; }, py::arg("floats"));
   m.def("tile_floats", [] { return cinq_decode::tile_floats; });
+  m.def("set_touch_bytes", [](int64_t bytes) { cinq_decode::touch_bytes = bytes; }, py::arg("bytes"));
+  m.def("touch_bytes", [] { return cinq_decode::touch_bytes; });
 }
