@@ -73,7 +73,7 @@ SCRIPTS = {
     "step_breakdown_context_b1": "benchmarks/step_breakdown.py --smollm2-only --prompt-len 1024 --batch 1",
     "step_breakdown_context_b4": "benchmarks/step_breakdown.py --smollm2-only --prompt-len 1024 --batch 4",
     "step_breakdown_smollm2_1t": "benchmarks/step_breakdown.py --smollm2-only --baseline none --threads 1",
-    "step_breakdown_smollm2_threads": "benchmarks/step_breakdown.py --smollm2-only --baseline none --threads 1,2",
+    "step_breakdown_smollm2_threads": "benchmarks/step_breakdown.py --smollm2-only --baseline 1723494 --threads 1,2",
     "structured_backends": "benchmarks/structured_backends.py",
     "structured_outputs": "benchmarks/structured_outputs.py", "throughput": "benchmarks/throughput.py",
     "throughput_gemma3": "benchmarks/throughput.py", "throughput_smollm2": "benchmarks/throughput.py --smollm2",
@@ -125,6 +125,7 @@ SCRIPTS = {
     "decode_kernels_bf16_6439ce9": "benchmarks/decode_kernels.py --kernels bf16 --repeats 10 (at 6439ce9, before the "
                                    "row-streamed tiles)",
     "kernel_ab": "benchmarks/kernel_ab.py",
+    "decode_attention_ab": "benchmarks/decode_attention_ab.py --before 1723494",
     "kernel_ab_bf16": "benchmarks/kernel_ab.py --before 9b7d116 --kernels bf16 --rows 1,2,5,8 --threads 1,2",
     "decode_kernels_bf16": "benchmarks/decode_kernels.py --kernels bf16 --rows 1,2,5,8,16,32",
     "verify_step_cost": "benchmarks/verify_step_cost.py",

@@ -9,8 +9,9 @@ o projection / post-attention norm / MLP, final norm, LM head (runner._compute_l
 (functions and module hooks), so the instrumented step is a little slower than a clean one; the clean step time
 is measured separately, without any instrumentation, both as wall time and as process CPU time. Counts (noise-free): ATen ops per decode step (a
 TorchDispatchMode counter; the native kernels' calls are not ATen ops and are counted apart) and host syncs
-(``Tensor.item`` / ``tolist`` / ``bool`` of a tensor). Host time: the clean step's wall time minus its kernel time,
-the self (wall) time of the step's kernels on the thread that runs the step (the native ``cinq::`` kernels, routed
+(``Tensor.item`` / ``tolist`` / ``bool`` of a tensor). Host time: a clean run's wall time per step minus the kernel
+time of a profiled run right after it (median over 7 pairs of 10 steps), the self (wall) time of the step's
+kernels on the thread that runs the step (the native ``cinq::`` kernels, routed
 through their registered ops for the profiled steps, and ATen's compute ops; views, allocations and the compiler's
 wrappers are host work) under the torch profiler; at 2+ threads the team's parts on other threads overlap it and
 are not added, and what the step waits for them is host time.
@@ -157,8 +158,9 @@ def main() -> None:
                 if args.compiled:
                     versions.append(("compiled", ROOT, COMPILED))
                 samples: dict[str, list[dict[str, Any]]] = defaultdict(list)
-                for _ in range(args.rounds):  # alternate, so drifting machine load hits both alike
-                    for label, root, compilation in versions:
+                for rnd in range(args.rounds):  # alternate, so drifting machine load hits both alike
+                    # each round starts with the next version: the first child of a round read slower on this VM
+                    for label, root, compilation in versions[rnd % len(versions):] + versions[:rnd % len(versions)]:
                         r = _child(root, model, threads, args.steps, args.repeats, compilation, args.prompt_len,
                                    args.batch)
                         samples[label].append(r)

@@ -189,13 +189,14 @@ def measure(model: str, threads: int, steps: int, repeats: int,
     engine = _engine(model, threads, prompt_len, batch,
                      **({"compilation_config": compilation} if compilation else {}))
     step_ms, cpu_ms = clean_steps(engine, steps, repeats)
-    kernels, profiled_ops = kernel_ms(engine) if hasattr(torch.ops, "cinq") else (float("nan"), 0.0)
+    kernels, host, profiled_ops = (host_and_kernel_ms(engine) if hasattr(torch.ops, "cinq")
+                                   else (float("nan"), float("nan"), 0.0))
     tokens = engine.scheduler.running[0].output_token_ids if engine.scheduler.running else []
     if compilation:  # hooks, timers and a dispatch mode inside the compiled graph would make it recompile
         return {"cinq": cinq.__file__, "threads": threads, "torch_threads": torch.get_num_threads(),
                 "step_ms_median": statistics.median(step_ms), "step_ms_all": step_ms,
                 "cpu_ms_median": statistics.median(cpu_ms), "cpu_ms_all": cpu_ms, "kernel_ms": kernels,
-                "host_ms": statistics.median(step_ms) - kernels, "profiled_ops": profiled_ops,
+                "host_ms": host, "profiled_ops": profiled_ops,
                 "instrumented_step_ms_median": float("nan"),
                 "phases_ms": {p: float("nan") for p in (*PHASES, "other")},
                 "aten_ops": -1, "host_syncs": -1, "top_ops": {}, "first_tokens": list(tokens[:64]),
@@ -228,7 +229,7 @@ def measure(model: str, threads: int, steps: int, repeats: int,
     return {"cinq": cinq.__file__, "threads": threads, "torch_threads": torch.get_num_threads(),
             "step_ms_median": statistics.median(step_ms), "step_ms_all": step_ms,
             "cpu_ms_median": statistics.median(cpu_ms), "cpu_ms_all": cpu_ms, "kernel_ms": kernels,
-            "host_ms": statistics.median(step_ms) - kernels,
+            "host_ms": host,
             "instrumented_step_ms_median": statistics.median(instrumented_ms), "phases_ms": phases,
             "aten_ops": sum(counter.ops.values()), "host_syncs": counter.syncs,
             "top_ops": dict(sorted(counter.ops.items(), key=lambda kv: -kv[1])[:12]),
@@ -241,10 +242,24 @@ def _weight_mb(engine: Any) -> float:
     return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers())) / 1e6
 
 
-def clean_steps(engine: Any, steps: int, repeats: int) -> tuple[list[float], list[float]]:
-    """After 20 warm-up steps (shapes, caches, native kernels), ``repeats`` times the wall and process CPU ms per
+def host_and_kernel_ms(engine: Any, pairs: int = 7, steps: int = 10) -> tuple[float, float, float]:
+    """(kernel ms, host ms, profiled ops) per step: ``pairs`` times a clean run of ``steps`` steps right before a
+    profiled one (kernel_ms); host = the clean wall minus the kernel time of the same pair, median over pairs. A
+    clean run timed apart from the profiled one (minutes earlier, on this VM's drifting clocks) gave host times
+    from -0.6 to +3.4 ms for one configuration."""
+    kernels, hosts, ops = [], [], 0.0
+    for _ in range(pairs):
+        clean = clean_steps(engine, steps, 1, warmup=2)[0][0]
+        k, ops = kernel_ms(engine, steps)
+        kernels.append(k)
+        hosts.append(clean - k)
+    return statistics.median(kernels), statistics.median(hosts), ops
+
+
+def clean_steps(engine: Any, steps: int, repeats: int, warmup: int = 20) -> tuple[list[float], list[float]]:
+    """After ``warmup`` steps (shapes, caches, native kernels), ``repeats`` times the wall and process CPU ms per
     step over ``steps`` decode steps, without any instrumentation."""
-    for _ in range(20):
+    for _ in range(warmup):
         engine.step()
     step_ms, cpu_ms = [], []
     for _ in range(repeats):

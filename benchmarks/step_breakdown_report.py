@@ -59,8 +59,9 @@ def write(result: dict[str, Any], out: Path, compiled: dict[str, Any]) -> None:
              "leaves out the time other jobs on this shared machine take the cores; not measured for the compiled "
              "step, whose graph the timers would break); 'clean step' is a run without instrumentation, wall and "
              "CPU. Kernel time: the self time (wall) of the native kernels and ATen's compute ops on the stepping "
-             "thread under the torch profiler (a team's parts on other threads overlap it); host time: clean step wall minus kernel time (meaningful on a quiet machine only: under load "
-             "both include waits for a core). ATen ops and host syncs are per decode step "
+             "thread under the torch profiler (a team's parts on other threads overlap it); host time: a clean run's wall minus the kernel time of the profiled run right after it, the "
+             "median over 7 such pairs of 10 steps (meaningful on a quiet machine only: under load both include "
+             "waits for a core). ATen ops and host syncs are per decode step "
              "(exact counts; the ops include those the native kernels dispatch); profiled ops: ATen and native op "
              "calls the profiler saw per step.", ""]
     for run in result["runs"]:
