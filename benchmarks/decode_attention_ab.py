@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +30,7 @@ set_omp_wait_policy()  # before torch, as the engine does
 
 import torch  # noqa: E402
 
-from benchmarks.kernel_ab import commit_sources  # noqa: E402
+from benchmarks.kernel_ab import before_and_head, commit_sources  # noqa: E402
 from cinq.bench.report import BenchResult, Table, machine_info, print_report, run_conditions, write_report  # noqa: E402
 from cinq.host_memory import kv_cache_tensor  # noqa: E402
 from cinq.kernels.cpu_native import module_from, native_module  # noqa: E402
@@ -95,13 +94,7 @@ def main() -> int:
     contexts, threads = [int(v) for v in args.contexts.split(",")], [int(v) for v in args.threads.split(",")]
     if args.rounds < 2:
         raise SystemExit(f"--rounds: at least 2 (got {args.rounds}): the order alternates between rounds")
-    found = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "--verify", "--quiet",
-                            f"{args.before}^{{commit}}"], capture_output=True, text=True)
-    if found.returncode:
-        raise SystemExit(f"--before: {args.before!r} is not a commit of this repository")
-    commit = found.stdout.strip()
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True).stdout.strip()
+    commit, head = before_and_head(args.before)
     load_start = os.getloadavg()[0]
     draft, note = run_conditions(load_start)
     cells = []

@@ -51,6 +51,17 @@ def commit_sources(commit: str, into: Path) -> Path:
     return into / "cinq" / "kernels" / "cpu"
 
 
+def before_and_head(before: str) -> tuple[str, str]:
+    """The short hashes of ``--before``'s commit and of HEAD; SystemExit naming --before when it is no commit here."""
+    found = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "--verify", "--quiet",
+                            f"{before}^{{commit}}"], capture_output=True, text=True)
+    if found.returncode:
+        raise SystemExit(f"--before: {before!r} is not a commit of this repository")
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+    return found.stdout.strip(), head
+
+
 def step_calls(kernel: str, module: Any, weights: list[tuple[str, dict[str, torch.Tensor]]],
                xs: dict[str, torch.Tensor]) -> list[tuple[Callable[[dict[str, torch.Tensor]], Any], dict]]:
     """One decode step's linear calls in order, each bound to its weight, run by ``module`` (None: this checkout's
@@ -127,13 +138,7 @@ def main() -> int:
     if args.rounds < 2:
         raise SystemExit(f"--rounds: at least 2 (got {args.rounds}): the order alternates between rounds")
     rows, threads = [int(v) for v in args.rows.split(",")], [int(v) for v in args.threads.split(",")]
-    found = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "--verify", "--quiet",
-                            f"{args.before}^{{commit}}"], capture_output=True, text=True)
-    if found.returncode:
-        raise SystemExit(f"--before: {args.before!r} is not a commit of this repository")
-    commit = found.stdout.strip()
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True).stdout.strip()
+    commit, head = before_and_head(args.before)
     load_start = os.getloadavg()[0]
     draft, note = run_conditions(load_start)
     probe_start = probe(threads)

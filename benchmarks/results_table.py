@@ -56,6 +56,9 @@ SCRIPTS = {
     "latency_hf": "cinq bench latency", "latency_smollm2": "cinq bench latency",
     "latency_smollm2_bf16": "benchmarks/latency.py", "omp_wait_policy": "benchmarks/omp_wait_policy.py",
     "omp_wait_policy_draft": "benchmarks/omp_wait_policy.py --out omp_wait_policy_draft",
+    "omp_wait_policy_after_attention": "benchmarks/omp_wait_policy.py --engines cinq,llama.cpp --variants int4,bf16 "
+                                       "--policies PASSIVE,ACTIVE,SPIN=10000,SPIN=300000 --out "
+                                       "omp_wait_policy_after_attention",
     "omp_wait_policy_gemma3": "benchmarks/omp_wait_policy.py --model gemma3-270m --variants file --out "
                               "omp_wait_policy_gemma3",
     "omp_wait_policy_draft_small_spin": "benchmarks/omp_wait_policy.py --out omp_wait_policy_draft_small_spin",

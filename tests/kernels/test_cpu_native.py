@@ -98,27 +98,35 @@ def test_paged_decode_reads_a_query_split_from_the_merged_qkv_output_as_its_copy
     assert torch.equal(out, paged_decode_native(view.contiguous(), cache, meta.block_tables, meta.seq_lens, 0.125))
 
 
+def _runs_under(setting: str, values: tuple[int, ...], hq: int, hkv: int, dtype: torch.dtype,
+                seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """paged_decode (one query row) and paged_decode_window (3 rows, a window of 37) over the same decode step (5
+    contexts up to 199 tokens) with the paged_decode module's ``setting`` at each of ``values`` (restored after)."""
+    mod = native_module("paged_decode")
+    before = getattr(mod, setting)()
+    q, cache, meta = decode_step(5, hq, hkv, 64, dtype, seed=seed)
+    q3 = torch.cat([q, q.flip(0), q * 0.5]).view(3, 5, hq, 64).transpose(0, 1).reshape(15, hq, 64)  # ql = 3
+    lens = meta.seq_lens.clamp(min=3)
+    cache = torch.nan_to_num(cache)  # the clamped contexts read 2 unwritten slots
+    no_tree, runs = torch.empty(0, dtype=torch.bool), []
+    try:
+        for value in values:
+            getattr(mod, "set_" + setting)(value)
+            runs.append((mod.paged_decode(q, cache, meta.block_tables, meta.seq_lens, 0.125, 1, no_tree),
+                         mod.paged_decode_window(q3, cache, meta.block_tables, lens, 0.125, 3, no_tree, 37)))
+    finally:
+        getattr(mod, "set_" + setting)(before)
+    return runs
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_paged_decode_results_do_not_depend_on_its_key_tile(dtype):
     """K/V are widened a tile of keys at a time (decode_attention.h): tiles of 8 keys, a few dozen, or one past every
     context give the same bits (the 8-key score groups never move). Contexts up to 199 tokens, windows and query
     rows of k + 1 tokens included."""
-    mod = native_module("paged_decode")
-    before = mod.tile_floats()
-    q, cache, meta = decode_step(5, 8, 2, 64, dtype, seed=11)
-    q3 = torch.cat([q, q.flip(0), q * 0.5]).view(3, 5, 8, 64).transpose(0, 1).reshape(15, 8, 64)  # ql = 3
-    lens = meta.seq_lens.clamp(min=3)
-    cache = torch.nan_to_num(cache)  # the clamped contexts read 2 unwritten slots
-    no_tree, runs = torch.empty(0, dtype=torch.bool), {}
-    try:
-        for floats in (1, 3000, 1 << 30):
-            mod.set_tile_floats(floats)
-            runs[floats] = (mod.paged_decode(q, cache, meta.block_tables, meta.seq_lens, 0.125, 1, no_tree),
-                            mod.paged_decode_window(q3, cache, meta.block_tables, lens, 0.125, 3, no_tree, 37))
-    finally:
-        mod.set_tile_floats(before)
-    for floats in (3000, 1 << 30):
-        assert all(torch.equal(a, b) for a, b in zip(runs[1], runs[floats]))
+    first, *rest = _runs_under("tile_floats", (1, 3000, 1 << 30), 8, 2, dtype, seed=11)
+    for run in rest:
+        assert all(torch.equal(a, b) for a, b in zip(first, run))
 
 
 def test_bf16_decode_results_do_not_depend_on_how_far_it_reads_ahead():
@@ -126,22 +134,10 @@ def test_bf16_decode_results_do_not_depend_on_how_far_it_reads_ahead():
     each query row's weighted sum between segments: segments of one 16-key tile, of a few tiles, or the whole span
     give the same bits (SmolLM2's heads, contexts up to 199 tokens, query rows of k + 1 tokens with a window), and
     a context of 700 tokens (segmented at the default) matches the float64 reference."""
-    mod = native_module("paged_decode")
-    before = mod.touch_bytes()
-    q, cache, meta = decode_step(5, 9, 3, 64, torch.bfloat16, seed=12)
-    q3 = torch.cat([q, q.flip(0), q * 0.5]).view(3, 5, 9, 64).transpose(0, 1).reshape(15, 9, 64)  # ql = 3
-    lens = meta.seq_lens.clamp(min=3)
-    cache = torch.nan_to_num(cache)  # the clamped contexts read 2 unwritten slots
-    no_tree, runs = torch.empty(0, dtype=torch.bool), {}
-    try:
-        for touch in (1, 20_000, 1 << 30):
-            mod.set_touch_bytes(touch)
-            runs[touch] = (mod.paged_decode(q, cache, meta.block_tables, meta.seq_lens, 0.125, 1, no_tree),
-                           mod.paged_decode_window(q3, cache, meta.block_tables, lens, 0.125, 3, no_tree, 37))
-    finally:
-        mod.set_touch_bytes(before)
-    for touch in (20_000, 1 << 30):
-        assert all(torch.equal(a, b) for a, b in zip(runs[1], runs[touch]))
+    first, *rest = _runs_under("touch_bytes", (1, 20_000, 1 << 30), 9, 3, torch.bfloat16, seed=12)
+    for run in rest:
+        assert all(torch.equal(a, b) for a, b in zip(first, run))
+    before = native_module("paged_decode").touch_bytes()
     g = torch.Generator().manual_seed(5)
     n, bs = 700, 16
     long = torch.randn(2, -(-n // bs), bs, 3, 64, generator=g).to(torch.bfloat16)
