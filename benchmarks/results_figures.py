@@ -223,7 +223,8 @@ def gpu(d: dict[str, Any]) -> str:
 # result stem -> its figure computed from the JSON, for results whose JSON has no one-line headline of its own
 # (or whose headline leaves out what the tables need); every other result shows the headline its script wrote
 FIGURES: dict[str, Callable[[dict[str, Any]], str]] = {
-    "latency_smollm2": smollm2_decode, "omp_wait_policy": wait_policy, "omp_wait_policy_gemma3": gemma3_fair,
+    "latency_smollm2": smollm2_decode, "omp_wait_policy": wait_policy, "omp_wait_policy_after_attention": wait_policy,
+    "omp_wait_policy_gemma3": gemma3_fair,
     "latency_smollm2_bf16": smollm2_bf16, "gemma3": gemma3_decode,
     "throughput_gemma3": throughput, "throughput": throughput, "throughput_smollm2": throughput,
     "quant_study_float_codes": quant_quality, "speculative": speculation, "speculative_smollm2": speculation_real,

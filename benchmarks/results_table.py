@@ -231,7 +231,7 @@ HEADLINES = [
              "latency_smollm2", "llama.cpp on the same file, same run, one process (under cinq's PASSIVE OpenMP "
              "policy, which slows llama.cpp's 2-thread rows: the next row is the fair pair)"),
     Headline("SmolLM2 batch-1 decode, each engine in its own process at its best OpenMP wait policy and thread count",
-             "omp_wait_policy", "llama.cpp on the same weights, every policy, same run"),
+             "omp_wait_policy_after_attention", "llama.cpp on the same weights, every policy, same run"),
     Headline("Gemma 3 270M (Q4_K_M GGUF) batch-1 decode, each engine in its own process at its best OpenMP wait "
              "policy and thread count (the one-process run under cinq's policy: gemma3.md); its KV memory",
              "omp_wait_policy_gemma3", "llama.cpp on the same file, every policy, same run; one shared block table"),
