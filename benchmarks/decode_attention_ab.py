@@ -1,6 +1,7 @@
 """Batch-1 decode attention against an earlier commit's kernel, in one process: this checkout's ``paged_decode`` and
-the one built from ``--before``'s sources attend SmolLM2-135M's heads (9 query heads of 64 over 3 kv heads, a bf16
-cache in 16-token pages) at a few context lengths, in alternating order, round after round. Two placements:
+the one built from ``--before``'s sources attend one model's heads (``--heads``: SmolLM2-135M's 9 query heads of 64
+over 3 kv heads, or Gemma 3 270M's 4 of 256 over one; a bf16 cache in 16-token pages) at a few context lengths, in
+alternating order, round after round. Two placements:
 
 * from memory: a separate cache per call, enough of them (>= 64 MB in all, in 2 MB pages as the engine's) that
   each call's K/V rows come from memory, as in a decode step, where a layer's rows were last read a step ago and
@@ -8,6 +9,7 @@ cache in 16-token pages) at a few context lengths, in alternating order, round a
 * in cache: one cache called over and over (its rows stay in L2): what a micro-benchmark of the kernel alone sees.
 
     python benchmarks/decode_attention_ab.py --before 1723494
+    python benchmarks/decode_attention_ab.py --before 1723494 --heads gemma3 --out benchmarks/results/decode_attention_ab_gemma3
     python benchmarks/decode_attention_ab.py --before HEAD~1 --contexts 320 --threads 1 --out /tmp/attn_ab
 """
 
@@ -36,7 +38,8 @@ from cinq.host_memory import kv_cache_tensor  # noqa: E402
 from cinq.kernels.cpu_native import module_from, native_module  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-HQ, HKV, D, BLOCK = 9, 3, 64, 16  # SmolLM2-135M's attention
+BLOCK = 16
+HEADS = {"smollm2": (9, 3, 64), "gemma3": (4, 1, 256)}  # query heads, kv heads, head_dim of each model's attention
 MEMORY_BYTES = 64 << 20  # caches cycled per pass "from memory": past any L3 this VM shows
 
 
@@ -44,27 +47,29 @@ def calls_per_us(module: Any, q: torch.Tensor, caches: list[torch.Tensor], table
                  lens: torch.Tensor, calls: int) -> float:
     """Microseconds a call, over ``calls`` calls cycling through ``caches``."""
     no_tree = torch.empty(0, dtype=torch.bool)
+    scale = q.shape[-1] ** -0.5
     start = time.perf_counter()
     for i in range(calls):
-        module.paged_decode(q, caches[i % len(caches)], tables, lens, D ** -0.5, 1, no_tree)
+        module.paged_decode(q, caches[i % len(caches)], tables, lens, scale, 1, no_tree)
     return (time.perf_counter() - start) / calls * 1e6
 
 
 def measure(before: Any, after: Any, context: int, threads: int, rounds: int,
-            memory_bytes: int = MEMORY_BYTES) -> list[dict[str, Any]]:
+            memory_bytes: int = MEMORY_BYTES, heads: tuple[int, int, int] = HEADS["smollm2"]) -> list[dict[str, Any]]:
     """Both builds' time per call at ``context`` cached tokens, from memory and in cache: a cell per placement."""
     torch.set_num_threads(threads)
+    hq, hkv, d = heads
     blocks = -(-context // BLOCK)
-    per_cache = 2 * blocks * BLOCK * HKV * D * 2
+    per_cache = 2 * blocks * BLOCK * hkv * d * 2
     layers = max(1, memory_bytes // per_cache)
-    pool = kv_cache_tensor((layers, 2, blocks, BLOCK, HKV, D), torch.bfloat16, "cpu")
+    pool = kv_cache_tensor((layers, 2, blocks, BLOCK, hkv, d), torch.bfloat16, "cpu")
     pool.normal_()
     tables = torch.arange(blocks, dtype=torch.int32)[None]
     lens = torch.tensor([context], dtype=torch.int32)
-    q = torch.randn(1, HQ, D).to(torch.bfloat16)
+    q = torch.randn(1, hq, d).to(torch.bfloat16)
     no_tree = torch.empty(0, dtype=torch.bool)
-    if not torch.equal(before.paged_decode(q, pool[0], tables, lens, D ** -0.5, 1, no_tree),
-                       after.paged_decode(q, pool[0], tables, lens, D ** -0.5, 1, no_tree)):
+    if not torch.equal(before.paged_decode(q, pool[0], tables, lens, d ** -0.5, 1, no_tree),
+                       after.paged_decode(q, pool[0], tables, lens, d ** -0.5, 1, no_tree)):
         print(f"note: the builds' outputs differ at a context of {context}")
     cells = []
     for placement, caches in (("from memory", list(pool)), ("in cache", [pool[0]])):
@@ -88,6 +93,7 @@ def main() -> int:
     ap.add_argument("--before", required=True, help="the commit whose paged_decode this checkout's is timed against")
     ap.add_argument("--contexts", default="160,320,1024,2048", help="cached tokens per call")
     ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--heads", default="smollm2", choices=sorted(HEADS), help="whose attention heads")
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--out", default=str(RESULTS / "decode_attention_ab"))
     args = ap.parse_args()
@@ -105,8 +111,9 @@ def main() -> int:
             raise SystemExit("this checkout's paged_decode kernel did not build here")
         for t in threads:
             for context in contexts:
-                cells += measure(before, after, context, t, args.rounds)
-    table = Table(f"This checkout ({head}) against {commit}: one batch-1 decode attention call, SmolLM2's heads", [
+                cells += measure(before, after, context, t, args.rounds, heads=HEADS[args.heads])
+    table = Table(f"This checkout ({head}) against {commit}: one batch-1 decode attention call, {args.heads}'s heads "
+                  f"{HEADS[args.heads]}", [
         "context", "threads", "K/V KB", "rows", f"{commit} us", f"{head} us", "speedup", "per round (min-max)"])
     for c in cells:
         table.rows.append([c["context"], c["threads"], round(c["kv_kb"]), c["placement"], round(c["before_us"], 1),
@@ -117,7 +124,8 @@ def main() -> int:
         if c["placement"] == "from memory")
     result = BenchResult(
         Path(args.out).name, f"Decode attention: {head} against {commit}, same process",
-        f"{note} `python benchmarks/decode_attention_ab.py --before {args.before} --contexts {args.contexts} "
+        f"{note} `python benchmarks/decode_attention_ab.py --before {args.before} --heads {args.heads} "
+        f"--contexts {args.contexts} "
         f"--threads {args.threads} --rounds {args.rounds}`: {args.rounds} rounds, each timing both builds (order "
         f"alternating) over the same calls; us = the median round's time per call (the Python call included, ~2 us); "
         f"speedup = the median of the per-round ratios ({commit} / {head}).",

@@ -71,7 +71,7 @@ def test_a_killed_builds_lock_is_removed_and_a_live_ones_kept(tmp_path):
     assert clear_stale_lock(tmp_path) and not lock.exists()
 
 
-@pytest.mark.parametrize("hq,hkv,d", [(4, 4, 64), (8, 2, 80), (16, 2, 128)])
+@pytest.mark.parametrize("hq,hkv,d", [(4, 4, 64), (8, 2, 80), (16, 2, 128), (4, 1, 256)])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
 def test_native_and_fallback_match_reference(hq, hkv, d, dtype, tol, monkeypatch):
     q, cache, meta = decode_step(5, hq, hkv, d, dtype, seed=hq + d)
@@ -98,14 +98,14 @@ def test_paged_decode_reads_a_query_split_from_the_merged_qkv_output_as_its_copy
     assert torch.equal(out, paged_decode_native(view.contiguous(), cache, meta.block_tables, meta.seq_lens, 0.125))
 
 
-def _runs_under(setting: str, values: tuple[int, ...], hq: int, hkv: int, dtype: torch.dtype,
-                seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _runs_under(setting: str, values: tuple[int, ...], hq: int, hkv: int, dtype: torch.dtype, seed: int,
+                d: int = 64) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """paged_decode (one query row) and paged_decode_window (3 rows, a window of 37) over the same decode step (5
     contexts up to 199 tokens) with the paged_decode module's ``setting`` at each of ``values`` (restored after)."""
     mod = native_module("paged_decode")
     before = getattr(mod, setting)()
-    q, cache, meta = decode_step(5, hq, hkv, 64, dtype, seed=seed)
-    q3 = torch.cat([q, q.flip(0), q * 0.5]).view(3, 5, hq, 64).transpose(0, 1).reshape(15, hq, 64)  # ql = 3
+    q, cache, meta = decode_step(5, hq, hkv, d, dtype, seed=seed)
+    q3 = torch.cat([q, q.flip(0), q * 0.5]).view(3, 5, hq, d).transpose(0, 1).reshape(15, hq, d)  # ql = 3
     lens = meta.seq_lens.clamp(min=3)
     cache = torch.nan_to_num(cache)  # the clamped contexts read 2 unwritten slots
     no_tree, runs = torch.empty(0, dtype=torch.bool), []
@@ -132,11 +132,13 @@ def test_paged_decode_results_do_not_depend_on_its_key_tile(dtype):
 def test_bf16_decode_results_do_not_depend_on_how_far_it_reads_ahead():
     """The bf16 path reads a call's K/V rows ahead in segments of touch_bytes (decode_attention_bf16.h), keeping
     each query row's weighted sum between segments: segments of one 16-key tile, of a few tiles, or the whole span
-    give the same bits (SmolLM2's heads, contexts up to 199 tokens, query rows of k + 1 tokens with a window), and
+    give the same bits (SmolLM2's and Gemma 3's heads, contexts up to 199 tokens, query rows of k + 1 tokens with a
+    window), and
     a context of 700 tokens (segmented at the default) matches the float64 reference."""
-    first, *rest = _runs_under("touch_bytes", (1, 20_000, 1 << 30), 9, 3, torch.bfloat16, seed=12)
-    for run in rest:
-        assert all(torch.equal(a, b) for a, b in zip(first, run))
+    for hq, hkv, d in ((9, 3, 64), (4, 1, 256)):  # SmolLM2's heads, Gemma 3's (two column chunks of V)
+        first, *rest = _runs_under("touch_bytes", (1, 20_000, 1 << 30), hq, hkv, torch.bfloat16, seed=12, d=d)
+        for run in rest:
+            assert all(torch.equal(a, b) for a, b in zip(first, run))
     before = native_module("paged_decode").touch_bytes()
     g = torch.Generator().manual_seed(5)
     n, bs = 700, 16

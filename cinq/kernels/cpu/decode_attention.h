@@ -13,7 +13,7 @@
 // Accumulation is in float32; the query is widened once per call and the output written in the query's dtype
 // (bf16 rounded to nearest even, as torch's .to()), so the Python side adds no conversion op per layer.
 //
-// With a bf16 cache and query on a CPU with AVX512-BF16 (and head_dim 64 or 128), attend() takes
+// With a bf16 cache and query on a CPU with AVX512-BF16 (and head_dim 64, 128 or 256), attend() takes
 // decode_attention_bf16.h's path instead: dot products in bf16 straight from the pages (1.45-1.8x at 150-1024
 // cached tokens, SmolLM2's heads, ad hoc). The pieces both paths share are in decode_attention_ops.h.
 #pragma once
@@ -43,7 +43,7 @@ namespace cinq_decode {
 template <typename T, typename Q>
 bool bf16_path(const Shape& sh) {
 #if defined(__AVX512BF16__)
-  return std::is_same_v<T, c10::BFloat16> && std::is_same_v<Q, c10::BFloat16> && (sh.d == 64 || sh.d == 128);
+  return std::is_same_v<T, c10::BFloat16> && std::is_same_v<Q, c10::BFloat16> && (sh.d == 64 || sh.d == 128 || sh.d == 256);
 #else
   return false;
 #endif
@@ -57,6 +57,7 @@ void attend_heads(const Q* q, O* out, const Rows& rows, int64_t len, int64_t a, 
   if constexpr (std::is_same_v<T, c10::BFloat16> && std::is_same_v<Q, c10::BFloat16>) {
     if (sh.d == 64) return attend_bf16<64>(q, out, rows, len, a, b, tree, sh, buf);
     if (sh.d == 128) return attend_bf16<128>(q, out, rows, len, a, b, tree, sh, buf);
+    if (sh.d == 256) return attend_bf16<256>(q, out, rows, len, a, b, tree, sh, buf);
   }
 #endif
   TORCH_CHECK(false, "decode attention: no bf16 path for this cache, query and head_dim on this CPU");

@@ -16,16 +16,18 @@ namespace cinq_decode {
 // Where touch() puts what it reads: a load the compiler must keep.
 inline volatile uint32_t touch_sink = 0;
 
-// Query rows a PV pass accumulates together: D / 16 float vectors each, within the 32 vector registers.
+// Query rows a PV pass accumulates together (D / 16 float vectors each, up to 8 of them at a time).
 template <int D>
 constexpr int kPvRows = D == 64 ? 6 : 3;
 
-// attend() for a bf16 cache and a bf16 query with AVX512-BF16, head_dim D (64 or 128): the K and V rows are read
-// from the pages as they are, with no widened copy. Scores: `vdpbf16ps` of the bf16 query against 16 keys at a
-// time (exact products, float32 sums), their 16 sums reduced together; V: each row widened in registers once for
-// the query rows of its kv head that a pass accumulates (the float sums in key order, as weighted_sum's). The
-// widening path measured ~2x slower per cached token at batch 1 (SmolLM2: 9 heads of 64 over 3 kv heads).
-// Query heads a .. b-1 of one sequence (any range: a thread team splits one sequence's heads this way).
+// attend() for a bf16 cache and a bf16 query with AVX512-BF16, head_dim D (64, 128, or Gemma 3's 256): the K and
+// V rows are read from the pages as they are, with no widened copy. Scores: `vdpbf16ps` of the bf16 query against
+// 16 keys at a time (exact products, float32 sums), their 16 sums reduced together; V: each row widened in
+// registers once for the query rows of its kv head that a pass accumulates (the float sums in key order, as
+// weighted_sum's). The widening path measured ~2x slower per cached token at batch 1 (SmolLM2: 9 heads of 64 over
+// 3 kv heads; Gemma 3 270M's 4 heads of 256 over one, a call at a context of 320: 54 -> 22 us with the rows in
+// cache, 79 -> 38 us from memory). Query heads a .. b-1 of one sequence (any range: a thread team splits one
+// sequence's heads this way).
 template <int D, typename O, typename Rows>
 void attend_bf16(const c10::BFloat16* q, O* out, const Rows& rows, int64_t len, int64_t a, int64_t b,
                  const bool* tree, const Shape& sh, Scratch& buf) {
@@ -99,7 +101,9 @@ void attend_bf16(const c10::BFloat16* q, O* out, const Rows& rows, int64_t len, 
   }
   mask_scores(buf.scores.data(), span, t0, len, nqh, tree, sh);
   for (int64_t jq = 0; jq < nq; ++jq) buf.inv[jq] = softmax_numerators(buf.scores.data() + jq * span, span);
-  constexpr int R = kPvRows<D>, V = D / 16;
+  // V: a row's D / 16 float vectors, taken VC at a time (a column chunk): R rows x VC accumulators and the VC
+  // widened V vectors stay within the 32 vector registers (D = 256 in two chunks of 128 columns, R = 3)
+  constexpr int R = kPvRows<D>, V = D / 16, VC = V < 8 ? V : 8;
   buf.acc.assign(nq * D, 0.f);  // each query row's weighted sum of V over the segments so far
   for (int64_t sa = t0; sa < len; sa += seg) {
     const int64_t sb = std::min(len, sa + seg);
@@ -111,31 +115,33 @@ void attend_bf16(const c10::BFloat16* q, O* out, const Rows& rows, int64_t len, 
         const int rn = static_cast<int>(std::min<int64_t>(R, sh.ql * gn - i0));
         int64_t jq[R];
         for (int i = 0; i < rn; ++i) jq[i] = (i0 + i) / gn * nqh + j0 + gl + (i0 + i) % gn;
-        __m512 acc[R][V];
+        for (int cc = 0; cc < V; cc += VC) {
+          __m512 acc[R][VC];
 #pragma GCC unroll 8
-        for (int i = 0; i < R; ++i)
+          for (int i = 0; i < R; ++i)
 #pragma GCC unroll 8
-          for (int c = 0; c < V; ++c)
-            acc[i][c] = i < rn ? _mm512_loadu_ps(buf.acc.data() + jq[i] * D + 16 * c) : _mm512_setzero_ps();
-        for (int64_t t = sa; t < sb; ++t) {
-          const uint16_t* v = reinterpret_cast<const uint16_t*>(rows.value(t)) + h * D;
-          __m512 vf[V];
+            for (int c = 0; c < VC; ++c)
+              acc[i][c] = i < rn ? _mm512_loadu_ps(buf.acc.data() + jq[i] * D + 16 * (cc + c)) : _mm512_setzero_ps();
+          for (int64_t t = sa; t < sb; ++t) {
+            const uint16_t* v = reinterpret_cast<const uint16_t*>(rows.value(t)) + h * D + 16 * cc;
+            __m512 vf[VC];
 #pragma GCC unroll 8
-          for (int c = 0; c < V; ++c)
-            vf[c] = _mm512_castsi512_ps(_mm512_slli_epi32(
-                _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 16 * c))), 16));
+            for (int c = 0; c < VC; ++c)
+              vf[c] = _mm512_castsi512_ps(_mm512_slli_epi32(
+                  _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 16 * c))), 16));
 #pragma GCC unroll 8
-          for (int i = 0; i < R; ++i) {
-            if (i < rn) {
-              const __m512 w = _mm512_set1_ps(buf.scores[jq[i] * span + (t - t0)]);
+            for (int i = 0; i < R; ++i) {
+              if (i < rn) {
+                const __m512 w = _mm512_set1_ps(buf.scores[jq[i] * span + (t - t0)]);
 #pragma GCC unroll 8
-              for (int c = 0; c < V; ++c) acc[i][c] = _mm512_fmadd_ps(w, vf[c], acc[i][c]);
+                for (int c = 0; c < VC; ++c) acc[i][c] = _mm512_fmadd_ps(w, vf[c], acc[i][c]);
+              }
             }
           }
-        }
-        for (int i = 0; i < rn; ++i)
+          for (int i = 0; i < rn; ++i)
 #pragma GCC unroll 8
-          for (int c = 0; c < V; ++c) _mm512_storeu_ps(buf.acc.data() + jq[i] * D + 16 * c, acc[i][c]);
+            for (int c = 0; c < VC; ++c) _mm512_storeu_ps(buf.acc.data() + jq[i] * D + 16 * (cc + c), acc[i][c]);
+        }
       }
     }
   }

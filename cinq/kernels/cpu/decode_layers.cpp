@@ -36,7 +36,7 @@ using namespace cinq_decode;
 int64_t min_attention_split_bytes = 16 << 10;
 constexpr int kMaxTeam = 8;
 #if defined(__AVX512BF16__)
-constexpr bool kBf16Attention = true;  // decode_attention.h's bf16_path for a bf16 cache and query, head_dim 64 / 128
+constexpr bool kBf16Attention = true;  // decode_attention.h's bf16_path: bf16 cache and query, head_dim 64/128/256
 #else
 constexpr bool kBf16Attention = false;
 #endif
@@ -257,7 +257,7 @@ class DecodeLayers {
     const bool big = team != nullptr && cached * kv_size * 2 * layers_.front().kv_cache.element_size() >=
                                             min_attention_split_bytes;
     const bool split_heads =
-        big && nd < team->size() && !rows.ragged() && kBf16Attention && (d_ == 64 || d_ == 128);
+        big && nd < team->size() && !rows.ragged() && kBf16Attention && (d_ == 64 || d_ == 128 || d_ == 256);
     const bool split_attention = big && !split_heads && nd > 1;
     std::vector<at::Tensor> states;
     size_t next_capture = 0;
