@@ -9,7 +9,8 @@ alternating order, round after round. Two placements:
 * in cache: one cache called over and over (its rows stay in L2): what a micro-benchmark of the kernel alone sees.
 
     python benchmarks/decode_attention_ab.py --before 1723494
-    python benchmarks/decode_attention_ab.py --before 1723494 --heads gemma3 --out benchmarks/results/decode_attention_ab_gemma3
+    python benchmarks/decode_attention_ab.py --before 1723494 --heads gemma3 \
+        --out benchmarks/results/decode_attention_ab_gemma3
     python benchmarks/decode_attention_ab.py --before HEAD~1 --contexts 320 --threads 1 --out /tmp/attn_ab
 """
 

@@ -129,6 +129,8 @@ SCRIPTS = {
                                    "row-streamed tiles)",
     "kernel_ab": "benchmarks/kernel_ab.py",
     "decode_attention_ab": "benchmarks/decode_attention_ab.py --before 1723494",
+    "decode_attention_ab_gemma3": "benchmarks/decode_attention_ab.py --before 1723494 --heads gemma3 --contexts "
+                                  "320,1024,4096 --rounds 6",
     "kernel_ab_bf16": "benchmarks/kernel_ab.py --before 9b7d116 --kernels bf16 --rows 1,2,5,8 --threads 1,2",
     "decode_kernels_bf16": "benchmarks/decode_kernels.py --kernels bf16 --rows 1,2,5,8,16,32",
     "verify_step_cost": "benchmarks/verify_step_cost.py",
