@@ -34,7 +34,7 @@ set_omp_wait_policy()  # before torch, as the engine does
 import torch  # noqa: E402
 
 from benchmarks.kernel_ab import before_and_head, commit_sources  # noqa: E402
-from cinq.bench.report import BenchResult, Table, machine_info, print_report, run_conditions, write_report  # noqa: E402
+from cinq.bench.report import BenchResult, Table, machine_info, publish, run_conditions  # noqa: E402
 from cinq.host_memory import kv_cache_tensor  # noqa: E402
 from cinq.kernels.cpu_native import module_from, native_module  # noqa: E402
 
@@ -132,8 +132,7 @@ def main() -> int:
         f"speedup = the median of the per-round ratios ({commit} / {head}).",
         [table], headline, {"draft": draft, "machine": machine_info(load_start), "before": commit, "after": head,
                             "cells": cells})
-    print_report(result)
-    write_report(result, args.out)
+    publish(result, args.out)
     return 0
 
 

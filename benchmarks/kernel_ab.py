@@ -35,7 +35,7 @@ import torch  # noqa: E402
 
 from benchmarks.decode_kernels import (KERNELS, LAYERS, SHAPES, _group, call_for, make_weight,  # noqa: E402
                                        module_name, nbytes)
-from cinq.bench.report import BenchResult, Table, machine_info, print_report, run_conditions, write_report  # noqa: E402
+from cinq.bench.report import BenchResult, Table, machine_info, publish, run_conditions  # noqa: E402
 from cinq.kernels.cpu_native import module_from  # noqa: E402
 from cinq.plan.probe import read_bandwidth  # noqa: E402
 
@@ -171,8 +171,7 @@ def main() -> int:
         [table], headline,
         {"draft": draft, "machine": machine_info(load_start), "before": commit, "after": head, "probe_gb_s": bw,
          "cells": cells})
-    print_report(result)
-    write_report(result, args.out)
+    publish(result, args.out)
     return 0
 
 

@@ -82,13 +82,13 @@ void attend_bf16(const c10::BFloat16* q, O* out, const Rows& rows, int64_t len, 
             const int64_t jq = r * nqh + j0 + g;
             const uint16_t* qr = q_row(jq);
             __m512bh qv[D / 32];
-  #pragma GCC unroll 4
+#pragma GCC unroll 4
             for (int c = 0; c < D / 32; ++c) qv[c] = (__m512bh)_mm512_loadu_si512(qr + 32 * c);
             __m512 acc[16];
-  #pragma GCC unroll 16
+#pragma GCC unroll 16
             for (int i = 0; i < 16; ++i) {
               acc[i] = _mm512_setzero_ps();
-  #pragma GCC unroll 4
+#pragma GCC unroll 4
               for (int c = 0; c < D / 32; ++c)
                 acc[i] = _mm512_dpbf16_ps(acc[i], qv[c], (__m512bh)_mm512_loadu_si512(k[i] + 32 * c));
             }
