@@ -13,6 +13,15 @@ each head's card.
         --out benchmarks/results/eagle3_smollm2_head_longer         # v5's data, 2.2x the steps (v6 reads v5's
                                                                     # sequences: --generated)
 
+    python benchmarks/head_before_after.py --before runs/eagle3-smollm2-english --after runs/eagle3-smollm2-balanced \
+        --held-out runs/spec-lang-smollm2/target-test-*.npz \
+        --out benchmarks/results/eagle3_smollm2_head_language_balance  # English-only vs balanced prompts, as many
+                                                                         # (cinq distill --prompt-mix english)
+    python benchmarks/head_before_after.py --before runs/eagle3-smollm2-balanced --after runs/eagle3-smollm2-q4_0 \
+        --target <the q4_0 file> --out benchmarks/results/eagle3_smollm2_head_q4_0_target
+        # the head trained on the Q4_1 file against one trained on the q4_0 file's own outputs, drafting for q4_0
+        # (the file: `cinq bench latency`'s int4 variant, in the cache's bench-latency folder)
+
 (runs/eagle3-smollm2-v4-shipped: the v4 head's folder as shipped before v5 replaced it, from git: `git show
 0c3dec3:cinq/assets/smollm2-135m-instruct-eagle3/<file>` for config.json and model.safetensors, and
 training.json from 8499556.)
@@ -38,11 +47,12 @@ import torch  # noqa: E402
 
 from cinq.eval.spec_acceptance import measure  # noqa: E402
 from cinq.real_models import REAL_MODELS  # noqa: E402
+from cinq.spec.draft_vocab import coverage  # noqa: E402
 from cinq.spec.eagle import load_eagle_head  # noqa: E402
 from cinq.train.distill import load_teacher  # noqa: E402
 from cinq.train.spec_head_card import TRAINING_FILE, training_record  # noqa: E402
 from cinq.train.spec_head_data import TargetSequences  # noqa: E402
-from cinq.train.spec_heads import held_out_batches  # noqa: E402
+from cinq.train.spec_heads import generated_tokens, held_out_batches  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -62,39 +72,57 @@ def main() -> int:
     ap.add_argument("--after", default="runs/eagle3-smollm2-v5",
                     help="run folder or shipped head folder of the later head")
     ap.add_argument("--held-out", default=None, help="held-out target sequences (.npz; default: --after's)")
+    ap.add_argument("--target", default=None,
+                    help="the target both heads draft for (default: SmolLM2's Q4_1 file; a quantized copy to ask "
+                         "what a head trained on that copy's own outputs wins back)")
     ap.add_argument("--out", default=str(RESULTS / "eagle3_smollm2_head_before_after"))
     args = ap.parse_args()
     torch.set_num_threads(2)
     held = Path(args.held_out) if args.held_out else next((ROOT / args.after).glob("target-test-*.npz"))
     seqs = TargetSequences.load(held)
     batches = held_out_batches(seqs)
-    target = load_teacher(REAL_MODELS["smollm2-135m-instruct"].path())
+    written = generated_tokens(seqs)
+    target_path = Path(args.target) if args.target else REAL_MODELS["smollm2-135m-instruct"].path()
+    target = load_teacher(target_path)
     res = {}
     for label, run in (("before", args.before), ("after", args.after)):
         head_dir, info = head_and_training(ROOT / run)
         head = load_eagle_head(head_dir, target, torch.float32, "cpu", "sdpa")
         acc = measure(head, target, batches, 4)
-        res[label] = {"run": run, "train_prompts": info["train_prompts"], "train_tokens": info["train_tokens"],
+        draft_ids = getattr(head, "draft_ids", None)  # an EAGLE-3 head's reduced vocabulary
+        res[label] = {"run": run, "train_prompts": info["train_prompts"],
+                      "prompt_mix": info.get("prompt_mix", "balanced"), "train_tokens": info["train_tokens"],
                       "steps": info["steps"], "tau": acc["all"]["tau"],
+                      "draft_vocab_coverage": (None if draft_ids is None else
+                                               coverage(draft_ids.cpu(), written, target.config.vocab_size)),
                       "per_language": {k: v["tau"] for k, v in acc["per_language"].items()}}
     langs = sorted(res["after"]["per_language"])
     spread = {k: min(r["per_language"].values()) / max(r["per_language"].values()) for k, r in res.items()}
+    ends = {k: (min(r["per_language"], key=r["per_language"].get), max(r["per_language"], key=r["per_language"].get))
+            for k, r in res.items()}
     headline = (f"tau (k = 4) {res['before']['tau']:.3f} -> {res['after']['tau']:.3f}; worst/best language "
-                f"{spread['before']:.2f} -> {spread['after']:.2f}; every language up: "
+                f"{spread['before']:.2f} ({'/'.join(ends['before'])}) -> {spread['after']:.2f} "
+                f"({'/'.join(ends['after'])}); every language up: "
                 f"{all(res['after']['per_language'][x] > res['before']['per_language'][x] for x in langs)}")
     lines = ["# EAGLE-3 heads for SmolLM2: per-language acceptance before / after", "",
              f"`python benchmarks/head_before_after.py`: {len(seqs)} held-out sequences ({held.name}), greedy drafts "
-             "of k = 4 in float32, tau = tokens per target forward (cinq/eval/spec_acceptance.py).", "",
-             "| head | training prompts | training tokens | steps | tau | " + " | ".join(langs) + " | worst/best |",
-             "|---|---:|---:|---:|---:|" + "---:|" * len(langs) + "---:|"]
+             f"of k = 4 in float32 for the target {target_path.name}, tau = tokens per target forward "
+             "(cinq/eval/spec_acceptance.py).", "",
+             "| head | training prompts | prompt mix | training tokens | steps | draft vocabulary coverage* | tau | "
+             + " | ".join(langs) + " | worst/best |",
+             "|---|---:|---|---:|---:|---:|---:|" + "---:|" * len(langs) + "---:|"]
     for label, r in res.items():
-        lines.append(f"| {label} ({r['run']}) | {r['train_prompts']} | {r['train_tokens']:,} | {r['steps']} | "
+        cov = "-" if r["draft_vocab_coverage"] is None else f"{r['draft_vocab_coverage']:.1%}"
+        lines.append(f"| {label} ({r['run']}) | {r['train_prompts']} | {r['prompt_mix']} | {r['train_tokens']:,} | "
+                     f"{r['steps']} | {cov} | "
                      f"{r['tau']:.3f} | " + " | ".join(f"{r['per_language'][x]:.3f}" for x in langs)
                      + f" | {spread[label]:.2f} |")
-    lines += ["", f"**{headline}**", ""]
+    lines += ["", "\\* the share of the tokens the target wrote in the held-out set that the head's draft vocabulary "
+              "holds (an EAGLE-3 head drafts only those)", "", f"**{headline}**", ""]
     Path(args.out + ".md").write_text("\n".join(lines))
     Path(args.out + ".json").write_text(json.dumps({"kind": "head_before_after", "headline": headline,
-                                                    "held_out": held.name, "sequences": len(seqs), "heads": res},
+                                                    "target": target_path.name, "held_out": held.name,
+                                                    "sequences": len(seqs), "heads": res},
                                                    indent=1) + "\n")
     print("\n".join(lines))
     return 0

@@ -53,6 +53,10 @@ SCRIPTS = {
                                        "--after runs/eagle3-smollm2-v5",
     "eagle3_smollm2_head_longer": "benchmarks/head_before_after.py --before runs/eagle3-smollm2-v5 "
                                   "--after runs/eagle3-smollm2-v6 --held-out runs/eagle3-smollm2-v5/target-test-*.npz",
+    "eagle3_smollm2_head_language_balance": "benchmarks/head_before_after.py --before runs/eagle3-smollm2-english "
+                                            "--after runs/eagle3-smollm2-balanced",
+    "eagle3_smollm2_head_q4_0_target": "benchmarks/head_before_after.py --before runs/eagle3-smollm2-balanced "
+                                       "--after runs/eagle3-smollm2-q4_0 --target <the q4_0 file>",
     "latency_hf": "cinq bench latency", "latency_smollm2": "cinq bench latency",
     "latency_smollm2_bf16": "benchmarks/latency.py", "omp_wait_policy": "benchmarks/omp_wait_policy.py",
     "omp_wait_policy_draft": "benchmarks/omp_wait_policy.py --out omp_wait_policy_draft",

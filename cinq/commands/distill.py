@@ -70,9 +70,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="the served target the heads draft for (a model folder or embedded model, e.g. cinq-tiny)")
     h.add_argument("--train-prompts", type=int, default=1100,
                    help="corpus prompts the target continues for training data (see --prompt-mix)")
-    h.add_argument("--prompt-mix", default="balanced", choices=["balanced", "natural"],
-                   help="training prompts: the same number per corpus language (balanced), or as many in total "
-                        "in the train split's natural document proportions (natural); held-out ones stay balanced")
+    h.add_argument("--prompt-mix", default="balanced", choices=["balanced", "natural", "english"],
+                   help="training prompts: the same number per language (balanced), or as many in total in the "
+                        "corpus train split's natural document proportions (natural; not for --data chat), or "
+                        "all in English (english); held-out ones stay balanced")
     h.add_argument("--eval-prompts", type=int, default=110, help="held-out (test split) prompts for acceptance")
     h.add_argument("--max-prompt", type=int, default=24, help="prompt tokens at most")
     h.add_argument("--max-tokens", type=int, default=128, help="tokens the target writes per training prompt")
@@ -111,7 +112,8 @@ def run_heads(args: argparse.Namespace) -> int:
         train_prompts=args.train_prompts, prompt_mix=args.prompt_mix, eval_prompts=args.eval_prompts,
         max_prompt=args.max_prompt, max_tokens=args.max_tokens, eval_max_tokens=args.eval_max_tokens,
         sample_temperature=args.sample_temperature, generator=args.generator, generated_dir=args.generated,
-        unroll_steps=args.unroll, draft_vocab_size=args.draft_vocab, num_heads=args.num_heads, medusa_lm_head=args.medusa_lm_head, feature_layers=layers,
+        unroll_steps=args.unroll, draft_vocab_size=args.draft_vocab, num_heads=args.num_heads,
+        medusa_lm_head=args.medusa_lm_head, feature_layers=layers,
         feature_noise=args.feature_noise, draft_k=args.draft_k, eval_every=args.eval_every,
         ckpt_every_s=args.ckpt_every, max_run_s=args.max_run_time, progress=not args.no_progress)
     summary = train_heads(job)

@@ -24,7 +24,9 @@ def _document_prompt(split: TokenSplit, d: int, max_prompt: int) -> list[int]:
     return split.tokens[start:start + k].astype(np.int64).tolist()
 
 
-PROMPT_MIXES = ("balanced", "natural")  # how prompts are spread over the corpus languages (``mixed_prompts``)
+# How prompts are spread over the languages (``mixed_prompts``): the same number per language, the corpus split's own
+# document proportions, or English alone (what a head trained on the usual English chat sets sees).
+PROMPT_MIXES = ("balanced", "natural", "english")
 
 
 def natural_prompts(data_dir: str | Path, n: int, seed: int, max_prompt: int = 16, split: str = "train"
@@ -63,11 +65,22 @@ def balanced_prompts(data_dir: str | Path, n: int, seed: int, max_prompt: int = 
 def mixed_prompts(data_dir: str | Path, n: int, seed: int, max_prompt: int = 16, split: str = "train",
                   mix: str = "balanced") -> list[tuple[str, list[int]]]:
     """(language, prompt) pairs in ``mix``: ``balanced`` is ``balanced_prompts``; ``natural`` draws as many
-    prompts as that would (so the two mixes hold the same number) with ``natural_prompts``."""
+    prompts as that would (so the mixes hold the same number) with ``natural_prompts``; ``english`` as many from
+    the split's English documents (fewer when it has fewer)."""
     if mix not in PROMPT_MIXES:
         raise InvalidParameterError(f"prompt mix must be one of {list(PROMPT_MIXES)}, got {mix!r}", "prompt_mix")
     pairs = balanced_prompts(data_dir, n, seed, max_prompt, split)
-    return pairs if mix == "balanced" else natural_prompts(data_dir, len(pairs), seed, max_prompt, split)
+    if mix == "natural":
+        return natural_prompts(data_dir, len(pairs), seed, max_prompt, split)
+    if mix == "english":
+        docs = TokenSplit.load(data_dir, split)
+        ids = np.flatnonzero(np.array(docs.langs) == "en")
+        if not len(ids):
+            raise InvalidParameterError(f"prompt_mix english: the {split} split has no English (en) documents",
+                                        "prompt_mix")
+        picks = np.random.default_rng([seed, 7, 0]).choice(ids, size=min(len(pairs), len(ids)), replace=False)
+        return [("en", _document_prompt(docs, int(d), max_prompt)) for d in picks.tolist()]
+    return pairs
 
 
 def teacher_token_stream(distiller: Any, n: int, max_tokens: int, cache: Path) -> np.ndarray:

@@ -55,7 +55,7 @@ def training_record(summary: dict[str, Any]) -> dict[str, Any]:
     """What a shipped head keeps of its run's summary: enough to compare heads without the run folder."""
     return {"train_prompts": summary["job"]["train_prompts"], "train_tokens": summary["train_data"]["tokens"],
             "steps": summary["step"], "elapsed_s": round(summary["elapsed_s"], 1),
-            "tau": summary["acceptance"]["all"]["tau"]}
+            "tau": summary["acceptance"]["all"]["tau"], "prompt_mix": summary["job"].get("prompt_mix", "balanced")}
 
 
 def _acceptance_table(acc: dict[str, Any]) -> list[str]:
@@ -78,8 +78,11 @@ def _shared_note(method: str, original_lm_head: bool) -> str:
 
 
 def _mix_note(job: dict[str, Any]) -> str:
-    if job.get("prompt_mix", "balanced") == "natural":
+    mix = job.get("prompt_mix", "balanced")
+    if mix == "natural":
         return "prompts in the train split's natural language proportions"
+    if mix == "english":
+        return "English prompts only"
     return "the same number of prompts per language"
 
 

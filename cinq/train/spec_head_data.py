@@ -3,7 +3,8 @@
 DistillSpec's lesson (Zhou et al. 2024): a drafter should be aligned to the target on the target's own outputs,
 since those are what it drafts for. The target continues prompts drawn from the corpus, by default the same
 number from every corpus language (``prompt_mix`` balanced; natural: in the split's own document proportions,
-as many in total; cinq/train/seqkd.py ``mixed_prompts``), with cinq's own serving engine
+as many in total; english: as many, all English; cinq/train/seqkd.py ``mixed_prompts``), with cinq's own serving
+engine
 (cinq/train/generation.py); each sequence is kept whole (prompt + continuation, positions from 0 as served).
 A set is cached in the run folder under a key of everything that produced it (target, corpus, split, prompt mix,
 sampling settings), so a rerun reuses it and any change regenerates it. A quantized target is its own target
@@ -45,7 +46,7 @@ class GenerationSettings:
     seed: int
     generator: str = "engine"  # engine: cinq's serving engine; naive: in-memory sampling (tests)
     dtype: str = "bfloat16"  # the engine's compute dtype
-    prompt_mix: str = "balanced"  # balanced: as many prompts per language; natural: the split's proportions
+    prompt_mix: str = "balanced"  # balanced: as many per language; natural: the split's proportions; english
 
     def key(self, target_fingerprint: str, corpus: dict[str, Any]) -> str:
         settings = asdict(self)
@@ -151,11 +152,11 @@ def target_sequences(target_dir: str | Path, target: Any, data_dir: str | Path, 
 def prompt_pairs(target_dir: str | Path, data_dir: str | Path, settings: GenerationSettings
                  ) -> list[tuple[str, list[int]]]:
     """(language, prompt) pairs for ``settings``: corpus documents' openings, or (``data_dir`` "chat") chat turns
-    rendered with the target's template (cinq/train/spec_head_prompts.py; always language-balanced)."""
+    rendered with the target's template (cinq/train/spec_head_prompts.py; balanced or English)."""
     if is_chat_source(data_dir):
         from cinq.model.tokenizer import Tokenizer
         return chat_prompts(Tokenizer.from_pretrained(target_dir), settings.num_prompts, settings.seed,
-                            settings.max_prompt, settings.split)
+                            settings.max_prompt, settings.split, settings.prompt_mix)
     return mixed_prompts(data_dir, settings.num_prompts, settings.seed, settings.max_prompt, settings.split,
                          settings.prompt_mix)
 

@@ -136,18 +136,27 @@ def chat_identity() -> dict[str, Any]:
     return {"chat_prompts": hashlib.sha256(blob.encode()).hexdigest()[:16]}
 
 
-def chat_prompts(tokenizer: Any, n: int, seed: int, max_prompt: int, split: str = "train"
+CHAT_MIXES = ("balanced", "english")  # chat prompts have no natural proportions to follow
+
+
+def chat_prompts(tokenizer: Any, n: int, seed: int, max_prompt: int, split: str = "train", mix: str = "balanced"
                  ) -> list[tuple[str, list[int]]]:
     """``n // len(CHAT_LANGUAGES)`` (language, prompt token ids) pairs per language, in language order: the
     split's messages in a seeded order, cycled when more are asked for than exist (each request samples with
-    its own seed, so a repeated prompt gets another answer). A rendered prompt longer than ``max_prompt``
-    tokens is refused, naming the field: cutting a chat template would leave a turn open."""
+    its own seed, so a repeated prompt gets another answer). ``mix`` english: as many pairs in all, every one
+    English (the before of arXiv 2510.02128's narrowing). A rendered prompt longer than ``max_prompt`` tokens is
+    refused, naming the field: cutting a chat template would leave a turn open."""
+    if mix not in CHAT_MIXES:
+        raise InvalidParameterError(f"prompt_mix for chat prompts must be one of {list(CHAT_MIXES)}, got {mix!r} "
+                                    "(natural follows a corpus's document proportions)", "prompt_mix")
     per_lang = max(1, n // len(CHAT_LANGUAGES))
+    plan = ([(li, lang, per_lang) for li, lang in enumerate(CHAT_LANGUAGES)] if mix == "balanced"
+            else [(CHAT_LANGUAGES.index("en"), "en", per_lang * len(CHAT_LANGUAGES))])
     out: list[tuple[str, list[int]]] = []
-    for li, lang in enumerate(CHAT_LANGUAGES):
+    for li, lang, count in plan:
         messages = chat_messages(lang, split)
         order = np.random.default_rng([seed, 5, li]).permutation(len(messages))
-        for i in range(per_lang):
+        for i in range(count):
             text = tokenizer.apply_chat_template([{"role": "user", "content": messages[order[i % len(order)]]}])
             ids = tokenizer.encode(text, add_special_tokens=False)
             if len(ids) > max_prompt:

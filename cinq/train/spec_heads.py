@@ -51,6 +51,7 @@ from cinq.plan.cpu import cpu_label
 from cinq.train.seqkd import PROMPT_MIXES
 from cinq.train.spec_head_data import (GenerationSettings, SequenceSampler, TargetSequences, sequences_identity,
                                        target_sequences)
+from cinq.train.spec_head_prompts import CHAT_MIXES, is_chat_source
 from cinq.train.trainer import Trainer
 from cinq.train.training_run import GeneratingRunControls, run_training, train_settings
 
@@ -78,7 +79,7 @@ class HeadJob(GeneratingRunControls):
     lr: float = 3e-3
     warmup_steps: int = 20
     train_prompts: int = bounded(1100, ge=1)
-    prompt_mix: str = "balanced"  # balanced: as many training prompts per language; natural: the corpus's mix
+    prompt_mix: str = "balanced"  # balanced: as many prompts per language; natural: the corpus's mix; english
     eval_prompts: int = bounded(110, ge=1)
     max_prompt: int = bounded(24, ge=2)
     max_tokens: int = bounded(128, ge=1)
@@ -102,9 +103,10 @@ class HeadJob(GeneratingRunControls):
         self.check_generator()
         if self.method not in HEAD_METHODS:
             raise InvalidParameterError(f"heads must be one of {list(HEAD_METHODS)}, got {self.method!r}", "heads")
-        if self.prompt_mix not in PROMPT_MIXES:
-            raise InvalidParameterError(f"prompt_mix must be one of {list(PROMPT_MIXES)}, got {self.prompt_mix!r}",
-                                        "prompt_mix")
+        mixes = CHAT_MIXES if is_chat_source(self.data_dir) else PROMPT_MIXES
+        if self.prompt_mix not in mixes:
+            raise InvalidParameterError(f"prompt_mix must be one of {list(mixes)} for data {self.data_dir!r}, got "
+                                        f"{self.prompt_mix!r}", "prompt_mix")
         if self.medusa_lm_head not in ("own", "target"):
             raise InvalidParameterError(f"medusa_lm_head must be own or target, got {self.medusa_lm_head!r}",
                                         "medusa_lm_head")
@@ -300,7 +302,8 @@ def _draft_rows(target: Any, draft_ids: torch.Tensor) -> torch.Tensor | None:
     head = getattr(target, "lm_head", None)
     w = getattr(head, "weight", None)
     if (getattr(type(target), "compute_logits", None) is not LlamaForCausalLM.compute_logits
-            or not isinstance(w, torch.Tensor) or not w.is_floating_point() or w.dim() != 2 or w.shape[0] != target.config.vocab_size
+            or not isinstance(w, torch.Tensor) or not w.is_floating_point() or w.dim() != 2
+            or w.shape[0] != target.config.vocab_size
             or getattr(head, "bias", None) is not None):
         return None
     return w.detach()[draft_ids].contiguous()

@@ -39,7 +39,8 @@ def test_a_shipped_head_keeps_its_weights_card_and_training_figures(tmp_path: Pa
     card = (dest / "README.md").read_text()
     assert "| steps | 7 x 8 whole sequences |" in card and "cinq distill --heads eagle3 ..." in card
     record = json.loads((dest / TRAINING_FILE).read_text())
-    assert record == {"train_prompts": 18, "train_tokens": 2000, "steps": 7, "elapsed_s": 61.0, "tau": 1.5}
+    assert record == {"train_prompts": 18, "train_tokens": 2000, "steps": 7, "elapsed_s": 61.0, "tau": 1.5,
+                      "prompt_mix": "balanced"}  # a run recorded before the option existed was balanced
     assert record == json.loads(json.dumps(training_record(json.loads((run / "summary.json").read_text()))))
 
 

@@ -1,5 +1,6 @@
-"""Chat prompts for a chat target's heads: the same number per language, train and held-out topics disjoint,
-rendered through the target's template, and a prompt longer than max_prompt refused by name."""
+"""Chat prompts for a chat target's heads: the same number per language (or as many, all English), train and
+held-out topics disjoint, rendered through the target's template, and a prompt longer than max_prompt refused by
+name."""
 
 from __future__ import annotations
 
@@ -36,6 +37,18 @@ def test_prompts_are_balanced_rendered_and_cycle_when_more_are_asked() -> None:
     text = "".join(map(chr, pairs[0][1]))
     assert text.startswith("<user>") and text.endswith("<assistant>")
     assert pairs == chat_prompts(tok, per_lang * len(CHAT_LANGUAGES), seed=0, max_prompt=400)
+
+
+def test_the_english_mix_holds_as_many_prompts_all_english_in_the_balanced_order() -> None:
+    tok = CharTokenizer()
+    n = 5 * len(CHAT_LANGUAGES)
+    english = chat_prompts(tok, n, seed=0, max_prompt=400, mix="english")
+    balanced = chat_prompts(tok, n, seed=0, max_prompt=400)
+    assert len(english) == len(balanced) and {lang for lang, _ in english} == {"en"}
+    assert english[:5] == [pair for pair in balanced if pair[0] == "en"]  # the same English draw, continued
+    with pytest.raises(InvalidParameterError) as e:
+        chat_prompts(tok, n, seed=0, max_prompt=400, mix="natural")
+    assert e.value.param == "prompt_mix"
 
 
 def test_a_prompt_longer_than_max_prompt_is_refused_by_name() -> None:

@@ -25,6 +25,7 @@ from cinq.quant.pipeline import quantize_model
 from cinq.spec.eagle import load_eagle_head
 from cinq.spec.medusa import load_medusa_heads
 from cinq.train import spec_head_data
+from cinq.train.data import TokenSplit
 from cinq.train.distill import load_teacher
 from cinq.train.seqkd import balanced_prompts, corpus_prompts, mixed_prompts, natural_prompts
 from cinq.train.spec_head_data import GenerationSettings, target_sequences
@@ -89,6 +90,21 @@ def test_the_natural_mix_follows_the_corpus_with_as_many_prompts(tiny_corpus) ->
     assert corpus_prompts(tiny_corpus, len(natural), seed=0, max_prompt=8) == [p for _, p in natural]  # one draw
     with pytest.raises(InvalidParameterError):
         mixed_prompts(tiny_corpus, 12, seed=0, mix="uniform")
+
+
+def test_the_english_mix_draws_as_many_prompts_from_english_documents(tiny_corpus) -> None:
+    balanced = mixed_prompts(tiny_corpus, 12, seed=0, max_prompt=8)
+    english = mixed_prompts(tiny_corpus, 12, seed=0, max_prompt=8, mix="english")
+    english_docs = Counter(TokenSplit.load(tiny_corpus, "train").langs)["en"]
+    assert {lang for lang, _ in english} == {"en"} and len(english) == min(len(balanced), english_docs)
+    assert english == mixed_prompts(tiny_corpus, 12, seed=0, max_prompt=8, mix="english")
+
+
+def test_chat_data_refuses_the_natural_mix_by_name(teacher, tmp_path) -> None:
+    with pytest.raises(InvalidParameterError) as e:
+        job(teacher, "chat", tmp_path, prompt_mix="natural")
+    assert e.value.param == "prompt_mix" and "english" in str(e.value)
+    assert job(teacher, "chat", tmp_path, prompt_mix="english").prompt_mix == "english"
 
 
 @pytest.mark.parametrize("method", ["eagle", "eagle3", "medusa"])
