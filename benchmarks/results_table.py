@@ -113,6 +113,12 @@ SCRIPTS = {
     "speculative_smollm2_trees_bf16": "benchmarks/speculative_smollm2.py --weights bf16 --trees",
     "speculative_smollm2_bf16_languages": "benchmarks/speculative_smollm2.py --weights bf16 --head "
                                           "smollm2-135m-instruct-eagle3 --batch-sizes 1 --sample-batches '' --rounds 1",
+    "speculative_smollm2_bf16_languages_english": "benchmarks/speculative_smollm2.py --weights bf16 --head "
+                                                  "runs/eagle3-smollm2-english/head --batch-sizes 1 --sample-batches "
+                                                  "'' --per-language 4 --rounds 2",
+    "speculative_smollm2_bf16_languages_balanced": "benchmarks/speculative_smollm2.py --weights bf16 --head "
+                                                   "runs/eagle3-smollm2-balanced/head --batch-sizes 1 --sample-batches "
+                                                   "'' --per-language 4 --rounds 2",
     "speculative_smollm2_copy_bf16_eos": "benchmarks/speculative_smollm2.py --workload copy --weights bf16 "
                                          "--stop-at-eos --head smollm2-135m-instruct-eagle3 --batch-sizes 1,4 "
                                          "--rounds 3",
