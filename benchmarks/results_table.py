@@ -54,7 +54,8 @@ SCRIPTS = {
     "eagle3_smollm2_head_longer": "benchmarks/head_before_after.py --before runs/eagle3-smollm2-v5 "
                                   "--after runs/eagle3-smollm2-v6 --held-out runs/eagle3-smollm2-v5/target-test-*.npz",
     "eagle3_smollm2_head_language_balance": "benchmarks/head_before_after.py --before runs/eagle3-smollm2-english "
-                                            "--after runs/eagle3-smollm2-balanced",
+                                            "--after runs/eagle3-smollm2-balanced "
+                                            "--held-out runs/spec-lang-smollm2/target-test-*.npz",
     "eagle3_smollm2_head_q4_0_target": "benchmarks/head_before_after.py --before runs/eagle3-smollm2-balanced "
                                        "--after runs/eagle3-smollm2-q4_0 --target <the q4_0 file>",
     "latency_hf": "cinq bench latency", "latency_smollm2": "cinq bench latency",

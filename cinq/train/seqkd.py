@@ -53,13 +53,16 @@ def balanced_prompts(data_dir: str | Path, n: int, seed: int, max_prompt: int = 
     docs = TokenSplit.load(data_dir, split)
     langs = docs.languages()
     per_lang = max(1, n // max(1, len(langs)))
-    out = []
-    for li, lang in enumerate(langs):
-        ids = np.flatnonzero(np.array(docs.langs) == lang)
-        rng = np.random.default_rng([seed, 7, li])
-        picks = rng.choice(ids, size=min(per_lang, len(ids)), replace=False)
-        out += [(lang, _document_prompt(docs, int(d), max_prompt)) for d in picks.tolist()]
-    return out
+    return [pair for li, lang in enumerate(langs) for pair in _language_prompts(docs, lang, per_lang, [seed, 7, li],
+                                                                                  max_prompt)]
+
+
+def _language_prompts(docs: TokenSplit, lang: str, n: int, rng_key: list[int], max_prompt: int
+                      ) -> list[tuple[str, list[int]]]:
+    """``n`` (or all, when fewer) documents of ``lang`` drawn without replacement by ``rng_key``, as prompts."""
+    ids = np.flatnonzero(np.array(docs.langs) == lang)
+    picks = np.random.default_rng(rng_key).choice(ids, size=min(n, len(ids)), replace=False)
+    return [(lang, _document_prompt(docs, int(d), max_prompt)) for d in picks.tolist()]
 
 
 def mixed_prompts(data_dir: str | Path, n: int, seed: int, max_prompt: int = 16, split: str = "train",
@@ -73,13 +76,11 @@ def mixed_prompts(data_dir: str | Path, n: int, seed: int, max_prompt: int = 16,
     if mix == "natural":
         return natural_prompts(data_dir, len(pairs), seed, max_prompt, split)
     if mix == "english":
-        docs = TokenSplit.load(data_dir, split)
-        ids = np.flatnonzero(np.array(docs.langs) == "en")
-        if not len(ids):
+        english = _language_prompts(TokenSplit.load(data_dir, split), "en", len(pairs), [seed, 7, 0], max_prompt)
+        if not english:
             raise InvalidParameterError(f"prompt_mix english: the {split} split has no English (en) documents",
                                         "prompt_mix")
-        picks = np.random.default_rng([seed, 7, 0]).choice(ids, size=min(len(pairs), len(ids)), replace=False)
-        return [("en", _document_prompt(docs, int(d), max_prompt)) for d in picks.tolist()]
+        return english
     return pairs
 
 

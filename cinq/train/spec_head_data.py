@@ -46,7 +46,7 @@ class GenerationSettings:
     seed: int
     generator: str = "engine"  # engine: cinq's serving engine; naive: in-memory sampling (tests)
     dtype: str = "bfloat16"  # the engine's compute dtype
-    prompt_mix: str = "balanced"  # balanced: as many per language; natural: the split's proportions; english
+    prompt_mix: str = "balanced"  # balanced / natural (the split's proportions) / english (all English)
 
     def key(self, target_fingerprint: str, corpus: dict[str, Any]) -> str:
         settings = asdict(self)

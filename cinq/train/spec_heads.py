@@ -79,7 +79,7 @@ class HeadJob(GeneratingRunControls):
     lr: float = 3e-3
     warmup_steps: int = 20
     train_prompts: int = bounded(1100, ge=1)
-    prompt_mix: str = "balanced"  # balanced: as many prompts per language; natural: the corpus's mix; english
+    prompt_mix: str = "balanced"  # balanced / natural (the corpus's proportions) / english (all English)
     eval_prompts: int = bounded(110, ge=1)
     max_prompt: int = bounded(24, ge=2)
     max_tokens: int = bounded(128, ge=1)
