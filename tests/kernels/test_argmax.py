@@ -17,7 +17,7 @@ NAN, INF = float("nan"), float("inf")
 @pytest.fixture(scope="module")
 def available() -> bool:
     if native_module("argmax") is None:
-        pytest.skip("native argmax unavailable here (no compiler or no AVX-512)")
+        pytest.skip("native argmax unavailable here (no compiler, or neither AVX-512 nor AVX2)")
     return True
 
 

@@ -1,7 +1,8 @@
 // The index of each row's largest value, for float32 rows on the CPU: what greedy sampling and greedy speculative
 // verification take of the logits. PyTorch's CPU argmax reads ~1.2 G values/s on this machine (43 us for one
 // SmolLM2 row of 49,152 logits, 228 us for one of Gemma 3's 262,144, 170 us for a 4-row verify), a scalar loop;
-// a vector pass reads a row at cache speed.
+// a vector pass reads a row at cache speed. AVX-512 and AVX2 (8 lanes) passes; on an AVX2-only Zen 3 one SmolLM2
+// row took 6.5 us against PyTorch's 51, one Gemma 3 row 28 against 283 (2026-12-07).
 //
 // The same answer as torch.argmax: the first index of the maximum, and where a row holds a NaN, the first NaN's
 // index (PyTorch ranks NaN above every number). Rows are split over the threads only when there is enough of them
@@ -13,7 +14,7 @@
 #include <cstdint>
 #include <limits>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -73,6 +74,51 @@ int64_t row_argmax(const float* x, int64_t n) {
   const int32_t a = e0 ? _mm512_mask_reduce_min_epi32(e0, at0) : big;
   const int32_t b = e1 ? _mm512_mask_reduce_min_epi32(e1, at1) : big;
   return std::min(a, b);  // a row of -inf only: no lane ever took a value, index 0 as torch gives
+#elif defined(__AVX2__)
+  // As the AVX-512 pass with 8 lanes (AMD Zen 3 and other AVX2-only CPUs): the masks are vectors, and the last
+  // values load under a lane mask with -inf blended in past the row's end.
+  const __m256 neg_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  __m256 best0 = neg_inf, best1 = neg_inf, nan = _mm256_setzero_ps();
+  __m256i at0 = _mm256_setzero_si256(), at1 = _mm256_setzero_si256();
+  __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i step = _mm256_set1_epi32(16), half = _mm256_set1_epi32(8);
+  auto take = [](__m256i at, __m256i i, __m256 g) {
+    return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(at), _mm256_castsi256_ps(i), g));
+  };
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v0, v1, _CMP_UNORD_Q));
+    const __m256 g0 = _mm256_cmp_ps(v0, best0, _CMP_GT_OQ), g1 = _mm256_cmp_ps(v1, best1, _CMP_GT_OQ);
+    best0 = _mm256_blendv_ps(best0, v0, g0);
+    best1 = _mm256_blendv_ps(best1, v1, g1);
+    at0 = take(at0, idx, g0);
+    at1 = take(at1, _mm256_add_epi32(idx, half), g1);
+    idx = _mm256_add_epi32(idx, step);
+  }
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (; i < n; i += 8) {
+    const __m256i in = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(std::min<int64_t>(n - i, 8))), lane);
+    const __m256 v = _mm256_blendv_ps(neg_inf, _mm256_maskload_ps(x + i, in), _mm256_castsi256_ps(in));
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    const __m256 g = _mm256_cmp_ps(v, best0, _CMP_GT_OQ);
+    best0 = _mm256_blendv_ps(best0, v, g);
+    at0 = take(at0, idx, g);
+    idx = _mm256_add_epi32(idx, half);
+  }
+  if (_mm256_movemask_ps(nan)) return first_nan(x, n);
+  alignas(32) float b[16];
+  alignas(32) int32_t a[16];
+  _mm256_store_ps(b, best0);
+  _mm256_store_ps(b + 8, best1);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(a), at0);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(a + 8), at1);
+  float top = b[0];
+  for (int j = 1; j < 16; ++j) top = std::max(top, b[j]);
+  int32_t first = std::numeric_limits<int32_t>::max();
+  for (int j = 0; j < 16; ++j)
+    if (b[j] == top) first = std::min(first, a[j]);
+  return first;  // a row of -inf only: every lane kept index 0, as torch gives
 #else
   int64_t best = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -106,8 +152,8 @@ torch::Tensor argmax_rows(torch::Tensor x) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("argmax_rows", &argmax_rows, "index of each row's maximum (torch.argmax(x, -1) for float32 [R, V])");
-  // the scalar loop is no faster than PyTorch's: without AVX-512 the module is not used
-#if defined(__AVX512F__)
+  // the scalar loop is no faster than PyTorch's: without AVX-512 or AVX2 the module is not used
+#if defined(__AVX512F__) || defined(__AVX2__)
   m.def("has_fast_path", [] { return true; });
 #else
   m.def("has_fast_path", [] { return false; });
