@@ -66,6 +66,12 @@ SCRIPTS = {
                                        "omp_wait_policy_after_attention",
     "omp_wait_policy_gemma3": "benchmarks/omp_wait_policy.py --model gemma3-270m --variants file --out "
                               "omp_wait_policy_gemma3",
+    "omp_wait_policy_avx2": "benchmarks/omp_wait_policy.py --engines cinq,llama.cpp --variants int4,bf16 --threads "
+                            "1,2 --policies PASSIVE,ACTIVE --under-load 0 --rounds 3 --new-tokens 64 --repeats 2 "
+                            "--out omp_wait_policy_avx2",
+    "thread_scaling": "benchmarks/thread_scaling.py",
+    "thread_scaling_smollm2": "benchmarks/thread_scaling.py --model smollm2-135m-instruct --variants bf16,file "
+                              "--out benchmarks/results/thread_scaling_smollm2",
     "omp_wait_policy_draft_small_spin": "benchmarks/omp_wait_policy.py --out omp_wait_policy_draft_small_spin",
     "prefix": "cinq bench prefix", "quant": "benchmarks/quant.py",
     "quant_quality": "benchmarks/quant.py --quality", "quant_quality_arithmetic_easy": "benchmarks/quant.py --quality",

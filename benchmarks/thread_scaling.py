@@ -1,0 +1,188 @@
+"""Which parts of a batch-1 decode step gain from a second thread: the step's time at 1 and 2 threads per precision
+variant, split into the stepping thread's kernels (per op and weight shape, from the torch profiler) and host time,
+each 2-thread figure over its 1-thread one from the same run.
+
+Variants as ``cinq bench latency``'s (cinq/bench/latency_engines.py: bf16; RTN int8 per channel and GPTQ int4 g128
+copies of a folder model; a GGUF model's q8_0 / q4_0 files and its own file). Every (variant, threads) runs in its
+own child process (the OpenMP pool starts with its thread count and cinq's wait policy), alternated over
+``--rounds``; medians over rounds. Clean step: wall ms per step over 50 steps after a 128-token prompt; kernel and
+host ms as benchmarks/step_breakdown.py measures them (the stepping thread's kernels under the profiler; host = a
+clean run right before minus that, median of 7 pairs): at 2 threads the team's parts on the other thread are not
+in the kernel time, and what the step waits for them is. Per op: the stepping thread's self time per step, grouped
+by op name and input shapes (the LM head apart from the layers' linears of the same kernel).
+
+    python benchmarks/thread_scaling.py                                   # cinq-tiny bf16 / int8 / int4
+    python benchmarks/thread_scaling.py --model smollm2-135m-instruct --variants bf16,file \\
+        --out benchmarks/results/thread_scaling_smollm2
+    python benchmarks/thread_scaling.py --child int8 2 ...                # one measurement as JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+TOP_OPS = 8  # per variant: the ops with the most 1-thread time
+
+
+def child(model: str, variant: str, threads: int, prompt_len: int, work: Path) -> dict[str, Any]:
+    """One (variant, threads) measurement in this process."""
+    from cinq.process_env import set_omp_wait_policy
+    set_omp_wait_policy()
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import torch
+
+    import step_breakdown_measure as sbm
+    from cinq.bench.latency_engines import variant_config
+    from cinq.config import EngineConfig
+
+    cfg = variant_config(EngineConfig(model=model), variant, work)
+    torch.set_num_threads(threads)
+    engine = sbm._engine(cfg.model, threads, prompt_len=prompt_len)
+    step, _ = sbm.clean_steps(engine, 50, 5)
+    kernels, host, _ = sbm.host_and_kernel_ms(engine)
+    return {"variant": variant, "threads": threads, "step_ms": statistics.median(step), "kernel_ms": kernels,
+            "host_ms": host, "ops_us": per_op_us(engine, linear_names(engine.model_config)),
+            "weight_mb": sbm._weight_mb(engine)}
+
+
+def linear_names(cfg: Any) -> dict[tuple[int, int], str]:
+    """(input channels, output rows) -> the decode step's linear it is: qkv_proj, o_proj, gate_up_proj, down_proj,
+    lm_head; a split linear's part (half its rows, either rounding) too, named '<linear> (part)'."""
+    q, kv, h, i = cfg.q_size, cfg.kv_size, cfg.hidden_size, cfg.intermediate_size
+    full = {(h, q + 2 * kv): "qkv_proj", (q, h): "o_proj", (h, 2 * i): "gate_up_proj", (i, h): "down_proj",
+            (h, cfg.vocab_size): "lm_head"}
+    names = {(k, n - n // 2): f"{name} (part)" for (k, n), name in full.items()}
+    names.update({(k, n // 2): f"{name} (part)" for (k, n), name in full.items()})
+    return {**names, **full}
+
+
+def per_op_us(engine: Any, names: dict[tuple[int, int], str], steps: int = 30) -> dict[str, float]:
+    """The stepping thread's self microseconds per step by op and what it computes: a linear kernel by the linear
+    it serves (``names``: its activations' width and its weight's rows), any other op by its first input shapes
+    (the native kernels through their registered ops, as step_breakdown_measure.kernel_ms routes them)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    import cinq.kernels.cpu_native as cpu_native
+    from cinq.kernels import custom_ops  # noqa: F401  (torch.ops.cinq.*)
+
+    real = cpu_native.call_native
+    callers = [m for name, m in list(sys.modules.items())
+               if name.startswith("cinq.") and getattr(m, "call_native", None) is real]
+    for m in callers:
+        m.call_native = lambda mod, name, *a: getattr(torch.ops.cinq, name)(*a)
+    try:
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            for _ in range(steps):
+                engine.step()
+    finally:
+        for m in callers:
+            m.call_native = real
+    events = [e for e in prof.events() if e.name.startswith(("cinq::", "aten::"))]
+    per_thread: dict[int, int] = defaultdict(int)
+    for e in events:
+        per_thread[e.thread] += 1
+    main = max(per_thread, key=per_thread.__getitem__, default=0)
+    out: dict[str, float] = defaultdict(float)
+    for e in events:
+        if e.thread == main:
+            shapes = [s for s in (e.input_shapes or []) if s][:2]
+            linear = (names.get((shapes[0][-1], shapes[1][0])) if len(shapes) == 2 and len(shapes[0]) == 2
+                      and "linear" in e.name else None)
+            # a split linear's parts write into the whole output (the kernel's _out form): the same kernel
+            out[f"{e.name.removesuffix('_out')} {linear or shapes}"] += e.self_cpu_time_total / steps
+    return dict(out)
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Every (variant, threads) in its own child, alternated over rounds (order rotated each round)."""
+    configs = [(v, t) for v in args.variants.split(",") for t in (1, 2)]
+    samples: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    for r in range(args.rounds):
+        for v, t in configs[r % len(configs):] + configs[:r % len(configs)]:
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--child", v, str(t), "--model", args.model,
+                   "--prompt-len", str(args.prompt_len)]
+            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                                  env=dict(os.environ, PYTHONPATH=str(ROOT)))
+            if proc.returncode:
+                raise SystemExit(f"{v} at {t} threads failed:\n" + "\n".join(proc.stderr.splitlines()[-15:]))
+            s = json.loads(proc.stdout.strip().splitlines()[-1])
+            samples[(v, t)].append(s)
+            print(f"round {r + 1}: {v} {t} thr {s['step_ms']:.3f} ms/step (kernels {s['kernel_ms']:.3f}, host "
+                  f"{s['host_ms']:.3f})", flush=True)
+    rows = []
+    for (v, t), ss in samples.items():
+        ops = {k: statistics.median(s["ops_us"].get(k, 0.0) for s in ss) for k in {k for s in ss for k in s["ops_us"]}}
+        rows.append({"variant": v, "threads": t, "weight_mb": ss[0]["weight_mb"], "ops_us": ops,
+                     **{k: statistics.median(s[k] for s in ss) for k in ("step_ms", "kernel_ms", "host_ms")},
+                     "step_ms_all": [s["step_ms"] for s in ss]})
+    return {"model": args.model, "prompt_len": args.prompt_len, "rounds": args.rounds, "rows": rows}
+
+
+def render(data: dict[str, Any]) -> str:
+    """The markdown of a run."""
+    from cinq.bench.report import model_label, run_conditions
+    by = {(r["variant"], r["threads"]): r for r in data["rows"]}
+    lines = ["# Decode at 1 and 2 threads: which parts gain from the second thread", "",
+             f"`python benchmarks/thread_scaling.py --model {model_label(data['model'])} --variants "
+             f"{','.join(dict.fromkeys(r['variant'] for r in data['rows']))}` ({data['date']}): batch 1, greedy, "
+             f"prompt {data['prompt_len']}, {data['rounds']} round(s) of child processes alternated, medians. "
+             f"{run_conditions(data['load_start'])[1]} 2 / 1 = the 1-thread time over the 2-thread time (above 1: "
+             "the second thread helps).", "",
+             "| variant | weights MB | step ms 1 thr | 2 thr | 2 / 1 | kernels ms 1 thr | 2 thr | 2 / 1 | "
+             "host ms 1 thr | 2 thr |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    variants = list(dict.fromkeys(r["variant"] for r in data["rows"]))
+    for v in variants:
+        a, b = by[(v, 1)], by[(v, 2)]
+        lines.append(f"| {v} | {a['weight_mb']:.1f} | {a['step_ms']:.3f} | {b['step_ms']:.3f} | "
+                     f"{a['step_ms'] / b['step_ms']:.2f}x | {a['kernel_ms']:.3f} | {b['kernel_ms']:.3f} | "
+                     f"{a['kernel_ms'] / b['kernel_ms']:.2f}x | {a['host_ms']:.3f} | {b['host_ms']:.3f} |")
+    for v in variants:
+        a, b = by[(v, 1)]["ops_us"], by[(v, 2)]["ops_us"]
+        top = sorted(a, key=lambda k: -a[k])[:TOP_OPS]
+        lines += ["", f"## {v}: the stepping thread's ops (us per step; op [first input shapes])", "",
+                  "| op (linear served, or first input shapes) | 1 thr | 2 thr | 2 / 1 |", "|---|---:|---:|---:|"]
+        for k in top:
+            part = f"{k} (part)" in b  # split across the team: the stepping thread computed its part
+            two = b.get(f"{k} (part)" if part else k, 0.0)
+            lines.append(f"| `{k}`{' (2 thr: its part)' if part else ''} | {a[k]:.0f} | {two:.0f} | "
+                         + (f"{a[k] / two:.2f}x |" if two else " |"))
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="cinq-tiny")
+    ap.add_argument("--variants", default="bf16,int8,int4")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--out", default=str(RESULTS / "thread_scaling"))
+    ap.add_argument("--child", nargs=2, metavar=("VARIANT", "THREADS"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    from cinq.cache import cache_dir
+    work = cache_dir() / "bench-latency"  # the quantized copies cinq bench latency made (or makes) for its variants
+    if args.child:
+        work.mkdir(parents=True, exist_ok=True)
+        print(json.dumps(child(args.model, args.child[0], int(args.child[1]), args.prompt_len, work)))
+        return
+    load_start = os.getloadavg()[0]
+    data = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_start": load_start, **measure(args)}
+    out = Path(args.out)
+    out.with_suffix(".json").write_text(json.dumps(data, indent=1))
+    out.with_suffix(".md").write_text(render(data))
+    print(f"wrote {out}.json and .md")
+
+
+if __name__ == "__main__":
+    main()
