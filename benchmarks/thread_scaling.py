@@ -1,6 +1,7 @@
 """Which parts of a batch-1 decode step gain from a second thread: the step's time at 1 and 2 threads per precision
 variant, split into the stepping thread's kernels (per op and weight shape, from the torch profiler) and host time,
-each 2-thread figure over its 1-thread one from the same run.
+each 2-thread figure over its 1-thread one from the same run; and, at 2 threads, a layer's attention split across
+the fused step's team against it whole (``--split-ab``: same process, alternated).
 
 Variants as ``cinq bench latency``'s (cinq/bench/latency_engines.py: bf16; RTN int8 per channel and GPTQ int4 g128
 copies of a folder model; a GGUF model's q8_0 / q4_0 files and its own file). Every (variant, threads) runs in its
@@ -33,6 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 TOP_OPS = 8  # per variant: the ops with the most 1-thread time
+_ATTENTION_PARTS = {"cinq::paged_decode_heads": "cinq::paged_decode", "cinq::paged_decode_seqs": "cinq::paged_decode"}
 
 
 def child(model: str, variant: str, threads: int, prompt_len: int, work: Path) -> dict[str, Any]:
@@ -54,6 +56,38 @@ def child(model: str, variant: str, threads: int, prompt_len: int, work: Path) -
     return {"variant": variant, "threads": threads, "step_ms": statistics.median(step), "kernel_ms": kernels,
             "host_ms": host, "ops_us": per_op_us(engine, linear_names(engine.model_config)),
             "weight_mb": sbm._weight_mb(engine)}
+
+
+def split_ab(model: str, variant: str, prompt_len: int, work: Path, alternations: int = 12) -> dict[str, Any]:
+    """At 2 threads in this process: the fused step with a layer's attention split across the team (the default
+    threshold) against it whole on the stepping thread (threshold past any context), blocks of 30 steps
+    alternated in rotated order; medians of the wall ms per step."""
+    from cinq.process_env import set_omp_wait_policy
+    set_omp_wait_policy()
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import step_breakdown_measure as sbm
+    from cinq.bench.latency_engines import variant_config
+    from cinq.config import EngineConfig
+    from cinq.kernels.cpu_native import native_module
+
+    engine = sbm._engine(variant_config(EngineConfig(model=model), variant, work).model, 2, prompt_len=prompt_len)
+    mod = native_module("decode_layers")
+    default = mod.min_attention_split_bytes()
+    ms: dict[str, list[float]] = {"split": [], "whole": []}
+    try:
+        for i in range(alternations):
+            for arm in ("split", "whole") if i % 2 == 0 else ("whole", "split"):
+                mod.set_min_attention_split_bytes(default if arm == "split" else 1 << 40)
+                for _ in range(3):
+                    engine.step()
+                t0 = time.perf_counter()
+                for _ in range(30):
+                    engine.step()
+                ms[arm].append((time.perf_counter() - t0) / 30 * 1e3)
+    finally:
+        mod.set_min_attention_split_bytes(default)
+    return {"variant": variant, "prompt_len": prompt_len, "split_ms": statistics.median(ms["split"]),
+            "whole_ms": statistics.median(ms["whole"])}
 
 
 def linear_names(cfg: Any) -> dict[tuple[int, int], str]:
@@ -100,8 +134,12 @@ def per_op_us(engine: Any, names: dict[tuple[int, int], str], steps: int = 30) -
             shapes = [s for s in (e.input_shapes or []) if s][:2]
             linear = (names.get((shapes[0][-1], shapes[1][0])) if len(shapes) == 2 and len(shapes[0]) == 2
                       and "linear" in e.name else None)
-            # a split linear's parts write into the whole output (the kernel's _out form): the same kernel
-            out[f"{e.name.removesuffix('_out')} {linear or shapes}"] += e.self_cpu_time_total / steps
+            # a split linear's parts write into the whole output (the kernel's _out form): the same kernel;
+            # attention split across the team runs a part of paged_decode per thread (by heads or sequences)
+            name = e.name.removesuffix("_out")
+            part = _ATTENTION_PARTS.get(name)
+            key = f"{part} {shapes} (part)" if part else f"{name} {linear or shapes}"
+            out[key] += e.self_cpu_time_total / steps
     return dict(out)
 
 
@@ -127,7 +165,19 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         rows.append({"variant": v, "threads": t, "weight_mb": ss[0]["weight_mb"], "ops_us": ops,
                      **{k: statistics.median(s[k] for s in ss) for k in ("step_ms", "kernel_ms", "host_ms")},
                      "step_ms_all": [s["step_ms"] for s in ss]})
-    return {"model": args.model, "prompt_len": args.prompt_len, "rounds": args.rounds, "rows": rows}
+    ab = []
+    for prompt in [int(p) for p in args.split_ab.split(",") if p]:
+        for v in args.variants.split(","):
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--child-ab", v, str(prompt), "--model", args.model]
+            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                                  env=dict(os.environ, PYTHONPATH=str(ROOT)))
+            if proc.returncode:
+                raise SystemExit(f"split A/B of {v} failed:\n" + "\n".join(proc.stderr.splitlines()[-15:]))
+            ab.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            print(f"attention split A/B: {v} prompt {prompt}: split {ab[-1]['split_ms']:.3f} ms, whole "
+                  f"{ab[-1]['whole_ms']:.3f} ms", flush=True)
+    return {"model": args.model, "prompt_len": args.prompt_len, "rounds": args.rounds, "rows": rows,
+            "split_ab": ab}
 
 
 def render(data: dict[str, Any]) -> str:
@@ -158,6 +208,16 @@ def render(data: dict[str, Any]) -> str:
             two = b.get(f"{k} (part)" if part else k, 0.0)
             lines.append(f"| `{k}`{' (2 thr: its part)' if part else ''} | {a[k]:.0f} | {two:.0f} | "
                          + (f"{a[k] / two:.2f}x |" if two else " |"))
+    if data.get("split_ab"):
+        lines += ["", "## A layer's attention split across the team at batch 1, or whole on the stepping thread", "",
+                  "2 threads, one process, blocks of 30 steps alternated (12 blocks each, rotated order), medians; "
+                  "the context grows from the prompt by ~800 tokens over the blocks. Split: the default threshold "
+                  "(query heads on the bf16 path, whole kv heads on the widening one); whole: the threshold past "
+                  "any context.", "", "| variant | prompt | split ms / step | whole ms / step | whole / split |",
+                  "|---|---:|---:|---:|---:|"]
+        for r in data["split_ab"]:
+            lines.append(f"| {r['variant']} | {r['prompt_len']} | {r['split_ms']:.3f} | {r['whole_ms']:.3f} | "
+                         f"{r['whole_ms'] / r['split_ms']:.2f}x |")
     return "\n".join(lines) + "\n"
 
 
@@ -168,10 +228,17 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--out", default=str(RESULTS / "thread_scaling"))
+    ap.add_argument("--split-ab", default="128,1024",
+                    help="prompt lengths of the split-vs-whole attention A/B at 2 threads ('' skips it)")
     ap.add_argument("--child", nargs=2, metavar=("VARIANT", "THREADS"), help=argparse.SUPPRESS)
+    ap.add_argument("--child-ab", nargs=2, metavar=("VARIANT", "PROMPT_LEN"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     from cinq.cache import cache_dir
     work = cache_dir() / "bench-latency"  # the quantized copies cinq bench latency made (or makes) for its variants
+    if args.child_ab:
+        work.mkdir(parents=True, exist_ok=True)
+        print(json.dumps(split_ab(args.model, args.child_ab[0], int(args.child_ab[1]), work)))
+        return
     if args.child:
         work.mkdir(parents=True, exist_ok=True)
         print(json.dumps(child(args.model, args.child[0], int(args.child[1]), args.prompt_len, work)))

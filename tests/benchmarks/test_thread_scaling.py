@@ -52,3 +52,28 @@ def test_the_report_matches_a_part_to_its_whole_and_gives_each_ratio() -> None:
     assert "| `k gate_up_proj` (2 thr: its part) | 300 | 150 | 2.00x |" in md
     assert "| `k lm_head` | 400 | 320 | 1.25x |" in md
     assert "| `attn [[1]]` | 200 | 250 | 0.80x |" in md
+    assert "split across the team" not in md  # no A/B run: no section
+    data["split_ab"] = [{"variant": "int8", "prompt_len": 1024, "split_ms": 1.5, "whole_ms": 1.8}]
+    assert "| int8 | 1024 | 1.500 | 1.800 | 1.20x |" in render(data)
+
+
+def test_at_two_threads_the_stepping_threads_parts_are_named_parts() -> None:
+    import torch
+
+    mod = native_module("decode_layers")
+    if mod is None:
+        pytest.skip("the fused decode step is unavailable here")
+    import step_breakdown_measure as sbm
+
+    threads, split, attn = torch.get_num_threads(), mod.min_split_bytes(), mod.min_attention_split_bytes()
+    mod.set_min_split_bytes(1)  # cinq-tiny's linears and its 2 kv heads' attention split at any size
+    mod.set_min_attention_split_bytes(1)
+    try:
+        engine = sbm._engine("cinq-tiny", 2, prompt_len=8)
+        ops = per_op_us(engine, linear_names(engine.model_config), steps=2)
+    finally:
+        mod.set_min_split_bytes(split)
+        mod.set_min_attention_split_bytes(attn)
+        torch.set_num_threads(threads)
+    assert ops["cinq::small_m_linear gate_up_proj (part)"] > 0
+    assert any(k.startswith("cinq::paged_decode [") and k.endswith(" (part)") for k in ops)

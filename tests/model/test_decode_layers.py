@@ -187,7 +187,7 @@ def test_split_linears_written_in_place_match_the_concatenated_parts(tiny_llama,
 @pytest.mark.parametrize("max_num_seqs, spec, splits", [
     (3, None, True),  # three sequences: whole sequences per thread
     (3, {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}, True),  # verify rows (ql > 1)
-    (1, None, False),  # one sequence stays whole off the bf16 attention path (head_dim 16 here)
+    (1, None, True),  # one sequence: its 2 kv heads, one per thread (head_dim 16: the widening path)
 ])
 def test_attention_split_across_threads_is_bit_identical(tiny_llama, monkeypatch, max_num_seqs, spec, splits):
     with two_threads("min_attention_split_bytes"):
@@ -198,7 +198,7 @@ def test_attention_split_across_threads_is_bit_identical(tiny_llama, monkeypatch
 
 def test_one_sequence_splits_its_query_heads_where_attention_reads_bf16_pages(tiny_models, monkeypatch):
     # head_dim 64: at batch 1 each thread takes a range of query heads (the kv head's group of 3 cut in two) on an
-    # AVX512-BF16 CPU, bit-identical to the whole call; elsewhere the sequence stays whole
+    # AVX512-BF16 CPU, bit-identical to the whole call; elsewhere (whole kv heads only) its one kv head stays whole
     from cinq.plan.cpu import vector_isa
     with two_threads("min_attention_split_bytes"):
         program = check_same(tiny_models("llama_d64"), monkeypatch, max_tokens=16, max_num_seqs=1)

@@ -249,15 +249,15 @@ class DecodeLayers {
     const int64_t m = hidden.size(0), q_size = hq_ * d_, kv_size = hkv_ * d_;
     int64_t cached = 0;  // tokens every layer's attention reads, over all sequences
     for (int64_t s = 0; s < seq_lens.size(0); ++s) cached += seq_lens.data_ptr<int32_t>()[s];
-    // Sequences split across the team; fewer sequences than threads (batch 1): their query heads, where attention
-    // reads the bf16 pages in place (any head range costs its share). On the widening path a part widened its K/V
-    // rows in strided pieces, or all of them again: SmolLM2's 3 kv heads at a context of 1024, two heads alone
-    // took as long as all three, so there one sequence stays whole.
+    // Sequences split across the team; fewer sequences than threads (batch 1): their query heads, any range where
+    // attention reads the bf16 pages in place, whole kv heads on the widening path (AVX2: each part widens its own
+    // heads' K/V). An earlier note measured the widening split no faster (SmolLM2's 3 kv heads at a context of
+    // 1024, 2 + 1 heads, on the Zen 4); on an AVX2 Zen 3 with the workers spinning, a kv-head split at a context of
+    // 2,000 ran 1.69x (3 kv heads) and 1.64x (2) per call (2026-12-07, benchmarks/results/thread_scaling*.md).
     const int64_t nd = rows.ragged() ? rows.starts.numel() - 1 : m / rows.ql;
     const bool big = team != nullptr && cached * kv_size * 2 * layers_.front().kv_cache.element_size() >=
                                             min_attention_split_bytes;
-    const bool split_heads =
-        big && nd < team->size() && !rows.ragged() && kBf16Attention && (d_ == 64 || d_ == 128 || d_ == 256);
+    const bool split_heads = big && nd < team->size() && !rows.ragged() && (bf16_heads() || hkv_ > 1);
     const bool split_attention = big && !split_heads && nd > 1;
     std::vector<at::Tensor> states;
     size_t next_capture = 0;
@@ -305,11 +305,13 @@ class DecodeLayers {
   at::Tensor attention(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& block_tables,
                        const at::Tensor& seq_lens, const Rows& rows, int64_t nd, const at::Tensor& tree,
                        Team& team) const {
-    const int parts = static_cast<int>(std::min<int64_t>(team.size(), nd > 0 ? nd : hq_));
+    // nd = 0: query heads in units of one head (bf16 path) or of a kv head's group (widening path)
+    const int64_t unit = nd > 0 || bf16_heads() ? 1 : hq_ / hkv_, items = nd > 0 ? nd : hq_ / unit;
+    const int parts = static_cast<int>(std::min<int64_t>(team.size(), items));
     at::Tensor out = at::empty({q.size(0), hq_, d_}, q.options());
     split_attention_calls_.fetch_add(1, std::memory_order_relaxed);
     team.run(parts, [&](int p) {
-      const int64_t begin = (nd > 0 ? nd : hq_) * p / parts, end = (nd > 0 ? nd : hq_) * (p + 1) / parts;
+      const int64_t begin = unit * (items * p / parts), end = unit * (items * (p + 1) / parts);
       if (nd == 0)
         paged_heads_.call(q, kv_cache, block_tables, seq_lens, scale_, rows.ql, tree, out, begin, end);
       else if (rows.ragged())
@@ -321,6 +323,9 @@ class DecodeLayers {
   }
 
   at::Tensor linear(const Linear& l, const at::Tensor& x, Team* team) const { return linears_.run(l, x, team); }
+  // whether a sequence's query heads split at any head (attention reads the bf16 pages: decode_attention.h's
+  // bf16_path for the step's bf16 cache and query), else at whole kv heads
+  bool bf16_heads() const { return kBf16Attention && (d_ == 64 || d_ == 128 || d_ == 256); }
 
   int64_t hq_, hkv_, d_, inter_;
   Linears linears_;
