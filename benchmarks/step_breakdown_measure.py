@@ -137,6 +137,14 @@ def _engine(model: str, threads: int, prompt_len: int = 32, batch: int = 1, **en
 def kernel_ms(engine: Any, steps: int = 10) -> tuple[float, float]:
     """Wall ms per step inside the step's kernels (see the module docstring) and ATen + native op calls per step,
     from ``steps`` profiled steps."""
+    ops, count = stepping_thread_ops(engine, steps)
+    total_us = sum(e.self_cpu_time_total for e in ops if e.name.startswith("cinq::") or e.name[6:] not in _HOST_OPS)
+    return total_us / 1e3 / steps, count / steps
+
+
+def stepping_thread_ops(engine: Any, steps: int, record_shapes: bool = False) -> tuple[list[Any], int]:
+    """The profiler's ATen and native-kernel events of the thread that ran ``steps`` engine steps, and the count of
+    such events on every thread."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -152,7 +160,7 @@ def kernel_ms(engine: Any, steps: int = 10) -> tuple[float, float]:
     for m in callers:
         m.call_native = lambda mod, name, *a: getattr(torch.ops.cinq, name)(*a)
     try:
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=record_shapes) as prof:
             for _ in range(steps):
                 engine.step()
     finally:
@@ -167,9 +175,7 @@ def kernel_ms(engine: Any, steps: int = 10) -> tuple[float, float]:
     for e in ops:
         per_thread[e.thread] += 1
     main = max(per_thread, key=per_thread.__getitem__, default=0)
-    total_us = sum(e.self_cpu_time_total for e in ops if e.thread == main
-                   and (e.name.startswith("cinq::") or e.name[6:] not in _HOST_OPS))
-    return total_us / 1e3 / steps, len(ops) / steps
+    return [e for e in ops if e.thread == main], len(ops)
 
 
 # ATen ops that move no data (views, allocations, dispatch wrappers): host work, not kernel time

@@ -31,6 +31,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+# step_breakdown_measure by its bare name, as step_breakdown.py imports it (it imports cinq and torch only inside
+# its functions)
+sys.path.append(str(Path(__file__).resolve().parent))
+import step_breakdown_measure as sbm  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 TOP_OPS = 8  # per variant: the ops with the most 1-thread time
@@ -41,10 +46,8 @@ def child(model: str, variant: str, threads: int, prompt_len: int, work: Path) -
     """One (variant, threads) measurement in this process."""
     from cinq.process_env import set_omp_wait_policy
     set_omp_wait_policy()
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     import torch
 
-    import step_breakdown_measure as sbm
     from cinq.bench.latency_engines import variant_config
     from cinq.config import EngineConfig
 
@@ -64,8 +67,6 @@ def split_ab(model: str, variant: str, prompt_len: int, work: Path, alternations
     alternated in rotated order; medians of the wall ms per step."""
     from cinq.process_env import set_omp_wait_policy
     set_omp_wait_policy()
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import step_breakdown_measure as sbm
     from cinq.bench.latency_engines import variant_config
     from cinq.config import EngineConfig
     from cinq.kernels.cpu_native import native_module
@@ -105,41 +106,18 @@ def per_op_us(engine: Any, names: dict[tuple[int, int], str], steps: int = 30) -
     """The stepping thread's self microseconds per step by op and what it computes: a linear kernel by the linear
     it serves (``names``: its activations' width and its weight's rows), any other op by its first input shapes
     (the native kernels through their registered ops, as step_breakdown_measure.kernel_ms routes them)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    import cinq.kernels.cpu_native as cpu_native
-    from cinq.kernels import custom_ops  # noqa: F401  (torch.ops.cinq.*)
-
-    real = cpu_native.call_native
-    callers = [m for name, m in list(sys.modules.items())
-               if name.startswith("cinq.") and getattr(m, "call_native", None) is real]
-    for m in callers:
-        m.call_native = lambda mod, name, *a: getattr(torch.ops.cinq, name)(*a)
-    try:
-        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-            for _ in range(steps):
-                engine.step()
-    finally:
-        for m in callers:
-            m.call_native = real
-    events = [e for e in prof.events() if e.name.startswith(("cinq::", "aten::"))]
-    per_thread: dict[int, int] = defaultdict(int)
-    for e in events:
-        per_thread[e.thread] += 1
-    main = max(per_thread, key=per_thread.__getitem__, default=0)
+    events, _ = sbm.stepping_thread_ops(engine, steps, record_shapes=True)
     out: dict[str, float] = defaultdict(float)
     for e in events:
-        if e.thread == main:
-            shapes = [s for s in (e.input_shapes or []) if s][:2]
-            linear = (names.get((shapes[0][-1], shapes[1][0])) if len(shapes) == 2 and len(shapes[0]) == 2
-                      and "linear" in e.name else None)
-            # a split linear's parts write into the whole output (the kernel's _out form): the same kernel;
-            # attention split across the team runs a part of paged_decode per thread (by heads or sequences)
-            name = e.name.removesuffix("_out")
-            part = _ATTENTION_PARTS.get(name)
-            key = f"{part} {shapes} (part)" if part else f"{name} {linear or shapes}"
-            out[key] += e.self_cpu_time_total / steps
+        shapes = [s for s in (e.input_shapes or []) if s][:2]
+        linear = (names.get((shapes[0][-1], shapes[1][0])) if len(shapes) == 2 and len(shapes[0]) == 2
+                  and "linear" in e.name else None)
+        # a split linear's parts write into the whole output (the kernel's _out form): the same kernel;
+        # attention split across the team runs a part of paged_decode per thread (by heads or sequences)
+        name = e.name.removesuffix("_out")
+        part = _ATTENTION_PARTS.get(name)
+        key = f"{part} {shapes} (part)" if part else f"{name} {linear or shapes}"
+        out[key] += e.self_cpu_time_total / steps
     return dict(out)
 
 

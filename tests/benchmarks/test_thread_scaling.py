@@ -3,16 +3,12 @@ a real step's ops grouped that way, and the report's ratios with a 2-thread part
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from benchmarks.thread_scaling import linear_names, per_op_us, render
+from benchmarks.thread_scaling import linear_names, per_op_us, render, sbm
 from cinq.kernels.cpu_native import native_module
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 
 def test_linears_are_named_by_width_and_rows_parts_by_either_half() -> None:
@@ -29,8 +25,6 @@ def test_linears_are_named_by_width_and_rows_parts_by_either_half() -> None:
 def test_a_real_step_reports_its_linears_by_name() -> None:
     if native_module("small_m_gemm") is None:
         pytest.skip("native bf16 kernel unavailable here")
-    import step_breakdown_measure as sbm
-
     engine = sbm._engine("cinq-tiny", 1, prompt_len=8)
     ops = per_op_us(engine, linear_names(engine.model_config), steps=2)
     for linear in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head"):
@@ -63,8 +57,6 @@ def test_at_two_threads_the_stepping_threads_parts_are_named_parts() -> None:
     mod = native_module("decode_layers")
     if mod is None:
         pytest.skip("the fused decode step is unavailable here")
-    import step_breakdown_measure as sbm
-
     threads, split, attn = torch.get_num_threads(), mod.min_split_bytes(), mod.min_attention_split_bytes()
     mod.set_min_split_bytes(1)  # cinq-tiny's linears and its 2 kv heads' attention split at any size
     mod.set_min_attention_split_bytes(1)
