@@ -312,10 +312,21 @@ template <int MB>
 void avx2_range(const float* xp, const uint16_t* x, const uint16_t* w, const float* bias, uint16_t* y, int64_t K,
                 int64_t N, int64_t n0, int64_t n1) {
   // One weight row at a time: a single stream per core (two or four interleaved rows measured 10-40% slower from
-  // memory on Zen 3). Two accumulator chains per output up to 4 rows: with one, each 16-channel step waits on two
-  // dependent FMAs (8 cycles) and fewer than 8 outputs cannot fill the two FMA pipes (3 rows ran 1.7x slower than
-  // 2); from 5 rows the outputs' own chains suffice (two per output there spilled: 6 rows ran 1.4x slower).
-  for (int64_t n = n0; n < n1; ++n) avx2_rows<MB, 1, (MB <= 4 ? 2 : 1)>(xp, x, w, bias, y, K, N, n);
+  // memory on Zen 3). Two accumulator chains per output: with one, each 16-channel step waits on two dependent FMAs
+  // (8 cycles) and fewer than 8 outputs cannot fill the two FMA pipes (3 rows ran 1.7x slower than 2). Every row
+  // keeps its two chains whatever the row count, so its result does not depend on how many rows share the call: past
+  // 4 rows (two chains each for 5+ rows spilled, 6 rows 1.4x slower) the rows run in passes of 4 over each weight
+  // row, the second reading it from L1. One chain from 5 rows had made a row's sum differ from its sum alone
+  // (a 5-row verify or batch decoded other tokens than one row on AVX2; found on a Zen 3, 2026-12-07).
+  for (int64_t n = n0; n < n1; ++n) {
+    if constexpr (MB <= 4) {
+      avx2_rows<MB, 1, 2>(xp, x, w, bias, y, K, N, n);
+    } else {
+      const int64_t K16 = K / 16 * 16;
+      avx2_rows<4, 1, 2>(xp, x, w, bias, y, K, N, n);
+      avx2_rows<MB - 4, 1, 2>(xp + 4 * K16, x + 4 * K, w, bias, y + 4 * N, K, N, n);
+    }
+  }
 }
 
 template <int MB>
