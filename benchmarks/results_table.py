@@ -70,6 +70,8 @@ SCRIPTS = {
                             "1,2 --policies PASSIVE,ACTIVE --under-load 0 --rounds 3 --new-tokens 64 --repeats 2 "
                             "--out omp_wait_policy_avx2",
     "thread_scaling": "benchmarks/thread_scaling.py",
+    "kernel_ab_bf16_avx2_rows": "benchmarks/kernel_ab.py --before a0c6be9 --kernels bf16 --rows 1,4,5,8 --threads 1,2 "
+                                "--rounds 4 --out benchmarks/results/kernel_ab_bf16_avx2_rows",
     "thread_scaling_smollm2": "benchmarks/thread_scaling.py --model smollm2-135m-instruct --variants bf16,file "
                               "--out benchmarks/results/thread_scaling_smollm2",
     "omp_wait_policy_draft_small_spin": "benchmarks/omp_wait_policy.py --out omp_wait_policy_draft_small_spin",
