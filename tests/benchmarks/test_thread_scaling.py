@@ -23,10 +23,16 @@ def test_linears_are_named_by_width_and_rows_parts_by_either_half() -> None:
 
 
 def test_a_real_step_reports_its_linears_by_name() -> None:
+    import torch
+
     if native_module("small_m_gemm") is None:
         pytest.skip("native bf16 kernel unavailable here")
-    engine = sbm._engine("cinq-tiny", 1, prompt_len=8)
-    ops = per_op_us(engine, linear_names(engine.model_config), steps=2)
+    threads = torch.get_num_threads()
+    try:
+        engine = sbm._engine("cinq-tiny", 1, prompt_len=8)  # sets the thread count: restored for later tests
+        ops = per_op_us(engine, linear_names(engine.model_config), steps=2)
+    finally:
+        torch.set_num_threads(threads)
     for linear in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head"):
         assert ops[f"cinq::small_m_linear {linear}"] > 0
     assert any(k.startswith("cinq::paged_decode [") for k in ops)  # no linear: by its input shapes

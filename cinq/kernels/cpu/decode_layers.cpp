@@ -252,8 +252,9 @@ class DecodeLayers {
     // Sequences split across the team; fewer sequences than threads (batch 1): their query heads, any range where
     // attention reads the bf16 pages in place, whole kv heads on the widening path (AVX2: each part widens its own
     // heads' K/V). An earlier note measured the widening split no faster (SmolLM2's 3 kv heads at a context of
-    // 1024, 2 + 1 heads, on the Zen 4); on an AVX2 Zen 3 with the workers spinning, a kv-head split at a context of
-    // 2,000 ran 1.69x (3 kv heads) and 1.64x (2) per call (2026-12-07, benchmarks/results/thread_scaling*.md).
+    // 1024, 2 + 1 heads, on the Zen 4). On an AVX2 Zen 3 with the workers spinning, a kv-head split ran 1.64-1.69x
+    // per call at a context of 2,000 (ad hoc), and a step 1.05x / 1.18x at prompts 128 / 1,024 (SmolLM2's file, 2
+    // threads, split vs whole in one process: benchmarks/results/thread_scaling_smollm2.md, 2026-12-07).
     const int64_t nd = rows.ragged() ? rows.starts.numel() - 1 : m / rows.ql;
     const bool big = team != nullptr && cached * kv_size * 2 * layers_.front().kv_cache.element_size() >=
                                             min_attention_split_bytes;
